@@ -42,6 +42,7 @@ import numpy as np
 
 import spmdsim
 from spmdsim.nn.autograd.kept import kept_problem
+from spmdsim.nn.fsdp import CUT
 from spmdsim.base.precision import precision
 from spmdsim.base.typed_numbers import fixed
 from spmdsim.models.gpt import GPTConfig, encode, load_text
@@ -194,8 +195,7 @@ def checked_run(args, comm):
     problem = problem or text_problem(ids, cfg)
     if problem:  # every rank alike, before any collective
         raise spmdsim.SpmdsimError(problem)
-    # An unwritable trace file is refused now, not after the whole run (every rank alike, as `spmdsim run`'s).
-    check_trace_out(args)
+    check_trace_out(args)  # an unwritable trace file refused now, not after the run (every rank alike, as `spmdsim run`)
     dp, tp = shape
     layouts = dialect_layouts(cfg, spmdsim.Layout(*model_layout(tp, dp, cp=args.cp if args.cp > 1 else None)),
                               args.dialect, args.sp)
@@ -309,7 +309,7 @@ def train_steps(args, run):
     mesh, layouts = None, run.layouts
     if args.shard_group is not None and args.shard_group < dp:  # HSDP: (dp / N, N, tp), the batch over both
         shape, names = model_layout(tp, dp // args.shard_group, fs=args.shard_group)
-        mesh = spmdsim.Mesh(spmdsim.Layout(shape, names), comm, roles=roles_of(names))
+        mesh = spmdsim.Mesh(spmdsim.Layout(shape, names, CUT), comm, roles=roles_of(names))  # FSDP2's cut
         layouts = dialect_layouts(cfg, mesh.layout, args.dialect, args.sp)  # Megatron's, on that mesh
     return train(cfg, comm, dp, tp, args.steps, run.ids, sp=args.sp, check=run.check, on_step=report, mesh=mesh,
                  layouts=layouts, replay=args.replay, recompute=args.recompute, zero=run.zero,

@@ -386,26 +386,6 @@ def test_a_pipelined_zero3_step_reports_the_layer_it_gathers_as_the_plain_step_d
     assert stage.memory.gathered == split[0][0][-1].memory.gathered
 
 
-@pytest.mark.parametrize("example, argv, message", [
-    ("examples/train_gpt.py", ["--ranks", "6", "--dp", "3", "--tp", "2", "--batch", "6", "--sample", "0"],
-     "the GPT cannot run on 6 ranks: --zero 3: parameter 'wte' dim 0 of size 128 is not divisible by 6 shards "
-     "(axes ('tp', 'dp')); fully sharded data parallelism splits dim 0 evenly; pad the vocabulary to a multiple of "
-     "the shards (--pad-vocab-to, GPTConfig vocab_pad_to)"),
-    ("examples/train_moe_gpt.py", ["--ranks", "8", "--dp", "4", "--ep", "2", "--experts", "4"],
-     "the MoE GPT cannot run on 8 ranks: --zero 3: parameter 'h1.moe.w1' dim 0 of size 4 is not divisible by 8 "
-     "shards (axes ('ep', 'dp')); fully sharded data parallelism splits dim 0 evenly")])
-def test_shards_zero3_cannot_make_are_refused_before_the_examples_header(example, argv, message):
-    """fully_shard's refusal came after the examples printed the model, the mesh and the steps' header; now the
-    same line (spmdsim.models.gpt.pipeline_problems.fsdp_problem) before any."""
-    from docs_commands import run_example
-    from testkit import unfold
-
-    done = run_example(example, *argv, "--zero", "3", "--steps", "1", "--layers", "2", "--d-model", "32",
-                       "--seq", "16")
-    assert done.returncode == 2 and len(done.stdout.splitlines()) == 1, done.stdout
-    assert unfold(done.stderr).strip() == f"spmdsim: error: {message}", done.stderr
-
-
 def test_the_estimate_prices_zero3s_gathers_and_hides_them_only_when_prefetched():
     """`spmdsim estimate --zero 3`: the gathers are phase "parameters" on their links, the Reduce_scatters
     "gradients" (hidden under the backward); with --prefetch the gathers hide under the layers' compute, at most

@@ -22,13 +22,13 @@ def _shown() -> list:
 
 def test_the_page_shows_the_commands_this_test_runs():
     shown = _shown()
-    assert [q.output is not None for q in shown] == [True] + [False] * 4 + [True] * 2 + [False] * 3 + [True] * 5 + \
-        [False] * 5
+    assert [q.output is not None for q in shown] == [True] + [False] * 4 + [True] * 2 + [False] * 2 + [True] + \
+        [False] + [True] * 5 + [False] * 5
     assert [i for i, q in enumerate(shown) if mpi_long(q)] == [1]  # tests/test_train_docs_mpi.py runs it
-    assert all(q.command == "spmdsim estimate" and q.inline for q in shown[15:])  # a subcommand's name in prose
+    assert all(q.command == "spmdsim estimate" and q.inline for q in shown[16:])  # a subcommand's name in prose
 
 
-@pytest.mark.parametrize("index", [0, 5, 6, 10, 11, 12, 13, 14])
+@pytest.mark.parametrize("index", [0, 5, 6, 9, 11, 12, 13, 14, 15])
 def test_a_quoted_command_prints_what_the_page_quotes(index):
     assert_prints_quote(_shown()[index])
 
@@ -55,7 +55,7 @@ def test_the_table_of_bytes_is_what_the_commands_send():
 
 
 def test_keeping_the_gathered_layers_holds_what_the_page_says():
-    done = run_quoted(_shown()[9].command)
+    done = run_quoted(_shown()[10].command)
     assert done.returncode == 0 and "PASS" in done.stdout, done.stderr
     assert "gathered parameters at most 4,111,360, 3,315,712 of them kept for backward" in done.stdout
     text = " ".join((ROOT / DOC).read_text().split())
@@ -86,7 +86,7 @@ def test_the_prefetch_figures_are_the_estimates():
 def test_the_fp8_figures_are_the_quoted_commands():
     """"Under FP8": the e4m3 copies' bytes (the quoted line's two fp8 kinds), of them the four layers' weights whole
     (a byte each: QKV, the projection, fc1, fc2 at d_model 128), and the bf16 parameter shards rank 0 holds."""
-    quote = _shown()[14]
+    quote = _shown()[15]
     assert "--precision fp8" in quote.command and "--zero 3" in quote.command
     done = run_quoted(quote.command)
     assert done.returncode == 0 and "PASS" in done.stdout, done.stderr

@@ -143,8 +143,8 @@ def test_simulated_ranks_share_one_gathered_table_per_call(monkeypatch, precisio
 
     real, seen = module._table, []
 
-    def spy(model, tables, label):
-        rows = real(model, tables, label)
+    def spy(model, tables, label, width):
+        rows = real(model, tables, label, width)
         own = np.concatenate([np.asarray(t[name], np.float64).reshape(-1) for t in tables for name in model.params])
         assert np.array_equal(np.reshape(rows, (model.mesh.size, -1))[model.mesh.rank], own)
         seen.append((label, rows))

@@ -57,10 +57,24 @@ from .autograd.graph import is_grad_enabled, kept_as, no_grad, record
 from .autograd.kept import nothing, shell
 from .fsdp_flat import flat_groups, gather_blocks, gathered
 
-__all__ = ["fully_shard", "FullyShard", "sharded_layout", "shard_axes", "shard_group", "shard_problem", "GATHERED"]
+__all__ = ["fully_shard", "FullyShard", "sharded_layout", "shard_axes", "shard_group", "shard_problem", "on_mesh",
+           "GATHERED", "CUT"]
 
 #: The kind of kept bytes (spmdsim.nn.autograd.kept_bytes) of a unit's gathered parameters held for its backward.
 GATHERED = "gathered parameters"
+#: The cut (spmdsim.layouts.slicing) of a mesh whose parameters fully_shard shards unevenly: FSDP2's, torch.chunk's
+#: (pieces of ceil(rows / shards), the last ones short or empty). On an even mesh a dim 0 the shards do not divide
+#: is refused.
+CUT = "chunk"
+
+
+def on_mesh(layouts: dict, layout: Any) -> dict:
+    """`layouts` (name -> TensorLayout) over the Layout `layout` where each is over its device matrix and axes
+    under another cut (a model's layouts, written before its mesh took ZeRO-3's `CUT`); the others as given."""
+    same = layout.with_cut("even")
+    return {name: TensorLayout(layout, t.tensor_map, t.partial)
+            if isinstance(t, TensorLayout) and t.layout != layout and t.layout.with_cut("even") == same else t
+            for name, t in layouts.items()}
 
 
 def sharded_layout(layout: TensorLayout, axis: Any) -> TensorLayout:
@@ -106,9 +120,10 @@ def shard_problem(name: str, layout: TensorLayout, shape: tuple, axis: Any) -> O
     shards = 1
     for a in layout.tensor_map[0] + axes:
         shards *= layout.layout.axis_size(a)
-    if shape[0] % shards:
+    if shape[0] % shards and layout.layout.cut == "even":
         return (f"parameter {name!r} dim 0 of size {shape[0]} is not divisible by {shards} shards (axes "
-                f"{layout.tensor_map[0] + axes!r}); fully sharded data parallelism splits dim 0 evenly")
+                f"{layout.tensor_map[0] + axes!r}) on a mesh that cuts evenly; a mesh of Layout(..., cut={CUT!r}) "
+                "shards it as FSDP2 does, the last shards short")
     return None
 
 

@@ -8,7 +8,10 @@ spmdsim.runtime.executor.run_block), and copies each parameter's rows out of the
 the members' packs one after the other in group order, into the parameter's own block (FSDP2's
 ``split_with_sizes_copy``). The gathered buffer and the copied-out blocks coexist until the copy-out ends, so
 a group of more than one parameter holds twice its gathered bytes for that moment (`gather_blocks` says how
-many bytes; spmdsim.nn.fsdp counts them); a group of one parameter is its gathered buffer, no copy.
+many bytes; spmdsim.nn.fsdp counts them); a group of one parameter is its gathered buffer, no copy. Where the
+shards do not divide a parameter's rows (a mesh whose Layout cuts by "chunk", spmdsim.nn.fsdp.CUT) each rank's
+piece is packed padded with zeros to the first piece's rows, as FSDP2 pads, and each rank's rows are copied
+out of its padded piece (`Member.pieces`); the Reduce_scatter packs and unpacks the same way.
 
 Its backward waits for every member's gradient, packs them member-major (member i's rows of each gradient
 end to end, then member i + 1's: the layout the gather made, read backwards) into one float32 (the gradients')
@@ -27,7 +30,7 @@ gathered parameter's gradient has arrived. Neither kind of node keeps a block (`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -68,6 +71,11 @@ class Member:
     sharded: TensorLayout
     shape: tuple
     axes: tuple
+    # Under an uneven cut of dim 0 (a Layout cut "chunk": FSDP2's): each rank's piece padded to the first's
+    # (`padded`) in the pack, and per rank of the group in group order (its first row in this rank's gathered
+    # block, its rows); None under an even cut.
+    padded: Optional[tuple] = None
+    pieces: Optional[tuple] = None
 
 
 @dataclass(frozen=True)
@@ -103,12 +111,9 @@ def flat_groups(fs: Any, names: list) -> tuple:
             g *= size(a)
         placed, at = [], 0
         for name in members:
-            leaf, layout = fs.params[name], fs.layouts[name]
-            shard = tuple(leaf.local.shape)
-            n = int(np.prod(shard, dtype=np.int64))
-            block = (shard[0] * g,) + shard[1:]
-            placed.append(Member(name, at, at + n, shard, block, layout, leaf.layout, tuple(leaf.global_shape), axes))
-            at += n
+            member = _member(fs, name, axes, moving, g, at)
+            placed.append(member)
+            at = member.stop
         unit = _unit_name(members)
         labels = tuple(f"{kind} {unit} ({len(members)} parameters)"
                        for kind in (GATHER_LABEL, REDUCE_LABEL, SUM_LABEL))
@@ -116,6 +121,23 @@ def flat_groups(fs: Any, names: list) -> tuple:
         groups.append(FlatGroup(moving, g, dtype, wide, tuple(placed), at, BlockAllgather(moving),
                                 BlockReduceScatter(moving), labels))
     return tuple(groups)
+
+
+def _member(fs: Any, name: str, axes: tuple, moving: tuple, g: int, at: int) -> Member:
+    """Parameter `name` of `fs` placed at `at` in a rank's pack of a group of `g` ranks over `moving`."""
+    leaf, layout = fs.params[name], fs.layouts[name]
+    shape, shard = tuple(leaf.global_shape), tuple(leaf.local.shape)
+    if 0 not in leaf.layout.uneven_dims(shape):
+        n = int(np.prod(shard, dtype=np.int64))
+        return Member(name, at, at + n, shard, (shard[0] * g,) + shard[1:], layout, leaf.layout, shape, axes)
+    padded = leaf.layout.max_local_shape(shape)
+    rank = fs.mesh.rank
+    first = layout.bounds(rank, shape)[0][0]
+    pieces = tuple((a - first, b - a) for (a, b), *_ in
+                   (leaf.layout.bounds(r, shape) for r in fs.mesh.group_ranks(moving)))
+    n = int(np.prod(padded, dtype=np.int64))
+    return Member(name, at, at + n, shard, layout.local_shape(shape, rank), layout, leaf.layout, shape, axes,
+                  padded, pieces)
 
 
 def _unit_name(names: list) -> str:
@@ -132,10 +154,14 @@ def gather_blocks(mesh: Any, group: FlatGroup, shards: list) -> tuple[list, int]
     send = buffers.empty((group.total,), group.dtype)
     if not dry:
         for m, shard in zip(group.members, shards):
-            send[m.start:m.stop] = shard.reshape(-1)
+            if m.pieces is None:
+                send[m.start:m.stop] = shard.reshape(-1)
+            else:  # its piece, then zeros to the first piece's size (FSDP2's padding)
+                send[m.start:m.start + shard.size] = shard.reshape(-1)
+                send[m.start + shard.size:m.stop] = 0
     got = run_block(mesh, group.gather, send, group.labels[0])
     del send
-    if len(group.members) == 1:
+    if len(group.members) == 1 and group.members[0].pieces is None:
         return [got.reshape(group.members[0].block_shape)], 0
     rows = got.reshape(group.size, group.total)
     blocks = []
@@ -144,8 +170,13 @@ def gather_blocks(mesh: Any, group: FlatGroup, shards: list) -> tuple[list, int]
             blocks.append(mesh.engine.blank(m.block_shape, group.dtype))
             continue
         block = buffers.empty(m.block_shape, group.dtype)
-        parts = (group.size,) + m.shard_shape
-        np.copyto(block.reshape(parts), rows[:, m.start:m.stop].reshape(parts))
+        if m.pieces is None:
+            parts = (group.size,) + m.shard_shape
+            np.copyto(block.reshape(parts), rows[:, m.start:m.stop].reshape(parts))
+        else:  # each rank's rows out of its padded piece
+            parts = rows[:, m.start:m.stop].reshape((group.size,) + m.padded)
+            for part, (first, n) in zip(parts, m.pieces):
+                block[first:first + n] = part[:n]
         blocks.append(block)
     return blocks, got.nbytes
 
@@ -223,7 +254,13 @@ def reduce_grads(mesh: Any, group: FlatGroup, wanted: list, grads: list) -> list
         kept.append(extra)
         if not dry:
             local = dy._local if not buffers.CAPTURE.on else dy.local
-            np.copyto(view.reshape((g,) + m.shard_shape), local.reshape((g,) + m.shard_shape))
+            if m.pieces is None:
+                np.copyto(view.reshape((g,) + m.shard_shape), local.reshape((g,) + m.shard_shape))
+            else:  # each rank's rows into its padded piece, zeros after them
+                parts = view.reshape((g,) + m.padded)
+                for part, (first, n) in zip(parts, m.pieces):
+                    part[:n] = local[first:first + n]
+                    part[n:] = 0
     out = run_block(mesh, group.reduce, send, group.labels[1])
     del send, rows
     common = _across(kept)
@@ -237,7 +274,7 @@ def reduce_grads(mesh: Any, group: FlatGroup, wanted: list, grads: list) -> list
             result.append(None)
             continue
         extra = tuple(a for a in extra if a not in common)
-        block = out[m.start:m.stop].reshape(m.shard_shape)
+        block = out[m.start:m.start + int(np.prod(m.shard_shape, dtype=np.int64))].reshape(m.shard_shape)
         if extra:  # summed again at its leaf (spmdsim.nn.autograd's `_summed_alone`): a block of its own, summed in
             # place there as a dry run's is, not a view that keeps the whole result alive beside its sum
             own = buffers.empty(m.shard_shape, group.wide)

@@ -22,13 +22,14 @@ MESHES = tuple((DATA,) + e + c + (TENSOR,) + t for e in ((), (EXPERT,)) for c in
 
 
 def model_mesh(cfg: GPTConfig, comm: Any, dp: int, tp: int, ep: int = 1, cp: int = 1,
-               context: Optional[Context] = None) -> Any:
+               context: Optional[Context] = None, cut: str = "even") -> Any:
     """The model's mesh over `comm`: (dp, [ep,] [cp,] tp), ep with MoE layers, cp where given or a context is;
-    tp as ("tp", "etp") where the experts' etp is between 1 and tp."""
+    tp as ("tp", "etp") where the experts' etp is between 1 and tp; `cut` its Layout's (ZeRO-3's: spmdsim.nn.fsdp.
+    CUT)."""
     shape, names = model_layout(tp, dp, ep if cfg.moe is not None or ep > 1 else None,
                                 cp=cp if cp > 1 or context is not None else None,
                                 etp=cfg.expert_tp)
-    return Mesh(Layout(shape, names), comm, roles=roles_of(names))
+    return Mesh(Layout(shape, names, cut), comm, roles=roles_of(names))
 
 
 def mesh_checked(cfg: GPTConfig, mesh: Any, sp: bool, context: Optional[Context], fsdp: Any) -> int:

@@ -42,7 +42,7 @@ from ..axes import CONTEXT, DATA, EXPERT, SHARD, axis_of, tensor_axes, tensor_en
 from .context import Context, position_ids
 from .mesh import mesh_checked
 from ...nn.autograd import no_grad
-from ...nn.fsdp import fully_shard, shard_axes, shard_group, sharded_layout
+from ...nn.fsdp import fully_shard, on_mesh, shard_axes, shard_group, sharded_layout
 from ...runtime.dtensor import DTensor
 from ...runtime.replay import capture
 from ...runtime.sim import dry_run_active
@@ -121,7 +121,7 @@ class GPT(_Block):
         self._selective = recompute == "selective" and not self._flash
         self.part = whole(cfg) if part is None else part
         chosen = megatron_layouts(cfg, mesh.layout, sp)
-        chosen.update(layouts or {})
+        chosen.update(on_mesh(layouts or {}, mesh.layout))  # (layouts written on the mesh's axes, another cut)
         self.layouts = chosen
         self.params: dict[str, Any] = {}
         for spec in part_specs(cfg, self.part):

@@ -55,6 +55,7 @@ from ...base.precision import precision as get_precision
 from ...nn import ops
 from ...nn.autograd.grad_buffer import GradBuffer
 from ...nn.distrib_optim import DistributedAdamW
+from ...nn.fsdp import CUT
 from ...nn.optim import AdamW, clip_grad_norm_
 from ...programs.pipeline.schedule import build
 from ...runtime.dtensor import DTensor
@@ -176,10 +177,11 @@ class _Pipelined:
         parts = chunk_parts(cfg, chunks, split)
         inner = model_layout(tp, dp, ep if moe else None, cp=cp_axis, etp=cfg.expert_tp)  # a stage's mesh
         outer = model_layout(tp, dp, ep if moe else None, pp, cp=cp_axis, etp=cfg.expert_tp)
-        mesh = Mesh(Layout(*outer), comm, algorithms=algorithms, roles=roles_of(outer[1]))
+        cut = CUT if zero == 3 else "even"  # ZeRO-3's shards cut as FSDP2's (spmdsim.nn.fsdp)
+        mesh = Mesh(Layout(*outer, cut), comm, algorithms=algorithms, roles=roles_of(outer[1]))
         differ(mesh, (PIPELINE,))  # a dry run runs one rank per stage: the stages' work differs
         self.stage = stage = mesh.coord(PIPELINE)
-        self.stage_mesh = stage_mesh = Mesh(Layout(*inner), mesh.group(inner[1]), algorithms=algorithms,
+        self.stage_mesh = stage_mesh = Mesh(Layout(*inner, cut), mesh.group(inner[1]), algorithms=algorithms,
                                             roles=roles_of(inner[1]))
         self.pp_comm = mesh.group(PIPELINE) if pp > 1 else None
         self.mine = mine = [c for c in range(chunks) if c % pp == stage]

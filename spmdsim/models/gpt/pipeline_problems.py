@@ -9,24 +9,20 @@ import numpy as np
 from .fp8_block import policy_problem
 from ...errors import SpmdsimError
 from ...nn.autograd.kept import kept_problem
-from ...nn.fsdp import shard_group, shard_problem
 from ...programs.pipeline.options import (default_microbatches_problem, default_virtual_problem, microbatches,
                                          pipelined, virtual_stages)
 from ...programs.pipeline.schedule import schedule_problem
-from ...layouts.layout import Layout
-from ..axes import CONTEXT, DATA, EXPERT, PIPELINE, TENSOR, model_layout
+from ..axes import CONTEXT, DATA, EXPERT, PIPELINE, TENSOR
 from .config import GPTConfig
 from .context import context_problem
 from .data import text_problem
-from .layouts import batch_split, folded_by, megatron_layouts, mesh_problem
-from .params import param_specs
+from .layouts import batch_split, folded_by, mesh_problem
 from .memory import recompute_problem, zero_problem
 from .options import context_of
 from .stages import pipeline_problem
 from .train import refuse_run, replay_problem
 
-__all__ = ["pipeline_layout_problem", "refuse_pipelined", "fsdp_problem", "shards_problem", "stage_problem",
-           "unshardable"]
+__all__ = ["pipeline_layout_problem", "refuse_pipelined", "stage_problem"]
 
 
 def pipeline_layout_problem(cfg: GPTConfig, pp: int, dp: int, tp: int, sp: bool, microbatches: int,
@@ -95,41 +91,4 @@ def stage_problem(args: Any, cfg: GPTConfig, dp: int, tp: int, layers: Optional[
                                                      schedule=args.schedule)
     else:
         problem = mesh_problem(cfg, dp, tp, args.sp, ep)
-    return problem or context_problem(cfg, cp, tp, args.sp, context_of(args)) or shards_problem(args, cfg, dp, tp, ep)
-
-
-def shards_problem(args: Any, cfg: GPTConfig, dp: int, tp: int, ep: int) -> Optional[str]:
-    """Under --zero 3, why fully_shard cannot shard the parameters on the stage's mesh (spmdsim.models.axes.
-    model_layout, as the examples and `spmdsim estimate` make it: ep, the mesh's, with MoE layers, cp, the experts'
-    etp), or None; HSDP's --shard-group shards over fewer ranks, refused by its own check."""
-    if str(args.zero) != "3" or getattr(args, "shard_group", None) is not None:
-        return None
-    mesh = model_layout(tp, dp, ep=ep if cfg.moe is not None else None, cp=args.cp if args.cp > 1 else None,
-                        etp=getattr(args, "etp", None) or 0)
-    return fsdp_problem(cfg, Layout(*mesh), args.sp)
-
-
-def unshardable(cfg: GPTConfig, layout: Layout, sp: bool = False) -> Optional[tuple[str, bool]]:
-    """The first of the GPT's parameters ZeRO-3 cannot shard on a stage's mesh `layout` (spmdsim.models.axes.
-    model_layout), as (fully_shard's own refusal, whether its rows are the vocabulary's), or None
-    (spmdsim.nn.fsdp.shard_problem: each parameter's dim 0 split evenly over the axes that split it and the data
-    axes it is replicated over, dp and ep for the dense ones), asked of Megatron's layouts. Pure."""
-    layouts = megatron_layouts(cfg, layout, sp)
-    group = shard_group(layout, {"data": DATA, "expert": EXPERT})
-    for spec in param_specs(cfg):
-        problem = shard_problem(spec.name, layouts[spec.name], spec.shape, group)
-        if problem:
-            return problem, spec.name in ("wte", "head.w") and spec.shape[0] == cfg.padded_vocab
-    return None
-
-
-def fsdp_problem(cfg: GPTConfig, layout: Layout, sp: bool = False) -> Optional[str]:
-    """Why ZeRO-3 cannot shard the GPT's parameters on a stage's mesh `layout` (`unshardable`), said with the flag
-    and, for the vocabulary's rows, the padding that lets them split, before a trainer prints a line or runs a
-    collective; or None. Pure."""
-    found = unshardable(cfg, layout, sp)
-    if found is None:
-        return None
-    problem, vocabulary = found  # (tp divides the vocabulary's rows already, mesh_problem's: the shards tp x dp x ep)
-    pad = "; pad the vocabulary to a multiple of the shards (--pad-vocab-to, GPTConfig vocab_pad_to)"
-    return f"--zero 3: {problem}{pad if vocabulary else ''}"
+    return problem or context_problem(cfg, cp, tp, args.sp, context_of(args))

@@ -45,6 +45,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ...nn.autograd.kept import kept_problem
+from ...nn.fsdp import CUT
 from .config import GPTConfig
 from .data import batch, text_problem
 from .memory import MemoryReport, recompute_problem, zero_problem
@@ -146,16 +147,20 @@ def _params_rows(model: Any, where: Regions, blocks: Optional[dict] = None) -> n
     that `where` places (a collective: `_table`'s Allgather)."""
     blocks = blocks or {}
     return where.used(_table(model, [{name: blocks.get(name, t.local) for name, t in model.params.items()}],
-                             "check.params"))
+                             "check.params", where.width))
 
 
-def _table(model: Any, tables: list, label: str) -> np.ndarray:
+def _table(model: Any, tables: list, label: str, width: int) -> np.ndarray:
     """Every rank's blocks of each of `tables` (name -> this rank's block, shaped as the parameter's), a row per
     rank (float64), from one Allgather (`all_rows`): spmdsim.models.gpt.wholes.assemble makes them
-    whole (of its rows that Regions.used keeps)."""
-    flat = np.concatenate([np.asarray(table[name], np.float64).reshape(-1)
-                           for table in tables for name in model.params])
-    return all_rows(model.mesh, flat, label)
+    whole (of its rows that Regions.used keeps). Each table takes `width` items of a row (Regions.width: under
+    an uneven cut, ZeRO-3's, a rank with shorter blocks pads its tables with zeros)."""
+    parts = []
+    for table in tables:
+        blocks = [np.asarray(table[name], np.float64).reshape(-1) for name in model.params]
+        short = width - sum(b.size for b in blocks)
+        parts.extend(blocks + ([np.zeros(short)] if short else []))
+    return all_rows(model.mesh, np.concatenate(parts), label)
 
 
 def all_rows(mesh: Any, flat: np.ndarray, label: str) -> np.ndarray:
@@ -204,7 +209,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     fsdp, zero = _fsdp_options(zero, reshard_after_forward, prefetch)  # ZeRO-3: AdamW on the shards
     policy = get_precision(precision)
     if mesh is None:
-        mesh = model_mesh(cfg, comm, dp, tp, ep, cp, context)
+        mesh = model_mesh(cfg, comm, dp, tp, ep, cp, context, CUT if fsdp is not None else "even")
     model = parallel.GPT(cfg, mesh, sp=sp, layouts=layouts, recompute=recompute, kept=kept, precision=policy,
                          context=context, fsdp=fsdp)
     specs = param_specs(cfg)
@@ -310,7 +315,7 @@ class _Checker(StepChecker):
         return {s.name: self.model.params[s.name] for s in self.specs}
 
     def rows(self, tables: list, label: str) -> np.ndarray:
-        return _table(self.model, tables, label)
+        return _table(self.model, tables, label, self.where.width)
 
     def scales(self) -> Optional[dict]:
         return None if self.model.fp8 is None else self.model.fp8.snapshot()

@@ -77,14 +77,15 @@ def stage_regions(stages: list, layouts: dict, shapes: dict, per_stage: int) -> 
     holders: dict = {}
     width = 0
     for stage, names in enumerate(stages):
-        at = 0
+        at = [0] * per_stage  # where each place's next block starts (under an uneven cut, ZeRO-3's, they differ)
         for name in names:
             shape = tuple(shapes[name])
             mine = holders.setdefault(name, (shape, []))[1]
-            mine.extend((stage * per_stage + place, at, region)
+            mine.extend((stage * per_stage + place, at[place], region)
                         for place, region in _last_holders(layouts[name], shape, per_stage))
-            at += prod(layouts[name].local_shape(shape))
-        width = max(width, at)
+            for place, n in enumerate(_block_sizes(layouts[name], shape, per_stage)):
+                at[place] += n
+        width = max([width] + at)
     ordered = {name: holders[name] for name in shapes if name in holders}
     return _regions(ordered, len(stages) * per_stage, width)
 

@@ -28,7 +28,7 @@ from ...models.axes import CONTEXT, DATA, EXPERT, PIPELINE, TENSOR
 from ...models.gpt.config import GPTConfig
 from ...models.gpt.flags import architecture_fields, architecture_flags, architecture_problem, architecture_words
 from ...programs.viz.table import wrap_lines
-from ..estimate.configs import FIXABLE, context_note, fold_note, parse_fixed, vocab_note, zero3_note
+from ..estimate.configs import FIXABLE, context_note, fold_note, parse_fixed, vocab_note
 from ..estimate.machine import load_machine
 from ...runtime.sim.run import MAX_DRY_RANKS
 from .autoshard_common import gpt_config, gpt_said, gpt_typed, still_working
@@ -54,13 +54,11 @@ SHOWN = 8
 CP_SHORT = {"ring": "r", "allgather": "g", "alltoall": "a"}
 
 
-def _notes(cfg: Any, result: Any, devices: int, gpus_per_node: int, fixed: Any = None) -> str:
-    """The search's notes, one line joined by "; ": the vocabulary's padding, ZeRO-3 (a dense GPT's parameters it
-    cannot split; not where `fixed` holds zero), the folded experts, context parallelism and ZeRO-3 beside the
-    experts, each where the search left it out (or ran again with it)."""
+def _notes(cfg: Any, result: Any, devices: int, gpus_per_node: int) -> str:
+    """The search's notes, one line joined by "; ": the vocabulary's padding, the folded experts, context
+    parallelism and ZeRO-3 beside the experts, each where the search left it out (or ran again with it)."""
     searched = [c.config for c in result.candidates]
     return "; ".join(filter(None, (vocab_note(cfg, devices, gpus_per_node),
-                                   "" if "zero" in (fixed or {}) else zero3_note(cfg, searched),
                                    "" if result.folded else fold_note(cfg, searched),
                                    "" if result.contexts else context_note(cfg, searched, devices, gpus_per_node),
                                    SHARDED_NOTE if result.sharded else "")))
@@ -107,7 +105,7 @@ def run_machine(args: argparse.Namespace) -> int:
         result = search(cfg, devices, machine, limit, precision=args.precision, kept=args.kept,
                         max_dry_runs=args.max_dry_runs, moe_cells=bool(args.moe_cells), fixed=fixed, jobs=jobs)
     seconds = time.perf_counter() - start
-    note = _notes(cfg, result, devices, machine.gpus_per_node, fixed)
+    note = _notes(cfg, result, devices, machine.gpus_per_node)
     # the chosen configuration as `spmdsim estimate` takes it: every option spelled out, --kept and --precision
     # included (the estimate's own defaults differ: --kept graph), so that it prints the same step time and peak
     command = None if result.chosen is None else estimate_command(cfg, result.chosen.config, args.machine,

@@ -17,7 +17,6 @@ from ...errors import SpmdsimError
 from ...base.typed_numbers import add_noted, flag_float, said_fields, typed
 from ...models.gpt.config import GPTConfig, said_as
 from ...models.gpt.memory import sharded_problem
-from ...models.gpt.pipeline_problems import shards_problem
 from ...models.gpt.options import capacity_problem
 from ...models.gpt.flags import ARCHITECTURE_SAID, architecture_arguments, architecture_fields, architecture_problem
 from ...models.moe.config import MoEConfig
@@ -294,13 +293,9 @@ def _mesh_size(args: argparse.Namespace) -> None:
                        f"(the largest mesh a dry run steps)")
 
 
-def _fsdp(args: argparse.Namespace, cfg: Any) -> None:
-    """--zero 3's refusals: a parameter whose rows the shards do not divide (said before the dry run, naming the
-    flag, as the examples say it); --prefetch without it, or over a pipeline or several microbatches (those run
+def _fsdp(args: argparse.Namespace) -> None:
+    """--zero 3's refusals: --prefetch without it, or over a pipeline or several microbatches (those run
     spmdsim.models.gpt.pipeline's trainer, which does not prefetch)."""
-    problem = shards_problem(args, cfg, args.dp, args.tp, args.ep)
-    if problem:
-        raise SpmdsimError(problem)
     if args.prefetch and args.zero != 3:
         raise SpmdsimError("--prefetch gathers parameters ahead: give --zero 3 with it")
     if args.prefetch and sharded_problem(args.pp, args.global_batch // (args.micro_batch * args.dp * args.ep),
@@ -325,7 +320,7 @@ def run(args: argparse.Namespace) -> int:
     record = config_record(args)  # as given: --ep the experts'
     _fold(args)
     _mesh_size(args)
-    _fsdp(args, cfg)
+    _fsdp(args)
     split = _split(args)
     schedule = args.schedule or ("interleaved" if args.virtual_stages > 1 else "1f1b")
     overlap = _overlap(args.overlap, args.pp, schedule) + (("parameters",) if args.prefetch else ())

@@ -110,7 +110,7 @@ def comm_bounds(cfg: Any, c: Config, machine: Any, precision: str, dense: int,
     follow the routing), each attention's tensor-parallel collectives, two messages of each microbatch
     between stages (its activations forward, their gradient backward), each on a rank's part of the
     sequence with cp (context parallelism's own messages left out: the ring's run under the products);
-    under ZeRO-3 each layer's parameters gathered over dp once. The gradient sums, at the gradient
+    under ZeRO-3 each layer's parameters gathered over dp twice a microbatch. The gradient sums, at the gradient
     width, of the `dense` parameter elements over dp x ep x cp and the `experts`' over dp (an Allreduce each;
     ZeRO-1 and ZeRO-2 a Reduce_scatter and an Allgather of the updated parameters, at the parameters' width;
     ZeRO-3 a Reduce_scatter over dp), in one call each
@@ -161,8 +161,9 @@ def comm_bounds(cfg: Any, c: Config, machine: Any, precision: str, dense: int,
     if c.pp > 1:
         stage = c.tp * c.cp * c.ep * c.dp  # ranks apart from the next stage's
         exchanges += 2 * c.microbatches * cheapest(stage, "send", 2, activations // (c.tp if c.sp else 1))
-    if c.zero == 3:  # FSDP: each layer gathered over dp for its forward at least (unhidden: no prefetch)
-        exchanges += cheapest(c.tp * c.cp, "allgather", c.dp, dense * w.params)
+    if c.zero == 3:  # FSDP: each layer gathered over dp for each microbatch's forward and again for its backward
+        # (resharded after forward, the search's and a pipeline's way), unhidden (no prefetch)
+        exchanges += 2 * c.microbatches * cheapest(c.tp * c.cp, "allgather", c.dp, dense * w.params)
         return exchanges, cheapest(c.tp * c.cp, "reduce_scatter", c.dp, dense * w.grads)
     sums = 0.0
     for stride, group, elements in ((c.tp, c.dp * c.ep * c.cp, dense), (c.tp * c.cp * c.ep, c.dp, experts)):

@@ -16,15 +16,14 @@ from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from ...errors import SpmdsimError
-from ...layouts.layout import Layout
-from ...models.axes import CONTEXT, DATA, EXPERT, PIPELINE, TENSOR, model_layout
+from ...models.axes import CONTEXT, DATA, EXPERT, PIPELINE, TENSOR
 from ...models.gpt.context import Context, context_problem
-from ...models.gpt.pipeline_problems import pipeline_layout_problem, unshardable
+from ...models.gpt.pipeline_problems import pipeline_layout_problem
 from ...models.moe.fold import fold_problem
 from ...programs.context import METHODS
 from ...programs.pipeline.records import MAX_PAIRS
 
-__all__ = ["Config", "configurations", "vocab_note", "fold_note", "context_note", "zero3_note", "MAX_CONFIGS",
+__all__ = ["Config", "configurations", "vocab_note", "fold_note", "context_note", "MAX_CONFIGS",
            "RECOMPUTE", "ZERO", "FIXABLE", "parse_fixed", "fixed_configurations", "model_of"]
 
 #: Most configurations a search enumerates before it refuses (the enumeration alone is cheap).
@@ -189,8 +188,8 @@ def _scheduled(cfg: Any, mesh: Config, sharded: bool = False) -> list[Config]:
         for sp, recompute, zero in itertools.product((False, True), RECOMPUTE, ZERO):
             if (sp and (tp == 1 or cfg.seq % tp)) or (zero in (1, 2) and data * cp == 1):
                 continue
-            if zero == 3 and (cfg.moe is not None and not sharded or data == 1 or _unshardable(cfg, tp, dp, sp, ep)):
-                continue  # FSDP shards each parameter's dim 0 evenly over dp x ep (the experts' over dp)
+            if zero == 3 and (cfg.moe is not None and not sharded or data == 1):
+                continue
             if (sp or cfg.moe is not None) and cp > 1 and \
                     context_problem(cfg, cp, tp, sp, Context(mesh.cp_method)) is not None:
                 continue  # (sp's and the folded experts' share of a cp chunk: tp must divide it)
@@ -198,39 +197,6 @@ def _scheduled(cfg: Any, mesh: Config, sharded: bool = False) -> list[Config]:
                 continue
             out.append(replace(mesh, sp=sp, microbatches=m, virtual=v, recompute=recompute, zero=zero))
     return out
-
-
-@functools.lru_cache(maxsize=256)
-def _unshardable(cfg: Any, tp: int, dp: int, sp: bool, ep: int = 1) -> Optional[tuple[str, bool]]:
-    """The first parameter of `cfg` fully sharded data parallelism cannot split evenly, as the GPT lays it out over
-    dp x tp (with MoE layers dp x ep x tp) and shards each over the axes among dp and ep it is whole on (the
-    vocabulary's rows over tp x dp x ep, the experts' over dp): spmdsim.models.gpt.pipeline_problems.unshardable's
-    (line, whether its rows are the vocabulary's), or None."""
-    ep_axis = ep if cfg.moe is not None else None
-    return unshardable(cfg, Layout(*model_layout(tp, dp, ep=ep_axis, etp=cfg.expert_tp)), sp)
-
-
-def _zero3_why(cfg: Any, configs: list[Config]) -> str:
-    """Why `configs` (those of a dense GPT `cfg` the search made) hold no ZeRO-3 one, where a mesh with data-parallel
-    ranks has a parameter fully_shard cannot split (`_unshardable`): the first such mesh's, "on tp T x dp D:
-    ..."; else ""."""
-    if cfg.moe is not None:
-        return ""
-    for c in configs:
-        found = c.dp > 1 and _unshardable(cfg, c.tp, c.dp, c.sp, c.ep)
-        if found:
-            problem, vocabulary = found
-            return f"on tp {c.tp} x dp {c.dp}: {problem}" + ("; pad the vocabulary (--gpt vocab_pad_to=N)"
-                                                               if vocabulary else "")
-    return ""
-
-
-def zero3_note(cfg: Any, configs: list[Config]) -> str:
-    """A line saying a search of a dense GPT's `configs` (none of them ZeRO-3) left ZeRO-3 out because fully_shard
-    cannot split a parameter's rows on the meshes with data-parallel ranks (`_scheduled` drops those: the first
-    mesh's reason); "" where one is ZeRO-3 or none could be."""
-    why = "" if any(c.zero == 3 for c in configs) else _zero3_why(cfg, configs)
-    return f"ZeRO-3 left out ({why})" if why else ""
 
 
 def _contexts(cfg: Any, ranks: int, tp: int, within: int, methods: tuple = METHODS) -> list[tuple[int, str]]:
@@ -335,10 +301,8 @@ def fixed_configurations(configs: list[Config], fixed: Any, devices: int, cfg: A
                          key=lambda v: (isinstance(v, str), words.index(v) if isinstance(v, str) else int(v)))
             values = ", ".join(_shown(field_, v).split("=")[1] for v in can)
             beside = f" with --fix {', '.join(done)}" if done else ""
-            why = _zero3_why(cfg, configs) if field_ == "zero" and value == 3 and cfg is not None else ""
-            why = f" (ZeRO-3 {why})" if why else ""
             raise SpmdsimError(f"--fix {_shown(field_, value)} leaves no configuration of the GPT on {devices:,} "
-                               f"devices{beside}; {name} can be {values}{why}")
+                               f"devices{beside}; {name} can be {values}")
         configs = left
         done.append(_shown(field_, value))
     return configs
