@@ -9,7 +9,6 @@ import pytest
 
 import spmdsim
 from spmdsim import Layout, Mesh
-from spmdsim.base.buffers import PAGE
 from spmdsim.errors import SpmdsimError
 from spmdsim.models.gpt import GPTConfig, encode, load_text
 from spmdsim.models.gpt.train import TOLERANCE, train
@@ -63,13 +62,14 @@ def test_each_gather_sends_the_padded_pieces_fsdp2_sends():
         assert gathers == per_unit and sorted(scatters) == sorted(per_unit)
 
 
-def test_the_dry_runs_ledger_is_the_uneven_real_runs_memory():
-    """The dry run (shapes only) of an uneven ZeRO-3 step holds what the real run measured on its first rank (the
-    embedding's rows 65, 65, 65, 62: the most any rank holds): each kind of kept bytes within the page a real block's allocation adds
-    (spmdsim.base.buffers.empty places it at a page offset; evenly sharded widths such as 36 show it too)."""
+@pytest.mark.parametrize("d_model, vocab", [(32, 257), (36, 256)])
+def test_the_dry_runs_ledger_is_the_uneven_real_runs_memory(d_model, vocab):
+    """The dry run (shapes only) of a ZeRO-3 step holds what the real run measured on its first rank (vocab 257: the
+    embedding's rows 65, 65, 65, 62, the most any rank holds), to the byte: a layer's gathered blocks of 64 KiB
+    and more (d_model 36) are placed as the real run's (spmdsim.base.buffers.empty: a page longer)."""
     from spmdsim.models.gpt.sharded_run import train_sharded
 
-    cfg = GPTConfig(layers=2, d_model=32, heads=2, seq=16, batch=8, vocab=257, dropout=0.1)
+    cfg = GPTConfig(layers=2, d_model=d_model, heads=2, seq=16, batch=8, vocab=vocab, dropout=0.1)
     ids = np.arange(2 * cfg.seq + 2, dtype=np.int64) % 128
 
     def body():
@@ -80,11 +80,10 @@ def test_the_dry_runs_ledger_is_the_uneven_real_runs_memory():
     real, dry = spmdsim.simulate(4, body), spmdsim.simulate(4, body, dry_run=True)
     r = real[0]  # the dry run runs one rank for all (spmdsim.runtime.sim.dry): the first, whose shards are largest
     for d in dry:
-        assert (r.grads, r.master, r.states, r.buffers, r.gathered, r.grads_peak) == \
-            (d.grads, d.master, d.states, d.buffers, d.gathered, d.grads_peak)
-        assert [kind for kind, _ in r.kept] == [kind for kind, _ in d.kept]
-        assert all(0 <= a - b <= PAGE for (_, a), (_, b) in zip(r.kept, d.kept)), (r.kept, d.kept)
-    assert [x.states for x in real] == [r.states] * 3 + [r.states - 3 * 32 * 8 * 2]  # m and v: 3 rows fewer
+        assert (r.kept, r.grads, r.master, r.states, r.buffers, r.gathered, r.grads_peak) == \
+            (d.kept, d.grads, d.master, d.states, d.buffers, d.gathered, d.grads_peak)
+    if vocab == 257:
+        assert [x.states for x in real] == [r.states] * 3 + [r.states - 3 * 32 * 8 * 2]  # m and v: 3 rows fewer
 
 
 @pytest.mark.parametrize("example, argv", [

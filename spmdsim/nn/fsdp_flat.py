@@ -167,7 +167,7 @@ def gather_blocks(mesh: Any, group: FlatGroup, shards: list) -> tuple[list, int]
     blocks = []
     for m in group.members:
         if dry:
-            blocks.append(mesh.engine.blank(m.block_shape, group.dtype))
+            blocks.append(mesh.engine.blank(m.block_shape, group.dtype, placed=True))  # (as `block` below)
             continue
         block = buffers.empty(m.block_shape, group.dtype)
         if m.pieces is None:

@@ -30,6 +30,7 @@ counted and complete at once; an mpi4py program's own point-to-point calls and
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -121,9 +122,13 @@ class DryEngine(Engine):
         dtype = _PRODUCT_DTYPES.get((da, db)) or product_dtype(da, db)
         return zeros(lead + (a.shape[-2], b.shape[-1]), dtype)
 
-    def blank(self, shape: tuple, dtype: Any) -> np.ndarray:
-        """A generated block's stand-in: zeros, counted as held."""
-        out = zeros(shape, dtype)
+    def blank(self, shape: tuple, dtype: Any, placed: bool = False) -> np.ndarray:
+        """A generated block's stand-in: zeros, counted as held. `placed`: a block the real run takes from
+        spmdsim.base.buffers.empty, which a dry run's buffers.empty sizes and places alike (lazy zeros a page
+        longer from MIN_BYTES up), so that what keeps it counts the real run's bytes."""
+        dtype = np.dtype(dtype)
+        big = placed and math.prod(shape) * dtype.itemsize >= buffers.MIN_BYTES
+        out = buffers.empty(shape, dtype) if big else zeros(shape, dtype)
         current().meter.hold(out)
         return out
 
