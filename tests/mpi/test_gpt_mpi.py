@@ -245,3 +245,21 @@ def test_a_resumed_gpt_steps_as_the_run_that_never_stopped(tmp_path):
         said = str(e)
     assert comm.allgather(said) == [f"--resume {where}/half: rank {last}'s file {where}/half/rank-{last:05d}.npz "
                                     "is missing"] * comm.size
+
+
+def test_zero3_shards_rows_the_ranks_do_not_divide_under_mpi():
+    """ZeRO-3 over every rank with a vocabulary (251) and width (18) no world size from 2 to 8 but 1 divides: the
+    rows cut as FSDP2 cuts them (spmdsim.nn.fsdp.CUT), each gather's pieces padded; two steps within 1e-10 of one
+    numpy process, each rank's rows torch.chunk's."""
+    from mpi4py import MPI
+
+    from spmdsim.models.gpt import GPTConfig, encode, load_text
+    from spmdsim.models.gpt.train import TOLERANCE, train
+
+    comm = MPI.COMM_WORLD
+    cfg = GPTConfig(layers=1, d_model=18, heads=2, seq=8, batch=comm.size, vocab=251, dropout=0.1)
+    model, results = train(cfg, comm, comm.size, 1, 2, encode(load_text(20_000)), zero=3)
+    assert all(r.passed and max(r.errors) <= TOLERANCE for r in results), results
+    piece = -(-cfg.vocab // comm.size)
+    assert model.params["wte"].local.shape[0] == max(0, min(piece, cfg.vocab - comm.rank * piece))
+    model.mesh.close()
