@@ -63,8 +63,8 @@ def test_zero3_says_which_network_cannot_shard_and_why():
         "its parameters over")
     assert zero_problem(seeds.oneflow_2d_sbp(8)) == (
         "net_oneflow_2d_sbp: parameter 'Linear2.b' dim 0 of size 2 is not divisible by 4 shards (axes "
-        "('axis_1',)) on a mesh that cuts evenly; a mesh of Layout(..., cut='chunk') shards it as FSDP2 does, the "
-        "last shards short")
+        "('axis_1',)); the network's layouts cut every dim evenly, as its dialect does, so --zero 3 shards dim 0 "
+        "evenly too")
     assert zero_problem(seeds.oneflow_2d_sbp(4)) is None
 
 

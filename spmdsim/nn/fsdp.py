@@ -103,9 +103,15 @@ def shard_axes(layout: TensorLayout, group: tuple) -> tuple:
     return tuple(a for a in group if a not in used)
 
 
-def shard_problem(name: str, layout: TensorLayout, shape: tuple, axis: Any) -> Optional[str]:
+#: What `shard_problem` adds to rows an even mesh's shards do not divide: how to shard them.
+_EVEN_MESH = (f" on a mesh that cuts evenly; a mesh of Layout(..., cut={CUT!r}) shards it as FSDP2 does, the last "
+             "shards short")
+
+
+def shard_problem(name: str, layout: TensorLayout, shape: tuple, axis: Any, even: str = _EVEN_MESH) -> Optional[str]:
     """Why parameter `name` (its `layout` and global `shape`) cannot be sharded over `axis` (a name, or the
-    group of axes `shard_axes` picks from), or None.
+    group of axes `shard_axes` picks from), or None. `even`: the end of the line for rows the shards of a mesh
+    that cuts evenly do not divide (a caller whose user makes no mesh says why instead).
 
     One line, alike on every rank (pure: no collective)."""
     if not shape:
@@ -122,8 +128,7 @@ def shard_problem(name: str, layout: TensorLayout, shape: tuple, axis: Any) -> O
         shards *= layout.layout.axis_size(a)
     if shape[0] % shards and layout.layout.cut == "even":
         return (f"parameter {name!r} dim 0 of size {shape[0]} is not divisible by {shards} shards (axes "
-                f"{layout.tensor_map[0] + axes!r}) on a mesh that cuts evenly; a mesh of Layout(..., cut={CUT!r}) "
-                "shards it as FSDP2 does, the last shards short")
+                f"{layout.tensor_map[0] + axes!r}){even}")
     return None
 
 

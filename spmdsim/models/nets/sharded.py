@@ -19,6 +19,9 @@ from .model import Network
 
 __all__ = ["data_axis", "zero_problem", "shard_stages"]
 
+#: Why rows a seed network's shards do not divide are refused: its layouts (its dialect's) cut evenly.
+_EVEN = "; the network's layouts cut every dim evenly, as its dialect does, so --zero 3 shards dim 0 evenly too"
+
 
 def data_axis(net: Network) -> Optional[str]:
     """The one mesh axis that splits `net`'s input batch (its first `batch_dims` dims), or None."""
@@ -42,7 +45,7 @@ def zero_problem(net: Network) -> Optional[str]:
             if p.layout.layout != matrix:
                 return (f"{net.name}: parameter {name!r} lies on {p.layout.layout}, not on the input's device "
                         f"matrix {matrix} whose axis {axis!r} --zero 3 shards over")
-            problem = shard_problem(name, p.layout, tuple(p.source.shape), axis)
+            problem = shard_problem(name, p.layout, tuple(p.source.shape), axis, _EVEN)
             if problem:
                 return f"{net.name}: {problem}"
     return None
