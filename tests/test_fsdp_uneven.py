@@ -45,6 +45,33 @@ def test_uneven_rows_are_cut_as_torch_chunk_and_the_steps_match_one_numpy_proces
     assert any(n != norm[0] for n in norm)  # (the point: uneven)
 
 
+def test_hybrid_sharding_and_a_pipeline_cut_uneven_rows_alike():
+    """HSDP (dp 2 x fs 2, vocab 257: 129 and 128 rows over fs, the Reduce_scatter's result summed over dp) and an
+    interleaved pipeline (pp 2 x dp 2 x tp 2, vocab 258: each tp half's 129 rows 65 and 64 over dp), 4
+    microbatches: each step within the check's tolerance."""
+    from spmdsim.models.axes import model_layout, roles_of
+    from spmdsim.models.gpt.pipeline import train_pipelined
+
+    def hybrid():
+        shape, names = model_layout(1, 2, fs=2)
+        mesh = Mesh(Layout(shape, names, CUT), spmdsim.world(), roles=roles_of(names))
+        model, steps = train(CFG, spmdsim.world(), 4, 1, 2, TEXT, zero=3, mesh=mesh)
+        return steps, model.params["wte"].local.shape[0]
+
+    def pipelined():
+        cfg = GPTConfig(layers=4, d_model=32, heads=4, seq=16, batch=8, vocab=258, dropout=0.1)
+        run, steps = train_pipelined(cfg, spmdsim.world(), 2, 2, 2, 2, TEXT, sp=True, schedule="interleaved",
+                                     microbatches=4, virtual=2, zero=3)
+        run.close()
+        return steps
+
+    out = spmdsim.simulate(4, hybrid)
+    assert all(r.passed and max(r.errors) <= TOLERANCE for r in out[0][0]), out[0][0]
+    assert [rows for _, rows in out] == [129, 128, 129, 128]  # (dp, fs): the shards over fs, dp replicas
+    steps = spmdsim.simulate(8, pipelined)[0]
+    assert all(r.passed and max(r.errors) <= TOLERANCE for r in steps), steps
+
+
 def test_each_gather_sends_the_padded_pieces_fsdp2_sends():
     """Each unit's Allgather on dp receives (dp - 1) pieces of the first shard's rows of each parameter, whatever
     rows the sender holds (FSDP2 pads the short ones); its Reduce_scatter sends as many."""
