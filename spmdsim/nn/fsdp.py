@@ -2,16 +2,16 @@
 
 Each parameter becomes a leaf whose layout splits its dim 0 over the mesh's data axis as well (FSDP2's
 ``Shard(0)``; after the axes that already split dim 0, so that gathering over the data axis gives back the
-parameter's own layout): a rank holds 1/dp of it, and the optimizer steps those shards. A unit (a layer, or
-the model's root: the embedding and the head) is gathered just before its forward reads it, flat, as FSDP2
-gathers (spmdsim.nn.fsdp_flat): its shards packed into one buffer and gathered by one Allgather (a
+parameter's own layout): a rank holds 1/dp of it (on a mesh that cuts by `CUT`, torch.chunk's rule, rows the
+shards do not divide are cut as FSDP2 cuts them, the last shards short), and the optimizer steps those shards. A
+unit (a layer, or the model's root: the embedding and the head) is gathered just before its forward reads it,
+flat, as FSDP2 gathers (spmdsim.nn.fsdp_flat): its shards packed into one buffer and gathered by one Allgather (a
 `BlockAllgather` step record the executor runs), each parameter's block copied out of the gathered buffer; its
-backward waits for the unit's gradients, each a pending sum over the data axis, packs them and sums them onto
-the shards by one Reduce_scatter (a `BlockReduceScatter`, the gather's conjugate). One gather and one
-reduce-scatter per unit (per group of its parameters sharded over the same axes, of one dtype: two in an
-expert layer). A step of the 4-layer GPT on dp 8 makes 9 gathers (the root's once, each layer's twice) and 5
-Reduce_scatters where a call per parameter made 124 and 64; its `collectives` column counts them with the
-loss's Allreduce::
+backward waits for the unit's gradients, each a pending sum over the data axis, packs them and sums them onto the
+shards by one Reduce_scatter (a `BlockReduceScatter`, the gather's conjugate). One gather and one reduce-scatter
+per unit (per group of its parameters sharded over the same axes, of one dtype: two in an expert layer). A step of
+the 4-layer GPT on dp 8 makes 9 gathers (the root's once, each layer's twice) and 5 Reduce_scatters where a call
+per parameter made 124 and 64; its `collectives` column counts them with the loss's Allreduce::
 
     python examples/train_gpt.py --ranks 8 --dp 8 --zero 3 --steps 1 --sample 0 --no-check   # 15 collectives
 
