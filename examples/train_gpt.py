@@ -42,11 +42,11 @@ import numpy as np
 
 import spmdsim
 from spmdsim.nn.autograd.kept import kept_problem
-from spmdsim.nn.fsdp import CUT
 from spmdsim.base.precision import precision
 from spmdsim.base.typed_numbers import fixed
 from spmdsim.models.gpt import GPTConfig, encode, load_text
 from spmdsim.models.gpt.data import show_sample, text_problem
+from spmdsim.models.gpt.mesh import zero_cut
 from spmdsim.models.gpt.parallel import DIALECTS, dialect_layouts
 from spmdsim.models.gpt.pipeline import gathered_stages, train_pipelined
 from spmdsim.models.gpt.pipeline_problems import stage_problem
@@ -195,7 +195,7 @@ def checked_run(args, comm):
     problem = problem or text_problem(ids, cfg)
     if problem:  # every rank alike, before any collective
         raise spmdsim.SpmdsimError(problem)
-    check_trace_out(args)  # an unwritable trace file refused now, not after the run (every rank alike, as `spmdsim run`)
+    check_trace_out(args)  # an unwritable trace file refused now, not after the run (alike on every rank)
     dp, tp = shape
     layouts = dialect_layouts(cfg, spmdsim.Layout(*model_layout(tp, dp, cp=args.cp if args.cp > 1 else None)),
                               args.dialect, args.sp)
@@ -309,7 +309,7 @@ def train_steps(args, run):
     mesh, layouts = None, run.layouts
     if args.shard_group is not None and args.shard_group < dp:  # HSDP: (dp / N, N, tp), the batch over both
         shape, names = model_layout(tp, dp // args.shard_group, fs=args.shard_group)
-        mesh = spmdsim.Mesh(spmdsim.Layout(shape, names, CUT), comm, roles=roles_of(names))  # FSDP2's cut
+        mesh = spmdsim.Mesh(spmdsim.Layout(shape, names, zero_cut(run.zero)), comm, roles=roles_of(names))
         layouts = dialect_layouts(cfg, mesh.layout, args.dialect, args.sp)  # Megatron's, on that mesh
     return train(cfg, comm, dp, tp, args.steps, run.ids, sp=args.sp, check=run.check, on_step=report, mesh=mesh,
                  layouts=layouts, replay=args.replay, recompute=args.recompute, zero=run.zero,

@@ -40,13 +40,13 @@ from typing import Any, NamedTuple, Optional
 
 import spmdsim
 from spmdsim.nn.autograd.kept import kept_problem
-from spmdsim.nn.fsdp import CUT
 from spmdsim.base.precision import precision
 from spmdsim.models.gpt.fp8_block import policy_problem
 from spmdsim.models.gpt import GPTConfig, encode, load_text
 from spmdsim.models.gpt.data import text_problem
 from spmdsim.models.gpt.layouts import written
 from spmdsim.models.gpt.memory import zero_problem
+from spmdsim.models.gpt.mesh import zero_cut
 from spmdsim.models.gpt.parallel import DIALECTS, dialect_layouts
 from spmdsim.models.gpt.pipeline import train_pipelined
 from spmdsim.models.gpt.pipeline_problems import stage_problem
@@ -278,8 +278,8 @@ def checked_run(args, comm):
     algorithms = {"alltoall": args.algorithm} if args.algorithm else None
     if args.algorithm == "pairwise":  # the only emulated Alltoallv (spmdsim.programs.algorithms.VARIABLE)
         algorithms["alltoallv"] = "pairwise"
-    mesh = None if pipelined(args) else spmdsim.Mesh(  # ZeRO-3's shards cut as FSDP2's (spmdsim.nn.fsdp)
-        spmdsim.Layout(*stage_mesh(dp, ep, tp), CUT if zero == 3 else "even"), comm, algorithms=algorithms)
+    mesh = None if pipelined(args) else spmdsim.Mesh(spmdsim.Layout(*stage_mesh(dp, ep, tp), zero_cut(zero)), comm,
+                                                     algorithms=algorithms)
     moe_layers = [f"h{i}" for i in range(cfg.layers) if cfg.is_moe(i)]
     return Run(comm, cfg, dp, ep, tp, layers, zero, ids, layouts, algorithms, mesh, not args.no_check, moe_layers)
 

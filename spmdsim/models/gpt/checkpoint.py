@@ -42,10 +42,11 @@ from ...runtime.door import all_gather_object, barrier
 from .config import GPTConfig
 from ...base.precision import precision as get_precision
 from ...layouts.layout import Layout
-from ...nn.fsdp import CUT, on_mesh, shard_axes, sharded_layout
+from ...nn.fsdp import on_mesh, shard_axes, sharded_layout
 from ...runtime.sim import dry_run_active
 from ..axes import DATA, EXPERT, model_layout
 from .layouts import megatron_layouts
+from .mesh import zero_cut
 
 __all__ = ["META", "rank_file", "run_meta", "resume_problem", "save_problem", "save", "load", "read_meta",
            "checkpoint_problem", "checkpoint_meta", "first_loss", "with_first_loss"]
@@ -367,13 +368,12 @@ def checkpoint_meta(cfg: GPTConfig, world: int, dp: int, tp: int, *, sp: bool = 
     `layouts`, on a stage's mesh), and the pipeline's schedule, microbatches, chunks and split (None without)."""
     moe = cfg.moe is not None or ep > 1
     inner = model_layout(tp, dp, ep if moe else None, etp=cfg.expert_tp)
-    cut = CUT if zero == 3 else "even"  # the mesh's (spmdsim.nn.fsdp: ZeRO-3's shards cut as FSDP2's)
-    chosen = megatron_layouts(cfg, Layout(*inner, cut), sp)
-    chosen.update(on_mesh(layouts or {}, Layout(*inner, cut)))
+    mesh_layout = Layout(*inner, zero_cut(zero))  # (ZeRO-3's shards cut as FSDP2's)
+    chosen = megatron_layouts(cfg, mesh_layout, sp)
+    chosen.update(on_mesh(layouts or {}, mesh_layout))
     if zero == 3:  # the shards' layouts (spmdsim.nn.fsdp): a checkpoint of them resumes only fully sharded
         group = (DATA, EXPERT) if moe else (DATA,)  # (experts over dp, the dense parameters over dp x ep)
         chosen = {name: sharded_layout(layout, shard_axes(layout, group)) for name, layout in chosen.items()}
-    mesh_layout = Layout(*inner)
     if pipeline is not None:
         pipeline = dict(pipeline)
         mesh_layout = Layout(*model_layout(tp, dp, ep if moe else None, pipeline.pop(PIPELINE),

@@ -6,6 +6,7 @@ from typing import Any, Optional
 from ...layouts.layout import Layout
 from ...runtime.mesh import Mesh
 from ...errors import SpmdsimError
+from ...nn.fsdp import CUT
 from ..axes import (CONTEXT, DATA, EXPERT, EXPERT_TENSOR, SHARD, TENSOR, axis_of, model_layout, roles_of,
                     tensor_size)
 from ..moe.fold import split_problem
@@ -13,7 +14,7 @@ from .config import GPTConfig
 from .context import Context, context_problem
 from .layouts import mesh_problem
 
-__all__ = ["MESHES", "model_mesh", "mesh_checked"]
+__all__ = ["MESHES", "model_mesh", "mesh_checked", "zero_cut"]
 
 #: The meshes the GPT runs on: dp and tp, with ep (MoE layers) and cp (context parallelism) between them; with
 #: ep, tp may be two axes ("tp", "etp": the experts' own tp between 1 and tp, spmdsim.models.moe.fold).
@@ -21,15 +22,20 @@ MESHES = tuple((DATA,) + e + c + (TENSOR,) + t for e in ((), (EXPERT,)) for c in
                for t in ((), (EXPERT_TENSOR,)) if e or not t)
 
 
+def zero_cut(zero: Any) -> str:
+    """The cut (spmdsim.layouts.slicing) of the GPT's meshes under ZeRO stage `zero`: ZeRO-3's shards rows the ranks
+    do not divide as FSDP2 does (spmdsim.nn.fsdp.CUT); the other stages' meshes cut evenly."""
+    return CUT if zero == 3 else "even"
+
+
 def model_mesh(cfg: GPTConfig, comm: Any, dp: int, tp: int, ep: int = 1, cp: int = 1,
-               context: Optional[Context] = None, cut: str = "even") -> Any:
+               context: Optional[Context] = None, zero: int = 0) -> Any:
     """The model's mesh over `comm`: (dp, [ep,] [cp,] tp), ep with MoE layers, cp where given or a context is;
-    tp as ("tp", "etp") where the experts' etp is between 1 and tp; `cut` its Layout's (ZeRO-3's: spmdsim.nn.fsdp.
-    CUT)."""
+    tp as ("tp", "etp") where the experts' etp is between 1 and tp; cut as ZeRO stage `zero` needs (`zero_cut`)."""
     shape, names = model_layout(tp, dp, ep if cfg.moe is not None or ep > 1 else None,
                                 cp=cp if cp > 1 or context is not None else None,
                                 etp=cfg.expert_tp)
-    return Mesh(Layout(shape, names, cut), comm, roles=roles_of(names))
+    return Mesh(Layout(shape, names, zero_cut(zero)), comm, roles=roles_of(names))
 
 
 def mesh_checked(cfg: GPTConfig, mesh: Any, sp: bool, context: Optional[Context], fsdp: Any) -> int:

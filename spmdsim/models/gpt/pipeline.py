@@ -55,7 +55,6 @@ from ...base.precision import precision as get_precision
 from ...nn import ops
 from ...nn.autograd.grad_buffer import GradBuffer
 from ...nn.distrib_optim import DistributedAdamW
-from ...nn.fsdp import CUT
 from ...nn.optim import AdamW, clip_grad_norm_
 from ...programs.pipeline.schedule import build
 from ...runtime.dtensor import DTensor
@@ -74,6 +73,7 @@ from .step_looks import _expert_bytes
 from .stage_check import _PipelineChecker, _stage_regions, _table
 from .pipeline_problems import refuse_pipelined
 from .context import Context
+from .mesh import zero_cut
 from ...runtime import debug_calls
 from ...runtime.door import untraced
 from ...runtime.engines.wait import polite_wait
@@ -177,7 +177,7 @@ class _Pipelined:
         parts = chunk_parts(cfg, chunks, split)
         inner = model_layout(tp, dp, ep if moe else None, cp=cp_axis, etp=cfg.expert_tp)  # a stage's mesh
         outer = model_layout(tp, dp, ep if moe else None, pp, cp=cp_axis, etp=cfg.expert_tp)
-        cut = CUT if zero == 3 else "even"  # ZeRO-3's shards cut as FSDP2's (spmdsim.nn.fsdp)
+        cut = zero_cut(zero)  # ZeRO-3's shards cut as FSDP2's
         mesh = Mesh(Layout(*outer, cut), comm, algorithms=algorithms, roles=roles_of(outer[1]))
         differ(mesh, (PIPELINE,))  # a dry run runs one rank per stage: the stages' work differs
         self.stage = stage = mesh.coord(PIPELINE)

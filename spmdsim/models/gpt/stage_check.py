@@ -7,7 +7,7 @@ import numpy as np
 from .config import GPTConfig
 from .params import param_specs
 from .train import all_rows
-from .wholes import Regions, stage_regions
+from .wholes import Regions, row, stage_regions
 from .checker import StepChecker
 from .stage_program import PipelineRun
 from .context import checked_order, ring_core
@@ -33,16 +33,8 @@ def _tables(run: PipelineRun, cfg: GPTConfig, where: Regions, tables: list, labe
     """`_table` of several tables (name -> this rank's block, of the parameters its stage holds), table after
     table in each row (spmdsim.models.gpt.wholes.assemble reads them so), from one Allgather over the whole mesh (on
     simulated ranks one table they share: spmdsim.models.gpt.train.all_rows)."""
-
     mesh = run.mesh
-    flat = np.zeros(where.width * len(tables))
-    for k, table in enumerate(tables):
-        at = k * where.width
-        for name in _held(run, cfg)[run.stage]:
-            block = np.asarray(table[name], np.float64).reshape(-1)
-            flat[at:at + block.size] = block
-            at += block.size
-    return all_rows(mesh, flat, label).reshape(mesh.size, -1)
+    return all_rows(mesh, row(tables, _held(run, cfg)[run.stage], where.width), label).reshape(mesh.size, -1)
 
 
 def _table(run: PipelineRun, cfg: GPTConfig, where: Optional[Regions] = None) -> np.ndarray:

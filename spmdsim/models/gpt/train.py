@@ -45,7 +45,6 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ...nn.autograd.kept import kept_problem
-from ...nn.fsdp import CUT
 from .config import GPTConfig
 from .data import batch, text_problem
 from .memory import MemoryReport, recompute_problem, zero_problem
@@ -53,7 +52,7 @@ from ...base.precision import precision as get_precision
 from .tolerances import tolerances as mixed_tolerances
 from .fp8_block import policy_problem
 from .params import param_specs
-from .wholes import Regions, assemble, regions
+from .wholes import Regions, assemble, regions, row
 from ...errors import SpmdsimError
 from ...nn import ops
 from ...runtime.dtensor import DTensor
@@ -155,12 +154,7 @@ def _table(model: Any, tables: list, label: str, width: int) -> np.ndarray:
     rank (float64), from one Allgather (`all_rows`): spmdsim.models.gpt.wholes.assemble makes them
     whole (of its rows that Regions.used keeps). Each table takes `width` items of a row (Regions.width: under
     an uneven cut, ZeRO-3's, a rank with shorter blocks pads its tables with zeros)."""
-    parts = []
-    for table in tables:
-        blocks = [np.asarray(table[name], np.float64).reshape(-1) for name in model.params]
-        short = width - sum(b.size for b in blocks)
-        parts.extend(blocks + ([np.zeros(short)] if short else []))
-    return all_rows(model.mesh, np.concatenate(parts), label)
+    return all_rows(model.mesh, row(tables, model.params, width), label)
 
 
 def all_rows(mesh: Any, flat: np.ndarray, label: str) -> np.ndarray:
@@ -206,10 +200,10 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     """
     meta = _refuse(cfg, comm if mesh is None else mesh.comm, dp, tp, steps, text_ids, sp, check, layouts, replay,
                    recompute, zero, kept, ep, precision, save, save_every, resume)
+    if mesh is None:
+        mesh = model_mesh(cfg, comm, dp, tp, ep, cp, context, zero)
     fsdp, zero = _fsdp_options(zero, reshard_after_forward, prefetch)  # ZeRO-3: AdamW on the shards
     policy = get_precision(precision)
-    if mesh is None:
-        mesh = model_mesh(cfg, comm, dp, tp, ep, cp, context, CUT if fsdp is not None else "even")
     model = parallel.GPT(cfg, mesh, sp=sp, layouts=layouts, recompute=recompute, kept=kept, precision=policy,
                          context=context, fsdp=fsdp)
     specs = param_specs(cfg)

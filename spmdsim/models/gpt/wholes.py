@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Regions", "regions", "stage_regions", "assemble", "peaks"]
+__all__ = ["Regions", "regions", "stage_regions", "row", "assemble", "peaks"]
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,20 @@ def _last_of_each_region(blocks: Any) -> tuple:
         last.pop(key, None)
         last[key] = block
     return tuple(last.values())
+
+
+def row(tables: list, names: Any, width: int) -> np.ndarray:
+    """This rank's row of the table `assemble` reads: each of `tables` (name -> this rank's block) its blocks of
+    `names` end to end as float64, in `width` items (Regions.width; a rank whose blocks are shorter, a pipeline
+    stage's or an uneven cut's, leaves zeros after them)."""
+    flat = np.zeros(width * len(tables))
+    for k, table in enumerate(tables):
+        at = k * width
+        for name in names:
+            block = np.asarray(table[name], np.float64).reshape(-1)
+            flat[at:at + block.size] = block
+            at += block.size
+    return flat
 
 
 def assemble(where: Regions, rows: np.ndarray, count: int = 1) -> list[dict]:
