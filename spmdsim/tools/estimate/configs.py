@@ -283,10 +283,10 @@ def _holds(c: Config, field_: str, value: Any) -> bool:
     return _degree(c, field_) == value
 
 
-def fixed_configurations(configs: list[Config], fixed: Any, devices: int, cfg: Any = None) -> list[Config]:
+def fixed_configurations(configs: list[Config], fixed: Any, devices: int) -> list[Config]:
     """The configurations among `configs` with every degree of `fixed` ({Config field: value}, parse_fixed;
     `_holds`); one line naming the first degree that leaves none and the values it can take (with the degrees
-    before it; --fix zero=3 also why, where `cfg`, the GPT, has a parameter ZeRO-3 cannot split)."""
+    before it)."""
     done: list[str] = []
     for field_, value in (fixed or {}).items():
         if field_ not in FIXABLE.values():

@@ -239,7 +239,7 @@ def _bounded(cfg: Any, devices: int, machine: Any, precision: str, fixed: Any, f
     if fixed and not every:  # every cp the search takes, for the line that names them
         every = configurations(cfg, devices, machine.gpus_per_node, methods=methods, folded=folded, sharded=sharded,
                                etps=etps, between=between)
-    for c in (fixed_configurations(every, fixed, devices, cfg) if every and fixed else every):
+    for c in (fixed_configurations(every, fixed, devices) if every and fixed else every):
         seconds, nbytes, sums[c] = bounds_and_sums(cfg, c, machine, precision, devices, per_layer)
         bounded.append(Candidate(c, seconds, nbytes))
     if not bounded:
