@@ -139,13 +139,17 @@ def test_a_zero_stage_that_is_not_one_is_refused_in_one_line():
     assert "not 0, 1, 2 or 3" in zero_problem(4)
 
 
-def test_a_stopped_zero3_run_resumes_bit_for_bit(tmp_path):
+@pytest.mark.parametrize("cfg, dp, tp, rows", [
+    (CFG, 2, 2, [32, 32, 32, 32]),  # 128 rows over tp 2 x dp 2
+    # vocab 257 on dp 4: the embedding's rows cut unevenly (spmdsim.nn.fsdp.CUT), 65, 65, 65, 62
+    (GPTConfig(layers=2, d_model=34, heads=2, seq=16, batch=8, vocab=257, dropout=0.1), 4, 1, [65, 65, 65, 62])])
+def test_a_stopped_zero3_run_resumes_bit_for_bit(tmp_path, cfg, dp, tp, rows):
     """Saved after 2 steps and resumed to 4: the same losses and shards as the run that never stopped; a run
     that is not fully sharded refuses the checkpoint in one line (its layouts are the shards')."""
     where = str(tmp_path / "ckpt")
 
     def body(steps, **kw):
-        model, results = train(CFG, spmdsim.world(), 2, 2, steps, TEXT, zero=3, **kw)
+        model, results = train(cfg, spmdsim.world(), dp, tp, steps, TEXT, zero=3, **kw)
         return [r.loss for r in results], {n: p.local.copy() for n, p in model.params.items()}
 
     whole = spmdsim.simulate(4, body, 4)
@@ -154,8 +158,9 @@ def test_a_stopped_zero3_run_resumes_bit_for_bit(tmp_path):
     for (losses, blocks), (tail, again) in zip(whole, resumed):
         assert tail == losses[2:]
         assert all(np.array_equal(blocks[n], again[n]) for n in blocks)
+    assert [blocks["wte"].shape[0] for _, blocks in resumed] == rows
     with pytest.raises(SpmdsimError, match=r"the checkpoint's layouts has wte"):
-        spmdsim.simulate(4, lambda: train(CFG, spmdsim.world(), 2, 2, 4, TEXT, resume=where))
+        spmdsim.simulate(4, lambda: train(cfg, spmdsim.world(), dp, tp, 4, TEXT, resume=where))
 
 
 @pytest.mark.parametrize("reshard", [True, False])
