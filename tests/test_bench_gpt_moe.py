@@ -8,7 +8,6 @@ timings. --simulated adds the simulated rows (launches faked here); the refusals
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 from pathlib import Path

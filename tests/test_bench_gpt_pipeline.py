@@ -11,7 +11,6 @@ line; bytes, groups, messages or losses that differ make it exit 1.
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path

@@ -161,7 +161,7 @@ def test_the_curve_round_trips_and_needs_model_shape():
     assert str(info.value).startswith("machine file 'x.json': key 'gemm_efficiency.unbatched' is {'dtypes': ")
     with pytest.raises(SpmdsimError) as info:
         machine_from_dict(_edit(_h100(), _U, _DELETE), "machine file 'x.json'")
-    assert str(info.value) == (f"machine file 'x.json': key 'gemm_efficiency.batched' is missing; expected present "
+    assert str(info.value) == ("machine file 'x.json': key 'gemm_efficiency.batched' is missing; expected present "
                                "with model 'shape', or 'unbatched' (its measured tables, docs/howto/add-machine-file.md)")
 
 

@@ -9,7 +9,6 @@ import pytest
 
 import spmdsim
 from spmdsim import Layout
-from spmdsim.errors import OperatorError
 from spmdsim.models.gpt import GPTConfig, encode, load_text
 from spmdsim.models.gpt.train import TOLERANCE, train
 

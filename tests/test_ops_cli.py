@@ -240,7 +240,6 @@ def test_matmul_and_linear_jobs_tolerance_follows_the_magnitudes_not_k_eps(kind)
     (plus 1e-4 |y|), but K products of values in [-1, 1) have magnitudes up to K/4, not 1: the demo's
     (32, 784, 512) summed largest products first is 1.5x beyond it. The jobs' (rtol, scale) (matmul_rounding:
     2 (K+1) eps x |x| @ |w| + |b|) hold that order, and still fail a value off by 0.1."""
-    import numpy as np
 
     import spmdsim
     from spmdsim import DTensor, SeededTensor

@@ -22,7 +22,7 @@ from spmdsim.tools.cli.main import main
 from spmdsim.programs.plan import Exchange, emulate, partial_addends, plan_redistribution, shards_of
 from spmdsim.programs.plan import folded, planner
 from spmdsim.programs.plan.summary import FOLD_RANKS, plan_traffic, sent_by_rank
-from spmdsim.programs.plan.volume import exchange_transfers, rank_boxes
+from spmdsim.programs.plan.volume import exchange_transfers
 from spmdsim.programs.viz.why import byte_matrix
 from test_properties import random_pair
 

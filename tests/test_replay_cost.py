@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import spmdsim
 from spmdsim import SeededTensor
 from spmdsim.base import buffers
 from spmdsim.errors import SpmdsimError

@@ -22,7 +22,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from ..base.sizes import ENV_VAR, UnmappableError, format_size, out_of_memory
+from ..base.sizes import ENV_VAR, format_size, out_of_memory
 from ..errors import ResourceError, SpmdsimError
 from .infer import infer_matmul, matmul_shape
 from .plan import plan_redistribution

@@ -35,7 +35,7 @@ from ..base.context import simulated as _simulated
 from ..base.sizes import out_of_memory
 from ..base.threads import launched
 from .engines import engine_of, world
-from .process import (_PRIVATE, FORWARD_S, abort_job, end_job, release_segments_once, release_shared_segments,
+from .process import (_PRIVATE, FORWARD_S, abort_job, release_segments_once, release_shared_segments,
                       tune_mpi_process)
 
 __all__ = ["abort_on_error", "install_excepthook", "run_guarded", "handle_exception", "release_shared_segments"]
@@ -235,7 +235,6 @@ def install_excepthook(comm: Any = None) -> None:
         return
     comm = _world(comm)
     private = _private(comm)
-    previous = sys.excepthook
 
     def hook(exc_type: Any, exc: BaseException, tb: Any) -> None:
         if handle_exception(exc, comm, private):  # Ctrl-C included: one line, exit 130

@@ -13,7 +13,7 @@ from ..layouts.layout import Layout
 from ..base.context import current
 from .axes import normalize_axes
 from .engines import engine_of, ways_out, world
-from .engines.wait import WAIT_MODES, resolve_wait_mode
+from .engines.wait import resolve_wait_mode
 from .compiled import PROGRAMS  # Mesh.close drops its compiled redistributions
 from ..programs.algorithms import check_choices
 from ..base.validate import describe

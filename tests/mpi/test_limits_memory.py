@@ -32,7 +32,7 @@ def test_run_refuses_a_matmul_too_large_for_memory_before_allocating(capsys):
     assert _world().allgather(rc) == [2] * size
     if _world().rank == 0:
         (line,) = _error_lines(err)
-        assert line.startswith(f"spmdsim: error: MatMul (") and " needs " in line
+        assert line.startswith("spmdsim: error: MatMul (") and " needs " in line
         assert "the largest --shape that fits is " in line and "Traceback" not in err
     else:
         assert err == ""

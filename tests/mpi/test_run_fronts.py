@@ -83,7 +83,7 @@ def test_paddle_embedding_shows_each_ranks_rows_and_its_padding_row(capsys):
         assert (f"rank {r} ({r},): holds ids[0:3], table[{4 * r}:{4 * r + 4}, 0:6] + zero padding "
                 f"row (local (5, 6)) -> output [0:3, 0:6]") in " ".join(text.split()), text
         assert f"in its rows [{4 * r}, {4 * r + 4}); the other " in text
-    assert (f"so each rank holds a partial sum (ids outside a rank's rows look up its zero "
+    assert ("so each rank holds a partial sum (ids outside a rank's rows look up its zero "
             "padding row, local row 4)") in " ".join(text.split())
     assert "Megatron" not in text and text.rstrip().endswith("PASS")
 

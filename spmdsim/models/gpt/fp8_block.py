@@ -16,7 +16,6 @@ import numpy as np
 
 from ...base.precision import precision as get_precision, precision_problem
 from ...nn import ops
-from ...nn.autograd import kept_as
 from ...nn.ops.fp8_linear import fp8_column, fp8_row
 from ...nn.ops import megatron
 from ...nn.ops.megatron import _row_product_layout

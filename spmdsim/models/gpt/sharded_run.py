@@ -5,7 +5,7 @@ stage, one microbatch in flight, the step's trace."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 

@@ -204,7 +204,6 @@ class _Exchange:
         """Send rows (the routing's buffer, destination-major) -> expert-major rows of this rank's experts (into
         `out`, (arrived, D), when given)."""
         label = label or self.labels[0]
-        D = send.shape[1]
         if not self.dropless:  # the send buffer is (ep, bl, El, C) slots: each member's share is one block
             got = executor.run_block(self.mesh, self.slots, send, label) if self.ep > 1 else send
             return got if self.dry else self.by_expert(got, out)
@@ -239,7 +238,6 @@ class _Exchange:
         """Expert-major rows -> the send buffer's rows on the ranks the tokens came from (dispatch reversed; into
         `out` when given)."""
         label = label or self.labels[1]
-        D = rows.shape[1]
         if not self.dropless:
             if self.dry:  # at ep 1, slots already in the experts' order: the real step's `rows` itself, as here
                 blocks = rows if self.ep == 1 and (self.El == 1 or self.bl == 1) else zeros(rows.shape, rows.dtype)

@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from ...errors import DialectError, SpmdsimError
+from ...errors import DialectError
 from ...base.validate import counted
 from ...layouts.layout import TensorLayout
 from ...layouts.notation import format_entry

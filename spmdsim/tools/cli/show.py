@@ -77,7 +77,7 @@ def _matmul(args: argparse.Namespace) -> int:
         raise SpmdsimError(f"--operand {args.operand} picks one tensor of the MatMul to draw; --matmul draws x, w "
                            "and out: give one of them")
     if not args.strategy or len(parse_strategy(args.strategy)) != 2:
-        raise SpmdsimError(f"--matmul needs a MatMul --strategy of two tensors such as \"((1,2),(2,1))\", "
+        raise SpmdsimError("--matmul needs a MatMul --strategy of two tensors such as \"((1,2),(2,1))\", "
                            + (f"got {args.strategy!r}" if args.strategy else "and none was given"))
     mkn = parse_int_list(args.shape or "", "--shape")
     if len(mkn) != 3:

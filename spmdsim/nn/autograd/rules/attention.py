@@ -147,7 +147,6 @@ def _count_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, dy: np.ndarray,
             context.phase = was
     dyh, vt = _seen(dy.shape, heads), _seen(v.shape, keys_t)  # (b, h, tq, e), (b, h, e, tk)
     scores = dyh[:-1] + vt[-1:]  # (b, h, tq, tk)
-    probs_t = scores[:-2] + scores[:-3:-1]  # (b, h, tk, tq)
     dtype = q.dtype
     block = (scores, dtype)  # a gradient over the scores, held by nothing
     dq, dk, dv = ((_seen(t.shape, heads), dtype) if g is None else g for t, g in zip((q, k, v), grads))
