@@ -92,6 +92,8 @@ CASES = {
                         "x.gather(root=1.5)", "gather root 1.5"),
     "lib-object-dtype": ('DTensor.from_global(mesh, np.zeros((16, 4), object), mesh.layout("mp", None))',
                          "'|O' (object)"),
+    "lib-global-differs": ('DTensor.from_global(mesh, np.random.default_rng().standard_normal((16, 4)), '
+                           'mesh.layout("mp", None))', "ranks 0 and 1 passed different arrays"),
     "lib-matmul-ndarray": ('x = DTensor.from_seeded(mesh, mesh.layout(None, "mp"), SeededTensor((4, 16)))\n'
                            "matmul(x, np.ones((16, 4)))", "got ndarray of shape (16, 4)"),
     "cli-bad-strategy": (_MM + ["--strategy", "((2,1),(1,4)"], "'((2,1),(1,4)'"),

@@ -759,7 +759,7 @@ def test_a_rank_making_a_mesh_group_alone_is_named_so():
 
     with pytest.raises(RuntimeMismatchError) as caught:
         simulate(4, main)
-    assert re.search(r"collectives diverge on the world \(call 1 on that communicator\): rank 0 calls split "
+    assert re.search(r"collectives diverge on the world \(call 3 on that communicator\): rank 0 calls split "
                      r"\(the mesh's group over \('tp',\), made at its first use\) but rank [1-3] calls allgather "
                      r"float64 x8; at test_sim_engine\.py:\d+ \(rank 0\)", unfold(str(caught.value)))
 

@@ -4,6 +4,7 @@ placement checks they share with DTensor itself; DTensor (spmdsim.runtime.dtenso
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import Any, Sequence, TypeVar
 
@@ -11,10 +12,10 @@ import numpy as np
 
 from ..base import buffers
 from ..layouts.datagen import SeededTensor
-from ..errors import DTypeError, LayoutError, ShapeError
+from ..errors import DTypeError, LayoutError, RuntimeMismatchError, ShapeError
 from ..layouts.layout import Layout, TensorLayout
 from ..base.validate import counted, describe, dtype_arg, dtype_name
-from . import debug, debug_calls
+from . import debug, debug_calls, door
 from .mesh import Mesh
 from .budget import check_seeded
 
@@ -111,17 +112,45 @@ class _Constructors:
         return cls.full(mesh, layout, shape, 1, dtype)
 
     @classmethod
-    def from_global(cls: type[_T], mesh: Mesh, array: Any, layout: TensorLayout) -> _T:
-        """Cut this rank's shard out of a global array every rank has (small demos)."""
+    def from_global(cls: type[_T], mesh: Mesh, array: Any, layout: TensorLayout, verify: bool = True) -> _T:
+        """Cut this rank's shard out of a global array every rank has (small demos).
+
+        Every rank must pass the same array: each cuts its block from its own copy, so arrays that differ
+        (drawn without a seed, say) would make a tensor no rank passed. `verify` checks that first, by two
+        reductions of a 63-bit digest of the array's shape, dtype and bytes; `verify=False` skips them, for
+        an array built alike on every rank by the program itself.
+        """
         _check_placement(mesh, layout)
         array = np.asarray(array)
         dtype_arg(array.dtype, "array dtype")
+        if verify and mesh.comm.Get_size() > 1:
+            _check_same(mesh.comm, array)
         shape = layout.check_shape(array.shape)
         if _holds_value(mesh, layout):
             local = buffers.placed_copy(array[layout.slices(mesh.rank, shape)])
         else:
             local = buffers.zeros(layout.local_shape(shape, mesh.rank), array.dtype)
         return cls(mesh, local, layout, shape)
+
+
+def _digest(array: np.ndarray) -> int:
+    """A 63-bit digest of `array`'s shape, dtype and bytes (C order)."""
+    h = hashlib.blake2b(f"{array.shape}{array.dtype.str}".encode(), digest_size=8)
+    h.update(np.ascontiguousarray(array).reshape(-1).view(np.uint8).data)
+    return int.from_bytes(h.digest(), "little") >> 1
+
+
+def _check_same(comm: Any, array: np.ndarray) -> None:
+    """Refuse, on every rank alike, a `from_global` whose ranks passed arrays that differ: rank 0's digest to all,
+    then the first rank whose own differs (two reductions of one number each)."""
+    mine, rank, size = _digest(array), comm.Get_rank(), comm.Get_size()
+    first = door.all_reduce_object(comm, mine if rank == 0 else -1, "max")  # digests are never negative
+    other = door.all_reduce_object(comm, rank if mine != first else size, "min")
+    if other < size:
+        raise RuntimeMismatchError(f"DTensor.from_global: ranks 0 and {other} passed different arrays; each rank "
+                                   "cuts its block from its own copy, so every rank must pass the same array: draw "
+                                   "it from a fixed seed (np.random.default_rng(0)), or build only each rank's "
+                                   "block with DTensor.from_seeded")
 
 
 def _check_fill(value: Any, kind: np.dtype, name: str) -> None:

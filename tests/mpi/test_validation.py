@@ -372,3 +372,18 @@ def test_check_names_a_whole_tensor_reference_of_the_wrong_shape(mesh):
                 f"{(2, 4 * g)!r}")):
             x.check(wrong)
     assert x.check(src.full()).passed and x.check(src).passed
+
+
+def test_from_global_refuses_arrays_that_differ_between_ranks(mesh):
+    """Each rank cuts its block from its own copy: a different copy on one rank is refused on every rank alike
+    (one line naming two ranks), the same array on every rank is cut as before."""
+    from spmdsim import DTensor, RuntimeMismatchError
+
+    size, rank = mesh.size, _world().Get_rank()
+    same = np.arange(2.0 * size * 3).reshape(2 * size, 3)
+    x = DTensor.from_global(mesh, same, mesh.layout("mp", None))
+    assert _all(np.array_equal(x.gather(), same))
+    odd = same + (rank == size - 1)
+    with pytest.raises(RuntimeMismatchError, match=re.escape(
+            f"DTensor.from_global: ranks 0 and {size - 1} passed different arrays; each rank cuts its block")):
+        DTensor.from_global(mesh, odd, mesh.layout("mp", None))

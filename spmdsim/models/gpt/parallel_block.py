@@ -250,9 +250,9 @@ class _Block:
         if tables is None:  # cos and sin (T, 1, 1, 2, Dh / 2); rotate_half's 2 x 2 turn of the halves
             dtype = self.precision.dtype("activation")
             whole = self.mesh.layout(None, None, None, None, None)
-            tables = tuple(DTensor.from_global(self.mesh, t, whole) for t in self._rope_values(dtype))
+            tables = tuple(DTensor.from_global(self.mesh, t, whole, verify=False) for t in self._rope_values(dtype))
             turn = np.array([[0.0, 1.0], [-1.0, 0.0]], dtype)  # [x1, x2] -> [-x2, x1]
-            tables += (DTensor.from_global(self.mesh, turn, self.mesh.layout(None, None)),)
+            tables += (DTensor.from_global(self.mesh, turn, self.mesh.layout(None, None), verify=False),)
             self._rope_tables = tables
         cos, sin, turn = tables
         T, B, n, Dh = x.global_shape
@@ -303,7 +303,8 @@ class _Block:
         ones = self._group_ones
         if ones is None or ones.dtype != x.dtype:  # times ones (1, 1, 1, G, 1): an element-wise copy, as Megatron's
             ones = self._group_ones = DTensor.from_global(  # expand (an element-wise copy of each head)
-                self.mesh, np.ones((1, 1, 1, G, 1), x.dtype), self.mesh.layout(None, None, None, None, None))
+                self.mesh, np.ones((1, 1, 1, G, 1), x.dtype), self.mesh.layout(None, None, None, None, None),
+                verify=False)
         x = ops.reshape(x, (T, B, cfg.kv, 1, cfg.head_dim)) * ones
         return ops.reshape(x, (T, B, cfg.heads, cfg.head_dim))
 
