@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from docs_commands import assert_prints_quote, mpi_long, run_long, section
+from docs_commands import ROOT, assert_prints_quote, mpi_long, run_here, run_long, section
 
 DOC = "docs/howto/train-gpt.md"
 
@@ -20,9 +20,10 @@ def _section() -> list:
 
 def test_the_section_shows_the_commands_this_test_runs():
     shown = _section()
-    assert [q.output is not None for q in shown] == [True, True, True, True, False, False, False]
+    assert [q.output is not None for q in shown] == [True, True, True, True, False, False, False, False]
     assert all("--vocab 50257" in q.command for q in shown)
     assert sum("# long" in q.command for q in shown) == 3
+    assert shown[7].argv[:2] == ["estimate", "gpt"]  # the estimate's padding, in prose
     assert [i for i, q in enumerate(shown) if mpi_long(q)] == [4, 5]  # tests/test_train_docs_mpi.py runs them
 
 
@@ -38,3 +39,12 @@ def test_a_long_command_runs_two_steps_pads_and_passes(index):
     done = run_long(quote)
     assert "vocab 50,257 padded to " in done.stdout
     assert "check: 2 steps vs one numpy process (loss, " in done.stdout and "each): PASS" in done.stdout
+
+
+def test_the_estimate_pads_as_the_prose_says():
+    quote = _section()[7]
+    code, out, err = run_here("main", quote.argv)
+    assert code == 0, err
+    assert out.splitlines()[0].startswith("GPT 4 layers, hidden 128, 8 heads, seq 64, vocab 50257 (padded to 51,200);")
+    text = " ".join((ROOT / DOC).read_text().split())
+    assert "prints `vocab 50257 (padded to 51,200)`" in text  # what the first line says
