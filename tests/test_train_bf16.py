@@ -39,6 +39,10 @@ def test_policies_and_refusals_are_one_line():
     assert (mixed.param, mixed.grad, mixed.master, mixed.optimizer, mixed.activation) == (
         "bfloat16", "float32", "float32", "float32", "bfloat16")
     assert precision_problem("bf16") == "precision 'bf16' must be one of fp64, fp32, bf16-mixed, fp8, fp8-current"
+    assert precision_problem("fp16-mixed") == (  # the estimate's, where a user meets it first (the README)
+        "precision 'fp16-mixed' must be one of fp64, fp32, bf16-mixed, fp8, fp8-current (fp16-mixed, with its loss "
+        "scaling, is priced by `spmdsim estimate --precision fp16-mixed` but not trained here; bf16-mixed trains "
+        "in the same 2-byte values)")
     for bad, message in (({"precision": "bf16"}, "must be one of"), ({"precision": "fp32", "kept": "fused"},
                                                                      "kept 'fused' is not one of")):
         with pytest.raises(SpmdsimError, match=message) as caught:  # before any collective: on every rank alike

@@ -217,12 +217,17 @@ PRESETS = {
 }
 
 
+#: What the refusal adds for a precision `spmdsim estimate` prices but no step here runs.
+_ESTIMATED_ONLY = {"fp16-mixed": " (fp16-mixed, with its loss scaling, is priced by `spmdsim estimate --precision "
+                                 "fp16-mixed` but not trained here; bf16-mixed trains in the same 2-byte values)"}
+
+
 def precision_problem(name: Any) -> Optional[str]:
     """Why `name` is not a precision this machine can run (one line), or None."""
     if isinstance(name, Precision):
         name = name.name
     if not isinstance(name, str) or name not in PRESETS:
-        return f"precision {name!r} must be one of {', '.join(PRESETS)}"
+        return f"precision {name!r} must be one of {', '.join(PRESETS)}" + _ESTIMATED_ONLY.get(name, "")
     if PRESETS[name].low:
         try:
             bfloat16()
