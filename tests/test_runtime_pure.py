@@ -239,3 +239,16 @@ def test_one_module_reaches_mpi_for_the_collectives_and_none_reads_debugs_privat
             readers.append(name)
     assert recorders == ["runtime/door.py"]
     assert readers == []
+
+
+def test_a_timed_out_python_program_is_pointed_at_mpirun_for_its_point_to_point_waits():
+    """The watchdog names ranks waiting in collectives, not in Send/Recv: a Python program's job that timed out
+    is also pointed at `spmdsim mpirun`, which names each waiting rank's call and line on simulated ranks."""
+    collective = "; ranks waiting in a collective another rank skipped? --watchdog SECONDS names them"
+    mpirun = ("; in Send/Recv? `spmdsim mpirun -n 2 'my prog.py' --steps 3` runs it on simulated ranks and names "
+              "each waiting rank's call and line")
+    cmd = ["mpiexec", "-n", "2", sys.executable, "my prog.py", "--steps", "3"]
+    assert launch._hint(cmd, {}) == collective + mpirun
+    assert launch._hint(cmd, {"SPMDSIM_WATCHDOG": "30"}) == mpirun
+    assert launch._hint(["mpiexec", "-n", "2", sys.executable, "-c", "pass"], {}) == collective
+    assert launch._hint(["mpiexec", "-n", "2", "/bin/prog"], {"SPMDSIM_WATCHDOG": "30"}) == ""

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -220,15 +221,25 @@ def run_with_timeout(cmd: list[str], env: dict, timeout: float) -> int:
     except OSError as exc:
         raise SpmdsimError(f"cannot start {cmd[0]!r}: {exc.strerror or exc}") from None
     try:
-        # With no watchdog, a job that times out may be ranks waiting in a collective one skipped: say how to see.
-        hint = "" if env.get("SPMDSIM_WATCHDOG") else (
-            "; ranks waiting in a collective another rank skipped? --watchdog SECONDS names them")
-        return _wait(proc, timeout, watch, hint)
+        return _wait(proc, timeout, watch, _hint(cmd, env))
     finally:
         removed = watch.remove_left()
         if removed:
             print(f"spmdsim: removed {counted(len(removed), 'shared-memory segment')} the job left: "
                   f"{', '.join(removed)}", file=sys.stderr)
+
+
+def _hint(cmd: list[str], env: dict) -> str:
+    """What the timeout's line adds: with no watchdog, a job that timed out may be ranks waiting in a collective one
+    skipped (the watchdog names them); a Python program's ranks waiting in point-to-point calls, which the watchdog
+    does not watch, are named call by call on simulated ranks (`spmdsim mpirun`)."""
+    hint = "" if env.get("SPMDSIM_WATCHDOG") else (
+        "; ranks waiting in a collective another rank skipped? --watchdog SECONDS names them")
+    ranks, program = cmd[2], cmd[3:]
+    if program[:1] == [sys.executable] and len(program) > 1 and program[1].endswith(".py"):
+        hint += (f"; in Send/Recv? `spmdsim mpirun -n {ranks} {shlex.join(program[1:])}` runs it on simulated "
+                 "ranks and names each waiting rank's call and line")
+    return hint
 
 
 def _wait(proc: subprocess.Popen, timeout: float, watch: "_SegmentWatch", hint: str = "") -> int:
