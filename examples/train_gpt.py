@@ -144,7 +144,7 @@ def split(world, cfg, layers=None):
     if pp * dp * cp * tp != world:
         what = f"pp {pp} x dp {dp} x tp {tp}" if pp > 1 else f"dp {dp} x cp {cp} x tp {tp}" if cp > 1 else \
             f"dp {dp} x tp {tp}"
-        return None, f"{what} must multiply to the world size {world} (set --dp and --tp)"
+        return None, f"{what} must multiply to the world size {world}: e.g. --dp {rest // tp} --tp {tp}"
     return (dp, tp), stage_problem(args, cfg, dp, tp, layers)
 
 
@@ -249,9 +249,9 @@ def print_header(args, run):
         print("architecture:" + architecture_words(cfg)[1:])
     print(f"text: {len(run.text):,} characters of Python's standard library sources (character level)")
     clipped = f", gradients' norm clipped to {cfg.clip}" if cfg.clip else ""
-    mesh = f"pp {args.pp} x " if args.pp > 1 else ""
-    mesh += f"dp {dp} x cp {args.cp} x tp {tp}" if args.cp > 1 else f"dp {dp} x tp {tp}"
-    print(f"mesh {mesh}{' with sequence parallelism' if args.sp else ''}; AdamW lr {cfg.lr}{clipped}")
+    mesh = f"{f'pp {args.pp} x ' if args.pp > 1 else ''}dp {dp} x {f'cp {args.cp} x ' if args.cp > 1 else ''}tp {tp}"
+    sp = " with sequence parallelism" + (" (a no-op: tp 1 splits nothing)" if tp == 1 else "") if args.sp else ""
+    print(f"mesh {mesh}{sp}; AdamW lr {cfg.lr}{clipped}")
     if args.shard_group is not None and args.shard_group < dp:
         print(f"hybrid sharding: parameters sharded over groups of {args.shard_group} dp ranks, replicated "
               f"over {dp // args.shard_group}")

@@ -173,8 +173,8 @@ def split(world, cfg, layers):
     dp = args.dp if args.dp is not None else rest // ep
     if pp * dp * ep * cp * etp != world:
         what = f"pp {pp} x dp {dp} x ep {ep} x {f'cp {cp} x ' if cp > 1 else ''}{'e' if etp != tp else ''}tp {etp}"
-        return None, f"{what if pp > 1 else what[what.index('dp'):]} must multiply to the world size {world} (set --ep " \
-                     "and --dp)"
+        return None, f"{what if pp > 1 else what[what.index('dp'):]} must multiply to the world size {world}: e.g. " \
+                     f"--dp {rest // ep} --ep {ep}"
     if folded(args):
         problem = fold_problem(tp, args.etp, ep)
         if problem:

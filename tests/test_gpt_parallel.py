@@ -350,7 +350,11 @@ def test_a_context_or_checkpoint_flag_typed_where_it_does_nothing_is_named(argv,
     (["examples/train_gpt.py", "--cp", "2", "--tp", "3"], "the GPT cannot run on 8 ranks: --tp 3 must divide the "
                                                           "4 ranks of a stage (world size 8 / cp 2)"),
     (["examples/train_moe_gpt.py", "--tp", "2", "--ep", "2", "--dp", "1"],
-     "the MoE GPT cannot run on 8 ranks: dp 1 x ep 2 x tp 2 must multiply to the world size 8 (set --ep and --dp)"),
+     "the MoE GPT cannot run on 8 ranks: dp 1 x ep 2 x tp 2 must multiply to the world size 8: e.g. --dp 2 --ep 2"),
+    (["examples/train_gpt.py", "--dp", "2", "--tp", "2"],  # both given: the dp that fits named (was "set --dp and --tp")
+     "the GPT cannot run on 8 ranks: dp 2 x tp 2 must multiply to the world size 8: e.g. --dp 4 --tp 2"),
+    (["examples/train_gpt.py", "--pp", "2", "--dp", "1", "--tp", "2"],
+     "the GPT cannot run on 8 ranks: pp 2 x dp 1 x tp 2 must multiply to the world size 8: e.g. --dp 2 --tp 2"),
 ])
 def test_the_gpt_examples_refuse_a_size_in_one_line_naming_it_as_given(args, message):
     out = _run(*args, "--ranks", "8", "--layers", "2", "--d-model", "16", "--seq", "8", "--steps", "1")
@@ -452,3 +456,12 @@ def test_a_block_reads_its_names_and_sizes_made_once_a_model(extra):
                 "layer norm", "attention", "attention core", "mlp"]  # (the kept_as contexts its parts enter)
             assert (n.rope, n.grouped, n.swiglu, n.kv, n.head_dim) == (
                 cfg.positions == "rope", cfg.kv != cfg.heads, cfg.mlp == "swiglu", cfg.kv, cfg.head_dim)
+
+
+def test_sequence_parallelism_on_tp_1_is_said_to_split_nothing():
+    """--sp at tp 1 runs the step without it (Megatron turns it off there, with a warning): the header says so."""
+    out = _run("examples/train_gpt.py", "--ranks", "2", "--dp", "2", "--tp", "1", "--sp", "--layers", "1",
+               "--d-model", "16", "--seq", "8", "--batch", "2", "--steps", "1", "--sample", "0")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[3] == ("mesh dp 2 x tp 1 with sequence parallelism (a no-op: tp 1 splits nothing); "
+                                          "AdamW lr 0.003")
