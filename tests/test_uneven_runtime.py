@@ -251,3 +251,30 @@ def test_dtensor_constructors_cut_nested_shards_as_dtensor():
     assert all(r[1] and r[3] for r in got)
     assert [(r[2].start, r[2].stop) for r in got] == [(0, 1), (1, 2), (2, 3), (3, 3), (3, 4), (4, 5), (5, 5), (5, 5)]
     assert [r[4] for r in got] == [[0.0, 2.0], [4.0, 6.0], [8.0], []] * 2
+
+
+def test_a_layout_cut_otherwise_than_its_mesh_names_the_mesh_to_make():
+    """placements_to_layout(..., cut="chunk") on an even mesh (what its docstring says for torch.chunk's rule) was
+    refused naming both layouts only; the line now says the mesh to make, and any other difference is as before."""
+    from spmdsim import DTensor, LayoutError, Mesh, simulate
+    from spmdsim.layouts.dialects import placements_to_layout
+
+    def main(layout):
+        mesh = Mesh(Layout((2, 4), ("dp", "tp")))
+        DTensor.from_global(mesh, np.ones((6, 8)), layout(mesh))
+
+    with pytest.raises(LayoutError) as caught:
+        simulate(8, main, lambda mesh: placements_to_layout("R, S(0)", mesh, 2, cut="chunk"))
+    assert str(caught.value) == ("tensor layout is over Layout(dp=2, tp=4, cut=chunk) but the mesh is Layout(dp=2, "
+                                 "tp=4); a mesh cuts its tensors one way: make it Mesh(Layout((2, 4), ('dp', 'tp'), "
+                                 "cut='chunk')) to cut by 'chunk'")
+    with pytest.raises(LayoutError) as caught:
+        simulate(8, main, lambda mesh: Layout((4, 2), ("dp", "tp"))("tp", None))
+    assert str(caught.value) == "tensor layout is over Layout(dp=4, tp=2) but the mesh is Layout(dp=2, tp=4)"
+
+    def fixed():
+        mesh = Mesh(Layout((2, 4), ("dp", "tp"), cut="chunk"))
+        return DTensor.from_global(mesh, np.arange(48.0).reshape(6, 8),
+                                   placements_to_layout("R, S(0)", mesh, 2)).local.shape
+
+    assert simulate(8, fixed) == [(2, 8), (2, 8), (2, 8), (0, 8)] * 2

@@ -183,7 +183,12 @@ def _check_placement(mesh: Any, layout: Any) -> None:
     if not isinstance(layout, TensorLayout):
         raise LayoutError(_not_a_tensor_layout(layout))
     if layout.layout != mesh.layout:
-        raise LayoutError(f"tensor layout is over {layout.layout} but the mesh is {mesh.layout}")
+        fix = ""
+        if layout.layout.with_cut(mesh.layout.cut) == mesh.layout:  # the cut alone differs: the mesh takes it too
+            want = layout.layout
+            fix = (f"; a mesh cuts its tensors one way: make it Mesh(Layout({want.device_matrix!r}, "
+                   f"{want.alias_name!r}, cut={want.cut!r})) to cut by {want.cut!r}")
+        raise LayoutError(f"tensor layout is over {layout.layout} but the mesh is {mesh.layout}{fix}")
 
 
 def _not_a_tensor_layout(layout: Any) -> str:
