@@ -136,8 +136,8 @@ WRONG = [
             x0 = comm.bcast(x, root=0)
             return {0: x0 + 1, 1: x0}.get(comm.Get_rank())
         """),
-    (2, 2, 0, "error", ["submission.py defines no function 'ring_pass' (it defines Ring, ringpass): "
-                        "def ring_pass(comm, x)"], """
+    (2, 2, 0, "no-function", ["submission.py defines no function 'ring_pass' (it defines Ring, ringpass): "
+                              "def ring_pass(comm, x)"], """
         import numpy as np
         class Ring:
             pass

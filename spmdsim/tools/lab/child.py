@@ -7,7 +7,7 @@ process that runs the cases sets its own limits once its modules are loaded (mem
 holds then plus the exercise's MEMORY_MB; CPU seconds), then runs the cases rank count by rank count,
 writing one JSON line to OUT as each case starts and ends, so the grader (spmdsim.tools.lab.sandbox) knows
 which case was running if the process is killed. A rank count stops at its first failing case; a submission not
-yet implemented stops at once.
+yet implemented, or that does not load, stops at once.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from typing import Sequence
 
 from ...runtime.sim import thread_limits
 from .exercise import find_exercise
-from .harness import FILE_BYTES, PASS, run_case
+from .harness import FILE_BYTES, PASS, STOPS, run_case
 
 __all__ = ["main", "set_limits", "keep", "FILE_BYTES"]
 
@@ -97,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if result.status == "memory":
                     result = dataclasses.replace(result, reason=f"{result.reason} (limit {args.memory_mb} MiB)")
                 out.write(json.dumps({"event": "done", **dataclasses.asdict(result)}) + "\n")
-                if result.status == "not-implemented":
+                if result.status in STOPS:  # the same at every rank count: said once
                     return 0
                 if result.status != PASS:
                     gc.collect()  # what the failed case held (a memory bomb's blocks, kept by its traceback)

@@ -13,7 +13,12 @@ from ...runtime.sim.bodies import op_of
 from ...runtime.sim.unmatched import NO_MATCH
 from .calls import COLLECTIVES, POINT_TO_POINT
 
-__all__ = ["Exited", "MissingFunction", "FILE_BYTES", "at_line", "ranks_text", "describe_failure"]
+__all__ = ["Exited", "MissingFunction", "FILE_BYTES", "NOT_RUNNABLE", "at_line", "ranks_text", "describe_failure"]
+
+#: The statuses of a submission no case can run, the same at every rank count: its file does not load (it cannot
+#: be read, is empty, is not Python text, has a syntax error), or it defines no function of the exercise's name. A
+#: check stops at its first case and says it once (spmdsim.tools.lab.child, report), not once per rank count.
+NOT_RUNNABLE = ("unloadable", "no-function")
 
 #: A call of the emulator's deadlock report: "recv from group rank 1 (any tag) on the world: rank 0 waits in it;
 #: rank 1 finished; at prog.py:9", said here "rank 0 waits in recv from ... (rank 1 finished) at line 9".
@@ -146,7 +151,7 @@ def describe_failure(exc: BaseException, path: str, n: int, signature: str = "")
     if isinstance(exc, NotImplementedError) and str(exc) in ("", function):
         return "not-implemented", "not yet implemented", "the function still raises NotImplementedError: write it"
     if isinstance(exc, MissingFunction):
-        return "error", str(exc), ""
+        return "no-function", str(exc), ""
     if isinstance(exc, RuntimeMismatchError):
         text = _deadlock_text(str(exc), path)
         head, _, rest = text.partition("\n")

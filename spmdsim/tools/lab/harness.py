@@ -22,12 +22,14 @@ from ...runtime.sim.run import current_rank, simulate
 from .calls import Notes, missing, too_many, violation, watching
 from .compare import first_difference
 from .exercise import Exercise, LabError
-from .failure import FILE_BYTES, Exited, MissingFunction, at_line, describe_failure, ranks_text
+from .failure import FILE_BYTES, NOT_RUNNABLE, Exited, MissingFunction, at_line, describe_failure, ranks_text
 
 __all__ = ["CaseResult", "EAGER_LIMIT", "FILE_BYTES", "run_case", "judge", "make_case", "compile_submission",
-           "describe_failure", "call_submission", "PASS"]
+           "describe_failure", "call_submission", "PASS", "STOPS", "NOT_RUNNABLE"]
 
 PASS = "pass"
+#: The statuses that end a check at its first case: the same at every rank count (failure.NOT_RUNNABLE).
+STOPS = ("not-implemented", *NOT_RUNNABLE)
 
 #: The grader's eager limit (spmdsim.runtime.sim.run.simulate): no standard Send is buffered, each waits for its
 #: receive, so that a submission relying on MPI buffering its Sends (unsafe, by the MPI standard: a ring of Send
@@ -46,8 +48,9 @@ def _misuses(result: "CaseResult", results: Any, path: str) -> "CaseResult":
 
 @dataclasses.dataclass(frozen=True)
 class CaseResult:
-    """How one case went: `status` is pass, not-implemented, wrong, deadlock, error, exit, memory, forbidden,
-    bytes, timeout or cpu; `reason` is one line (a CSV cell), `detail` the lines of feedback under it."""
+    """How one case went: `status` is pass, not-implemented, unloadable, no-function, wrong, deadlock, error, exit,
+    memory, forbidden, bytes, timeout or cpu; `reason` is one line (a CSV cell), `detail` the lines of feedback
+    under it."""
 
     ranks: int
     seed: int
@@ -182,9 +185,9 @@ def run_case(exercise: Exercise, path: str, n: int, seed: int, eager_limit: int 
         code = _compiled(path)
     except SyntaxError as exc:
         where = f" at line {exc.lineno}" if exc.lineno else ""
-        return CaseResult(n, seed, label, status="error", reason=f"syntax error{where}: {exc.msg}")
+        return CaseResult(n, seed, label, status="unloadable", reason=f"syntax error{where}: {exc.msg}")
     except LabError as exc:  # unreadable, empty, not text: the submission's verdict, not the grader's stop
-        return CaseResult(n, seed, label, status="error", reason=str(exc))
+        return CaseResult(n, seed, label, status="unloadable", reason=str(exc))
     notes = [Notes() for _ in range(n)]
     failure, results = None, None
     try:

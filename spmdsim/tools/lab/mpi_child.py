@@ -41,8 +41,8 @@ def cases_on(comm: object, exercise: object, path: str, out: str) -> bool:
         where = f" at line {exc.lineno}" if getattr(exc, "lineno", None) else ""
         reason = f"syntax error{where}: {exc.msg}" if isinstance(exc, SyntaxError) else str(exc)
         if rank == 0:
-            _write(out, {"event": "done", "ranks": n, "seed": exercise.seeds[0], "label": "", "status": "error",
-                         "reason": reason})
+            _write(out, {"event": "done", "ranks": n, "seed": exercise.seeds[0], "label": "",
+                         "status": "unloadable", "reason": reason})
         return False
     for seed in exercise.seeds:
         case = make_case(exercise, seed, n)

@@ -6,7 +6,7 @@ from typing import Sequence
 
 from ...errors import fold_message
 from .exercise import Exercise
-from .harness import PASS, CaseResult
+from .harness import NOT_RUNNABLE, PASS, CaseResult
 from .sandbox import Verdict
 
 __all__ = ["verdict_lines", "csv_row", "CSV_HEADER", "VERDICTS"]
@@ -52,6 +52,10 @@ def verdict_lines(exercise: Exercise, verdict: Verdict) -> list:
         lines.append(f"NOT YET IMPLEMENTED: {exercise.function}() in {name} still raises NotImplementedError; "
                      f"write it, then run this check again")
         return [fold_message(line) for line in lines]
+    if verdict.status in NOT_RUNNABLE:  # the same at every rank count: said once, not once a rank count
+        lines.append(f"FAIL: no case can run ({verdict.passed} of {verdict.cases} cases, {verdict.seconds:.1f} s): "
+                     f"{verdict.failure.reason}")
+        return [fold_message(line) for line in "\n".join(lines + list(verdict.notes) + _output(verdict)).split("\n")]
     by_count: dict = {}
     for result in verdict.all_results:
         by_count.setdefault(result.ranks, []).append(result)

@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 
 from ...base.validate import counted
 from .exercise import Exercise
-from .harness import PASS, CaseResult
+from .harness import PASS, STOPS, CaseResult
 from .source_notes import source_notes
 
 __all__ = ["Verdict", "Stopped", "check", "check_mpiexec"]
@@ -276,7 +276,7 @@ def check_mpiexec(exercise: Exercise, path: str, ranks: Sequence[int] = (), time
                                   stderr=subprocess.PIPE, text=True, errors="replace", cwd=tmp)
             found = _mpi_results(_events(out), done.returncode, n, limit, done.stderr[-4000:])
             results.extend(found)
-            if any(r.status == "not-implemented" for r in found):
+            if any(r.status in STOPS for r in found):  # the same at every rank count
                 break
     return Verdict(file=path, ranks=ranks, cases=len(ranks) * len(exercise.seeds), results=tuple(results),
                    seconds=time.monotonic() - began, notes=source_notes(path, exercise.function))
