@@ -1,4 +1,5 @@
-"""spmdsim lab's trips for a new user: a submission that does not load, said once."""
+"""spmdsim lab's trips for a new user: a submission that does not load, said once; an exercise number not known,
+said without the path spmdsim is installed at."""
 from __future__ import annotations
 
 import re
@@ -8,7 +9,8 @@ import pytest
 from test_lab_cli import SUBMISSIONS, TINY
 
 from spmdsim.tools.cli.main import main
-from spmdsim.tools.lab.exercise import find_exercise
+from spmdsim.tools.lab import load_exercises
+from spmdsim.tools.lab.exercise import EXERCISES, find_exercise
 from spmdsim.tools.lab.sandbox import check_mpiexec
 
 #: A submission of the tiny exercise that defines another function than double().
@@ -28,6 +30,21 @@ def desk(tmp_path, monkeypatch, capsys):
     (tmp_path / "course" / "01_double.py").write_text(TINY)
     capsys.readouterr()
     return tmp_path
+
+
+@pytest.mark.parametrize("argv, message", [
+    # the install path, '.../spmdsim/tools/lab/exercises', named to a student who typed a folder for N
+    (["start", "work2"], "no exercise 'work2': expected an exercise's number, 1 to {last} (spmdsim lab list lists "
+     "them)"),
+    (["start", "work2", "--exercises", "course"], "no exercise 'work2' in 'course': expected an exercise's number, "
+     "1 (spmdsim lab list --exercises DIR lists them)"),
+])
+def test_a_trip_is_one_line_saying_what_was_expected(desk, argv, message, capsys):
+    assert main(["lab", *argv]) == 2
+    err = capsys.readouterr().err
+    last = load_exercises()[-1].number
+    assert err.replace("\n  ", " ").strip() == "spmdsim: error: " + message.format(last=last), err
+    assert EXERCISES not in err and not (desk / "work2").exists()
 
 
 @pytest.mark.parametrize("name, source, reason", [

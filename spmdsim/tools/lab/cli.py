@@ -222,7 +222,7 @@ def _grade(args: argparse.Namespace) -> int:
         writer.writerow(CSV_HEADER)
         writer.writerows(rows)
     passed = sum(row[1] == "PASS" for row in rows)
-    print(f"{passed} of {len(rows)} submissions pass ({time.monotonic() - began:.0f} s); grade book: "
+    print(f"{passed} of {len(rows)} submissions pass ({time.monotonic() - began:.1f} s); grade book: "
           f"{args.csv}", file=sys.stderr)
     return 0
 

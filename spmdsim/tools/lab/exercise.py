@@ -146,5 +146,15 @@ def find_exercise(number: Any, folder: str = EXERCISES) -> Exercise:
     for exercise in exercises:
         if str(exercise.number) == str(number).lstrip("0") or exercise.name == number:
             return exercise
-    known = ", ".join(str(e.number) for e in exercises)
-    raise LabError(f"no exercise {number!r} in {folder!r}: expected one of {known} (spmdsim lab list)")
+    known = _numbers([e.number for e in exercises])
+    if folder == EXERCISES:  # the ones spmdsim ships: where it is installed says nothing to a student
+        raise LabError(f"no exercise {number!r}: expected an exercise's number, {known} (spmdsim lab list lists them)")
+    raise LabError(f"no exercise {number!r} in {folder!r}: expected an exercise's number, {known} (spmdsim lab list "
+                   f"--exercises DIR lists them)")
+
+
+def _numbers(numbers: list) -> str:
+    """The exercises' `numbers` (sorted) said short: "1 to 22" where none is missing, else "one of 1, 5"."""
+    if len(numbers) > 2 and numbers == list(range(numbers[0], numbers[-1] + 1)):
+        return f"{numbers[0]} to {numbers[-1]}"
+    return "one of " + ", ".join(map(str, numbers)) if len(numbers) > 1 else str(numbers[0])
