@@ -1,5 +1,5 @@
-"""spmdsim lab's trips for a new user: a submission that does not load, said once; an exercise number not known,
-said without the path spmdsim is installed at."""
+"""spmdsim lab's trips for a new user: an argument left out or out of place, a file where grade takes a folder, a
+submission that does not load, each said once in one line naming what was given and what was expected."""
 from __future__ import annotations
 
 import re
@@ -33,6 +33,34 @@ def desk(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
+    # N left out: argparse took the file for N and said "the following arguments are required: FILE"
+    (["check", "work/ring_allreduce.py"], "lab check needs the exercise's number before the file: spmdsim lab "
+     "check 5 work/ring_allreduce.py (its docstring names exercise 5)"),
+    (["check", "mine.py"], "lab check needs the exercise's number before the file: spmdsim lab check N mine.py "
+     "(spmdsim lab list lists the exercises)"),
+    (["check", "work/ring_allreduce.py", "--exercises", "course"], "lab check needs the exercise's number before "
+     "the file: spmdsim lab check 5 work/ring_allreduce.py --exercises course (its docstring names exercise 5)"),
+    (["check", "5"], "lab check needs the submission's file after the exercise's number: spmdsim lab check 5 FILE"),
+    (["check"], "lab check needs the exercise's number and the submission's file: spmdsim lab check N FILE "
+     "(spmdsim lab list lists the exercises)"),
+    (["check", "--ranks", "4", "8", "7", "mine.py"], "lab check needs the exercise's number and the submission's "
+     "file, before --ranks: spmdsim lab check N FILE --ranks n"),
+    # --ranks took "4,8" for one int ("invalid int value: '4,8'")
+    (["check", "7", "mine.py", "--ranks", "4,x"], "--ranks '4,x' is not a rank count; expected whole numbers, "
+     "space- or comma-separated (--ranks 4 8, or --ranks 4,8)"),
+    (["check", "7", "mine.py", "--ranks", "-1"], "--ranks '-1' is not a rank count; expected whole numbers, "
+     "space- or comma-separated (--ranks 4 8, or --ranks 4,8)"),
+    # a file for grade's folder was "submission folder 's/right.py' does not exist"
+    (["grade", "5", "s/right.py", "--csv", "g.csv"], "lab grade takes a folder of submissions, and 's/right.py' is "
+     "a file; for one file: spmdsim lab check 5 s/right.py"),
+    (["grade", "1", "s/right.py", "--csv", "g.csv", "--exercises", "course"], "lab grade takes a folder of "
+     "submissions, and 's/right.py' is a file; for one file: spmdsim lab check 1 s/right.py --exercises course"),
+    (["grade", "s", "--csv", "g.csv"], "lab grade needs the exercise's number before the folder: spmdsim lab grade "
+     "N s --csv g.csv (spmdsim lab list lists the exercises)"),
+    (["grade", "5", "--csv", "g.csv"], "lab grade needs the folder of submissions after the exercise's number: "
+     "spmdsim lab grade 5 DIR --csv g.csv"),
+    (["grade", "--csv", "g.csv"], "lab grade needs the exercise's number and the folder of submissions: spmdsim "
+     "lab grade N DIR --csv g.csv"),
     # the install path, '.../spmdsim/tools/lab/exercises', named to a student who typed a folder for N
     (["start", "work2"], "no exercise 'work2': expected an exercise's number, 1 to {last} (spmdsim lab list lists "
      "them)"),
@@ -45,6 +73,17 @@ def test_a_trip_is_one_line_saying_what_was_expected(desk, argv, message, capsys
     last = load_exercises()[-1].number
     assert err.replace("\n  ", " ").strip() == "spmdsim: error: " + message.format(last=last), err
     assert EXERCISES not in err and not (desk / "work2").exists()
+
+
+def test_a_file_after_ranks_is_the_file_and_ranks_take_commas(desk, capsys):
+    """`--ranks 4 8 FILE` said "argument --ranks: invalid int value: 'FILE'" (nargs took the file), and
+    `--ranks 4,8` "invalid int value: '4,8'"."""
+    for argv in (["1", "--ranks", "2", "1", "s/right.py"], ["1", "s/right.py", "--ranks", "2,1"],
+                 ["1", "s/right.py", "--ranks", "2,1", "2"]):
+        assert main(["lab", "check", *argv, "--exercises", "course"]) == 0, argv
+        out = capsys.readouterr().out.splitlines()
+        assert out[:3] == ["exercise 1, Double it: right.py", "   2 ranks: pass (1 case)", "   1 rank : pass (1 case)"]
+        assert re.sub(r"\d+\.\d s", "S s", out[3]) == "PASS: passes at 1, 2 ranks (2 of 2 cases, S s)", out
 
 
 @pytest.mark.parametrize("name, source, reason", [

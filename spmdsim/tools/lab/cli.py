@@ -2,7 +2,7 @@
 
     spmdsim lab list                          the exercises, one line each
     spmdsim lab start N [DIR]                 the statement and a starter file to complete
-    spmdsim lab check N FILE [--ranks n ...]  run a submission on each rank count, with feedback
+    spmdsim lab check N FILE [--ranks n,...]  run a submission on each rank count, with feedback
                                               (--mpiexec: as MPI jobs)
     spmdsim lab grade N DIR --csv OUT         every submission of a folder, one CSV row each
 """
@@ -11,13 +11,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
+import shlex
 import sys
 import threading
+from typing import Optional
 
 from ...base.typed_numbers import flag_float, shown  # a refusal names the value as typed: "0", not "0.0"
 from ...base.validate import counted
 from ..cli.paths import check_output_file
-from .exercise import EXERCISES, LabError, find_exercise, load_exercises
+from .exercise import EXERCISES, Exercise, LabError, find_exercise, load_exercises
 
 __all__ = ["register"]
 
@@ -34,18 +37,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p_grade = commands.add_parser("grade", help="grade a folder of submissions")
     for sub in (p_list, p_start, p_check, p_grade):  # before or after the command: `lab check ... --exercises D`
         _add_folder(sub, argparse.SUPPRESS)
-    for sub in (p_start, p_check, p_grade):
-        sub.add_argument("number", metavar="N", help="the exercise's number (spmdsim lab list)")
+    numbers = [sub.add_argument("number", metavar="N", help="the exercise's number (spmdsim lab list)")
+               for sub in (p_start, p_check, p_grade)]
     p_start.add_argument("dir", metavar="DIR", nargs="?", default=".", help="where to write them (default: .)")
-    p_check.add_argument("file", metavar="FILE", help="the submission: a .py file defining the exercise's function")
-    p_grade.add_argument("dir", metavar="DIR", help="the folder of submissions (every .py file in it)")
+    # check and grade say themselves which of N and FILE (DIR) is missing: argparse, given the file alone (in N),
+    # said 'the following arguments are required: FILE'; and `--ranks 4 8 FILE` gives --ranks the file
+    for action in (*numbers[1:], p_check.add_argument("file", metavar="FILE", help="the submission: a .py file "
+                                                      "defining the exercise's function"),
+                   p_grade.add_argument("dir", metavar="DIR", help="the folder of submissions (every .py file in it)")):
+        action.required = False  # (still shown, and matched, as one value each)
     for sub in (p_check, p_grade):
         sub.add_argument("--time-limit", type=flag_float, metavar="S", help="seconds of wall time per submission "
                          "(default: the exercise's)")
         sub.add_argument("--memory-mb", type=int, metavar="M", help="MiB of memory per submission "
                          "(default: the exercise's)")
-    p_check.add_argument("--ranks", type=int, nargs="+", metavar="n", help="rank counts (default: the "
-                         "exercise's)")
+    p_check.add_argument("--ranks", nargs="+", metavar="n", help="rank counts, space- or comma-separated: 4 8 or "
+                         "4,8 (default: the exercise's)")
     p_check.add_argument("--mpiexec", action="store_true", help="run each rank count as an mpiexec job (values "
                          "only: calls and bytes are checked on simulated ranks)")
     p_grade.add_argument("--csv", required=True, metavar="OUT", help="the grade book to write")
@@ -154,10 +161,10 @@ def _check(args: argparse.Namespace) -> int:
     from .report import verdict_lines, verdict_word
     from .sandbox import check, check_mpiexec
 
-    exercise = find_exercise(args.number, args.exercises)
-    if not os.path.isfile(args.file):
-        raise LabError(f"submission {args.file!r} is not a file")
-    ranks = tuple(dict.fromkeys(args.ranks or exercise.ranks))  # each once: `--ranks 2 2` checks 2 ranks
+    exercise, path, counts = _check_inputs(args)
+    if not os.path.isfile(path):
+        raise LabError(f"submission {path!r} is not a file")
+    ranks = tuple(dict.fromkeys(counts or exercise.ranks))  # each once: `--ranks 2 2` checks 2 ranks
     bad = [n for n in ranks if n not in exercise.ranks]
     if bad:
         raise LabError(f"--ranks {bad[0]!r}: exercise {exercise.number} runs on "
@@ -167,10 +174,10 @@ def _check(args: argparse.Namespace) -> int:
         raise LabError("--memory-mb limits simulated ranks only; under --mpiexec no memory limit is set "
                        "(leave it out, or check without --mpiexec)")
     if args.mpiexec:
-        verdict = check_mpiexec(exercise, args.file, ranks, limits["time_limit"])
+        verdict = check_mpiexec(exercise, path, ranks, limits["time_limit"])
     else:
         _mpi_module_loads()
-        verdict = check(exercise, args.file, ranks, **limits)
+        verdict = check(exercise, path, ranks, **limits)
     print("\n".join(verdict_lines(exercise, verdict)))
     return 0 if verdict_word(verdict) == "PASS" else 1
 
@@ -183,7 +190,7 @@ def _grade(args: argparse.Namespace) -> int:
     from .report import CSV_HEADER, csv_row  # (the runner: imported when a grade runs)
     from .sandbox import check
 
-    exercise = find_exercise(args.number, args.exercises)
+    exercise = _grade_inputs(args)
     if not 1 <= args.jobs <= MOST_JOBS:
         raise LabError(f"--jobs {args.jobs!r} is out of range; expected 1 to {MOST_JOBS:,}")
     _writable(args.csv, args.dir)
@@ -225,6 +232,84 @@ def _grade(args: argparse.Namespace) -> int:
     print(f"{passed} of {len(rows)} submissions pass ({time.monotonic() - began:.1f} s); grade book: "
           f"{args.csv}", file=sys.stderr)
     return 0
+
+
+#: A value of --ranks that is rank counts ("4", "4,8").
+_COUNTS = re.compile(r"\d+(?:,\d+)*")
+#: A value of --ranks meant as numbers ("-1", "4.5"): refused as a count, never taken for the file.
+_NUMBERS = re.compile(r"[\d\s,.+-]*")
+#: The head of a starter `lab start` writes: its docstring names its exercise ("Exercise 5: ...").
+_STARTER = re.compile(r'\s*[rRuU]?(?:"""|\'\'\')\s*Exercise (\d+):')
+
+
+def _check_inputs(args: argparse.Namespace) -> tuple:
+    """(the exercise, FILE, the rank counts --ranks gives) of `lab check`; N or FILE missing refused in one line
+    saying which. FILE is taken from the end of --ranks, where argparse put it (`--ranks 4 8 FILE`)."""
+    values = list(args.ranks or ())
+    path = args.file
+    if path is None and values and not _NUMBERS.fullmatch(values[-1]):
+        path = values.pop()
+    if args.number is None:
+        raise LabError("lab check needs the exercise's number and the submission's file" +
+                       (", before --ranks: spmdsim lab check N FILE --ranks n" if values else
+                        ": spmdsim lab check N FILE (spmdsim lab list lists the exercises)"))
+    if path is None and _a_path(args.number):
+        named = _starter_number(args.number)
+        raise LabError(f"lab check needs the exercise's number before the file: spmdsim lab check {named or 'N'} "
+                       f"{shlex.quote(args.number)}{_course(args)}" + (
+                           f" (its docstring names exercise {named})" if named else
+                           " (spmdsim lab list lists the exercises)"))
+    exercise = find_exercise(args.number, args.exercises)
+    if path is None:
+        raise LabError(f"lab check needs the submission's file after the exercise's number: spmdsim lab check "
+                       f"{exercise.number} FILE")
+    bad = next((value for value in values if not _COUNTS.fullmatch(value)), None)
+    if bad is not None:
+        raise LabError(f"--ranks {bad!r} is not a rank count; expected whole numbers, space- or comma-separated "
+                       "(--ranks 4 8, or --ranks 4,8)")
+    return exercise, path, tuple(int(n) for value in values for n in value.split(","))
+
+
+def _grade_inputs(args: argparse.Namespace) -> Exercise:
+    """The exercise of `lab grade`; N or DIR missing refused in one line saying which, and a file for DIR."""
+    csv = shlex.quote(args.csv)
+    if args.number is None:
+        raise LabError(f"lab grade needs the exercise's number and the folder of submissions: spmdsim lab grade "
+                       f"N DIR --csv {csv}")
+    if args.dir is None and _a_path(args.number):
+        raise LabError(f"lab grade needs the exercise's number before the folder: spmdsim lab grade N "
+                       f"{shlex.quote(args.number)} --csv {csv} (spmdsim lab list lists the exercises)")
+    exercise = find_exercise(args.number, args.exercises)
+    if args.dir is None:
+        raise LabError(f"lab grade needs the folder of submissions after the exercise's number: spmdsim lab grade "
+                       f"{exercise.number} DIR --csv {csv}")
+    if os.path.isfile(args.dir):
+        raise LabError(f"lab grade takes a folder of submissions, and {args.dir!r} is a file; for one file: "
+                       f"spmdsim lab check {exercise.number} {shlex.quote(args.dir)}{_course(args)}")
+    return exercise
+
+
+def _a_path(value: str) -> bool:
+    """Whether N, as given, is a path (a file or folder given without the number before it)."""
+    return not value.isdigit() and (value.endswith(".py") or os.sep in value or os.path.exists(value))
+
+
+def _starter_number(path: str) -> Optional[str]:
+    """The exercise a starter's docstring names ("Exercise 5: ...", as `lab start` writes it), or None."""
+    if not os.path.isfile(path):  # (not a fifo: its read would wait)
+        return None
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            head = f.read(4096)
+    except (OSError, ValueError):
+        return None
+    match = _STARTER.match(head)
+    return str(int(match.group(1))) if match else None
+
+
+def _course(args: argparse.Namespace) -> str:
+    """The --exercises flag to repeat in a command said back: "" for the exercises spmdsim ships."""
+    return "" if args.exercises == EXERCISES else f" --exercises {shlex.quote(args.exercises)}"
 
 
 def _submissions(folder: str) -> list:
