@@ -127,8 +127,16 @@ def test_uneven_buffers_cut_like_array_split():
 def test_names_and_errors():
     assert parse_name("recursive-halving-reduce-scatter") == ("reduce_scatter", "recursive-halving")
     assert len(NAMES) == 12 and all(len(a) >= 2 for a in ALGORITHMS.values())
-    with pytest.raises(SpmdsimError, match="unknown collective algorithm 'ring-alltoall'; expected one of"):
+    with pytest.raises(SpmdsimError, match=r"^unknown collective algorithm 'ring-alltoall' \(did you mean "
+                                           r"'bruck-alltoall', 'ring-allgather' or 'pairwise-alltoall'\?\); "
+                                           "expected one of ring-allreduce, "):
         parse_name("ring-alltoall")
+    # another spelling of one name: that name alone
+    with pytest.raises(SpmdsimError, match=r"^unknown collective algorithm 'ring_allreduce' \(did you mean "
+                                           r"'ring-allreduce'\?\); expected one of "):
+        parse_name("ring_allreduce")
+    with pytest.raises(SpmdsimError, match=r"^unknown collective algorithm 'nothing-alike'; expected one of "):
+        parse_name("nothing-alike")
     with pytest.raises(ShapeError, match="10 elements per rank do not divide into 4 blocks"):
         build("alltoall", "bruck", 4, 10)
     with pytest.raises(SpmdsimError, match="group size 0 must be an integer >= 1"):

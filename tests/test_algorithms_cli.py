@@ -21,7 +21,12 @@ def _fails(capsys, argv, needle):
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["ring-alltoall"], "unknown collective algorithm 'ring-alltoall'; expected one of ring-allreduce"),
+    (["ring-alltoall"], "unknown collective algorithm 'ring-alltoall' (did you mean 'bruck-alltoall', "
+                        "'ring-allgather' or 'pairwise-alltoall'?); expected one of ring-allreduce"),
+    (["ring-allredcue"], "unknown collective algorithm 'ring-allredcue' (did you mean 'ring-allreduce', "
+                         "'ring-allgather' or 'recursive-doubling-allreduce'?); expected one of ring-allreduce, "),
+    (["ring_allreduce", "--ranks", "4"], "unknown collective algorithm 'ring_allreduce' (did you mean "
+                                         "'ring-allreduce'?); expected one of ring-allreduce, "),
     (["ring-allreduce", "--size", "1X"], "--size: size '1X' is not a byte count like 64K or 4M"),
     (["ring-allreduce", "--size", "0"], "--size '0' must be between 1 byte and 64M"),
     (["ring-allreduce", "--size", "-4"], "--size '-4' must be between 1 byte and 64M"),  # was "must be >= 0"

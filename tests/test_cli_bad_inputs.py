@@ -787,8 +787,8 @@ def test_a_usage_error_of_a_command_of_many_flags_prints_two_lines(capsys):
     err = capsys.readouterr().err
     assert unfold(err).splitlines() == [
         "usage: spmdsim estimate [options] {gpt} (`spmdsim estimate --help` lists them)",
-        "spmdsim estimate: error: argument --precision: invalid choice: 'fp4' (choose from 'fp64', 'bf16-mixed', "
-        "'fp16-mixed', 'fp8')"]
+        "spmdsim estimate: error: argument --precision: invalid choice: 'fp4'; did you mean 'fp64' or 'fp8'? "
+        "(choose from 'fp64', 'bf16-mixed', 'fp16-mixed', 'fp8')"]
     assert build_parser().format_usage().count("\n") <= 4  # `spmdsim` alone: whole
     with pytest.raises(SystemExit):
         main(["pipeline", "--schedule", "nope"])

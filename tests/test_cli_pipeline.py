@@ -14,6 +14,7 @@ import pytest
 from docs_commands import DOCS, ROOT, quotes
 from spmdsim.tools.cli.main import SUBCOMMANDS, main
 from spmdsim.programs.pipeline import build, bubble_formula, in_flight, parse, timeline
+from testkit import unfold
 
 WRONG = """# 1F1B with blocking calls: each stage sends, then receives
 stage 0: F0 send-act0 F1 send-act1 recv-grad0 B0 F2 send-act2 recv-grad1 B1 recv-grad2 B2
@@ -291,4 +292,6 @@ def test_an_unknown_schedule_is_still_an_invalid_choice():
     with pytest.raises(SystemExit) as exit_, contextlib.redirect_stderr(err):
         main(["pipeline", "--schedule", "1F2B", "--stages", "2", "--microbatches", "4"])
     assert exit_.value.code == 2
-    assert "argument --schedule: invalid choice: '1F2B' (choose from" in err.getvalue(), err.getvalue()
+    assert unfold(err.getvalue()).splitlines()[-1] == (
+        "spmdsim pipeline: error: argument --schedule: invalid choice: '1F2B'; did you mean '1f1b'? "
+        "(choose from 'gpipe', '1f1b', 'interleaved')")

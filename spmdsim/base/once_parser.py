@@ -8,15 +8,23 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from typing import IO
+import threading
+from typing import IO, Any
 
 from .output import output_error, quiet_stdout
+from .suggest import close_matches, did_you_mean, or_list
 from .threads import launcher_rank
 from ..errors import fold_message
 
 #: The namespace attribute where a parse keeps which single-valued options it has seen (dest -> (flag, value));
 #: parse_known_args removes it before returning, so no command sees it.
 _GIVEN = "_once_given"
+#: The namespace attribute naming the deepest parser that left words it does not know (a subcommand's: its
+#: parse returns first, and argparse copies its namespace up); the outermost parse removes it, as `_GIVEN`.
+#: The top parser does not know a subcommand's flags: `--hiden` is matched against the parser that read it.
+_LEFT_BY = "_once_left_by"
+#: How many parses of OnceParsers are under way in this thread: a subcommand's runs inside its command's.
+_NESTING = threading.local()
 
 
 def _once(base: type[argparse.Action]) -> type[argparse.Action]:
@@ -47,6 +55,25 @@ def _shown(value: object) -> str:
     if isinstance(value, list):
         return " ".join(_shown(v) for v in value)
     return repr(value)
+
+
+def _unrecognized(parser: argparse.ArgumentParser, extra: list) -> str:
+    """argparse's "unrecognized arguments: ..." for the words `parser` left, and the flags of its own close to
+    each unknown one: its other spelling (`--device_matrix`: --device-matrix) or a typo's (`--hiden`)."""
+    flags = [flag for action in parser._actions if action.help != argparse.SUPPRESS for flag in action.option_strings]
+    hints = []
+    for word in extra:
+        name = word.split("=", 1)[0]
+        if name.startswith("-") and not parser._negative_number_matcher.match(name):
+            matches = close_matches(name, flags)
+            if matches:
+                hints.append((name, or_list(matches)))
+    message = f"unrecognized arguments: {' '.join(extra)}"
+    if len(hints) == 1:
+        return f"{message}; did you mean {hints[0][1]}?"
+    if hints:
+        return f"{message}; did you mean {', '.join(f'{flags} for {name}' for name, flags in hints)}?"
+    return message
 
 
 def _twice(flag: str, first: object, again: str, value: object, takes_value: bool) -> str:
@@ -80,9 +107,41 @@ class OnceParser(argparse.ArgumentParser):
         self._negative_number_matcher = re.compile(r"^-\.?\d")
 
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
-        parsed, extra = super().parse_known_args(args, namespace)
-        vars(parsed).pop(_GIVEN, None)  # the record of one parse: gone before a subcommand's is copied up
+        parsed, extra, _ = self._parse_known(args, namespace)
         return parsed, extra
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        """argparse's, an unknown flag refused by the (sub)command that read it: its usage, and the flags of
+        its own close to it (`--hiden`: did you mean --hidden?)."""
+        parsed, extra, by = self._parse_known(args, namespace)
+        if extra:
+            (by or self).error(_unrecognized(by or self, extra))
+        return parsed
+
+    def _parse_known(self, args: Any, namespace: Any) -> tuple[argparse.Namespace, list, Any]:
+        """argparse's parse_known_args, and the deepest parser that left words (None when none is left, or
+        where this parse is a subcommand's: its command's parse reports it)."""
+        depth = getattr(_NESTING, "depth", 0)
+        _NESTING.depth = depth + 1
+        try:
+            parsed, extra = super().parse_known_args(args, namespace)
+        finally:
+            _NESTING.depth = depth
+        vars(parsed).pop(_GIVEN, None)  # the record of one parse: gone before a subcommand's is copied up
+        if extra:
+            vars(parsed).setdefault(_LEFT_BY, self)
+        return parsed, extra, (vars(parsed).pop(_LEFT_BY, None) if depth == 0 else None)
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        """argparse's refusal of a value not among `action`'s choices, with the choices close to it first."""
+        choices = action.choices
+        if choices is None or value in choices:
+            return
+        hint = did_you_mean(value, choices) if isinstance(value, str) and all(isinstance(c, str) for c in choices) \
+            else ""
+        listed = ", ".join(map(repr, choices))
+        raise argparse.ArgumentError(action, f"invalid choice: {value!r}{'; ' + hint if hint else ''} "
+                                             f"(choose from {listed})")
 
     def _print_message(self, message: str, file: IO[str] | None = None) -> None:
         """argparse's, on rank 0 only, and where argparse drops a write that failed: the help printed into a full

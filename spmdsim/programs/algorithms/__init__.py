@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 from ..._lazy import modules_by_name
 from ...errors import ShapeError, SpmdsimError
+from ...base.suggest import did_you_mean
 from ...base.validate import as_int, counted
 from . import moving, reducing
 from .formulas import FORMULAS, busiest_bytes_sent, model_bytes
@@ -56,7 +57,9 @@ def parse_name(name: Any) -> tuple[str, str]:
         for algo in algos:
             if name == f"{algo}-{collective.replace('_', '-')}":
                 return collective, algo
-    raise SpmdsimError(f"unknown collective algorithm {name!r}; expected one of {', '.join(NAMES)}")
+    hint = did_you_mean(name, NAMES) if isinstance(name, str) else ""
+    raise SpmdsimError(f"unknown collective algorithm {name!r}{f' ({hint})' if hint else ''}; "
+                       f"expected one of {', '.join(NAMES)}")
 
 
 def build(collective: str, algorithm: str, p: int, count: int, itemsize: int = 1, root: int = 0) -> Schedule:

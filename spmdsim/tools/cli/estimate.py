@@ -149,7 +149,7 @@ _FUSION_HELP = ("price the weight gradients as Megatron's --gradient-accumulatio
 
 
 #: The options `--json` writes under "config", each by its argparse name (after `_config` filled the MoE
-#: defaults): named here, so that an attribute argparse or main() adds (func, _usage_parser, ...) stays out.
+#: defaults): named here, so that an attribute argparse or main() adds (func, ...) stays out.
 CONFIG_FIELDS = ("network", "layers", "hidden", "heads", "seq", "vocab", "micro_batch", "global_batch", TENSOR,
                  PIPELINE, DATA, "virtual_stages", "pad_vocab_to", "schedule", "sp", "recompute", "zero",
                  "prefetch", "kept", "experts",

@@ -44,17 +44,7 @@ def build_parser(commands: Sequence[str] = SUBCOMMANDS) -> argparse.ArgumentPars
     parser.usage = "%(prog)s [-h] [--version] COMMAND ..."  # (after add_subparsers, which names prog from it)
     parser.description = f"{DESCRIPTION}\n\n{command_list(parser)}"
     add_examples(parser)
-    _mark_usage(parser)
     return parser
-
-
-def _mark_usage(parser: argparse.ArgumentParser) -> None:
-    """Let every (sub)command remember its own parser, so its errors show its own usage."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                sub.set_defaults(_usage_parser=sub)
-                _mark_usage(sub)
 
 
 #: The parsers main() built, by the commands they hold: a parse leaves no state in them (each parse fills a
@@ -78,11 +68,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser(tuple(words[:1]) if words[:1] and words[0] in SUBCOMMANDS else SUBCOMMANDS)
     if words[:1] == ["mpirun"]:
         words = _mpirun_words(words)
-    args, extra = parser.parse_known_args(words)
-    if extra:
-        # argparse reports flags a subcommand does not know with the top-level usage;
-        # the subcommand's own usage says which flags it takes.
-        getattr(args, "_usage_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
+    # A flag a subcommand does not know is refused with that subcommand's usage and its flags close to it
+    # (OnceParser.parse_args), not the top-level usage argparse gives.
+    args = parser.parse_args(words)
     if not getattr(args, "func", None):
         parser.print_help()  # (OnceParser's: a failed write is one line and exit 1)
         return 2

@@ -1,0 +1,47 @@
+"""The "did you mean" of a refusal: the names a mistyped one was likely meant as (a command, a choice, a flag).
+
+difflib's close matches, after the spellings users bring from elsewhere: `ring_allreduce` for `ring-allreduce`,
+`--device_matrix` for `--device-matrix`, another case, `mpiexec` for `mpirun`.
+"""
+from __future__ import annotations
+
+import difflib
+from typing import Iterable
+
+__all__ = ["close_matches", "did_you_mean", "or_list"]
+
+#: Names from other tools, and the one of spmdsim's that does their work.
+SYNONYMS = {"mpiexec": "mpirun", "srun": "mpirun"}
+
+
+def close_matches(word: str, names: Iterable[object], most: int = 3) -> list[str]:
+    """The names `word` was likely meant as, the likeliest first: its other spelling alone where there is one
+    (`_` for `-` or the reverse, another case, a synonym); else the names it begins (`matmul_2x4` of
+    `matmul_2x4_4x1`), then difflib's close matches; at most `most`. Flags are compared without their dashes."""
+    names = [str(n) for n in names]
+    for other in (word.replace("_", "-"), word.replace("-", "_"), word.lower(), SYNONYMS.get(word)):
+        if other and other != word and other in names:
+            return [other]
+    bare: dict[str, str] = {}
+    for name in names:
+        bare.setdefault(name.lstrip("-").lower(), name)
+    key = word.lstrip("-").lower()
+    if not key:
+        return []
+    begun = [name for stem, name in bare.items() if len(key) > 1 and stem.startswith(key) and stem != key]
+    close = [bare[stem] for stem in difflib.get_close_matches(key, bare, n=most)]
+    return list(dict.fromkeys(begun + close))[:most]
+
+
+def or_list(items: list[str]) -> str:
+    """'a', 'a or b', 'a, b or c'."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} or {items[-1]}"
+
+
+def did_you_mean(word: str, names: Iterable[object], quoted: bool = True) -> str:
+    """``did you mean 'estimate'?`` (`quoted`: each name as repr writes it; a flag is not), or "" when no name is
+    close to `word`."""
+    matches = close_matches(word, names)
+    if not matches:
+        return ""
+    return f"did you mean {or_list([repr(m) if quoted else m for m in matches])}?"

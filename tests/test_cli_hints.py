@@ -1,0 +1,116 @@
+"""A new user's slips answered with the way out: a mistyped command, choice or flag names the close ones ("did
+you mean"), a layout in another dialect's syntax names the flag (or function) that reads it, two forms mixed
+say which flag goes with which, and an empty case file says it is empty. Each answer is one line (usage first
+for the parser's own), asserted whole."""
+from __future__ import annotations
+
+import pytest
+
+from spmdsim.base.once_parser import OnceParser
+from spmdsim.base.suggest import close_matches, did_you_mean
+from spmdsim.tools.cli.main import main
+from testkit import unfold
+
+
+def _parser_error(capsys, argv: list[str]) -> list[str]:
+    """An argparse refusal of `argv`: exit 2, nothing on stdout; its lines, the error's unfolded."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    out, err = capsys.readouterr()
+    assert info.value.code == 2 and out == "", (out, err)
+    return unfold(err).splitlines()
+
+
+COMMANDS = ("'slices', 'explain', 'show', 'demo', 'collective', 'pipeline', 'context', 'run', 'launch', 'plan', "
+            "'convert', 'estimate', 'autoshard', 'calibrate', 'mpirun', 'lab'")
+
+
+@pytest.mark.parametrize("argv, meant", [(["estmate"], "estimate"), (["mpiexec", "-n", "4", "hello.py"], "mpirun")])
+def test_a_mistyped_command_names_the_command_meant(capsys, argv, meant):
+    assert _parser_error(capsys, argv) == [
+        "usage: spmdsim [-h] [--version] COMMAND ...",
+        f"spmdsim: error: argument COMMAND: invalid choice: {argv[0]!r}; did you mean {meant!r}? "
+        f"(choose from {COMMANDS})"]
+
+
+def test_a_mistyped_subcommand_and_choice_name_the_one_meant(capsys):
+    assert _parser_error(capsys, ["lab", "strat", "5", "work"])[-1] == (
+        "spmdsim lab: error: argument {list,start,check,grade}: invalid choice: 'strat'; did you mean 'start'? "
+        "(choose from 'list', 'start', 'check', 'grade')")
+    # nothing close: argparse's line as it was
+    assert _parser_error(capsys, ["lab", "zzz"])[-1] == (
+        "spmdsim lab: error: argument {list,start,check,grade}: invalid choice: 'zzz' (choose from 'list', "
+        "'start', 'check', 'grade')")
+
+
+SHOW = ["--alias", "dp,mp", "--tensor-map", "mp,None", "--shape", "8,6"]
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["show", "--device-matirx", "2,4", *SHOW],
+     "spmdsim show: error: unrecognized arguments: --device-matirx; did you mean --device-matrix?"),
+    # the flag's underscore spelling: the hyphenated flag alone
+    (["show", "--device_matrix", "2,4", "--alias", "dp,mp", "--tensor_map", "mp,None", "--shape", "8,6"],
+     "spmdsim show: error: unrecognized arguments: --device_matrix --tensor_map mp,None; did you mean "
+     "--device-matrix for --device_matrix, --tensor-map for --tensor_map?"),
+    # matched against estimate's own flags (the top parser, which reported it, knows none of them)
+    (["estimate", "gpt", "--hiden", "4096"], "spmdsim estimate: error: unrecognized arguments: --hiden 4096; did "
+                                             "you mean --hidden?"),
+    (["estimate", "gpt", "--hiden=4096"], "spmdsim estimate: error: unrecognized arguments: --hiden=4096; did you "
+                                          "mean --hidden?"),
+    (["lab", "start", "5", "--exercisez", "x"], "spmdsim lab start: error: unrecognized arguments: --exercisez x; "
+                                                "did you mean --exercises?"),
+    (["show", "--bogus", *SHOW], "spmdsim show: error: unrecognized arguments: --bogus"),
+])
+def test_an_unknown_flag_names_the_flags_of_its_own_command_close_to_it(capsys, argv, line):
+    lines = _parser_error(capsys, argv)
+    command = " ".join(argv[:2 if argv[0] == "lab" else 1])
+    assert lines[0].startswith(f"usage: spmdsim {command} ") and lines[-1] == line, lines
+
+
+def test_a_script_parser_suggests_alike(capsys):
+    """Every OnceParser does it (the scripts', the examples'), not the CLI's main() alone."""
+    parser = OnceParser(prog="script.py")
+    parser.add_argument("--ranks", type=int)
+    parser.add_argument("--dry-run", action="store_true")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--dry_run", "--rank", "4", "--lr", "0.1"])
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "script.py: error: unrecognized arguments: --dry_run --lr 0.1; did you mean --dry-run?")
+    # parse_known_args leaves no record of the parse on the namespace
+    args, extra = parser.parse_known_args(["--dry_run"])
+    assert extra == ["--dry_run"] and vars(args) == {"ranks": None, "dry_run": False}
+
+
+def test_close_matches_take_another_spelling_alone_then_prefixes_then_typos():
+    names = ["ring-allreduce", "ring-allgather", "bruck-alltoall"]
+    assert close_matches("ring_allreduce", names) == ["ring-allreduce"]
+    assert close_matches("RING-ALLREDUCE", names) == ["ring-allreduce"]
+    assert close_matches("--device_matrix", ["--device-matrix", "--alias"]) == ["--device-matrix"]
+    assert close_matches("matmul_2x4", ["mlp", "matmul_2x4_4x1", "matmul_1x8_8x1"]) == ["matmul_2x4_4x1",
+                                                                                          "matmul_1x8_8x1"]
+    assert did_you_mean("mpiexec", ["run", "mpirun"]) == "did you mean 'mpirun'?"
+    assert did_you_mean("zzz", names) == ""
+
+
+def test_an_unknown_collective_algorithm_names_the_close_ones(capsys):
+    assert main(["collective", "ring_allreduce", "--ranks", "4"]) == 2
+    assert unfold(capsys.readouterr().err).startswith(
+        "spmdsim: error: unknown collective algorithm 'ring_allreduce' (did you mean 'ring-allreduce'?); expected "
+        "one of ring-allreduce, recursive-doubling-allreduce, ")
+
+
+def test_an_unknown_demo_scenario_names_the_ones_it_begins_first(capsys):
+    known = ("['embedding_vocab', 'linear_column', 'linear_row', 'matmul_1x8_8x1', 'matmul_2x1_1x4', "
+             "'matmul_2x4_4x1', 'matmul_layout_tuple', 'matmul_out_strategy', 'mlp', 'net_mindspore_layout', "
+             "'net_mindspore_tutorial', 'net_oneflow_2d_sbp', 'net_oneflow_2d_signature', 'net_paddle_tp', "
+             "'train_gpt', 'train_mindspore_tutorial', 'train_oneflow_2d_sbp', 'train_paddle_tp']")
+    assert main(["demo", "--only", "matmul_2x4"]) == 2
+    assert unfold(capsys.readouterr().err) == (
+        "spmdsim: error: unknown scenario(s) ['matmul_2x4'] (did you mean 'matmul_2x4_4x1', 'matmul_2x1_1x4' or "
+        f"'matmul_1x8_8x1'?); expected some of {known}\n")
+    assert main(["demo", "--only", "matmul_2x4,mpl,nope"]) == 2
+    assert unfold(capsys.readouterr().err) == (
+        "spmdsim: error: unknown scenario(s) ['matmul_2x4', 'mpl', 'nope'] (did you mean 'matmul_2x4_4x1', "
+        "'matmul_2x1_1x4' or 'matmul_1x8_8x1' for 'matmul_2x4'; 'mlp' for 'mpl'?); expected some of "
+        f"{known}\n")
