@@ -4,10 +4,14 @@ say which flag goes with which, and an empty case file says it is empty. Each an
 for the parser's own), asserted whole."""
 from __future__ import annotations
 
+import io
+
 import pytest
 
+from spmdsim import Layout
 from spmdsim.base.once_parser import OnceParser
 from spmdsim.base.suggest import close_matches, did_you_mean
+from spmdsim.errors import LayoutError
 from spmdsim.tools.cli.main import main
 from testkit import unfold
 
@@ -87,8 +91,8 @@ def test_close_matches_take_another_spelling_alone_then_prefixes_then_typos():
     assert close_matches("ring_allreduce", names) == ["ring-allreduce"]
     assert close_matches("RING-ALLREDUCE", names) == ["ring-allreduce"]
     assert close_matches("--device_matrix", ["--device-matrix", "--alias"]) == ["--device-matrix"]
-    assert close_matches("matmul_2x4", ["mlp", "matmul_2x4_4x1", "matmul_1x8_8x1"]) == ["matmul_2x4_4x1",
-                                                                                          "matmul_1x8_8x1"]
+    scenarios = ["mlp", "matmul_2x4_4x1", "matmul_1x8_8x1"]
+    assert close_matches("matmul_2x4", scenarios) == ["matmul_2x4_4x1", "matmul_1x8_8x1"]
     assert did_you_mean("mpiexec", ["run", "mpirun"]) == "did you mean 'mpirun'?"
     assert did_you_mean("zzz", names) == ""
 
@@ -114,3 +118,72 @@ def test_an_unknown_demo_scenario_names_the_ones_it_begins_first(capsys):
         "spmdsim: error: unknown scenario(s) ['matmul_2x4', 'mpl', 'nope'] (did you mean 'matmul_2x4_4x1', "
         "'matmul_2x1_1x4' or 'matmul_1x8_8x1' for 'matmul_2x4'; 'mlp' for 'mpl'?); expected some of "
         f"{known}\n")
+
+
+# -- a layout written in another dialect's syntax -------------------------------------------------------------
+def _one_line(capsys, argv: list[str]) -> str:
+    """The CLI's one refusal line of `argv` (exit 2, nothing on stdout), unfolded."""
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(unfold(err).splitlines()) == 1, (out, err)
+    return unfold(err).rstrip("\n")
+
+
+MESH = ["--device-matrix", "2,4", "--alias", "dp,mp"]
+
+
+@pytest.mark.parametrize("argv, hint", [
+    (["show", *MESH, "--tensor-map", "S(0),R", "--shape", "8,6"],
+     "tensor map 'S(0),R' has a malformed entry 'S(0)'; 'S(0)' is DTensor placement syntax: give the layout with "
+     "--placements"),
+    (["show", *MESH, "--tensor-map", "S(0),B", "--shape", "8,6"],
+     "tensor map 'S(0),B' has a malformed entry 'S(0)'; 'S(0)' is OneFlow SBP syntax: give the layout with --sbp"),
+    (["slices", *MESH, "--tensor-map", "Shard(0)", "--shape", "8,6"],
+     "tensor map 'Shard(0)' has a malformed entry 'Shard(0)'; 'Shard(0)' is DTensor placement syntax: give the "
+     "layout with --placements"),
+    (["show", *MESH, "--tensor-map", "P('mp', None)", "--shape", "8,6"],
+     "tensor map \"P('mp', None)\" has a malformed entry \"P('mp', None)\"; \"P('mp', None)\" is a JAX "
+     "PartitionSpec: give the layout with --partition-spec"),
+    (["plan", *MESH, "--from", "S(0)", "--to", "None,None", "--shape", "8,6"],
+     "tensor map 'S(0)' has a malformed entry 'S(0)'; 'S(0)' is DTensor placement (or OneFlow SBP) syntax: give "
+     "the layout with --from-placements or --from-sbp"),
+    (["plan", *MESH, "--from", "None,None", "--to", "S(0),R", "--shape", "8,6"],
+     "tensor map 'S(0),R' has a malformed entry 'S(0)'; 'S(0)' is DTensor placement syntax: give the layout with "
+     "--to-placements"),
+    (["run", "matmul", "--device-matrix", "2,4", "--alias-name", "dp,mp", "--x-map", "S(0),B", "--w-map", "dp,mp",
+      "--shape", "256,128,192", "--ranks", "8"],
+     "tensor map 'S(0),B' has a malformed entry 'S(0)'; 'S(0)' is OneFlow SBP syntax: give the layout with "
+     "--x-sbp (over --placement)"),
+    # a malformed entry of no dialect: as it was
+    (["show", *MESH, "--tensor-map", "m p,None", "--shape", "8,6"],
+     "tensor map 'm p,None' has a malformed entry 'm p'"),
+])
+def test_a_tensor_map_in_another_dialect_names_the_flag_that_takes_it(capsys, argv, hint):
+    assert _one_line(capsys, argv) == f"spmdsim: error: {hint}"
+
+
+def test_a_case_file_map_in_another_dialect_names_the_key_that_takes_it(capsys, monkeypatch):
+    case = '{"device_matrix": [2, 4], "alias_name": ["dp", "mp"], "shape": [8, 6], "tensor_map": %s}'
+    for tensor_map, line in (
+            ('["S(0)", null]', "case key 'tensor_map' entry 'S(0)' is not an axis name; 'S(0)' is DTensor "
+                               "placement (or OneFlow SBP) syntax: give the layout with --placements (case key "
+                               "'placements') or --sbp (case key 'sbp')"),
+            ('"S(0),R"', "tensor map 'S(0),R' has a malformed entry 'S(0)'; 'S(0)' is DTensor placement syntax: "
+                         "give the layout with --placements (case key 'placements')")):
+        monkeypatch.setattr("sys.stdin", io.StringIO(case % tensor_map))
+        assert _one_line(capsys, ["show"]) == f"spmdsim: error: {line}"
+
+
+@pytest.mark.parametrize("entries, hint", [
+    (("S(0)", None), "'S(0)' is DTensor placement (or OneFlow SBP) syntax: build the layout with "
+                     "placements_to_layout or sbp_to_layout, from spmdsim.layouts.dialects"),
+    (("S(0)", "R"), "'S(0)' is DTensor placement syntax: build the layout with placements_to_layout, from "
+                    "spmdsim.layouts.dialects"),
+    (("P('mp', None)",), "\"P('mp', None)\" is a JAX PartitionSpec: build the layout with partition_spec_to_layout, "
+                         "from spmdsim.layouts.dialects"),
+])
+def test_a_layout_in_another_dialect_names_the_function_that_reads_it(entries, hint):
+    with pytest.raises(LayoutError) as info:
+        Layout((2, 4), ("dp", "mp"))(*entries)
+    assert str(info.value).endswith(f"; expected one of ('dp', 'mp'); {hint}"), str(info.value)
+    assert str(info.value).startswith(f"unknown alias {entries[0]!r} in tensor map (")

@@ -18,7 +18,7 @@ from functools import cached_property
 from typing import Any, Callable, Iterable
 
 from ..errors import LayoutError
-from .notation import MapEntry, format_tensor_map, normalize_entry
+from .notation import DIALECT_FUNCTIONS, MapEntry, dialect_hint, format_tensor_map, normalize_entry
 from .rank_groups import RankGroups
 from .shards import TensorShards
 from .slicing import CUTS
@@ -211,16 +211,23 @@ class TensorLayout(TensorShards):
         for axes in entries + (partial,):
             for alias in axes:
                 if alias not in self.layout.alias_name:
-                    number = (" (an axis number? MindSpore's integer tensor_map is not read: write the axis's name)"
-                              if alias.lstrip("-").isdigit() else "")
                     raise LayoutError(f"unknown alias {alias!r} in tensor map {self._shown(entries, partial)}; "
-                                      f"expected one of {self.layout.alias_name!r}{number}")
+                                      f"expected one of {self.layout.alias_name!r}{self._alias_hint(alias)}")
                 if alias in seen:
                     raise LayoutError(f"axis {alias!r} is used more than once in tensor map "
                                       f"{self._shown(entries, partial)}; each mesh axis may appear at most once")
                 seen.add(alias)
         object.__setattr__(self, "tensor_map", entries)
         object.__setattr__(self, "partial", partial)
+
+    def _alias_hint(self, alias: str) -> str:
+        """Why a name is not an axis, where it is another notation's: an axis number (MindSpore's integer map),
+        a placement (S(0), Shard(0)) or a PartitionSpec; the functions that read the latter two."""
+        if alias.lstrip("-").isdigit():
+            return " (an axis number? MindSpore's integer tensor_map is not read: write the axis's name)"
+        entries = [e for e in self.tensor_map if isinstance(e, str)]
+        hint = dialect_hint(alias, entries, DIALECT_FUNCTIONS, "build the layout with")
+        return f"; {hint}, from spmdsim.layouts.dialects" if hint else ""
 
     # Equal layouts are mostly the same object (the planners' and autograd's caches hand them
     # out): `is` first spares the generated __eq__'s two field tuples (~0.3 us, 25 times a step).

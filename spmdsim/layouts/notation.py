@@ -6,13 +6,15 @@ reads its tensor map with `normalize_entry`). Pure Python; never imports mpi4py.
 """
 from __future__ import annotations
 
+import re
 from functools import partial
-from typing import Any, Callable, Sequence, Union
+from typing import Any, Callable, Mapping, Sequence, Union
 
 from ..errors import LayoutError
 from ..base.validate import as_int
 
-__all__ = ["MapEntry", "normalize_entry", "format_entry", "format_tensor_map", "move_name"]
+__all__ = ["MapEntry", "normalize_entry", "format_entry", "format_tensor_map", "move_name", "dialect_hint",
+           "DIALECT_FUNCTIONS"]
 
 #: One tensor-map entry as a user writes it: alias, None/"None", or tuple of aliases.
 MapEntry = Union[str, None, Sequence[str]]
@@ -42,6 +44,45 @@ def normalize_entry(entry: MapEntry) -> tuple[str, ...]:
                           "from the right, -1 for none), which spmdsim does not read; expected an axis name, "
                           "None/'None' or a tuple of axis names: write the name of the axis it numbers")
     raise LayoutError(f"tensor map entry {entry!r} must be an axis name, None/'None' or a tuple of axis names")
+
+
+#: A JAX PartitionSpec as written: P('x', None), PartitionSpec(...), jax.sharding.PartitionSpec(...).
+_SPEC = re.compile(r"^\s*(?:jax\.sharding\.)?(?:PartitionSpec|P)\s*\(")
+#: A placement of DTensor's or OneFlow's, a call: S(0), Shard(0), Replicate(), Partial(), Split(0), Broadcast().
+_PLACEMENT = re.compile(r"^\s*(S|Shard|Replicate|Partial|Split|Broadcast)\s*\(")
+#: The words of only one of the two: DTensor writes R and Shard, OneFlow B and Split; S(0) and P are both's.
+_DTENSOR_WORDS = {"R", "Shard", "Replicate", "Partial"}
+_SBP_WORDS = {"B", "Split", "Broadcast"}
+
+#: The Python functions that read each dialect (docs/reference/dialects.md), for `dialect_hint`.
+DIALECT_FUNCTIONS = {"placements": "placements_to_layout", "sbp": "sbp_to_layout",
+                     "partition_spec": "partition_spec_to_layout"}
+
+
+def dialect_hint(entry: str, entries: Sequence[Any], takes: Mapping[str, str], verb: str) -> str:
+    """For a tensor-map entry written in another dialect (``S(0)``, ``Shard(0)``, ``P('x', None)``): what it is
+    and what reads it, "'S(0)' is DTensor placement syntax: give the layout with --placements"; else "".
+
+    `entries`, the map's others, tell DTensor's placements (R) from OneFlow's SBP (B); `takes` maps
+    "placements", "sbp" and "partition_spec" to what reads each (a flag, a function), `verb` says how.
+    """
+    if not isinstance(entry, str):
+        return ""
+    if _SPEC.match(entry):
+        kinds, syntax = ["partition_spec"], "a JAX PartitionSpec"
+    elif _PLACEMENT.match(entry):
+        words = {str(e).split("(")[0].strip() for e in (entry, *entries) if isinstance(e, str)}
+        dtensor, sbp = bool(words & _DTENSOR_WORDS), bool(words & _SBP_WORDS)
+        if dtensor != sbp:
+            kinds, syntax = (["placements"], "DTensor placement syntax") if dtensor else (["sbp"], "OneFlow SBP syntax")
+        else:
+            kinds, syntax = ["placements", "sbp"], "DTensor placement (or OneFlow SBP) syntax"
+    else:
+        return ""
+    readers = [takes[kind] for kind in kinds if kind in takes]
+    if not readers:
+        return ""
+    return f"{entry!r} is {syntax}: {verb} {' or '.join(readers)}"
 
 
 def format_entry(axes: tuple[str, ...]) -> str:

@@ -9,6 +9,7 @@ import numpy as np
 
 from ...errors import DialectError, SpmdsimError
 from ..layout import Layout, TensorLayout, default_axis_names
+from ..notation import dialect_hint
 from ...base.validate import as_int, counted  # as_int: shared with layouts, data and plans; re-exported for the dialects
 from ...base.deprecated import deprecated
 
@@ -247,10 +248,12 @@ def parse_name_list(text: str, key: str = "value") -> tuple[str, ...]:
     return names
 
 
-def parse_tensor_map(text: str, what: str = "tensor map") -> tuple:
+def parse_tensor_map(text: str, what: str = "tensor map", takes: Optional[Mapping[str, str]] = None) -> tuple:
     """'mp,(sp,dp),None' -> ('mp', ('sp', 'dp'), None); Python-style brackets are optional.
 
-    `what` names the text in errors ("partition spec" for JAX's, which is written the same way).
+    `what` names the text in errors ("partition spec" for JAX's, which is written the same way); `takes`, the
+    flags that take the other dialects ("placements" -> "--placements", ...), which the refusal of an entry
+    written in one names (notation.dialect_hint).
     """
     body = text.strip()
     try:
@@ -274,7 +277,8 @@ def parse_tensor_map(text: str, what: str = "tensor map") -> tuple:
         else:
             name = part.strip("'\" ")
             if any(c in name for c in "()[] "):
-                raise SpmdsimError(f"{what} {text!r} has a malformed entry {part!r}")
+                hint = dialect_hint(part.strip(), parts, takes or {}, "give the layout with")
+                raise SpmdsimError(f"{what} {text!r} has a malformed entry {part!r}{'; ' + hint if hint else ''}")
             out.append(name)
     return tuple(out)
 

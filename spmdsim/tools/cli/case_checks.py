@@ -13,10 +13,11 @@ from ...base.validate import counted
 from ...layouts.dialects._common import parse_name_list, parse_tensor_map, split_top_level
 from ...errors import SpmdsimError
 from ...layouts.layout import TensorLayout, default_axis_names
+from ...layouts.notation import dialect_hint
 
 __all__ = ["Case", "MAX_DEVICES", "check_device_count", "checked_axis_names", "multi_axis_hint", "integer_map_hint",
            "default_names", "mesh_names", "world_size_mismatch", "with_partial_axes", "indivisible",
-           "parse_int_list"]
+           "parse_int_list", "dialect_flags"]
 
 #: Most devices a layout may have here: the commands list or compare every rank,
 #: and a teaching tool that answers after minutes (or never) has failed.
@@ -142,16 +143,30 @@ def _name_list(data: Mapping, key: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def dialect_flags(prefix: str = "") -> dict[str, str]:
+    """The flags that take a layout in the other dialects ("placements" -> "--placements"; `prefix` "from-":
+    plan's --from-placements), which the refusal of a tensor map written in one names."""
+    return {"placements": f"--{prefix}placements", "sbp": f"--{prefix}sbp",
+            "partition_spec": f"--{prefix}partition-spec"}
+
+
+#: A case file's keys for the other dialects, with their flags: what a tensor map written in one names.
+_CASE_DIALECTS = {kind: f"{flag} (case key {kind!r})" for kind, flag in dialect_flags().items()}
+
+
 def _tensor_map(data: Mapping) -> tuple:
     value = data["tensor_map"]
     if isinstance(value, str):
-        return parse_tensor_map(value)
+        return parse_tensor_map(value, takes=_CASE_DIALECTS)
     if not isinstance(value, (list, tuple)):
         raise SpmdsimError(
             f"case key 'tensor_map' must be a list of entries (axis name, null or list "
             f"of axis names), got {value!r}"
         )
     for entry in value:
+        hint = dialect_hint(entry, value, _CASE_DIALECTS, "give the layout with")
+        if hint:
+            raise SpmdsimError(f"case key 'tensor_map' entry {entry!r} is not an axis name; {hint}")
         ok = entry is None or isinstance(entry, str) or (
             isinstance(entry, (list, tuple)) and all(isinstance(a, str) for a in entry)
         )

@@ -38,8 +38,8 @@ from ...layouts.slicing import CUTS
 from . import case_dialects
 from .case_checks import (_DTENSOR_KEYS, _FORM_TRIGGERS, _KNOWN_KEYS, _LAYOUT_KEYS, _SBP_KEYS, _SPEC_KEYS,
                           _STRATEGY_KEYS, Case, _device_count_checked, _flag_text, _int_list, _name_list, _require,
-                          _tensor_map, default_names, indivisible, mesh_names, multi_axis_hint, parse_int_list,
-                          world_size_mismatch)
+                          _tensor_map, default_names, dialect_flags, indivisible, mesh_names, multi_axis_hint,
+                          parse_int_list, world_size_mismatch)
 
 __all__ = [
     "case_from_dict",
@@ -219,7 +219,7 @@ def case_from_args(args: argparse.Namespace, stdin: Optional[TextIO] = None) -> 
     if args.alias is not None:
         flags["alias_name"] = parse_name_list(args.alias, "--alias")
     if args.tensor_map is not None:
-        flags["tensor_map"] = parse_tensor_map(args.tensor_map)
+        flags["tensor_map"] = parse_tensor_map(args.tensor_map, takes=dialect_flags())
     if args.shape is not None:
         flags["shape"] = flag_ints(args.shape, "--shape", 0)
     if args.partial is not None:

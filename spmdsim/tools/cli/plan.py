@@ -27,7 +27,8 @@ from ...layouts.dialects.dtensor import check_uneven_shards, placements_to_layou
 from ...layouts.dialects.partition_spec import partition_spec_to_layout
 from ...layouts.dialects.sbp import sbp_to_layout
 from ...layouts.dialects.strategy import strategy_to_layout
-from .case_checks import check_device_count, checked_axis_names, indivisible, parse_int_list, with_partial_axes
+from .case_checks import (check_device_count, checked_axis_names, dialect_flags, indivisible, parse_int_list,
+                          with_partial_axes)
 from .cases import ONEFLOW_EVEN, flag_ints
 from .plan_explain import dialect_of, moves_and_bytes_png, plan_record, plan_text
 from .paths import check_output_dir
@@ -186,7 +187,7 @@ def _side(args, which: str, mesh: Layout, ndim: int, world: int) -> TensorLayout
     elif placements is not None:
         tl = placements_to_layout(placements, mesh.device_matrix, ndim, mesh.alias_name)
     else:
-        tl = mesh(*parse_tensor_map(tmap))
+        tl = mesh(*parse_tensor_map(tmap, takes=dialect_flags(f"{which}-")))
     if partial:
         axes = parse_name_list(partial, f"--{which}-partial")
         if tmap is not None:  # the user wrote the map: the layout's own refusal names it
@@ -261,7 +262,7 @@ def _check_target_names(args: argparse.Namespace, source_mesh: Layout, target_me
     """Refuse a target that names --alias's axes over a --to-device-matrix without --to-alias: that mesh is
     another one, its axes named axis_0, axis_1, ...; the refusal ("unknown alias 'x' in tensor map ...;
     expected one of ('axis_0', 'axis_1')") did not say why or name --to-alias."""
-    for flag, text, parse in (("--to", args.to_map, parse_tensor_map),
+    for flag, text, parse in (("--to", args.to_map, lambda t: parse_tensor_map(t, takes=dialect_flags("to-"))),
                               ("--to-partition-spec", args.to_partition_spec, parse_partition_spec),
                               ("--to-partial", args.to_partial, lambda t: parse_name_list(t, "--to-partial"))):
         if text is None:

@@ -156,11 +156,12 @@ def _job_maker(args: argparse.Namespace, ranks: int | None = None) -> Callable[[
     names = checked_axis_names(parse_name_list(args.alias_name, "--alias-name"), f"--alias-name {args.alias_name!r}",
                                f"--device-matrix {args.device_matrix!r}", len(matrix))
     layout = Layout(matrix, names)
-    x_map, w_map = parse_tensor_map(args.x_map), parse_tensor_map(args.w_map)
+    x_map, w_map = (parse_tensor_map(text, takes={"sbp": f"--{name}-sbp (over --placement)"})
+                    for name, text in (("x", args.x_map), ("w", args.w_map)))
     x_shape, w_shape = _operand_shapes(dims, args.transpose_a, args.transpose_b, len(w_map))
     out = None
     if args.out_map:
-        out_map = parse_tensor_map(args.out_map)
+        out_map = parse_tensor_map(args.out_map, takes={"sbp": "--out-sbp (over --placement)"})
         # Checked here: the operator would report a wrong length as a needed redistribution.
         if len(out_map) != len(dims) - 1:
             raise SpmdsimError(f"--out-map {args.out_map!r} gives {counted(len(out_map), 'dim')} but the "
