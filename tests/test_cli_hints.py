@@ -187,3 +187,28 @@ def test_a_layout_in_another_dialect_names_the_function_that_reads_it(entries, h
         Layout((2, 4), ("dp", "mp"))(*entries)
     assert str(info.value).endswith(f"; expected one of ('dp', 'mp'); {hint}"), str(info.value)
     assert str(info.value).startswith(f"unknown alias {entries[0]!r} in tensor map (")
+
+
+# -- two forms mixed: which flag goes with which -----------------------------------------------------------------
+@pytest.mark.parametrize("argv, line", [
+    (["--placements", "S(0),R", "--placement", "2,4"],
+     "--placements takes its mesh from --device-matrix, not --placement (the mesh of --sbp; case keys "
+     "'device_matrix' and 'placement'): give --device-matrix 2,4"),
+    (["--partition-spec", "('x', None)", "--placement", "2,4"],
+     "--partition-spec takes its mesh from --device-matrix, not --placement (the mesh of --sbp; case keys "
+     "'device_matrix' and 'placement'): give --device-matrix 2,4"),
+    (["--sbp", "S(0),B", "--device-matrix", "2,4"],
+     "--sbp takes its mesh from --placement, not --device-matrix (the mesh of --tensor-map, --placements and "
+     "--partition-spec; case keys 'placement' and 'device_matrix'): give --placement 2,4"),
+    (["--sbp", "S(0),B", "--placement", "2,4", "--alias", "a,b"],
+     "--alias (case key 'alias_name') gives the axis names of --tensor-map, --placements and --partition-spec, "
+     "not of --sbp: leave it out"),
+    (["--strategy", "((2,1),)", "--device-matrix", "2,4"],
+     "--device-matrix (case key 'device_matrix') gives the mesh of --tensor-map, --placements and "
+     "--partition-spec, not of --strategy (which brings its own device matrix): leave it out"),
+    # two whole forms: both named, with their flags
+    (["--sbp", "S(0),B", "--placement", "2,4", "--placements", "S(0),R"],
+     "case mixes the sbp form (--sbp, --placement) and the dtensor form (--placements); give only one"),
+])
+def test_two_forms_mixed_say_which_flag_goes_with_which(capsys, argv, line):
+    assert _one_line(capsys, ["show", *argv, "--shape", "8,6"]) == f"spmdsim: error: {line}"

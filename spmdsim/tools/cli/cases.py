@@ -36,10 +36,10 @@ from ...errors import ShapeError, SpmdsimError
 from ...layouts.layout import Layout, TensorLayout
 from ...layouts.slicing import CUTS
 from . import case_dialects
-from .case_checks import (_DTENSOR_KEYS, _FORM_TRIGGERS, _KNOWN_KEYS, _LAYOUT_KEYS, _SBP_KEYS, _SPEC_KEYS,
-                          _STRATEGY_KEYS, Case, _device_count_checked, _flag_text, _int_list, _name_list, _require,
-                          _tensor_map, default_names, dialect_flags, indivisible, mesh_names, multi_axis_hint,
-                          parse_int_list, world_size_mismatch)
+from .case_checks import (_DTENSOR_KEYS, _FLAG_OF, _FORM_TRIGGERS, _KNOWN_KEYS, _LAYOUT_KEYS, _SBP_KEYS,
+                          _SPEC_KEYS, _STRATEGY_KEYS, Case, _device_count_checked, _flag_text, _int_list, _name_list,
+                          _require, _tensor_map, default_names, dialect_flags, indivisible, mesh_names,
+                          multi_axis_hint, parse_int_list, world_size_mismatch)
 
 __all__ = [
     "case_from_dict",
@@ -115,13 +115,42 @@ def _form(data: Any) -> str:
             "(PyTorch DTensor) or 'partition_spec' + 'device_matrix' (JAX)"
         )
     if len(forms) > 1:
-        raise SpmdsimError(f"case mixes the {forms[0]} and {forms[1]} forms; give only one")
+        raise SpmdsimError(_mixed(data, forms))
     form = forms[0]
     if "operand" in data and form != "strategy":
         raise SpmdsimError(f"{_flag_text('operand', data['operand'])} picks a tensor of a MatMul --strategy "
                            f"such as \"((2,1),(1,4))\"; the {form} form gives one tensor's layout already: "
                            "leave --operand out")
     return form
+
+
+#: Each form's own flag (the one that is not its mesh's), and what each mesh flag is the mesh of.
+_FORM_FLAG = {"layout": "--tensor-map", "strategy": "--strategy", "sbp": "--sbp", "dtensor": "--placements",
+              "partition_spec": "--partition-spec"}
+_MESH_OF = {"device_matrix": "the mesh of --tensor-map, --placements and --partition-spec",
+            "alias_name": "the axis names of --tensor-map, --placements and --partition-spec",
+            "placement": "the mesh of --sbp"}
+
+
+def _mixed(data: Mapping, forms: list[str]) -> str:
+    """Why a case of two forms is refused: a form given only by its mesh flag (--placement beside --placements,
+    --device-matrix beside --sbp) names the mesh flag the other form takes; else both forms and their flags."""
+    given = {form: [k for k in _FORM_TRIGGERS[form] if k in data] for form in forms}
+    meshes = [form for form in forms if set(given[form]) <= set(_MESH_OF)]
+    if len(forms) != 2 or len(meshes) != 1:
+        return (f"case mixes the {forms[0]} form ({', '.join(_FLAG_OF[k] for k in given[forms[0]])}) and the "
+                f"{forms[1]} form ({', '.join(_FLAG_OF[k] for k in given[forms[1]])}); give only one")
+    form = next(f for f in forms if f not in meshes)
+    wrong = given[meshes[0]][0]
+    mesh = {"sbp": "placement", "dtensor": "device_matrix", "partition_spec": "device_matrix"}.get(form)
+    if mesh is None or wrong == "alias_name":  # a strategy brings its own device matrix; an SBP names no axes
+        why = " (which brings its own device matrix)" if form == "strategy" else ""
+        return (f"{_FLAG_OF[wrong]} (case key {wrong!r}) gives {_MESH_OF[wrong]}, not of {_FORM_FLAG[form]}{why}: "
+                "leave it out")
+    value = data[wrong]
+    write = (f": give {_FLAG_OF[mesh]} {','.join(map(str, value))}" if isinstance(value, (list, tuple)) else "")
+    return (f"{_FORM_FLAG[form]} takes its mesh from {_FLAG_OF[mesh]}, not {_FLAG_OF[wrong]} ({_MESH_OF[wrong]}; "
+            f"case keys {mesh!r} and {wrong!r}){write}")
 
 
 def _dialect_case(data: Mapping, form: str, shape: tuple, partial: tuple, cut: Optional[str]) -> Case:
