@@ -212,3 +212,23 @@ def test_a_layout_in_another_dialect_names_the_function_that_reads_it(entries, h
 ])
 def test_two_forms_mixed_say_which_flag_goes_with_which(capsys, argv, line):
     assert _one_line(capsys, ["show", *argv, "--shape", "8,6"]) == f"spmdsim: error: {line}"
+
+
+# -- --alias-name, as run matmul spells it, on the commands of --alias -------------------------------------------
+@pytest.mark.parametrize("command", [["slices"], ["explain"], ["show"], ["convert"]])
+def test_alias_name_is_another_spelling_of_alias_in_every_case_command(capsys, command):
+    case = ["--device-matrix", "2,4", "--tensor-map", "mp,None", "--shape", "8,6"]
+    assert main([*command, "--alias", "dp,mp", *case]) == 0
+    by_alias = capsys.readouterr()
+    assert main([*command, "--alias-name", "dp,mp", *case]) == 0
+    assert capsys.readouterr() == by_alias
+
+
+def test_alias_name_is_another_spelling_of_alias_in_plan(capsys):
+    plan = ["plan", "--device-matrix", "8", "--from", "x,None", "--to", "None,x", "--shape", "16,16"]
+    assert main([*plan, "--alias", "x"]) == 0
+    by_alias = capsys.readouterr()
+    assert main([*plan, "--alias-name", "x"]) == 0
+    assert capsys.readouterr() == by_alias
+    assert _parser_error(capsys, [*plan, "--alias", "x", "--alias-name", "y"])[-1] == (
+        "spmdsim plan: error: --alias 'x' and --alias-name 'y' name one option; expected one of them")

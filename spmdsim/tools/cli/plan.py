@@ -81,7 +81,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--device-matrix", "--placement", dest="device_matrix", required=True, metavar="N,..",
                    action=_EachGiven,
                    help="e.g. 8 or 2,2,2 (--placement: the same, as OneFlow and `spmdsim show` call it)")
-    g.add_argument("--alias", metavar="NAME,..", help="axis names (default axis_0,axis_1,..)")
+    g.add_argument("--alias", "--alias-name", metavar="NAME,..", help="axis names (default axis_0,axis_1,..)")
     g.add_argument("--from", dest="from_map", metavar="MAP", help='source tensor map, e.g. "x,None"')
     g.add_argument("--to", dest="to_map", metavar="MAP", help='target tensor map, e.g. "None,(sp,dp)"')
     g.add_argument("--from-partial", metavar="NAME,..", help="source axes holding pending sums")
