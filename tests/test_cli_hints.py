@@ -232,3 +232,23 @@ def test_alias_name_is_another_spelling_of_alias_in_plan(capsys):
     assert capsys.readouterr() == by_alias
     assert _parser_error(capsys, [*plan, "--alias", "x", "--alias-name", "y"])[-1] == (
         "spmdsim plan: error: --alias 'x' and --alias-name 'y' name one option; expected one of them")
+
+
+# -- run matmul given a form in part: the flags it lacks ---------------------------------------------------------
+@pytest.mark.parametrize("argv, line", [
+    (["--device-matrix", "2,4", "--alias", "dp,mp", "--x-map", "dp,mp"],
+     "--w-map is missing: the Layout form of matmul needs --device-matrix, --alias-name, --x-map and --w-map "
+     "(and optionally --out-map)"),
+    (["--device-matrix", "2,4"],
+     "--alias-name, --x-map and --w-map are missing: the Layout form of matmul needs --device-matrix, "
+     "--alias-name, --x-map and --w-map (and optionally --out-map)"),
+    (["--placement", "2,4", "--x-sbp", "B,S(0)"],
+     "--w-sbp is missing: the SBP form of matmul needs --placement, --x-sbp and --w-sbp (and optionally "
+     "--out-sbp)"),
+    # no form at all: the forms it takes
+    ([], "matmul needs --strategy, or --device-matrix, --alias-name, --x-map and --w-map, or --placement, --x-sbp "
+         "and --w-sbp"),
+])
+def test_run_matmul_names_the_flags_its_form_lacks(capsys, argv, line):
+    assert _one_line(capsys, ["run", "matmul", *argv, "--shape", "256,128,192", "--ranks", "8"]) == \
+        f"spmdsim: error: {line}"

@@ -12,6 +12,7 @@ from spmdsim.tools.cli.main import SUBCOMMANDS, build_parser, main
 from spmdsim.tools.demo import Outcome, registry, scenario, scenarios
 from spmdsim.tools.demo.jobs import contraction_atol, short
 from spmdsim import Layout, SpmdsimError
+from testkit import unfold
 
 SEED_SCENARIOS = {
     "matmul_2x1_1x4", "matmul_2x4_4x1", "matmul_1x8_8x1", "matmul_out_strategy",
@@ -181,13 +182,14 @@ def test_embedding_job_refuses_a_dim_parallel_paddle_front():
 @pytest.mark.parametrize("argv, needle", [
     (["--strategy", "((2,1),(1,4))", "--x-sbp", "B,S(0)"], "--strategy and --x-sbp both give the layouts"),
     (["--device-matrix", "2,2", "--placement", "2,2"], "--device-matrix and --placement both give"),
-    (["--placement", "2,2", "--x-sbp", "B,S(0)"], "the SBP form of matmul needs --placement, --x-sbp and --w-sbp"),
+    (["--placement", "2,2", "--x-sbp", "B,S(0)"], "--w-sbp is missing: the SBP form of matmul needs --placement, "
+                                                  "--x-sbp and --w-sbp (and optionally --out-sbp)"),
 ])
 def test_run_matmul_sbp_flags_are_one_form(capsys, argv, needle):
     from spmdsim.tools.cli.main import main
 
     assert main(["run", "matmul", "--shape", "8,4,4"] + argv) == 2
-    err = capsys.readouterr().err
+    err = unfold(capsys.readouterr().err)
     assert needle in err, err
 
 

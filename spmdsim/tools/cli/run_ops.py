@@ -145,9 +145,8 @@ def _job_maker(args: argparse.Namespace, ranks: int | None = None) -> Callable[[
                                                      out_strategy=out)
     if args.placement or args.x_sbp or args.w_sbp or args.out_sbp:
         return _sbp_matmul_maker(args, dims, common, flags, ranks)
-    if None in (args.device_matrix, args.alias_name, args.x_map, args.w_map):  # given empty: checked below
-        raise SpmdsimError("matmul needs --strategy, or --device-matrix, --alias-name, "
-                           "--x-map and --w-map, or --placement, --x-sbp and --w-sbp")
+    _check_form_whole(args, "Layout", (("--device-matrix", args.device_matrix), ("--alias-name", args.alias_name),
+                                       ("--x-map", args.x_map), ("--w-map", args.w_map)), ("--out-map", args.out_map))
     matrix = parse_int_list(args.device_matrix, "--device-matrix")
     if not matrix:
         raise SpmdsimError(f"--device-matrix {args.device_matrix!r} gives no axis; expected at least one size, "
@@ -227,12 +226,30 @@ def _operand_shapes(dims: Sequence[int], transpose_a: bool, transpose_b: bool,
     return x_shape, w_shape
 
 
+def _check_form_whole(args: argparse.Namespace, form: str, needed: tuple, optional: tuple) -> None:
+    """Refuse a matmul form given in part, naming the flags it lacks ("--w-map is missing: ..."); none of its
+    flags given (nor --strategy): the forms matmul takes. A flag given empty is refused by its own check."""
+    missing = [flag for flag, value in needed if value is None]
+    if not missing:
+        return
+    if len(missing) == len(needed) and optional[1] is None:
+        raise SpmdsimError("matmul needs --strategy, or --device-matrix, --alias-name, "
+                           "--x-map and --w-map, or --placement, --x-sbp and --w-sbp")
+    flags = [flag for flag, _ in needed]
+    raise SpmdsimError(f"{_and_list(missing)} {'is' if len(missing) == 1 else 'are'} missing: the {form} form of "
+                       f"matmul needs {_and_list(flags)} (and optionally {optional[0]})")
+
+
+def _and_list(items: list[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
 def _sbp_matmul_maker(args: argparse.Namespace, dims: Sequence[int], common: dict, flags: dict,
                       ranks: int | None) -> Callable[[Any], Any]:
     """MatMul with OneFlow nD SBPs over a placement: axes axis_0, axis_1, ... (sbp_to_layout's names)."""
-    if not (args.placement and args.x_sbp and args.w_sbp):
-        raise SpmdsimError("the SBP form of matmul needs --placement, --x-sbp and --w-sbp "
-                           "(and optionally --out-sbp)")
+    _check_form_whole(args, "SBP", (("--placement", args.placement), ("--x-sbp", args.x_sbp),
+                                    ("--w-sbp", args.w_sbp)), ("--out-sbp", args.out_sbp))
     placement = parse_int_list(args.placement, "--placement")
     check_device_count(math.prod(placement), f"--placement {args.placement!r}")
     x_shape, w_shape = _operand_shapes(dims, args.transpose_a, args.transpose_b, 2)
