@@ -5,6 +5,7 @@ for the parser's own), asserted whole."""
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import pytest
 
@@ -12,8 +13,11 @@ from spmdsim import Layout
 from spmdsim.base.once_parser import OnceParser
 from spmdsim.base.suggest import close_matches, did_you_mean
 from spmdsim.errors import LayoutError
-from spmdsim.tools.cli.main import main
+from spmdsim.tools.cli.main import build_parser, main
 from testkit import unfold
+
+#: The lab's MPI programs (docs/howto/mpi4py-lab.md).
+LAB = Path(__file__).resolve().parent / "data" / "lab"
 
 
 def _parser_error(capsys, argv: list[str]) -> list[str]:
@@ -252,3 +256,18 @@ def test_alias_name_is_another_spelling_of_alias_in_plan(capsys):
 def test_run_matmul_names_the_flags_its_form_lacks(capsys, argv, line):
     assert _one_line(capsys, ["run", "matmul", *argv, "--shape", "256,128,192", "--ranks", "8"]) == \
         f"spmdsim: error: {line}"
+
+
+# -- --eager-limit takes a size as --size does -------------------------------------------------------------------
+def test_eager_limit_takes_a_size_as_collective_size_does(capsys):
+    parser = build_parser(("mpirun",))
+    for text, limit in (("8K", 8192), ("8KiB", 8192), ("8192", 8192), ("1M", 1 << 20), ("0", 0)):
+        assert parser.parse_args(["mpirun", "-n", "2", "--eager-limit", text, "prog.py"]).eager_limit == limit
+    assert _parser_error(capsys, ["mpirun", "-n", "2", "--eager-limit", "8X", "prog.py"])[-1] == (
+        "spmdsim mpirun: error: argument --eager-limit: size '8X' is not a byte count like 64K or 4M")
+    # headtohead.py 100: two 800-byte Sends each way, buffered under 1K, waiting (a deadlock) under 0.5K
+    program = ["python", str(LAB / "headtohead.py"), "100"]
+    assert main(["mpirun", "-n", "2", "--eager-limit", "1K", *program]) == 0
+    assert capsys.readouterr().err == ""
+    assert main(["mpirun", "-n", "2", "--eager-limit", "0.5K", *program]) == 1
+    assert "a standard Send of 512 bytes or more waits for its receive" in " ".join(capsys.readouterr().err.split())

@@ -5,6 +5,9 @@ importing cli, which imports them).
 ``type=float`` kept only the number: ``--timeout -1`` was refused as ``-1.0``, ``--flops -1e9`` as
 ``-1000000000.0``, and ``--flops 1e400`` (inf) as if it had been typed "inf". Pure: never imports mpi4py.
 
+``byte_count`` reads a size as the commands take it (``64K``, ``8KiB``, ``4M``): collective's --size,
+calibrate's --sizes and mpirun's --eager-limit alike.
+
 A flag added by ``add_noted`` notes on the parsed namespace that the user typed it, so a refusal can say
 a value the user left alone is the default (``said_fields``): "the default d_model 128 must be divisible by
 --heads 3", not "--d-model 128 ...", a flag the user never typed; ``given_flags`` says which of some flags the
@@ -16,7 +19,7 @@ import argparse
 from decimal import Decimal, InvalidOperation
 from typing import Any, Mapping
 
-__all__ = ["FlagFloat", "flag_float", "typed", "shown", "add_noted", "said_fields", "given_flags"]
+__all__ = ["FlagFloat", "flag_float", "typed", "shown", "add_noted", "said_fields", "given_flags", "byte_count"]
 
 #: The namespace attributes where `add_noted`'s flags keep the destinations typed, and those that can be.
 _NOTED, _NOTABLE = "_typed_dests", "_notable_dests"
@@ -36,6 +39,25 @@ def flag_float(text: str) -> FlagFloat:
 
 
 flag_float.__name__ = "float"  # argparse names the type: "argument --timeout: invalid float value: 'abc'"
+
+
+def byte_count(text: str) -> int:
+    """'64K' -> 65536, '-4' -> -4: the number a size reads as (binary units, K, M or G, a B or iB after them
+    optional), its sign unchecked, for a caller that states its own range (spmdsim collective's --size,
+    spmdsim mpirun's --eager-limit); ArgumentTypeError when it reads as none."""
+    given = text
+    text = text.strip().upper().removesuffix("B").removesuffix("I")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    number = text[:-1] if scale != 1 else text
+    try:
+        value = float(number) * scale
+        whole = int(value)
+    except (ValueError, OverflowError):  # OverflowError: "inf"
+        raise argparse.ArgumentTypeError(f"size {given!r} is not a byte count like 64K or 4M") from None
+    if whole != value:  # "1.5" was 1 byte, silently: a size the user did not ask for
+        raise argparse.ArgumentTypeError(f"size {given!r} is not a whole number of bytes; expected a byte count "
+                                         "like 64K or 4M")
+    return whole
 
 
 def typed(value: float) -> str:

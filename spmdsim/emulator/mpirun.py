@@ -43,6 +43,7 @@ from .mpi4py_world import swapped
 from ..runtime.mpi_library import MPILibraryError, load_mpi
 from ..base.malloc import keep_freed_buffers_unless_set
 from ..base.output import quiet_stdout
+from ..base.typed_numbers import byte_count
 from .mpirun_report import FailureNotice, _NotRunnable, _report, failed_before, program_hook
 from .mpirun_target import _main_spec, _target
 from .rank_streams import StdinOfRankZero
@@ -55,10 +56,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.usage = "%(prog)s [-h] -n N [--eager-limit BYTES] [--oversubscribe] ..."
     parser.add_argument("-n", "-np", "--np", dest="ranks", type=int, metavar="N",
                         help="number of simulated ranks (before the program: what follows it is its own)")
-    parser.add_argument("--eager-limit", type=int, metavar="BYTES",
-                        help="standard Sends under BYTES are buffered, the others wait for their receive "
-                             "(default 8192, as MPICH's); 0: none is, so a program relying on MPI buffering its "
-                             "Sends (unsafe) deadlocks")
+    parser.add_argument("--eager-limit", type=byte_count, metavar="BYTES",
+                        help="standard Sends under BYTES bytes are buffered, the others wait for their receive "
+                             "(a count or a size such as 8K or 1M; default 8K, 8192, as MPICH's); 0: none is, so a "
+                             "program relying on MPI buffering its Sends (unsafe) deadlocks")
     parser.add_argument("--oversubscribe", action="store_true",
                         help="accepted as Open MPI's mpirun takes it: simulated ranks share this process's cores "
                              "anyway")

@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ...programs.cost import CostModel, Measurement, default_path, normalize_op
+from ...base.typed_numbers import byte_count  # calibrate's sizes read as collective's and mpirun's
 from ...errors import SpmdsimError
 from ...runtime.engines import engine_of
 from ..estimate.machine import save_machine
@@ -37,24 +38,6 @@ _DEFAULT_OPS = "allgather,allreduce,reduce_scatter,alltoall,alltoallv,bcast"
 #: The most collectives a run times, warmup included: each is two barriers and the collective, about 100 us at 8
 #: ranks on 2 cores, so minutes at most. The defaults on 8 ranks time 729 (9 runs of 72 cases and 9 copy cases).
 MAX_CALIBRATION_CALLS = 100_000
-
-
-def byte_count(text: str) -> int:
-    """'64K' -> 65536, '-4' -> -4: the number a size reads as, its sign unchecked, for a caller that states
-    its own range (spmdsim collective's --size); ArgumentTypeError when it reads as none."""
-    given = text
-    text = text.strip().upper().removesuffix("B").removesuffix("I")
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-    number = text[:-1] if scale != 1 else text
-    try:
-        value = float(number) * scale
-        whole = int(value)
-    except (ValueError, OverflowError):  # OverflowError: "inf"
-        raise argparse.ArgumentTypeError(f"size {given!r} is not a byte count like 64K or 4M") from None
-    if whole != value:  # "1.5" was 1 byte, silently: a size the user did not ask for
-        raise argparse.ArgumentTypeError(f"size {given!r} is not a whole number of bytes; expected a byte count "
-                                         "like 64K or 4M")
-    return whole
 
 
 def parse_size(text: str) -> int:
