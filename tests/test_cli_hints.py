@@ -271,3 +271,17 @@ def test_eager_limit_takes_a_size_as_collective_size_does(capsys):
     assert capsys.readouterr().err == ""
     assert main(["mpirun", "-n", "2", "--eager-limit", "0.5K", *program]) == 1
     assert "a standard Send of 512 bytes or more waits for its receive" in " ".join(capsys.readouterr().err.split())
+
+
+# -- an empty case file or stdin: said empty, not json's "Expecting value" ---------------------------------------
+def test_an_empty_case_file_or_stdin_is_said_to_be_empty(capsys, monkeypatch, tmp_path):
+    empty = tmp_path / "empty.json"
+    empty.write_text("")
+    assert _one_line(capsys, ["show", str(empty)]) == \
+        f"spmdsim: error: case file {str(empty)!r} is empty; expected a JSON case"
+    for text, line in (("", "stdin is empty; expected a JSON case"),
+                       (" \n", "stdin is empty (only white space); expected a JSON case")):
+        monkeypatch.setattr("sys.stdin", io.StringIO(text))
+        assert _one_line(capsys, ["slices"]) == f"spmdsim: error: {line}"
+    assert _one_line(capsys, ["estimate", "gpt", "--machine", str(empty)]) == \
+        f"spmdsim: error: machine file {str(empty)!r}: is empty; expected a JSON machine file"

@@ -228,6 +228,9 @@ def test_load_errors(tmp_path):
     bad.write_text("{nope")
     with pytest.raises(SpmdsimError, match="is not JSON"):
         CostModel.load(bad)
+    bad.write_text("")  # was "is not JSON: Expecting value: line 1 column 1 (char 0)"
+    with pytest.raises(SpmdsimError, match=r"^cost model '.*bad\.json' is empty; expected a saved cost model$"):
+        CostModel.load(bad)
     bad.write_text(json.dumps({"version": 99}))
     with pytest.raises(SpmdsimError, match="has version 99; expected a version 1 spmdsim cost model"):
         CostModel.load(bad)

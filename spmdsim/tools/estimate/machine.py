@@ -277,6 +277,8 @@ def load_machine(name_or_path: str | os.PathLike) -> Machine:
         raise SpmdsimError(f"{where}: cannot be read ({exc.strerror or exc}); expected a machine file") from None
     except UnicodeDecodeError:
         raise SpmdsimError(f"{where}: is not UTF-8 text; expected a JSON machine file") from None
+    if not raw.strip():
+        raise SpmdsimError(f"{where}: is empty; expected a JSON machine file")
     try:
         data = json.loads(raw)
     except json.JSONDecodeError as exc:
