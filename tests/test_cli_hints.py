@@ -285,3 +285,20 @@ def test_an_empty_case_file_or_stdin_is_said_to_be_empty(capsys, monkeypatch, tm
         assert _one_line(capsys, ["slices"]) == f"spmdsim: error: {line}"
     assert _one_line(capsys, ["estimate", "gpt", "--machine", str(empty)]) == \
         f"spmdsim: error: machine file {str(empty)!r}: is empty; expected a JSON machine file"
+
+
+PRICED = "(choose from 'fp64', 'bf16-mixed', 'fp16-mixed', 'fp8')"
+
+
+@pytest.mark.parametrize("argv", [["estimate", "gpt"], ["autoshard", "--network", "gpt", "--gpt", "layers=2",
+                                                         "--devices", "2", "--machine", "a100-dgx"]])
+@pytest.mark.parametrize("precision, said", [
+    ("fp32", "fp32 trains (examples/train_gpt.py --precision fp32) but is not priced: fp64 prices 8-byte values, "
+             "bf16-mixed Megatron's recipe"),
+    ("fp8-current", "fp8-current trains (examples/train_gpt.py --precision fp8-current) but is not priced: fp8 "
+                    "prices TransformerEngine's FP8 linear layers under delayed scaling"),
+    ("bf16", "did you mean 'bf16-mixed'?")])
+def test_a_precision_the_trainer_takes_is_said_to_be_the_trainers_not_a_typo(capsys, argv, precision, said):
+    """fp32 is one character from fp64: a close match would have pointed the estimate's user at another width."""
+    last = _parser_error(capsys, [*argv, "--precision", precision])[-1]
+    assert last == f"spmdsim {argv[0]}: error: argument --precision: invalid choice: {precision!r}; {said} {PRICED}"

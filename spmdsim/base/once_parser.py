@@ -85,6 +85,18 @@ def _twice(flag: str, first: object, again: str, value: object, takes_value: boo
     return f"{flag} {_shown(first)} and {again} {_shown(value)} name one option; expected one of them"
 
 
+class Choices(tuple):
+    """An option's choices, and for a value another of spmdsim's commands takes instead (`notes`: value -> words),
+    what its refusal says in place of a close match: `estimate --precision fp32` is the trainer's, not a typo."""
+
+    notes: dict
+
+    def __new__(cls, names: Any, notes: dict) -> "Choices":
+        made = super().__new__(cls, names)
+        made.notes = dict(notes)
+        return made
+
+
 class OnceParser(argparse.ArgumentParser):
     """An ArgumentParser that prints usage, help and errors on rank 0 only.
 
@@ -137,8 +149,8 @@ class OnceParser(argparse.ArgumentParser):
         choices = action.choices
         if choices is None or value in choices:
             return
-        hint = did_you_mean(value, choices) if isinstance(value, str) and all(isinstance(c, str) for c in choices) \
-            else ""
+        hint = getattr(choices, "notes", {}).get(value) or (  # a value another command takes: where it runs
+            did_you_mean(value, choices) if isinstance(value, str) and all(isinstance(c, str) for c in choices) else "")
         listed = ", ".join(map(repr, choices))
         raise argparse.ArgumentError(action, f"invalid choice: {value!r}{'; ' + hint if hint else ''} "
                                              f"(choose from {listed})")

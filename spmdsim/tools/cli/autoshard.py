@@ -33,6 +33,8 @@ from ..autoshard.choose import _parse_fix
 from ..autoshard.cost import measure_flops_rate
 from ..autoshard.networks import gpt_network
 from .calibrate import parse_size
+from ..estimate.held import PRECISIONS, TRAINED_ONLY
+from ...base.once_parser import Choices
 from .plan import MAX_PLAN_DEVICES
 
 __all__ = ["register", "run"]
@@ -100,7 +102,7 @@ def _machine_arguments(parser: Any) -> None:
                              "ZeRO, sp) by the step time predicted on this machine file from each "
                              "configuration's dry run (spmdsim estimate), under --memory-limit per rank "
                              "(default the machine's memory); docs/howto/choose-configuration.md")
-    parser.add_argument("--precision", choices=("fp64", "bf16-mixed", "fp16-mixed", "fp8"),
+    parser.add_argument("--precision", choices=Choices(PRECISIONS, TRAINED_ONLY),
                         help="--machine: the widths the ledger prices at (default bf16-mixed; fp8: the linear "
                              "layers' products in FP8, as spmdsim estimate --precision fp8)")
     parser.add_argument("--dropout", type=flag_float, metavar="P",

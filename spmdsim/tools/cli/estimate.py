@@ -22,6 +22,8 @@ from ...models.gpt.flags import ARCHITECTURE_SAID, architecture_arguments, archi
 from ...models.moe.config import MoEConfig
 from ...models.moe.fold import fold_problem, mesh_ep
 from ..estimate.machine import machines
+from ..estimate.held import PRECISIONS, TRAINED_ONLY
+from ...base.once_parser import Choices
 
 from ...models.axes import DATA, EXPERT, PIPELINE, TENSOR
 from ...programs.pipeline.options import (default_virtual_problem, layer_split, schedule_choice, split_arguments,
@@ -105,7 +107,7 @@ def register(subparsers: Any) -> None:
                              "(docs/howto/memory.md, \"Megatron's kept set\"; `autoshard --machine` searches with "
                              "megatron and prints its choice as an estimate command)")
     _moe_arguments(parser)  # --experts, --ep, --etp, --top-k, --moe-every, --capacity-factor, ...
-    parser.add_argument("--precision", default="bf16-mixed", choices=("fp64", "bf16-mixed", "fp16-mixed", "fp8"),
+    parser.add_argument("--precision", default="bf16-mixed", choices=Choices(PRECISIONS, TRAINED_ONLY),
                         help="the widths the ledger prices each tensor at (default bf16-mixed); fp8: bf16-mixed with "
                              "TransformerEngine's FP8 linear layers, their products at the machine's fp8 peak")
     parser.add_argument("--machine", default="a100-dgx",

@@ -63,6 +63,14 @@ PRECISIONS = {
                   "and e5m2 operands a byte each; their FP8 copies and scales as the program holds them", True),
 }
 
+#: What `--precision` of the estimate and the search says of a precision the trainer runs but no ledger prices.
+TRAINED_ONLY = {
+    "fp32": "fp32 trains (examples/train_gpt.py --precision fp32) but is not priced: fp64 prices 8-byte values, "
+            "bf16-mixed Megatron's recipe",
+    "fp8-current": "fp8-current trains (examples/train_gpt.py --precision fp8-current) but is not priced: fp8 prices "
+                   "TransformerEngine's FP8 linear layers under delayed scaling",
+}
+
 _RUN = 8  # the program's bytes per element (float64)
 
 
