@@ -278,3 +278,8 @@ def test_a_layout_cut_otherwise_than_its_mesh_names_the_mesh_to_make():
                                    placements_to_layout("R, S(0)", mesh, 2)).local.shape
 
     assert simulate(8, fixed) == [(2, 8), (2, 8), (2, 8), (0, 8)] * 2
+    with pytest.raises(spmdsim.ShapeError) as caught:  # DTensor's placements of a dim the shards do not divide
+        simulate(8, main, lambda mesh: placements_to_layout("R, S(0)", mesh, 2))
+    assert str(caught.value) == ("tensor (6, 8): dim 0 of size 6 is not divisible by 4 shards over ('tp',); a mesh of "
+                                 "Layout((2, 4), ('dp', 'tp'), cut='chunk') cuts it unevenly, as DTensor's "
+                                 "torch.chunk does")

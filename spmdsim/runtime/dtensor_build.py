@@ -125,7 +125,13 @@ class _Constructors:
         dtype_arg(array.dtype, "array dtype")
         if verify and mesh.comm.Get_size() > 1:
             _check_same(mesh.comm, array)
-        shape = layout.check_shape(array.shape)
+        try:
+            shape = layout.check_shape(array.shape)
+        except ShapeError as exc:
+            if layout.layout.cut != "even" or "not divisible" not in str(exc):
+                raise
+            raise ShapeError(f"{exc}; a mesh of Layout({layout.layout.device_matrix!r}, {layout.layout.alias_name!r}, "
+                             "cut='chunk') cuts it unevenly, as DTensor's torch.chunk does") from None
         if _holds_value(mesh, layout):
             local = buffers.placed_copy(array[layout.slices(mesh.rank, shape)])
         else:

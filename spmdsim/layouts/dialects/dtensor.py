@@ -138,9 +138,10 @@ def placements_to_layout(
     Mesh dims are named ``"axis_0", "axis_1", ...`` unless `mesh_axis_names` is given
     (``mesh_dim_names=`` is its deprecated name). `mesh_shape` may also be a spmdsim
     Layout or Mesh, whose axes have names: ``placements_to_layout("S(0), R", mesh, 2)``.
-    DTensor cuts a dim that does not divide by torch.chunk's rule: pass ``cut="chunk"``
-    for that (the default keeps the mesh's rule, "even" for a bare shape; where sizes
-    divide the two agree; docs/explanation/semantics.md, "Uneven shards").
+    DTensor cuts a dim that does not divide by torch.chunk's rule: make the mesh cut so,
+    ``Mesh(Layout(..., cut="chunk"))``, whose rule the layout keeps (a tensor's layout
+    and its mesh cut alike); ``cut="chunk"`` does it for a bare shape, "even" by default.
+    Where sizes divide the two agree (docs/explanation/semantics.md, "Uneven shards").
     """
     mesh_axis_names = renamed_keyword(deprecated, "mesh_dim_names", "mesh_axis_names",
                                       mesh_axis_names, "placements_to_layout")

@@ -91,8 +91,8 @@ def flag_entry(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
     text = formatter._expand_help(action) if action.help else ""
     if isinstance(action, argparse._SubParsersAction):
         text = "one of " + ", ".join(f"`{name}`" for name in action.choices) + ", each below"
-    elif action.required:
-        text = f"(required) {text}"
+    elif action.required or not action.option_strings and action.nargs is None:  # (lab check's N and FILE: the
+        text = f"(required) {text}"  # command says which is missing, argparse not asked to)
     default = action.default
     if (action.option_strings and default not in (None, False, [], argparse.SUPPRESS) and action.nargs != 0
             and "default" not in text):
