@@ -218,6 +218,14 @@ WRONG = [
     ("buffer_to_recv.py", [], 1, "spmdsim mpirun: error on simulated rank 0: UnpicklingError: recv: the message "
                                  "from rank 1 (tag 7, 12 bytes) is not a pickled object (invalid load key, "
                                  "'\\x00'.); was it sent with Send, a buffer? Receive it with Recv into an array"),
+    # values no rank sent, printed with exit 0 before (MPICH aborts on the second: an element cut in part)
+    ("object_to_Recv.py", [], 1, "spmdsim mpirun: error on simulated rank 0: MPI.Exception: {ERR_TYPE}: rank 1 "
+                                 "sends 22 bytes (tag 7) but rank 0 receives int64 (8 bytes each): the message is a "
+                                 "pickled object (sent with send, lowercase); receive it with recv(), or send an "
+                                 "array with Send"),
+    ("bytes_to_doubles.py", [], 1, "spmdsim mpirun: error on simulated rank 0: MPI.Exception: {ERR_TYPE}: rank 1 "
+                                   "sends 3 bytes (tag 7) but rank 0 receives float64 (8 bytes each): 3 bytes are not "
+                                   "a whole number of them; send and receive the same dtype"),
 ]
 
 
@@ -240,7 +248,7 @@ def test_wrong_programs_end_with_one_clear_report(name, args, code, first, capsy
     got, out, err = _mpirun(capsys, str(LAB / name), *args)
     assert got == code
     if "{ERR_" in first:  # MPI's own error class, as this process's MPI words it (MPICH's: "Invalid tag")
-        first = first.format(**{c: mpi_says(c) for c in ("ERR_TAG", "ERR_TRUNCATE", "ERR_OTHER", "ERR_RANK")})
+        first = first.format(**{c: mpi_says(c) for c in ("ERR_TAG", "ERR_TRUNCATE", "ERR_OTHER", "ERR_RANK", "ERR_TYPE")})
     if first.startswith(DEADLOCK):  # one call a line, folded within 100 columns (465 on one line before)
         assert err.startswith(DEADLOCK.rstrip() + "\n  ") and max(map(len, err.splitlines())) <= 100, err
         err = unfold(err)

@@ -32,7 +32,7 @@ import os
 import pickle
 from typing import Any, Optional
 
-from ...errors import ShapeError
+from ...errors import DTypeError, ShapeError
 from ._buffers import message
 from ._mpi import c_int, integer, mpi_error, mpi_module, special, wildcards
 from .groups import Group
@@ -205,6 +205,8 @@ def _deliver(send: Request, recv: Request) -> Any:
         if n > recv.buf.nbytes:  # the bytes that fit are received, and counted, as MPICH receives them
             recv.error = _truncated(send, recv, n)
             n = recv.buf.nbytes
+        elif recv.unpack is None and recv.buf.dtype.char != "B" and (send.own or n % recv.buf.itemsize):
+            recv.error = _mistyped(send, recv, n)  # values no rank sent (MPICH aborts on a part element)
         recv.nbytes = n
     group = send.group
     world = group.world
@@ -244,6 +246,21 @@ def _truncated(send: Request, recv: Request, n: int) -> BaseException:
     if mpi is not None:
         return mpi_error(mpi, mpi.ERR_TRUNCATE, detail)
     return ShapeError(f"message truncated: {detail}")
+
+
+def _mistyped(send: Request, recv: Request, n: int) -> BaseException:
+    """A typed receive of a pickled object (`send`'s, mpi4py's lowercase send) or of bytes that are no whole number
+    of its elements: MPI's type error, saying which."""
+    group, kind = send.group, recv.buf.dtype
+    detail = (f"{rank_name(group, send.me)} sends {n} bytes (tag {send.tag}) but {rank_name(group, recv.me)} "
+              f"receives {kind.name} ({kind.itemsize} bytes each)")
+    detail += (": the message is a pickled object (sent with send, lowercase); receive it with recv(), or send "
+               "an array with Send" if send.own else f": {n} bytes are not a whole number of them; send and "
+               "receive the same dtype")
+    mpi = mpi_module()
+    if mpi is not None:
+        return mpi_error(mpi, mpi.ERR_TYPE, detail)
+    return DTypeError(f"message of another type: {detail}")
 
 
 def unreceived(world: Any) -> tuple[str, ...]:
