@@ -6,6 +6,7 @@ import importlib
 import re
 import subprocess
 
+import numpy as np
 import pytest
 
 from docs_commands import ROOT, mismatch, quotes, run_example
@@ -780,3 +781,31 @@ def test_another_frameworks_tensor_attribute_names_spmdsims_in_one_line(tmp_path
     assert unfold(done.stderr).splitlines() == [
         "spmdsim: error: x.to_local() is PyTorch DTensor's and OneFlow's; spmdsim's is x.local, this rank's block, a numpy array "
         "(docs/tutorials/porting.md)"], done.stderr
+
+
+def test_pytorchs_redistribute_spellings_say_how_to_write_the_target():
+    """y.redistribute(mesh, [Shard(0), Replicate()]) (PyTorch's signature) ended in a TypeError traceback, and
+    y.redistribute([Shard(0), Replicate()]) said only that a TensorLayout was wanted: both now say how to make one."""
+    from spmdsim import DTensor, Layout, Mesh, PlanError, simulate
+    from spmdsim.layouts.dialects import Replicate, Shard, placements_to_layout
+
+    def main(call):
+        mesh = Mesh(Layout((2, 2), ("dp", "tp")))
+        x = DTensor.from_global(mesh, np.arange(16.0).reshape(4, 4), mesh.layout("dp", None))
+        return call(x).gather()
+
+    with pytest.raises(PlanError) as caught:
+        simulate(4, main, lambda x: x.redistribute(x.mesh, [Shard(0), Replicate()]))
+    assert str(caught.value) == ("redistribute takes the target TensorLayout alone, not PyTorch's (device_mesh, "
+                                 "placements): x.redistribute(placements_to_layout(placements, x.mesh, x.ndim)), "
+                                 "from spmdsim.layouts.dialects")
+    for target in ([Shard(0), Replicate()], "S(0), R"):
+        with pytest.raises(PlanError) as caught:
+            simulate(4, main, lambda x: x.redistribute(target))
+        assert str(caught.value) == (f"target {target!r} must be a TensorLayout; DTensor placements convert with "
+                                     "spmdsim.layouts.dialects.placements_to_layout(placements, x.mesh, x.ndim), a "
+                                     "PartitionSpec with partition_spec_to_layout")
+    with pytest.raises(PlanError, match=r"^target 3 must be a TensorLayout; make one with x.mesh.layout\('dp', None\)"):
+        simulate(4, main, lambda x: x.redistribute(3))
+    moved = simulate(4, main, lambda x: x.redistribute(placements_to_layout([Replicate(), Shard(1)], x.mesh, x.ndim)))
+    assert all(np.array_equal(m, np.arange(16.0).reshape(4, 4)) for m in moved)

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..base import buffers
 from ..layouts.datagen import SeededTensor
-from ..errors import DTypeError, OperatorError, RankError, ShapeError
+from ..errors import DTypeError, OperatorError, PlanError, RankError, ShapeError
 from ..layouts.layout import TensorLayout
 from ..base.context import current as _context
 from ..base.validate import as_int, describe, dtype_arg, tolerance_arg
@@ -135,8 +135,12 @@ class DTensor(_Constructors, _Methods):
         return (f"DTensor(shape={self._shape!r}, layout={self._layout}, dtype={self.dtype.name}, "
                 f"rank={self._mesh.rank}, local_shape={self._local.shape!r})")
 
-    def redistribute(self, target: TensorLayout) -> "DTensor":
+    def redistribute(self, target: TensorLayout, *placements: Any) -> "DTensor":
         """This tensor re-laid out as `target` by the least-communication plan (`spmdsim.redistribute`)."""
+        if placements:  # PyTorch's redistribute(device_mesh, placements)
+            raise PlanError("redistribute takes the target TensorLayout alone, not PyTorch's (device_mesh, "
+                            "placements): x.redistribute(placements_to_layout(placements, x.mesh, x.ndim)), "
+                            "from spmdsim.layouts.dialects")
         return redistribute(self, target)
 
     def resolved_local(self, label: str | None = None) -> np.ndarray:
