@@ -223,6 +223,8 @@ WRONG = [
                                  "sends 22 bytes (tag 7) but rank 0 receives int64 (8 bytes each): the message is a "
                                  "pickled object (sent with send, lowercase); receive it with recv(), or send an "
                                  "array with Send"),
+    ("cart_too_big.py", [], 1, "spmdsim mpirun: error on simulated ranks 0-3: MPI.Exception: {ERR_ARG}: "
+                               "Create_cart: dims [3, 2] make a grid of 6 ranks, more than the communicator's 4"),
     ("bytes_to_doubles.py", [], 1, "spmdsim mpirun: error on simulated rank 0: MPI.Exception: {ERR_TYPE}: rank 1 "
                                    "sends 3 bytes (tag 7) but rank 0 receives float64 (8 bytes each): 3 bytes are not "
                                    "a whole number of them; send and receive the same dtype"),
@@ -248,7 +250,8 @@ def test_wrong_programs_end_with_one_clear_report(name, args, code, first, capsy
     got, out, err = _mpirun(capsys, str(LAB / name), *args)
     assert got == code
     if "{ERR_" in first:  # MPI's own error class, as this process's MPI words it (MPICH's: "Invalid tag")
-        first = first.format(**{c: mpi_says(c) for c in ("ERR_TAG", "ERR_TRUNCATE", "ERR_OTHER", "ERR_RANK", "ERR_TYPE")})
+        first = first.format(**{c: mpi_says(c) for c in ("ERR_TAG", "ERR_TRUNCATE", "ERR_OTHER", "ERR_RANK", "ERR_TYPE",
+                                                          "ERR_ARG")})
     if first.startswith(DEADLOCK):  # one call a line, folded within 100 columns (465 on one line before)
         assert err.startswith(DEADLOCK.rstrip() + "\n  ") and max(map(len, err.splitlines())) <= 100, err
         err = unfold(err)
@@ -260,7 +263,8 @@ def test_wrong_programs_end_with_one_clear_report(name, args, code, first, capsy
     # refuses: a str to Send) the emulator's, as mpiexec shows it.
     assert err.startswith(first + "\nTraceback (most recent call last):\n  File \"" + str(LAB / name))
     core = err.split("\nspmdsim mpirun: also failed: ")[0]  # (ranks that failed otherwise: a line each)
-    assert str(PACKAGE) not in err and (core if core == err else core + "\n").endswith(" of 4\n")
+    assert str(PACKAGE) not in err and (core if core == err else core + "\n").endswith(
+        (" of 4\n", " every simulated rank\n"))  # one rank's error, or every rank's alike (cart_too_big.py)
 
 
 def test_small_head_to_head_sends_and_ssend_cycles(capsys):

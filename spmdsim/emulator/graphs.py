@@ -15,7 +15,7 @@ from typing import Any, Optional, Sequence
 
 from ..runtime.sim._buffers import int_array
 from ..runtime.sim._mpi import mpi_module, special
-from .neighbours import Neighbourhood, _copyable, _detailed, _error
+from .neighbours import Neighbourhood, _copyable, _detailed
 from .real import comm_null
 
 __all__ = ["GraphCalls", "DistGraphCalls", "create_graph", "create_dist_graph", "create_dist_graph_adjacent",
@@ -94,7 +94,7 @@ class GraphCalls(Neighbourhood):
 
     def Get_neighbors(self, rank: int) -> list:
         if not 0 <= rank < len(self._index):
-            raise _error("ERR_RANK", f"Get_neighbors: rank {rank!r} is outside the graph of {len(self._index)} nodes")
+            raise _detailed("ERR_RANK", f"Get_neighbors: rank {rank!r} is outside the graph of {len(self._index)} nodes")
         return list(self._edges[self._index[rank - 1] if rank else 0:self._index[rank]])
 
     def Get_neighbors_count(self, rank: int) -> int:

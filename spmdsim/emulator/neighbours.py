@@ -29,12 +29,6 @@ np = numpy_on_first_use(globals())  # a program without numpy does not load it
 __all__ = ["Neighbourhood"]
 
 
-def _error(code: str, text: str) -> BaseException:
-    """MPI.Exception(MPI.<code>) as MPICH raises it, or a ValueError without mpi4py."""
-    mpi = mpi_module()
-    return mpi.Exception(getattr(mpi, code)) if mpi is not None else ValueError(text)
-
-
 def _detailed(code: str, text: str) -> BaseException:
     """MPI.Exception(MPI.<code>) whose text goes on with `text`, or a ValueError without mpi4py."""
     mpi = mpi_module()

@@ -19,7 +19,7 @@ from typing import Any, Optional, Sequence
 
 from ..runtime.sim._buffers import int_array
 from ..runtime.sim._mpi import c_int, special
-from .neighbours import Neighbourhood, _copyable, _error
+from .neighbours import Neighbourhood, _copyable, _detailed
 from .real import comm_null
 
 __all__ = ["CartCalls", "create_cart", "cart_map"]
@@ -30,8 +30,9 @@ def create_cart(comm: Any, cls: type, dims: Sequence[int], periods: Optional[Seq
     """MPI_Cart_create: the first prod(dims) members form a grid (a `cls`); the others get MPI.COMM_NULL."""
     dims, periods = _grid(dims, periods)
     if any(d <= 0 for d in dims) or math.prod(dims) > comm.size:
-        raise _error("ERR_ARG", f"Create_cart: dims {list(dims)!r} (periods {list(periods)!r}) do not fit "
-                                f"a communicator of {comm.size} ranks")
+        raise _detailed("ERR_ARG", f"Create_cart: dims {list(dims)!r} " + (
+            f"make a grid of {math.prod(dims)} ranks, more than the communicator's {comm.size}"
+            if all(d > 0 for d in dims) else "must be positive (MPI.Compute_dims chooses sizes for 0s)"))
     inside = comm.rank < math.prod(dims)
     sub = comm._split(0 if inside else special("UNDEFINED"), comm.rank, "Create_cart")
     if not inside:
@@ -54,7 +55,7 @@ def cart_map(comm: Any, dims: Sequence[int], periods: Any = None) -> int:
     MPI.UNDEFINED for a rank left out."""
     dims, _ = _grid(dims, periods)
     if any(d <= 0 for d in dims) or math.prod(dims) > comm.size:
-        raise _error("ERR_ARG", f"Cart_map: dims {list(dims)!r} do not fit a communicator of {comm.size} ranks")
+        raise _detailed("ERR_ARG", f"Cart_map: dims {list(dims)!r} do not fit a communicator of {comm.size} ranks")
     return comm.rank if comm.rank < math.prod(dims) else special("UNDEFINED")
 
 
@@ -94,7 +95,7 @@ class CartCalls(Neighbourhood):
     def Get_coords(self, rank: int) -> list:
         rank = c_int(rank, "rank")
         if not 0 <= rank < self.size:
-            raise _error("ERR_RANK", f"Get_coords: rank {rank!r} is outside the grid of {self.size} ranks")
+            raise _detailed("ERR_RANK", f"Get_coords: rank {rank!r} is outside the grid of {self.size} ranks")
         coords = []
         for d in reversed(self._dims):
             rank, c = divmod(rank, d)
@@ -107,7 +108,7 @@ class CartCalls(Neighbourhood):
         for c, d, periodic in zip(coords, self._dims, self._periods):
             if not 0 <= c < d:
                 if not periodic:
-                    raise _error("ERR_ARG", f"Get_cart_rank: coordinate {c!r} is outside a non-periodic "
+                    raise _detailed("ERR_ARG", f"Get_cart_rank: coordinate {c!r} is outside a non-periodic "
                                             f"dimension of {d}")
                 c %= d
             rank = rank * d + c
@@ -118,7 +119,7 @@ class CartCalls(Neighbourhood):
         (MPI.PROC_NULL past a non-periodic edge); each a C int as mpi4py takes it (a float truncated)."""
         direction, disp = c_int(direction, "direction"), c_int(disp, "disp")
         if not 0 <= direction < len(self._dims):
-            raise _error("ERR_ARG", f"Shift: direction {direction!r} of a grid of {len(self._dims)} dimensions")
+            raise _detailed("ERR_ARG", f"Shift: direction {direction!r} of a grid of {len(self._dims)} dimensions")
         here = self.Get_coords(self.rank)
         return self._neighbour(here, direction, -disp), self._neighbour(here, direction, disp)
 
