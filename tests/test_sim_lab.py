@@ -7,6 +7,7 @@ where MPI would hang or abort"), where MPI hangs or aborts.
 """
 from __future__ import annotations
 
+import io
 import re
 import sys
 import textwrap
@@ -1012,3 +1013,21 @@ def test_a_none_buffer_is_mpi4pys_type_error(capsys):
     assert code == 1 and out == "" and err.startswith(
         "spmdsim mpirun: error on simulated ranks 0-3: TypeError: Bcast buffer: message: expecting buffer or "
         "list/tuple, got None (Python objects go with the lowercase methods: send, bcast, allreduce, ...)\n"), err
+
+
+@pytest.mark.parametrize("program, first", [
+    ("def main():\n    def f(x):\n        return x\n    comm.send(f, dest=1)\nif comm.rank == 0:\n    main()\n"
+     "elif comm.rank == 1:\n    comm.recv(source=0)",
+     "spmdsim mpirun: error on simulated rank 0: AttributeError: Can't pickle local object 'main.<locals>.f'"),
+    ("if comm.rank == 1:\n    input()\n",
+     "spmdsim mpirun: error on simulated rank 1: EOFError: simulated rank 1 reads stdin, which goes to rank 0 only "
+     "(as mpiexec forwards it): read it on rank 0 and send it on (comm.bcast)"),
+])
+def test_an_object_that_does_not_pickle_or_stdin_off_rank_0_shows_the_programs_frames_only(program, first, capsys,
+                                                                                          monkeypatch):
+    """The traceback ended in the emulator's frames (spmdsim/emulator/p2p.py, runtime/sim/p2p.py, rank_streams.py)
+    for an error of the program's: a local function sent with send, input() on rank 1."""
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    code, out, err = _mpirun(capsys, "-c", "from mpi4py import MPI\ncomm = MPI.COMM_WORLD\n" + program)
+    assert code == 1 and err.startswith(first + "\nTraceback (most recent call last):\n  File \"<string>\""), err
+    assert str(PACKAGE) not in err, err

@@ -58,9 +58,11 @@ def _report(exc: BaseException, exits: dict) -> int:
         print(f"spmdsim mpirun: error: {text}", file=sys.stderr)
         return 1
     mpi = sys.modules.get("mpi4py.MPI")
-    ours = isinstance(exc, (SpmdsimError, pickle.UnpicklingError)) or (mpi is not None
-                                                                        and isinstance(exc, mpi.Exception))
-    ours = ours or (isinstance(exc, (TypeError, ValueError, OverflowError)) and _raised_by_emulator(exc))
+    ours = isinstance(exc, (SpmdsimError, pickle.UnpicklingError, pickle.PicklingError)) or (
+        mpi is not None and isinstance(exc, mpi.Exception))
+    # (a rank's object that does not pickle: TypeError, or AttributeError for a local function; stdin: EOFError)
+    ours = ours or (isinstance(exc, (TypeError, ValueError, OverflowError, AttributeError, EOFError))
+                    and _raised_by_emulator(exc))
     ours = ours or getattr(exc, "spmdsim_ends_run", False)  # a call not simulated: refused where the program made it
     name = _class_name(type(exc))
     lines = traceback.TracebackException.from_exception(exc)
