@@ -50,8 +50,8 @@ def test_every_flag_of_every_command_is_in_its_own_section(page):
     for words, parser in _parsers(build_parser()):
         section = _section(page, words)
         for action in parser._actions:
-            if isinstance(action, argparse._HelpAction):
-                continue
+            if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS and action.option_strings:
+                continue  # (hidden: what a command refuses, mpirun's mpiexec-only placement options)
             shown = argparse.HelpFormatter("spmdsim")._metavar_formatter(action, action.dest)(1)[0]
             for name in action.option_strings or [shown]:  # a positional as --help shows it: NAME, {gpt}
                 # a table row (`--flag VALUE`), or the list of a group linked to where it is described

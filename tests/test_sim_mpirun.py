@@ -600,3 +600,15 @@ def test_a_package_run_with_m_from_the_working_folder_is_each_ranks_own(tmp_path
     monkeypatch.chdir(tmp_path)
     assert main(["mpirun", "-n", "4", "python", "-m", "mypkg.main"]) == 0
     assert sorted(capsys.readouterr().out.splitlines()) == [f"{r} [{r}]" for r in range(4)]
+
+
+@pytest.mark.parametrize("flag, value", [("-host", "localhost"), ("--bind-to", "core"), ("-ppn", "4"),
+                                         ("-hostfile", "hosts.txt")])
+def test_mpiexecs_placement_options_are_refused_saying_ranks_run_here(flag, value, capsys):
+    """`-host localhost` was read as `-h ost`: 'argument -h/--help: ignored explicit argument 'ost''."""
+    with pytest.raises(SystemExit) as info:
+        main(["mpirun", "-n", "4", flag, value, "python", "prog.py"])
+    assert info.value.code == 2
+    assert unfold(capsys.readouterr().err).splitlines()[-1] == (
+        f"spmdsim mpirun: error: {flag} {value} says where mpiexec starts its ranks; simulated ranks all run in "
+        "this process: leave it out (spmdsim mpirun takes -n N, --eager-limit and --oversubscribe)")

@@ -63,8 +63,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--oversubscribe", action="store_true",
                         help="accepted as Open MPI's mpirun takes it: simulated ranks share this process's cores "
                              "anyway")
+    parser.add_argument(*LAUNCH_ONLY, dest="launch_only", nargs=1, action=_LaunchOnly, help=argparse.SUPPRESS)
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="[python [-u]] script.py ARGS... or [python] -m module ARGS...")
+
+
+#: mpiexec's options that place ranks on hosts and cores (MPICH's and Open MPI's), which simulated ranks have no
+#: use for: refused in one line saying so (`-host` was read as `-h ost`: "ignored explicit argument 'ost'").
+LAUNCH_ONLY = ("-host", "--host", "-hosts", "-hostfile", "--hostfile", "--machinefile", "-ppn", "-bind-to",
+               "--bind-to", "--map-by")  # (no -m...: `-m module` is the program's form)
+
+
+class _LaunchOnly(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        parser.error(f"{option_string} {values[0]} says where mpiexec starts its ranks; simulated ranks all run in "
+                     "this process: leave it out (spmdsim mpirun takes -n N, --eager-limit and --oversubscribe)")
 
 
 def _program(kind: str, what: str) -> int:

@@ -126,7 +126,8 @@ def _section(root: argparse.ArgumentParser, words: tuple[str, ...], helps: dict[
     if prose and words and prose.rstrip(".").lower() != summary.lower():
         parts.append(_fill(_escaped(prose)))
     for group in parser._action_groups:
-        actions = [a for a in group._group_actions if not isinstance(a, argparse._HelpAction)]
+        actions = [a for a in group._group_actions if not isinstance(a, argparse._HelpAction) and (
+            a.help != argparse.SUPPRESS or isinstance(a, argparse._SubParsersAction))]  # (hidden: mpirun's refusals)
         if actions:
             title = group.title[:1].upper() + group.title[1:]
             rows = "\n".join(flag_entry(parser, a) for a in actions)
