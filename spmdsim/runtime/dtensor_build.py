@@ -197,9 +197,10 @@ def _check_placement(mesh: Any, layout: Any) -> None:
         raise LayoutError(f"tensor layout is over {layout.layout} but the mesh is {mesh.layout}{fix}")
 
 
-def _not_a_tensor_layout(layout: Any) -> str:
-    """The refusal of a `layout` that is no TensorLayout, saying how to make one from what was given (a
-    PartitionSpec tuple, DTensor placements, a device matrix's Layout) rather than only its type."""
+def _not_a_tensor_layout(layout: Any, name: str = "layout") -> str:
+    """The refusal of a `layout` that is no TensorLayout (`name`: what the caller calls it, a redistribution's
+    "target"), saying how to make one from what was given (a PartitionSpec tuple, DTensor placements, a device
+    matrix's Layout) rather than only its type."""
     if isinstance(layout, Layout):
         how = ("a Layout is the device matrix alone; call it with each tensor dim's mesh axis (or None): "
                f"layout({layout.alias_name[0]!r}, None)")
@@ -207,7 +208,7 @@ def _not_a_tensor_layout(layout: Any) -> str:
         how = ("make one with mesh.layout('dp', None) (a mesh axis or None per tensor dim), or from a dialect "
                "with spmdsim.layouts.dialects' placements_to_layout(placements, mesh, ndim) or "
                "partition_spec_to_layout(spec, mesh, ndim)")
-    return f"layout must be a TensorLayout, got {describe(layout)}; {how}"
+    return f"{name} must be a TensorLayout, got {describe(layout)}; {how}"
 
 
 def _shape_note(value: Any) -> str:

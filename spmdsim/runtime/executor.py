@@ -33,6 +33,7 @@ from ..programs.plan.messages import (BlockAllgather, BlockAllreduce, BlockAllto
                                       Messages)
 from .exchange_runner import Runner, exchange_runner
 from .mesh import Mesh
+from .dtensor_build import _not_a_tensor_layout
 from .uneven import allgatherv, alltoallv_dims, reduce_scatterv
 from .arguments import _take, _take_order
 from ..base.precision import is_low
@@ -224,17 +225,6 @@ def _mesh_for(base: Any, layout: Layout) -> Any:
     return mesh
 
 
-def _not_a_target(target: Any) -> PlanError:
-    """The refusal of a redistribution's `target` that is no TensorLayout, saying how to make one: from DTensor's
-    placements (what a PyTorch port passes) or a PartitionSpec, else from the mesh's axes."""
-    if isinstance(target, (list, tuple, str)) or type(target).__name__ in ("Shard", "Replicate", "Partial"):
-        how = ("DTensor placements convert with spmdsim.layouts.dialects.placements_to_layout(placements, x.mesh, "
-               "x.ndim), a PartitionSpec with partition_spec_to_layout")
-    else:
-        how = "make one with x.mesh.layout('dp', None) (a mesh axis or None per tensor dim)"
-    return PlanError(f"target {target!r} must be a TensorLayout; {how}")
-
-
 def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None) -> Any:
     """`dtensor` re-laid out as `target` (same global shape), by the least-communication plan.
 
@@ -255,7 +245,7 @@ def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None
             entry = _MOVES[id(mesh), id(source), id(target), shape, local.dtype]
         except (KeyError, TypeError):  # TypeError: a size that does not hash (the planner refuses it)
             if not isinstance(target, TensorLayout):
-                raise _not_a_target(target) from None
+                raise PlanError(_not_a_tensor_layout(target, "target")) from None
             plan = plan_redistribution(source, target, shape, local.dtype.name)
             program = _compile(plan, mesh, type(dtensor))
             entry = keep_move(mesh, (id(mesh), id(source), id(target), shape, local.dtype), (
@@ -304,7 +294,7 @@ def _given(plan: Plan, mesh: Any, source: TensorLayout, target: Any, shape: tupl
     except TypeError:  # a size that does not hash: checked below, not kept
         key = None
     if not isinstance(target, TensorLayout):
-        raise _not_a_target(target)
+        raise PlanError(_not_a_tensor_layout(target, "target"))
     if plan.source != source or plan.target != target or plan.shape != shape:
         raise PlanError(
             f"plan {plan.source} -> {plan.target} on shape {plan.shape!r} does not fit "
