@@ -128,10 +128,12 @@ class _Constructors:
         try:
             shape = layout.check_shape(array.shape)
         except ShapeError as exc:
-            if layout.layout.cut != "even" or "not divisible" not in str(exc):
+            uneven = layout.layout.cut == "even" and array.ndim == layout.ndim and any(
+                n % k for n, k in zip(array.shape, layout.shards_per_dim))
+            if not uneven:
                 raise
-            raise ShapeError(f"{exc}; a mesh of Layout({layout.layout.device_matrix!r}, {layout.layout.alias_name!r}, "
-                             "cut='chunk') cuts it unevenly, as DTensor's torch.chunk does") from None
+            raise ShapeError(f"{exc}; a mesh of {_layout_call(layout.layout, 'chunk')} cuts it unevenly, as "
+                             "DTensor's torch.chunk does") from None
         if _holds_value(mesh, layout):
             local = buffers.placed_copy(array[layout.slices(mesh.rank, shape)])
         else:
@@ -191,10 +193,15 @@ def _check_placement(mesh: Any, layout: Any) -> None:
     if layout.layout != mesh.layout:
         fix = ""
         if layout.layout.with_cut(mesh.layout.cut) == mesh.layout:  # the cut alone differs: the mesh takes it too
-            want = layout.layout
-            fix = (f"; a mesh cuts its tensors one way: make it Mesh(Layout({want.device_matrix!r}, "
-                   f"{want.alias_name!r}, cut={want.cut!r})) to cut by {want.cut!r}")
+            cut = layout.layout.cut
+            fix = (f"; a mesh cuts its tensors one way: make it Mesh({_layout_call(layout.layout, cut)}) to cut "
+                   f"by {cut!r}")
         raise LayoutError(f"tensor layout is over {layout.layout} but the mesh is {mesh.layout}{fix}")
+
+
+def _layout_call(layout: Layout, cut: str) -> str:
+    """The call that makes `layout`'s device matrix cutting by `cut`: "Layout((2, 4), ('dp', 'tp'), cut='chunk')"."""
+    return f"Layout({layout.device_matrix!r}, {layout.alias_name!r}, cut={cut!r})"
 
 
 def _not_a_tensor_layout(layout: Any, name: str = "layout") -> str:
