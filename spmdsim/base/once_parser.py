@@ -12,7 +12,7 @@ import threading
 from typing import IO, Any
 
 from .output import output_error, quiet_stdout
-from .suggest import close_matches, did_you_mean, or_list
+from .suggest import close_matches, did_you_mean, word_list
 from .threads import launcher_rank
 from ..errors import fold_message
 
@@ -67,7 +67,7 @@ def _unrecognized(parser: argparse.ArgumentParser, extra: list) -> str:
         if name.startswith("-") and not parser._negative_number_matcher.match(name):
             matches = close_matches(name, flags)
             if matches:
-                hints.append((name, or_list(matches)))
+                hints.append((name, word_list(matches)))
     message = f"unrecognized arguments: {' '.join(extra)}"
     if len(hints) == 1:
         return f"{message}; did you mean {hints[0][1]}?"

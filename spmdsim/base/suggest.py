@@ -8,7 +8,7 @@ from __future__ import annotations
 import difflib
 from typing import Iterable
 
-__all__ = ["close_matches", "did_you_mean", "or_list"]
+__all__ = ["close_matches", "did_you_mean", "word_list"]
 
 #: Names from other tools, and the one of spmdsim's that does their work.
 SYNONYMS = {"mpiexec": "mpirun", "srun": "mpirun"}
@@ -33,9 +33,9 @@ def close_matches(word: str, names: Iterable[object], most: int = 3) -> list[str
     return list(dict.fromkeys(begun + close))[:most]
 
 
-def or_list(items: list[str]) -> str:
-    """'a', 'a or b', 'a, b or c'."""
-    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} or {items[-1]}"
+def word_list(items: list[str], word: str = "or") -> str:
+    """'a', 'a or b', 'a, b or c' (`word` "and": 'a, b and c')."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} {word} {items[-1]}"
 
 
 def did_you_mean(word: str, names: Iterable[object], quoted: bool = True) -> str:
@@ -44,4 +44,4 @@ def did_you_mean(word: str, names: Iterable[object], quoted: bool = True) -> str
     matches = close_matches(word, names)
     if not matches:
         return ""
-    return f"did you mean {or_list([repr(m) if quoted else m for m in matches])}?"
+    return f"did you mean {word_list([repr(m) if quoted else m for m in matches])}?"

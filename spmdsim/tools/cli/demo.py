@@ -18,7 +18,7 @@ import sys
 from typing import Any, Sequence
 
 from ...errors import SpmdsimError, fold_message
-from ...base.suggest import close_matches, did_you_mean, or_list
+from ...base.suggest import close_matches, did_you_mean, word_list
 from ...base.validate import counted
 from .common import add_common_arguments, add_trace_out, check_seed, check_trace_out, check_watchdog, guarded, on_world
 from ..demo.registry import Context, run_scenario, scenarios
@@ -101,7 +101,7 @@ def _hints(unknown: Sequence[str], known: Sequence[str]) -> str:
     if len(unknown) == 1:
         hint = did_you_mean(unknown[0], known)
         return f" ({hint})" if hint else ""
-    hints = [f"{or_list([repr(m) for m in matches])} for {name!r}"
+    hints = [f"{word_list([repr(m) for m in matches])} for {name!r}"
              for name in unknown for matches in (close_matches(name, known),) if matches]
     return f" (did you mean {'; '.join(hints)}?)" if hints else ""
 

@@ -7,6 +7,7 @@ import argparse
 import math
 from typing import Any, Callable, Sequence
 
+from ...base.suggest import word_list
 from ...base.validate import counted
 from ...errors import SpmdsimError
 from ...layouts.dialects._common import parse_name_list, parse_tensor_map
@@ -236,13 +237,8 @@ def _check_form_whole(args: argparse.Namespace, form: str, needed: tuple, option
         raise SpmdsimError("matmul needs --strategy, or --device-matrix, --alias-name, "
                            "--x-map and --w-map, or --placement, --x-sbp and --w-sbp")
     flags = [flag for flag, _ in needed]
-    raise SpmdsimError(f"{_and_list(missing)} {'is' if len(missing) == 1 else 'are'} missing: the {form} form of "
-                       f"matmul needs {_and_list(flags)} (and optionally {optional[0]})")
-
-
-def _and_list(items: list[str]) -> str:
-    """'a', 'a and b', 'a, b and c'."""
-    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+    raise SpmdsimError(f"{word_list(missing, 'and')} {'is' if len(missing) == 1 else 'are'} missing: the {form} "
+                       f"form of matmul needs {word_list(flags, 'and')} (and optionally {optional[0]})")
 
 
 def _sbp_matmul_maker(args: argparse.Namespace, dims: Sequence[int], common: dict, flags: dict,
