@@ -182,17 +182,17 @@ def test_the_choice_is_printed_as_the_estimate_command_that_prices_it_alike(caps
 # ---- --fix with --machine: some degrees held, the rest searched ----
 
 def test_a_search_with_no_fit_names_the_limit_it_used(tmp_path, capsys):
-    """With no --memory-limit the limit is the machine's memory a GPU: the refusal named '--memory-limit 1 KiB',
-    an option the user never gave (here a machine file of 1 KiB a GPU)."""
+    """With no --memory-limit the limit is the machine's memory a GPU: the refusal named '--memory-limit 128 KiB',
+    an option the user never gave (here a machine file of 128 KiB a GPU)."""
     machine = json.loads((Path(spmdsim.tools.estimate.__file__).parent / "machines" / "a100-dgx.json").read_text())
-    machine["name"], machine["memory_bytes"] = "tiny", 1024
+    machine["name"], machine["memory_bytes"] = "tiny", 128 << 10
     path = tmp_path / "tiny.json"
     path.write_text(json.dumps(machine))
     argv = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=32,heads=2,seq=64,batch=4",
             "--devices", "2", "--machine", str(path), "--max-dry-runs", "2"]
     assert main(argv) != 0
     err = " ".join(capsys.readouterr().err.split())
-    assert "no configuration fits machine tiny's 1 KiB a GPU on 2 devices; the least needs " in err, err
+    assert "no configuration fits machine tiny's 128 KiB a GPU on 2 devices; the least needs " in err, err
     assert "--memory-limit" not in err, err
 
 

@@ -6,7 +6,7 @@ the GEMM efficiency model, and per level ("node", "cluster") the link's bandwidt
 GPU per direction) and latency (s), with the collective algorithm. `load_machine("a100-dgx")`
 reads a shipped file (spmdsim/tools/estimate/machines/), `load_machine(path)` any other; `machines()`
 lists the shipped names. Every bad value is refused in one line naming the file, the key, the
-value and what was expected.
+value and what was expected; a figure in another unit (GB/s for bytes/s) too (spmdsim.tools.estimate.machine_units).
 
 The GEMM efficiency model is the roofline of NVIDIA's "Matrix Multiplication Background User's
 Guide" capped at a fraction of peak: a product of ``flops`` FLOPs that reads and writes
@@ -49,6 +49,7 @@ from ...errors import SpmdsimError
 from .gemm_shapes import batched_from_dict, batched_to_dict, unbatched_from_dict, unbatched_to_dict
 from .machine_records import (_MISSING, ALGORITHMS, DTYPES, Achieved, AttentionEfficiency, GemmEfficiency, Link, Machine, Waves, _achieved,
                               _check_efficiency, _check_fields, _fail, _number, _text)
+from .machine_units import check_units
 from .records import LEVELS
 
 __all__ = ["load_machine", "machines", "machine_from_dict", "machine_to_dict", "save_machine", "fp8_peak_refusal"]
@@ -77,6 +78,7 @@ def machine_from_dict(data: Any, where: str = "machine data") -> Machine:
     if data["format"] != FORMAT:
         raise _fail(where, "format", data["format"], repr(FORMAT))
     _text(where, "name", data["name"])
+    data = _whole_bytes(data)
     fields = {key: data.get(key) for key in _KEYS}
     _check_fields(where, fields)
     eff = data["gemm_efficiency"]
@@ -114,6 +116,7 @@ def machine_from_dict(data: Any, where: str = "machine data") -> Machine:
         efficiency = link.get("efficiency")
         made[level] = Link(bandwidth, latency,
                            None if efficiency is None else _achieved(where, f"links.{level}.efficiency", efficiency))
+    check_units(where, data)
     rate = data.get("reduction_rate")
     hbm = data.get("hbm_efficiency")
     attention = data.get("attention_efficiency")
@@ -127,6 +130,14 @@ def machine_from_dict(data: Any, where: str = "machine data") -> Machine:
                    reduction_rate=None if rate is None else float(rate),
                    hbm_efficiency=None if hbm is None else _achieved(where, "hbm_efficiency", hbm),
                    attention_efficiency=None if attention is None else _attention(where, attention))
+
+
+def _whole_bytes(data: Mapping) -> Mapping:
+    """`data` with a whole ``memory_bytes`` written as a float (JSON's ``80e9``) made an integer."""
+    value = data.get("memory_bytes")
+    if isinstance(value, float) and value.is_integer():
+        return {**data, "memory_bytes": int(value)}
+    return data
 
 
 #: The keys of a machine file's gemm_efficiency ("waves" and "dtypes" optional, "batched" and "unbatched" with

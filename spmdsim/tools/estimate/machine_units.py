@@ -1,0 +1,78 @@
+"""Whether a machine file's figures are in its units (pure): a value that is right in another unit is refused.
+
+A machine file gives bytes, bytes/s, FLOP/s and seconds. A figure copied from a datasheet in GB/s, TFLOP/s,
+GB or microseconds (``"bandwidth": 300``, ``"peak_flops": {"bf16": 312}``, ``"latency": 2``) is a number the
+file's own checks accept, and its step time comes out at hours or years. Each unit-bearing key has a range no
+device of any kind falls outside (a laptop's CPU to a rack-scale GPU, a gigabit Ethernet port to NVLink), and
+a value outside it is refused naming the unit it was probably written in:
+``key 'links.node.bandwidth' is 300; expected bytes/s per GPU per direction, from 1e6 to 1e14 (if 300 means
+GB/s, write 300e9)``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+from .file_keys import _fail
+
+__all__ = ["check_units", "UNIT_RANGES"]
+
+
+#: Per unit-bearing key: (what it is, the lowest and highest plausible value, a typical value, the unit's
+#: name). The typical value picks the prefix a value outside the range was probably written with.
+UNIT_RANGES = {
+    "memory_bytes": ("bytes per GPU", 1e5, 1e15, 8e10, "B"),
+    "peak_flops": ("FLOP/s", 1e8, 1e17, 1e14, "FLOP/s"),
+    "hbm_bandwidth": ("bytes/s", 1e8, 1e15, 2e12, "B/s"),
+    "reduction_rate": ("bytes/s reduced", 1e6, 1e15, 1e12, "B/s"),
+    "bandwidth": ("bytes/s per GPU per direction", 1e6, 1e14, 1e11, "B/s"),
+    "latency": ("seconds per message", 0.0, 0.1, 5e-6, "s"),
+}
+
+_PREFIXES = {3: "k", 6: "M", 9: "G", 12: "T", 15: "P"}
+_SMALL = {-3: "milliseconds", -6: "microseconds", -9: "nanoseconds"}
+
+
+def check_units(where: str, data: Mapping[str, Any]) -> None:
+    """Refuse the first unit-bearing value of a machine file's object `data` (already checked for type and
+    sign) that lies outside its key's `UNIT_RANGES`, in one line naming the file, the key and the unit."""
+    _in_range(where, "memory_bytes", "memory_bytes", data["memory_bytes"])
+    for dtype, value in data["peak_flops"].items():
+        _in_range(where, f"peak_flops.{dtype}", "peak_flops", value)
+    _in_range(where, "hbm_bandwidth", "hbm_bandwidth", data["hbm_bandwidth"])
+    if data.get("reduction_rate") is not None:
+        _in_range(where, "reduction_rate", "reduction_rate", data["reduction_rate"])
+    for level, link in data["links"].items():
+        for key in ("bandwidth", "latency"):
+            _in_range(where, f"links.{level}.{key}", key, link[key])
+
+
+def _in_range(where: str, key: str, kind: str, value: float) -> None:
+    what, low, high, _, _ = UNIT_RANGES[kind]
+    if low <= value <= high:
+        return
+    hint = _meant(kind, value)
+    raise _fail(where, key, value, f"{what}, from {_short(low)} to {_short(high)}" + (f" ({hint})" if hint else ""))
+
+
+def _meant(kind: str, value: float) -> str:
+    """"if 300 means GB/s, write 300e9": the power of 1000 that brings `value` into range, nearest the typical
+    value; empty where none does or the value is 0."""
+    _, low, high, typical, unit = UNIT_RANGES[kind]
+    if value <= 0:
+        return ""
+    fits = [e for e in range(-15, 16, 3) if e and low <= value * 10.0 ** e <= high]
+    if not fits:
+        return ""
+    exp = min(fits, key=lambda e: abs(math.log10(value * 10.0 ** e / typical)))
+    name = f"{_PREFIXES[exp]}{unit}" if exp in _PREFIXES else _SMALL.get(exp) if unit == "s" else None
+    if name is None:
+        return ""
+    return f"if {value:g} means {name}, write {value:g}e{exp}"
+
+
+def _short(bound: float) -> str:
+    """1e8, 0.1, 0: a range's end as a file would write it."""
+    if bound == 0 or 1e-3 <= bound < 1e3:
+        return f"{bound:g}"
+    return f"1e{round(math.log10(bound))}"

@@ -1,0 +1,108 @@
+"""A machine file's figures in another unit (spmdsim.tools.estimate.machine_units): a datasheet's GB/s, TFLOP/s,
+GB or microseconds written where the file takes bytes/s, FLOP/s, bytes or seconds is refused naming the unit it
+was probably written in, where before it priced a step at hours or years and exited 0."""
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from spmdsim.errors import SpmdsimError
+from spmdsim.tools.cli.main import main
+from spmdsim.tools.estimate import machine as machine_mod
+from spmdsim.tools.estimate.machine import load_machine, machine_from_dict
+from spmdsim.tools.estimate.machine_units import UNIT_RANGES, _short
+
+_F = "machine file 'x.json': "
+
+
+def _a100() -> dict:
+    return json.loads((machine_mod._SHIPPED / "a100-dgx.json").read_text())
+
+
+def _with(dotted: str, value) -> dict:
+    data = copy.deepcopy(_a100())
+    *path, last = dotted.split(".")
+    node = data
+    for key in path:
+        node = node[key]
+    node[last] = value
+    return data
+
+
+@pytest.mark.parametrize("key, value, line", [
+    ("links.node.bandwidth", 300, "key 'links.node.bandwidth' is 300; expected bytes/s per GPU per direction, "
+                                  "from 1e6 to 1e14 (if 300 means GB/s, write 300e9)"),
+    ("links.cluster.bandwidth", 25000, "key 'links.cluster.bandwidth' is 25000; expected bytes/s per GPU per "
+                                       "direction, from 1e6 to 1e14 (if 25000 means MB/s, write 25000e6)"),
+    ("peak_flops.bf16", 312, "key 'peak_flops.bf16' is 312; expected FLOP/s, from 1e8 to 1e17 (if 312 means "
+                             "TFLOP/s, write 312e12)"),
+    ("peak_flops.fp64", 19.5, "key 'peak_flops.fp64' is 19.5; expected FLOP/s, from 1e8 to 1e17 (if 19.5 means "
+                              "TFLOP/s, write 19.5e12)"),
+    ("peak_flops.bf16", 312e18, "key 'peak_flops.bf16' is 3.12e+20; expected FLOP/s, from 1e8 to 1e17"),
+    ("links.node.latency", 2, "key 'links.node.latency' is 2; expected seconds per message, from 0 to 0.1 (if 2 "
+                              "means microseconds, write 2e-6)"),
+    ("links.cluster.latency", 5000, "key 'links.cluster.latency' is 5000; expected seconds per message, from 0 "
+                                    "to 0.1 (if 5000 means nanoseconds, write 5000e-9)"),
+    ("memory_bytes", 80, "key 'memory_bytes' is 80; expected bytes per GPU, from 1e5 to 1e15 (if 80 means GB, "
+                         "write 80e9)"),
+    ("hbm_bandwidth", 2039, "key 'hbm_bandwidth' is 2039; expected bytes/s, from 1e8 to 1e15 (if 2039 means GB/s, "
+                            "write 2039e9)"),
+    ("reduction_rate", 5, "key 'reduction_rate' is 5; expected bytes/s reduced, from 1e6 to 1e15 (if 5 means "
+                          "TB/s, write 5e12)"),
+])
+def test_a_figure_in_another_unit_is_refused_naming_the_unit_it_was_written_in(key, value, line):
+    with pytest.raises(SpmdsimError) as info:
+        machine_from_dict(_with(key, value), "machine file 'x.json'")
+    assert str(info.value) == _F + line
+
+
+@pytest.mark.parametrize("key, value", [
+    ("links.node.latency", 0), ("links.node.latency", 0.1), ("links.cluster.bandwidth", 1.25e8),  # gigabit Ethernet
+    ("memory_bytes", 128 << 10), ("peak_flops.fp64", 2e9), ("hbm_bandwidth", 8e12), ("peak_flops.bf16", 2.5e15),
+])
+def test_the_ranges_hold_every_real_device_from_a_laptop_to_a_rack(key, value):
+    """The ends and real figures pass: a link of zero latency, gigabit Ethernet (125 MB/s), a toy device of
+    128 KiB (the search's own tests), one CPU core's 2 GFLOP/s, an 8 TB/s HBM3e, a 2.5 PFLOP/s bf16 peak."""
+    machine_from_dict(_with(key, value), "machine file 'x.json'")
+
+
+def test_memory_written_with_an_exponent_is_read_as_bytes():
+    """JSON's 80e9 is a float; a whole one is the integer it writes (was refused as not an integer)."""
+    machine = machine_from_dict(_with("memory_bytes", 80e9), "machine file 'x.json'")
+    assert machine.memory_bytes == 80_000_000_000 and isinstance(machine.memory_bytes, int)
+    with pytest.raises(SpmdsimError, match="key 'memory_bytes' is 80000000000.5; expected an integer >= 1"):
+        machine_from_dict(_with("memory_bytes", 80e9 + 0.5), "machine file 'x.json'")
+
+
+def test_every_unit_range_holds_its_typical_value_and_the_shipped_machines():
+    for what, low, high, typical, _ in UNIT_RANGES.values():
+        assert low <= typical <= high, what
+    for name in machine_mod.machines():
+        load_machine(name)
+
+
+def test_the_estimate_refuses_the_file_in_one_line_before_pricing(tmp_path, capsys):
+    """`spmdsim estimate --machine` with bandwidth 300 (GB/s meant) priced a step at hours and exited 0."""
+    path = tmp_path / "gb.json"
+    path.write_text(json.dumps(_with("links.node.bandwidth", 300)))
+    argv = ["estimate", "gpt", "--layers", "2", "--hidden", "64", "--heads", "2", "--seq", "64", "--vocab", "128",
+            "--micro-batch", "1", "--global-batch", "8", "--tp", "8", "--machine", str(path)]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and " ".join(err.split()).endswith("(if 300 means GB/s, write 300e9)")
+    assert "Traceback" not in err and len([line for line in err.splitlines() if "error" in line]) == 1
+
+
+def test_the_how_to_pages_range_table_is_the_checks():
+    """docs/howto/add-machine-file.md's table of accepted ranges says what UNIT_RANGES refuses."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "howto" / "add-machine-file.md").read_text()
+    rows = dict(re.findall(r"^\| `([a-z_.*]+)` \| (\S+ to \S+) ", page, re.M))
+    keys = {"memory_bytes": "memory_bytes", "peak_flops.*": "peak_flops", "hbm_bandwidth": "hbm_bandwidth",
+            "reduction_rate": "reduction_rate", "links.*.bandwidth": "bandwidth", "links.*.latency": "latency"}
+    for row, kind in keys.items():
+        _, low, high, _, _ = UNIT_RANGES[kind]
+        assert rows[row] == f"{_short(low)} to {_short(high)}", row
