@@ -201,6 +201,8 @@ def test_a_search_with_no_fit_names_the_limit_it_used(tmp_path, capsys):
     (["--max-dry-runs", "0"], "--max-dry-runs 0 must be >= 1"),
     (["--memory-limit", "1K"], "no configuration fits --memory-limit 1 KiB on 2 devices; the least needs "),
     (["--machine", "tpu-pod"], "machine 'tpu-pod' is neither a shipped machine nor a file"),
+    # a limit above the GPU's memory chose what the estimate it printed then said did not fit
+    (["--memory-limit", "100G"], "--memory-limit 100 GiB is more than machine a100-dgx's 80 GiB a GPU;"),
     (["--training"], "--training does not go with --machine"),
     # the operator search's options, refused where given (they were ignored), their defaults not
     (["--objective", "bytes"], "--objective bytes does not go with --machine (the dry run of a training step"),

@@ -101,7 +101,7 @@ def _machine_arguments(parser: Any) -> None:
                         help="--network gpt: choose (tp, pp, dp, microbatches, virtual stages, recomputation, "
                              "ZeRO, sp) by the step time predicted on this machine file from each "
                              "configuration's dry run (spmdsim estimate), under --memory-limit per rank "
-                             "(default the machine's memory); docs/howto/choose-configuration.md")
+                             "(default and at most the machine's memory); docs/howto/choose-configuration.md")
     parser.add_argument("--precision", choices=Choices(PRECISIONS, TRAINED_ONLY),
                         help="--machine: the widths the ledger prices at (default bf16-mixed; fp8: the linear "
                              "layers' products in FP8, as spmdsim estimate --precision fp8)")

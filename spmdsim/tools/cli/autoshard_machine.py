@@ -99,6 +99,10 @@ def run_machine(args: argparse.Namespace) -> int:
     limit = machine.memory_bytes if args.memory_limit is None else args.memory_limit
     if limit < 1:
         raise SpmdsimError(f"--memory-limit {args.memory_limit!r} must be >= 1 byte")
+    if limit > machine.memory_bytes:  # its choice would not fit the GPU: the estimate it prints would say so
+        raise SpmdsimError(f"--memory-limit {format_size(limit)} is more than machine {machine.name}'s "
+                           f"{format_size(machine.memory_bytes)} a GPU; expected at most that (or a machine file "
+                           "with more memory, docs/howto/add-machine-file.md)")
     start = time.perf_counter()
     hint = f"; --jobs {CORES} runs it on {CORES} cores" if jobs == 1 and CORES > 1 else ""  # (within 100 columns)
     with still_working(args, devices, hint):  # a line on stderr every PATIENCE_S s (an MoE search's cells: minutes)
