@@ -267,7 +267,7 @@ def print_header(args, run):
         if run.layers is not None:
             print(f"layers per {'chunk' if virtual_stages(args) > 1 else 'stage'}: {split_words(run.layers)}")
     if args.recompute != "none" or run.zero or args.kept != "graph":
-        print(memory_line(args, run.zero))
+        print(memory_line(args, run.zero, run.dp == 1 and args.cp == 1))
     if args.precision != "fp64":
         policy = precision(args.precision)
         print(f"precision {policy.name}: parameters {policy.param}, activations {policy.activation}, "
@@ -280,13 +280,13 @@ def print_header(args, run):
     print(step_header(run.check))
 
 
-def memory_line(args, zero):
-    """The header's line on memory: the recomputation, ZeRO's stage and the kept set."""
+def memory_line(args, zero, alone=False):
+    """The header's line on memory: the recomputation, ZeRO's stage (a no-op where dp is 1: `alone`), the kept set."""
     gathered = ("each layer gathered again for its backward" if args.reshard_after_forward == "true" else
                 "each layer kept gathered until its backward")
-    stage = {1: "; ZeRO-1 (states and master copy sharded over dp)",
-             2: "; ZeRO-2 (states, master copy and gradients sharded over dp)",
-             3: f"; ZeRO-3 (all sharded over dp; {gathered})"}.get(zero, "")
+    stage = {1: "; ZeRO-1 (states and master copy sharded over dp", 2: "; ZeRO-2 (states, master copy and "
+             "gradients sharded over dp", 3: f"; ZeRO-3 (all sharded over dp; {gathered}"}.get(zero, "")
+    stage += (": a no-op, dp 1 shards nothing)" if alone else ")") if zero else ""
     return f"memory: recompute {args.recompute}{stage}" + ("; Megatron's kept set" if args.kept == "megatron" else "")
 
 

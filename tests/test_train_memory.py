@@ -606,6 +606,15 @@ def test_train_gpt_with_both_features_passes_and_prints_its_memory():
     assert max(len(line) for line in lines) <= 100
 
 
+def test_train_gpt_says_zero_at_dp_1_shards_nothing():
+    """`--zero 1 --dp 1` ran as if it sharded the states (as `--sp` at tp 1 says it splits nothing)."""
+    out = _example("--ranks", "2", "--dp", "1", "--tp", "2", "--layers", "1", "--d-model", "32", "--seq", "16",
+                   "--batch", "4", "--steps", "1", "--sample", "0", "--zero", "1")
+    assert out.returncode == 0, out.stderr
+    assert ("memory: recompute none; ZeRO-1 (states and master copy sharded over dp: a no-op, dp 1 shards "
+            "nothing)") in out.stdout.splitlines(), out.stdout
+
+
 @pytest.mark.parametrize("flag, value, message", [
     # the flag typed, not the field it sets ("zero 4")
     ("--recompute", "foo", "--recompute 'foo' is not one of 'none', 'selective', 'full'"),
