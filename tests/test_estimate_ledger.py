@@ -504,8 +504,15 @@ def test_the_head_counts_its_ranks_and_says_what_sp_and_zero_split_nothing():
     assert _cli("--sp", "--tp", "2", "--dp", "2").stdout.splitlines()[1].startswith(
         "mesh pp 1 x dp 2 x tp 2 (4 ranks), sp; ")
     assert _cli("--zero", "1").stdout.splitlines()[2].startswith(
-        "recompute none, ZeRO 1 (a data-parallel group of one: nothing sharded), kept graph")
-    assert _cli("--zero", "1", "--dp", "2").stdout.splitlines()[2].startswith("recompute none, ZeRO 1, kept graph")
+        "recompute none, dropout 0.1, ZeRO 1 (a data-parallel group of one: nothing sharded), kept graph")
+    assert _cli("--zero", "1", "--dp", "2").stdout.splitlines()[2].startswith(
+        "recompute none, dropout 0.1, ZeRO 1, kept graph")
+
+
+def test_the_head_says_the_dropout_it_prices():
+    """A Llama priced without `--dropout 0` carried GPT-3's 0.1 (its masks and kernels) with nothing said."""
+    assert _cli("--dropout", "0").stdout.splitlines()[2].startswith("recompute none, dropout 0, ZeRO 0, ")
+    assert _cli("--dropout", "0.25").stdout.splitlines()[2].startswith("recompute none, dropout 0.25, ZeRO 0, ")
 
 
 def test_a_transient_block_beyond_the_gpus_memory_does_not_fit_and_is_named():

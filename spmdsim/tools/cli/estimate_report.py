@@ -98,7 +98,8 @@ def _head_lines(args: argparse.Namespace, cfg: Any, microbatches: int, split: An
             f"mesh {mesh} ({ranks:,} rank{'s' if ranks > 1 else ''}){_sp(args)}; "
             f"{counted(microbatches, 'microbatch')} of {args.micro_batch} per {f'{DATA} x {EXPERT}' if cfg.moe else DATA} rank, "
             f"{schedule}",
-            f"recompute {args.recompute}, ZeRO {args.zero}{_alone(args)}, kept {args.kept}; machine {machine.name}"]
+            f"recompute {args.recompute}, dropout {args.dropout:g}, ZeRO {args.zero}{_alone(args)}, kept {args.kept}; "
+            f"machine {machine.name}"]
     if args.tp > machine.gpus_per_node:  # said: each layer's tensor-parallel collectives cross the nodes
         head.append(f"tp {args.tp} spans {-(-args.tp // machine.gpus_per_node)} of the {machine.name}'s "
                     f"{machine.gpus_per_node}-GPU nodes: its collectives are priced on the cluster links")
