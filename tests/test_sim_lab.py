@@ -13,6 +13,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import spmdsim
@@ -224,12 +225,47 @@ WRONG = [
                                  "sends 22 bytes (tag 7) but rank 0 receives int64 (8 bytes each): the message is a "
                                  "pickled object (sent with send, lowercase); receive it with recv(), or send an "
                                  "array with Send"),
+    # the doubles' bits read as integers, exit 0 (MPI calls it erroneous; no library checks it)
+    ("doubles_to_ints.py", [], 1, "spmdsim mpirun: error on simulated rank 0: MPI.Exception: {ERR_TYPE}: rank 1 "
+                                  "sends 3 float64 (tag 7) but rank 0 receives them as int64: their bytes would land "
+                                  "as values no rank sent; receive into float64, or convert after receiving"),
     ("cart_too_big.py", [], 1, "spmdsim mpirun: error on simulated ranks 0-3: MPI.Exception: {ERR_ARG}: "
                                "Create_cart: dims [3, 2] make a grid of 6 ranks, more than the communicator's 4"),
     ("bytes_to_doubles.py", [], 1, "spmdsim mpirun: error on simulated rank 0: MPI.Exception: {ERR_TYPE}: rank 1 "
                                    "sends 3 bytes (tag 7) but rank 0 receives float64 (8 bytes each): 3 bytes are not "
                                    "a whole number of them; send and receive the same dtype"),
 ]
+
+
+_TYPED = """import numpy as np
+from mpi4py import MPI
+
+comm = MPI.COMM_WORLD
+if comm.rank == 1:
+    comm.Send(np.arange(4).astype("{sent}"), dest=0)
+elif comm.rank == 0:
+    data = np.zeros(4 * np.dtype("{sent}").itemsize // np.dtype("{got}").itemsize, dtype="{got}")
+    comm.Recv(data, source=1)
+    print(data.view("{sent}").tolist())
+"""
+
+
+@pytest.mark.parametrize("sent, got, refused", [
+    ("float64", "float32", True), ("int32", "float32", True), ("complex64", "float64", True),
+    ("int16", "int32", True), ("float64", "float64", False), ("int32", "uint32", False), ("uint8", "int8", False),
+    ("bool", "uint8", False)])
+def test_a_typed_receive_of_other_elements_is_refused(sent, got, refused, tmp_path, capsys):
+    """Whole elements of another type (a float received as an integer, float64 as twice as many float32) land as
+    values no rank sent; MPI calls it erroneous, no library checks it. Signed and unsigned integers of one width, and bytes, are
+    the same bits (delivered as every MPI library delivers them)."""
+    program = tmp_path / "typed.py"
+    program.write_text(_TYPED.format(sent=sent, got=got))
+    code, out, err = _mpirun(capsys, str(program))
+    if refused:
+        assert code == 1 and f"rank 1 sends 4 {np.dtype(sent).name} (tag 0) but rank 0 receives them as " \
+            f"{np.dtype(got).name}: their bytes would land as values no rank sent" in unfold(err), err
+    else:
+        assert (code, out) == (0, f"{np.arange(4).astype(sent).tolist()}\n"), err
 
 
 @pytest.mark.parametrize("call, line", [("Testall", 12), ("test", 12), ("Get_status_all", 13), ("improbe", 14),

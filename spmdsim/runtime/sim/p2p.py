@@ -112,6 +112,8 @@ def post_send(group: Group, me: int, dest: int, tag: int, buf: Any, obj: Any = N
     wild = wildcards()
     send = Request(group, me, "send", dest, tag, None, wild)
     send.payload, send.mode, send.own, send.seq = payload, mode, buf is None, next(_POSTED)
+    if buf is not None:
+        send.sent = data.dtype
     world = group.world
     copy = None
     with world.lock:
@@ -205,7 +207,8 @@ def _deliver(send: Request, recv: Request) -> Any:
         if n > recv.buf.nbytes:  # the bytes that fit are received, and counted, as MPICH receives them
             recv.error = _truncated(send, recv, n)
             n = recv.buf.nbytes
-        elif recv.unpack is None and recv.buf.dtype.char != "B" and (send.own or n % recv.buf.itemsize):
+        elif recv.unpack is None and recv.buf.dtype.char != "B" and (send.own or n % recv.buf.itemsize
+                                                                      or _other_type(send.sent, recv.buf.dtype)):
             recv.error = _mistyped(send, recv, n)  # values no rank sent (MPICH aborts on a part element)
         recv.nbytes = n
     group = send.group
@@ -248,15 +251,34 @@ def _truncated(send: Request, recv: Request, n: int) -> BaseException:
     return ShapeError(f"message truncated: {detail}")
 
 
+#: numpy's kinds of numbers, the integers' three as one (MPI's type matching, which a signed int received as
+#: unsigned breaks too, is left to the program there: the same bits, as every MPI library delivers them).
+_NUMBERS = {"f": "f", "c": "c", "i": "i", "u": "i", "b": "i"}
+
+
+def _other_type(sent: Any, got: Any) -> bool:
+    """Whether elements of numpy dtype `sent` (None: not known) received as `got` are values no rank sent: a
+    float received as an integer, float64 as float32, ... (bytes, 'B', are MPI_BYTE: any type's)."""
+    if sent is None or sent.char == "B" or sent.kind not in _NUMBERS or got.kind not in _NUMBERS:
+        return False
+    return _NUMBERS[sent.kind] != _NUMBERS[got.kind] or sent.itemsize != got.itemsize
+
+
 def _mistyped(send: Request, recv: Request, n: int) -> BaseException:
-    """A typed receive of a pickled object (`send`'s, mpi4py's lowercase send) or of bytes that are no whole number
-    of its elements: MPI's type error, saying which."""
+    """A typed receive of a pickled object (`send`'s, mpi4py's lowercase send), of bytes that are no whole number
+    of its elements, or of elements of another type: MPI's type error, saying which."""
     group, kind = send.group, recv.buf.dtype
     detail = (f"{rank_name(group, send.me)} sends {n} bytes (tag {send.tag}) but {rank_name(group, recv.me)} "
               f"receives {kind.name} ({kind.itemsize} bytes each)")
-    detail += (": the message is a pickled object (sent with send, lowercase); receive it with recv(), or send "
-               "an array with Send" if send.own else f": {n} bytes are not a whole number of them; send and "
-               "receive the same dtype")
+    if send.own:
+        detail += (": the message is a pickled object (sent with send, lowercase); receive it with recv(), or send "
+                   "an array with Send")
+    elif n % kind.itemsize:
+        detail += f": {n} bytes are not a whole number of them; send and receive the same dtype"
+    else:
+        detail = (f"{rank_name(group, send.me)} sends {n // send.sent.itemsize} {send.sent.name} (tag {send.tag}) "
+                  f"but {rank_name(group, recv.me)} receives them as {kind.name}: their bytes would land as values no "
+                  f"rank sent; receive into {send.sent.name}, or convert after receiving")
     mpi = mpi_module()
     if mpi is not None:
         return mpi_error(mpi, mpi.ERR_TYPE, detail)

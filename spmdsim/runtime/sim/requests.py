@@ -32,7 +32,7 @@ class Request(ManyRequests):
 
     __slots__ = ("group", "me", "kind", "peer", "tag", "buf", "payload", "done", "null", "error",
                  "source", "got_tag", "nbytes", "origin", "parts", "cancelled", "mode", "unpack", "room",
-                 "given", "own", "defer", "held", "noted", "seq", "watch", "__weakref__")
+                 "given", "own", "sent", "defer", "held", "noted", "seq", "watch", "__weakref__")
 
     def __init__(self, group: Any = None, me: int = 0, kind: str = "null", peer: int = 0, tag: int = 0,
                  buf: Optional[np.ndarray] = None, wild: Optional[tuple] = None) -> None:
@@ -56,6 +56,7 @@ class Request(ManyRequests):
         # buffer (a byte memoryview over it, which the message's bytes are written into, as mpi4py receives)
         self.given: Any = None
         self.own = False  # a send's payload is its own bytes (an object's pickle), not the program's buffer
+        self.sent: Optional[np.dtype] = None  # a buffer send's element type (its payload is the bytes)
         # a program's nonblocking receive into a buffer: the message lands there only when the request completes
         # (Wait, a Test that says done, ...), as a rendezvous receive may, so that a program reading the buffer
         # before that sees what was there before; `held`: its bytes, arrived and waiting to land (`land`); a
