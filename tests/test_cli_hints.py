@@ -60,7 +60,7 @@ SHOW = ["--alias", "dp,mp", "--tensor-map", "mp,None", "--shape", "8,6"]
     # the flag's underscore spelling: the hyphenated flag alone
     (["show", "--device_matrix", "2,4", "--alias", "dp,mp", "--tensor_map", "mp,None", "--shape", "8,6"],
      "spmdsim show: error: unrecognized arguments: --device_matrix --tensor_map mp,None; did you mean "
-     "--device-matrix for --device_matrix, --tensor-map for --tensor_map?"),
+     "--device-matrix for --device_matrix; --tensor-map for --tensor_map?"),
     # matched against estimate's own flags (the top parser, which reported it, knows none of them)
     (["estimate", "gpt", "--hiden", "4096"], "spmdsim estimate: error: unrecognized arguments: --hiden 4096; did "
                                              "you mean --hidden?"),
@@ -84,7 +84,7 @@ def test_a_script_parser_suggests_alike(capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["--dry_run", "--rank", "4", "--lr", "0.1"])
     assert capsys.readouterr().err.splitlines()[-1] == (
-        "script.py: error: unrecognized arguments: --dry_run --lr 0.1; did you mean --dry-run?")
+        "script.py: error: unrecognized arguments: --dry_run --lr 0.1; did you mean --dry-run for --dry_run?")
     # parse_known_args leaves no record of the parse on the namespace
     args, extra = parser.parse_known_args(["--dry_run"])
     assert extra == ["--dry_run"] and vars(args) == {"ranks": None, "dry_run": False}

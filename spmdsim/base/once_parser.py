@@ -12,7 +12,7 @@ import threading
 from typing import IO, Any
 
 from .output import output_error, quiet_stdout
-from .suggest import close_matches, did_you_mean, word_list
+from .suggest import did_you_mean, did_you_mean_each
 from .threads import launcher_rank
 from ..errors import fold_message
 
@@ -61,19 +61,11 @@ def _unrecognized(parser: argparse.ArgumentParser, extra: list) -> str:
     """argparse's "unrecognized arguments: ..." for the words `parser` left, and the flags of its own close to
     each unknown one: its other spelling (`--device_matrix`: --device-matrix) or a typo's (`--hiden`)."""
     flags = [flag for action in parser._actions if action.help != argparse.SUPPRESS for flag in action.option_strings]
-    hints = []
-    for word in extra:
-        name = word.split("=", 1)[0]
-        if name.startswith("-") and not parser._negative_number_matcher.match(name):
-            matches = close_matches(name, flags)
-            if matches:
-                hints.append((name, word_list(matches)))
+    unknown = [word.split("=", 1)[0] for word in extra]
+    unknown = [name for name in unknown if name.startswith("-") and not parser._negative_number_matcher.match(name)]
+    hint = did_you_mean_each(unknown, flags, quoted=False)
     message = f"unrecognized arguments: {' '.join(extra)}"
-    if len(hints) == 1:
-        return f"{message}; did you mean {hints[0][1]}?"
-    if hints:
-        return f"{message}; did you mean {', '.join(f'{flags} for {name}' for name, flags in hints)}?"
-    return message
+    return f"{message}; {hint}" if hint else message
 
 
 def _twice(flag: str, first: object, again: str, value: object, takes_value: bool) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import difflib
 from typing import Iterable
 
-__all__ = ["close_matches", "did_you_mean", "word_list"]
+__all__ = ["close_matches", "did_you_mean", "did_you_mean_each", "word_list"]
 
 #: Names from other tools, and the one of spmdsim's that does their work.
 SYNONYMS = {"mpiexec": "mpirun", "srun": "mpirun"}
@@ -45,3 +45,17 @@ def did_you_mean(word: str, names: Iterable[object], quoted: bool = True) -> str
     if not matches:
         return ""
     return f"did you mean {word_list([repr(m) if quoted else m for m in matches])}?"
+
+
+def did_you_mean_each(words: list[str], names: Iterable[object], quoted: bool = True) -> str:
+    """``did you mean 'mlp'?`` for the one word of `words` that has close `names`; where several words were given,
+    each's named: ``did you mean --hidden for --hiden; --seq for --sq?`` (`quoted` as `did_you_mean`), or ""."""
+    names = [str(n) for n in names]
+    shown = (lambda w: repr(w)) if quoted else (lambda w: w)
+    hints = [(word, word_list([shown(m) for m in matches]))
+             for word in words for matches in (close_matches(word, names),) if matches]
+    if not hints:
+        return ""
+    if len(words) == 1:
+        return f"did you mean {hints[0][1]}?"
+    return f"did you mean {'; '.join(f'{flags} for {shown(word)}' for word, flags in hints)}?"

@@ -18,7 +18,7 @@ import sys
 from typing import Any, Sequence
 
 from ...errors import SpmdsimError, fold_message
-from ...base.suggest import close_matches, did_you_mean, word_list
+from ...base.suggest import did_you_mean_each
 from ...base.validate import counted
 from .common import add_common_arguments, add_trace_out, check_seed, check_trace_out, check_watchdog, guarded, on_world
 from ..demo.registry import Context, run_scenario, scenarios
@@ -90,20 +90,15 @@ def _only(chosen: Sequence[Any], names: Sequence[str] | None) -> tuple[Any, ...]
     known = {sc.name for sc in chosen}
     unknown = [n for n in wanted if n not in known]
     if unknown or not wanted:
-        raise SpmdsimError(f"unknown scenario(s) {unknown or names!r}{_hints(unknown, sorted(known))}; "
+        raise SpmdsimError(f"unknown scenario(s) {unknown or names!r}{_hint(unknown, sorted(known))}; "
                            f"expected some of {sorted(known)!r}")
     return tuple(sc for sc in chosen if sc.name in wanted)
 
 
-def _hints(unknown: Sequence[str], known: Sequence[str]) -> str:
-    """`` (did you mean 'mlp'?)`` after the unknown scenario names (the names one begins first: a scenario of
-    the docs is often typed by its start), each's named when there are several; or ""."""
-    if len(unknown) == 1:
-        hint = did_you_mean(unknown[0], known)
-        return f" ({hint})" if hint else ""
-    hints = [f"{word_list([repr(m) for m in matches])} for {name!r}"
-             for name in unknown for matches in (close_matches(name, known),) if matches]
-    return f" (did you mean {'; '.join(hints)}?)" if hints else ""
+def _hint(unknown: Sequence[str], known: Sequence[str]) -> str:
+    """`` (did you mean 'mlp'?)`` after the unknown scenario names (each's named when there are several), or ""."""
+    hint = did_you_mean_each(list(unknown), known)
+    return f" ({hint})" if hint else ""
 
 
 def _run_all(chosen: Sequence[Any], args: argparse.Namespace, comm: Any) -> int:
