@@ -56,6 +56,7 @@ from ..runtime.mesh import Mesh
 from .autograd.graph import is_grad_enabled, kept_as, no_grad, record
 from .autograd.kept import nothing, shell
 from .fsdp_flat import flat_groups, gather_blocks, gathered
+from .optim_checks import SHARDED_AWAY
 
 __all__ = ["fully_shard", "FullyShard", "sharded_layout", "shard_axes", "shard_group", "shard_problem", "on_mesh",
            "GATHERED", "CUT"]
@@ -163,13 +164,15 @@ class FullyShard:
             block = mesh.engine.blank(moved.shape, moved.dtype) if mesh.engine.dry else moved.copy()
             leaf = DTensor.from_local(mesh, block, target, t.global_shape)
             self.params[name] = leaf.requires_grad_() if t._ag is not None else leaf
+            if t._ag is not None:  # an optimizer given `t` would never see a gradient: refused (optim_checks)
+                SHARDED_AWAY[t._ag] = name
 
     def unshard(self, names: Iterable[str], held: bool = True) -> dict:
         """name -> the parameter whole again on the data axis (its own layout): one Allgather for each group of
         them that shares its axes and dtype (`spmdsim.nn.fsdp_flat`), recorded (its backward reduce-scatters
         the group's gradients onto the shards at once) where gradients are recorded. `held` False: not counted
         nor kept for `release` (the blocks go with the graph that holds them)."""
-        out: dict = {}
+        out: dict = _Gathered()
         for group in self._groups(names):
             leaves = [self.params[m.name] for m in group.members]
             if group.size == 1:  # nothing to gather (a data axis of size 1): each its own move, which moves nothing
@@ -190,6 +193,11 @@ class FullyShard:
         key = tuple(names)
         groups = self._plans.get(key)
         if groups is None:
+            unknown = [n for n in key if n not in self.params]
+            if isinstance(names, str) or unknown:
+                what = f"{names!r} is one name; expected a list of names, [{names!r}]" if isinstance(names, str) \
+                    else f"{unknown[0]!r} is not a parameter fully_shard sharded"
+                raise SpmdsimError(f"fully_shard unit: {what}; its parameters are {', '.join(map(repr, self.params))}")
             groups = self._plans[key] = flat_groups(self, list(key))
         return groups
 
@@ -224,6 +232,8 @@ class FullyShard:
         whose backward follows its forward at once). With ``prefetch``, `after` (the next unit's names) are
         gathered before `fn` runs, and `before` (the previous unit's) before this unit's backward runs
         (FSDP's forward and backward prefetch: two units' gathered parameters held at once)."""
+        if isinstance(names, str):
+            self._groups(names)  # (refused: one name, not a list of them)
         names = list(names)
         reshard = self.reshard_after_forward if reshard is None else reshard
         gathered = self._ahead.pop(tuple(names), None) or self.unshard(names)
@@ -234,6 +244,10 @@ class FullyShard:
         if recording and x._ag is not None:  # (an input without a graph, the data: freed when the graph goes)
             x = _identity(x, "fsdp.post_backward", lambda: self.release(gathered))
         out = fn(x, gathered, *args)
+        if not isinstance(out, DTensor):
+            self.release(gathered)
+            raise SpmdsimError(f"fully_shard unit {names!r}: fn returned a {type(out).__name__}; expected one DTensor "
+                               "(a unit's output is one tensor: run a second unit for a second output)")
         if not recording:
             self.release(gathered)
             return out
@@ -268,6 +282,15 @@ class FullyShard:
                 self._count(flat + sum(b.nbytes for b in got))
                 self._count(-flat)
         return blocks
+
+
+class _Gathered(dict):
+    """A unit's gathered parameters, name -> DTensor: a name the unit did not gather is refused in one line."""
+
+    def __missing__(self, name: Any) -> Any:
+        raise SpmdsimError(f"fully_shard unit: fn read parameter {name!r}, which this unit did not gather (it "
+                           f"gathered {', '.join(map(repr, self)) or 'nothing'}); list every parameter the "
+                           "unit's fn reads in its names")
 
 
 def _block(t: Any) -> Any:

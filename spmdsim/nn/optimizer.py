@@ -17,7 +17,7 @@ from ..base.buffers import CAPTURE
 from ..base.context import current
 from ..errors import OperatorError
 from ..base.flops import any_open, sweep
-from .optim_checks import _SETTINGS, _capturing, _learning_rate, _what
+from .optim_checks import _SETTINGS, _capturing, _learning_rate, _sharded_away, _what
 from .optim_state import _Checkpoints
 from ..runtime.replay import kernel, ReplayError
 
@@ -79,6 +79,7 @@ class _Optimizer(_Checkpoints):
                 raise OperatorError(f"optimizer parameter {i} is parameter {seen[id(p)]} again "
                                     f"({_what(p, leaf=True)}); give each parameter once")
             seen[id(p)] = i
+            _sharded_away(i, p)
             if not p.local.flags.writeable:
                 raise OperatorError(f"optimizer parameter {i}'s local block is read-only")
         self.lr = _learning_rate(lr, "lr")
@@ -137,7 +138,8 @@ class _Optimizer(_Checkpoints):
         plain = not CAPTURE.on  # the blocks themselves (a captured step reads them as its record's, .local)
         for i, p in enumerate(self.params):
             g = p.grad
-            if g is None:
+            if g is None:  # (fully_shard may have replaced it since the optimizer was made)
+                _sharded_away(i, p)
                 continue
             layout = p._layout  # a parameter's is whole: its gradient's is then the very object (no call)
             whole = layout if not layout.partial else with_partial(layout, ())

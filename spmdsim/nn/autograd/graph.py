@@ -188,7 +188,7 @@ class Leaf(_Recorded):
     (Megatron's main_grad: spmdsim.nn.distrib_optim under ZeRO-1), into which each backward's gradient is copied
     (the first since the step) or added, ``.grad`` then a DTensor of that view (spmdsim.nn.autograd.engine)."""
 
-    __slots__ = ("grad", "updated", "main")
+    __slots__ = ("grad", "updated", "main", "__weakref__")  # (weak: spmdsim.nn.optim_checks.SHARDED_AWAY)
 
     def __init__(self) -> None:
         self.grad: Any = None
