@@ -66,6 +66,10 @@ def plan_embedding(ids: Any, table: Any, *, gather_out: bool = True,
     except AttributeError:
         raise_if_not_dtensors("embedding", ("ids", "table"), ids, table)
         raise
+    if ids.dtype.kind not in "iub" and table.dtype.kind in "iu":  # (before the layouts' refusals: it is why)
+        raise OperatorError(f"embedding: the ids are {ids.dtype.name} of global shape {tuple(ids.global_shape)!r} "
+                            f"and the table integers of global shape {tuple(table.global_shape)!r}; the ids come "
+                            "first: embedding(ids, table), as PyTorch's F.embedding(input, weight)")
     plan = infer_embedding(*layouts, gather_out=flag("embedding", "gather_out", gather_out),
                            reduce=flag("embedding", "reduce", reduce))
     num_embeddings, dim = table.global_shape

@@ -1,0 +1,33 @@
+"""The Python API as a researcher writing a sharded model misuses it: each mistake refused in one line."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import spmdsim
+from spmdsim import DTensor, Layout, Mesh, SeededTensor, ops
+from spmdsim.errors import SpmdsimError
+
+
+def _said(fn, n: int = 4) -> list:
+    def body():
+        with pytest.raises(SpmdsimError) as caught:
+            fn()
+        return str(caught.value)
+
+    return spmdsim.simulate(n, body)
+
+
+@pytest.mark.parametrize("table_map", [("tp", None), (None, None), (None, "tp")])
+def test_an_embedding_given_the_table_first_says_the_ids_come_first(table_map):
+    """numpy's table[ids] order: the refusal named the float ids' dtype, never the order."""
+    def lookup():
+        layout = Layout((2, 2), ("dp", "tp"))
+        mesh = Mesh(layout)
+        table = DTensor.from_seeded(mesh, layout(*table_map), SeededTensor((10, 4), seed=0))
+        ids = DTensor.from_global(mesh, np.array([[1, 2], [3, 4]]), layout("dp", None))
+        ops.embedding(table, ids)
+
+    assert _said(lookup) == ["embedding: the ids are float32 of global shape (10, 4) and the table integers of "
+                             "global shape (2, 2); the ids come first: embedding(ids, table), as PyTorch's "
+                             "F.embedding(input, weight)"] * 4
