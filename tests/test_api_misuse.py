@@ -31,3 +31,18 @@ def test_an_embedding_given_the_table_first_says_the_ids_come_first(table_map):
     assert _said(lookup) == ["embedding: the ids are float32 of global shape (10, 4) and the table integers of "
                              "global shape (2, 2); the ids come first: embedding(ids, table), as PyTorch's "
                              "F.embedding(input, weight)"] * 4
+
+
+def test_a_check_against_a_dtensor_says_to_gather_it():
+    """Two distributed results compared: the refusal was np.asarray's, naming no check."""
+    def compare():
+        layout = Layout((2, 2), ("dp", "tp"))
+        mesh = Mesh(layout)
+        seeded = SeededTensor((4, 4), "float64", seed=0)
+        x = DTensor.from_seeded(mesh, layout("dp", "tp"), seeded)
+        y = DTensor.from_seeded(mesh, layout(None, "tp"), seeded)
+        assert x.check(y.gather()).passed
+        x.check(y)
+
+    assert _said(compare) == ["check: the reference is a DTensor of global shape (4, 4); expected the whole tensor "
+                              "as a numpy array: y.check(reference.gather()) (a collective: every rank calls it)"] * 4
