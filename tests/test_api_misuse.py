@@ -46,3 +46,20 @@ def test_a_check_against_a_dtensor_says_to_gather_it():
 
     assert _said(compare) == ["check: the reference is a DTensor of global shape (4, 4); expected the whole tensor "
                               "as a numpy array: y.check(reference.gather()) (a collective: every rank calls it)"] * 4
+
+
+def test_torch_optims_param_groups_say_to_set_the_optimizers_own_settings():
+    """A PyTorch learning-rate schedule, ``for g in opt.param_groups: g["lr"] = ...``, was an AttributeError."""
+    from spmdsim.nn.optim import SGD, AdamW
+
+    def schedule():
+        layout = Layout((2, 2), ("dp", "tp"))
+        mesh = Mesh(layout)
+        w = DTensor.from_seeded(mesh, layout(None, "tp"), SeededTensor((4, 4), "float64", seed=0)).requires_grad_()
+        assert not hasattr(SGD([w], lr=0.1), "param_groups")  # still an AttributeError for hasattr
+        for group in AdamW([w], lr=0.1).param_groups:
+            group["lr"] = 0.01
+
+    assert _said(schedule) == ["AdamW.param_groups is torch.optim's: spmdsim's optimizers hold one group of "
+                               "parameters (one optimizer per group); set opt.lr, opt.eps, opt.weight_decay, "
+                               "opt.betas between steps, and the next update reads them (docs/howto/train.md)"] * 4

@@ -38,6 +38,10 @@ _NONES, _GRAD_NAMES = repeat(None), repeat("grad")
 _drain = deque(maxlen=0).extend  # runs an iterator to its end, keeping nothing
 
 
+class _ForeignName(OperatorError, AttributeError):
+    """torch.optim's attribute asked of an optimizer: an AttributeError (``hasattr`` is False) saying spmdsim's."""
+
+
 class _Optimizer(_Checkpoints):
     """Parameters and the shared checks; subclasses define `_update`."""
 
@@ -56,6 +60,14 @@ class _Optimizer(_Checkpoints):
                                   "this value; set it between the steps (each update, replayed too, reads it)")
             value = check(value, name)
         object.__setattr__(self, name, value)
+
+    def __getattr__(self, name: str) -> Any:  # (only for a name the class and the instance lack)
+        if name in ("param_groups", "add_param_group", "defaults"):
+            settings = ", ".join(f"opt.{k}" for k in _SETTINGS if k in self.__dict__)
+            raise _ForeignName(f"{type(self).__name__}.{name} is torch.optim's: spmdsim's optimizers hold one group "
+                               f"of parameters (one optimizer per group); set {settings} between steps, and the "
+                               "next update reads them (docs/howto/train.md)")
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
 
     def __init__(self, params: Iterable[Any], lr: float) -> None:
         if hasattr(params, "_ag") or isinstance(params, (str, bytes, dict)) or not hasattr(params, "__iter__"):
