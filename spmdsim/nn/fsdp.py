@@ -56,7 +56,6 @@ from ..runtime.mesh import Mesh
 from .autograd.graph import is_grad_enabled, kept_as, no_grad, record
 from .autograd.kept import nothing, shell
 from .fsdp_flat import flat_groups, gather_blocks, gathered
-from .optim_checks import SHARDED_AWAY
 
 __all__ = ["fully_shard", "FullyShard", "sharded_layout", "shard_axes", "shard_group", "shard_problem", "on_mesh",
            "GATHERED", "CUT"]
@@ -165,7 +164,7 @@ class FullyShard:
             leaf = DTensor.from_local(mesh, block, target, t.global_shape)
             self.params[name] = leaf.requires_grad_() if t._ag is not None else leaf
             if t._ag is not None:  # an optimizer given `t` would never see a gradient: refused (optim_checks)
-                SHARDED_AWAY[t._ag] = name
+                t._ag.sharded_away = name
 
     def unshard(self, names: Iterable[str], held: bool = True) -> dict:
         """name -> the parameter whole again on the data axis (its own layout): one Allgather for each group of

@@ -4,7 +4,6 @@ from __future__ import annotations
 import math
 import numbers
 import sys
-import weakref
 from typing import Any
 
 import numpy as np
@@ -14,14 +13,10 @@ from .autograd.graph import Leaf
 from ..base.validate import describe, tolerance_arg
 
 
-#: The leaves `spmdsim.nn.fsdp.fully_shard` replaced by their shards -> the parameter's name: an optimizer given one
-#: would step a tensor the units never read, so it never has a gradient (the training would stand still).
-SHARDED_AWAY: "weakref.WeakKeyDictionary[Leaf, str]" = weakref.WeakKeyDictionary()
-
-
 def _sharded_away(i: int, p: Any, where: str = "optimizer") -> None:
-    """Refuse parameter `i` when fully_shard replaced it by its shards (SHARDED_AWAY), in one line."""
-    name = SHARDED_AWAY.get(p._ag) if SHARDED_AWAY and p._ag is not None else None
+    """Refuse parameter `i` where fully_shard replaced it by its shards (its leaf's ``sharded_away``), in one line:
+    an optimizer stepping it would step a tensor the units never read (the training would stand still)."""
+    name = getattr(p._ag, "sharded_away", None)
     if name is not None:
         raise OperatorError(f"{where} parameter {i} ({_what(p, leaf=True)}) is parameter {name!r} as it was before "
                             "fully_shard: the units read its shards, so it never gets a gradient; give the "

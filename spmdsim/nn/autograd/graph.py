@@ -186,14 +186,17 @@ class Leaf(_Recorded):
     era of the last optimizer step that changed its block in place (0: none; `updated`); ``main``: where its
     gradient accumulates, or None: a view of an optimizer's flat gradient buffer, shaped as the leaf's block
     (Megatron's main_grad: spmdsim.nn.distrib_optim under ZeRO-1), into which each backward's gradient is copied
-    (the first since the step) or added, ``.grad`` then a DTensor of that view (spmdsim.nn.autograd.engine)."""
+    (the first since the step) or added, ``.grad`` then a DTensor of that view (spmdsim.nn.autograd.engine);
+    ``sharded_away``: the parameter's name where spmdsim.nn.fsdp.fully_shard replaced it by its shards (an
+    optimizer given it is refused: the units never read it, so it would never get a gradient), else None."""
 
-    __slots__ = ("grad", "updated", "main", "__weakref__")  # (weak: spmdsim.nn.optim_checks.SHARDED_AWAY)
+    __slots__ = ("grad", "updated", "main", "sharded_away")
 
     def __init__(self) -> None:
         self.grad: Any = None
         self.updated = 0
         self.main: Any = None
+        self.sharded_away: Optional[str] = None
 
 
 class Detached(Leaf):
