@@ -923,9 +923,13 @@ def test_a_scalar_converts_to_a_python_number_without_communication():
         pending = ops.mean(w * w)
         with pytest.raises(OperatorError, match=re.escape("item(): the scalar is a pending sum over ('dp', 'tp')")):
             pending.item()
-        with pytest.raises(OperatorError, match=re.escape("item() needs a 0-d DTensor (a scalar such as a loss), "
+        with pytest.raises(OperatorError, match=re.escape("float(x) needs a 0-d DTensor (a scalar such as a loss), "
                                                           "got global shape (4, 2)")):
             float(w)
+        with pytest.raises(OperatorError, match=re.escape("float(x): the scalar is a pending sum over ('dp', 'tp')")):
+            float(pending)  # (it said item(), a call the program did not make)
+        with pytest.raises(OperatorError, match=re.escape("int(x): the scalar is a pending sum")):
+            int(pending)
         loss = ops.resolved(pending)
         # Only rank 0 asks, as a training loop's print does: no collective, so no hang.
         return (float(loss), loss.item()) if mesh.rank == 0 else None

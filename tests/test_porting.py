@@ -729,8 +729,8 @@ def test_int_of_a_scalar_dtensor_is_numpys():
 
     got = spmdsim.simulate(2, body)
     assert got[0] == got[1] == [int(g.sum()), int(g.max()), float(g.min()),
-                                "item() needs a 0-d DTensor (a scalar such as a loss), got global shape (2, 3)",
-                                "item(): the scalar is a pending sum over ('x',)"]
+                                "int(x) needs a 0-d DTensor (a scalar such as a loss), got global shape (2, 3)",
+                                "int(x): the scalar is a pending sum over ('x',)"]
 
 
 def test_another_frameworks_tensor_attribute_names_spmdsims_in_one_line(tmp_path):

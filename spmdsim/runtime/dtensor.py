@@ -156,20 +156,24 @@ class DTensor(_Constructors, _Methods):
         A pending sum is refused: adding it up is a collective every rank must enter
         (``ops.resolved(x).item()`` on every rank).
         """
-        if self._shape != ():
-            raise OperatorError(f"item() needs a 0-d DTensor (a scalar such as a loss), got global shape "
-                                f"{self._shape!r}; gather() returns the whole tensor")
-        if self._layout.partial:
-            raise OperatorError(f"item(): the scalar is a pending sum over {self._layout.partial!r}; add it up "
-                                "first on every rank (a collective): ops.resolved(x).item()")
-        return local_of(self).item()
+        return self._value("item()")
 
     def __float__(self) -> float:
-        return float(self.item())
+        return float(self._value("float(x)"))
 
     def __int__(self) -> int:
         """``int(x)`` of a 0-d tensor, as numpy's (a float truncated toward zero): `item`'s refusals otherwise."""
-        return int(self.item())
+        return int(self._value("int(x)"))
+
+    def _value(self, call: str) -> float | int | bool:
+        """`item`, its refusals naming `call` (the program's ``float(x)`` says float(x), not item())."""
+        if self._shape != ():
+            raise OperatorError(f"{call} needs a 0-d DTensor (a scalar such as a loss), got global shape "
+                                f"{self._shape!r}; gather() returns the whole tensor")
+        if self._layout.partial:
+            raise OperatorError(f"{call}: the scalar is a pending sum over {self._layout.partial!r}; add it up "
+                                "first on every rank (a collective): ops.resolved(x).item()")
+        return local_of(self).item()
 
     def gather(self, root: int | None = None) -> np.ndarray | None:
         """The global tensor on every rank (root=None) or on mesh rank `root` (None elsewhere)."""
