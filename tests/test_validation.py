@@ -74,6 +74,14 @@ def test_dtype_arg_names_the_dtype_and_lists_what_is_supported(dtype, fragment):
     assert "float16..float64" in str(info.value)
 
 
+def test_an_fp8_dtype_points_to_the_fp8_products():
+    """ops.astype(x, "float8_e4m3fn") said only 'not numeric': FP8 is a product's cast (fp8_linear)."""
+    pytest.importorskip("ml_dtypes")
+    with pytest.raises(ShapeError, match=re.escape("(float8_e4m3fn) is not numeric")) as info:
+        dtype_arg("float8_e4m3fn")  # (ml_dtypes gives e5m2 numpy's kind "f": a float dtype_arg takes)
+    assert "FP8 is a cast inside a product with its scale (spmdsim.nn.ops.fp8_linear" in str(info.value)
+
+
 def test_dtype_arg_accepts_every_numeric_kind():
     for name in ("bool", "int8", "uint64", "float16", "float32", "float64", "complex64", "complex128"):
         assert dtype_arg(name) == np.dtype(name)

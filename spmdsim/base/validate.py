@@ -113,7 +113,9 @@ def dtype_arg(dtype: Any, what: str = "dtype", error: type[SpmdsimError] = DType
         if out.kind in _KINDS:
             raise error(f"{what} {out.str!r} ({out.name}) is not in native byte order; convert it "
                         f"with .astype({out.name!r}) (supported: {SUPPORTED_DTYPES})")
-        raise error(f"{what} {out.str!r} ({out.name}) is not numeric; expected one of {SUPPORTED_DTYPES}")
+        fp8 = ("; FP8 is a cast inside a product with its scale (spmdsim.nn.ops.fp8_linear, --precision fp8: "
+               "docs/howto/bf16.md), not a tensor's dtype") if out.name.startswith("float8") else ""
+        raise error(f"{what} {out.str!r} ({out.name}) is not numeric; expected one of {SUPPORTED_DTYPES}{fp8}")
     return out
 
 
