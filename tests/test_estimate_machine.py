@@ -276,6 +276,17 @@ def test_calibrated_machine_round_trips_through_load_machine(tmp_path):
         calibrate.calibrated_machine(CostModel(1e-6, 0.0), RATES, 2e10, 1, 1 << 30, "box")
 
 
+def test_a_calibrated_machine_outside_any_devices_range_is_not_written():
+    """A fit whose beta is next to nothing (a noisy run) gave a bandwidth no link has; the file it wrote was then
+    refused by load_machine (spmdsim.tools.estimate.machine_units): calibrate says so instead of writing it."""
+    good = calibrate.calibrated_machine(CostModel(20e-6, 2.0 ** -32), RATES, 2e10, 4, 64 << 30, "box")
+    assert calibrate.implausible(good) is None
+    off = calibrate.calibrated_machine(CostModel(20e-6, 1e-16), RATES, 2e10, 4, 64 << 30, "box")
+    assert calibrate.implausible(off) == (
+        "--machine-out: key 'links.node.bandwidth' is 1e+16; expected bytes/s per GPU per direction, from 1e6 to "
+        "1e14: the measurement is off; measure again (larger --sizes, a quieter machine)")
+
+
 @pytest.mark.parametrize("precision", ["fp64", "bf16-mixed", "fp16-mixed"])
 def test_a_calibrated_machine_file_prices_every_precision_in_estimate_and_the_search(tmp_path, precision, capsys):
     """`spmdsim calibrate --machine-out`'s file is what --machine takes (docs/howto/estimate.md): it gave only fp32, and

@@ -22,7 +22,8 @@ from ...programs.cost import CostModel, Measurement, default_path, normalize_op
 from ...base.typed_numbers import byte_count  # calibrate's sizes read as collective's and mpirun's
 from ...errors import SpmdsimError
 from ...runtime.engines import engine_of
-from ..estimate.machine import save_machine
+from ..estimate.machine import machine_to_dict, save_machine
+from ..estimate.machine_units import check_units
 from ..estimate.machine_records import GemmEfficiency, Link, Machine
 from ...programs.viz.table import wrap_lines
 from .collective_timing import Waiter, measure, measure_copy
@@ -31,7 +32,7 @@ from .common import guarded
 from ..autoshard.cost import measure_flops_rate
 from ...runtime.engines.wait import local_ranks
 
-__all__ = ["register", "run", "parse_size", "byte_count", "measure_memory_bandwidth", "calibrated_machine"]
+__all__ = ["register", "run", "parse_size", "byte_count", "measure_memory_bandwidth", "calibrated_machine", "implausible"]
 
 _DEFAULT_SIZES = "64K,1M,4M,16M"
 _DEFAULT_OPS = "allgather,allreduce,reduce_scatter,alltoall,alltoallv,bcast"
@@ -304,6 +305,16 @@ def _fit_problem(args: argparse.Namespace, model: CostModel) -> str | None:
             "sizes further apart and more repeats, such as --sizes 64K,1M,4M --repeats 7")
 
 
+def implausible(machine: Machine) -> str | None:
+    """Why a measured machine's figure lies outside what any device gives (load_machine would refuse the file,
+    spmdsim.tools.estimate.machine_units), or None."""
+    try:
+        check_units("--machine-out", machine_to_dict(machine))
+    except SpmdsimError as exc:
+        return f"{exc}: the measurement is off; measure again (larger --sizes, a quieter machine)"
+    return None
+
+
 def _bandwidth_problem(model: CostModel) -> str | None:
     """Why the fit cannot make a machine file (no bandwidth term), or None."""
     if model.beta_s_per_byte > 0:
@@ -343,6 +354,9 @@ def _save(args: argparse.Namespace, model: CostModel, data: Sequence[Measurement
             print(f"saved to {path}")
         if machine is not None:
             where = args.machine_out
+            problem = implausible(machine)  # the file would be refused when read
+            if problem:
+                return problem
             print(f"machine file saved to {save_machine(machine, args.machine_out)}")
             print("\n".join(wrap_lines([peaks_line(machine)])))
     except OSError as exc:
