@@ -282,7 +282,7 @@ def _check_whole_reference(reference: Any, shape: tuple) -> None:
         given, what = tuple(reference.shape), f"reference of shape {tuple(reference.shape)!r}"
     elif isinstance(reference, DTensor):  # (np.shape() of it gave numpy's array refusal, naming no check)
         raise OperatorError(f"check: the reference is a DTensor of global shape {tuple(reference.global_shape)!r}; "
-                            "expected the whole tensor as a numpy array: y.check(reference.gather()) (a "
+                            "expected the whole tensor as a numpy array: pass what its gather() returns (a "
                             "collective: every rank calls it)")
     elif callable(reference):
         return
