@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-import threading
 from typing import IO, Any
 
 from .output import output_error, quiet_stdout
@@ -23,8 +22,6 @@ _GIVEN = "_once_given"
 #: parse returns first, and argparse copies its namespace up); the outermost parse removes it, as `_GIVEN`.
 #: The top parser does not know a subcommand's flags: `--hiden` is matched against the parser that read it.
 _LEFT_BY = "_once_left_by"
-#: How many parses of OnceParsers are under way in this thread: a subcommand's runs inside its command's.
-_NESTING = threading.local()
 
 
 def _once(base: type[argparse.Action]) -> type[argparse.Action]:
@@ -110,6 +107,15 @@ class OnceParser(argparse.ArgumentParser):
         # starts so). "-1K" was one: "argument --size: expected one argument", the value unnamed.
         self._negative_number_matcher = re.compile(r"^-\.?\d")
 
+    #: Whether this parser reads a subcommand (made by `add_subparsers`): its parse runs inside its command's,
+    #: which reports the words left over.
+    nested = False
+
+    def add_subparsers(self, **kwargs):  # type: ignore[override]
+        """argparse's; the subcommands' parsers are OnceParsers that know they are nested."""
+        kwargs.setdefault("parser_class", _SubcommandParser)
+        return super().add_subparsers(**kwargs)
+
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
         parsed, extra, _ = self._parse_known(args, namespace)
         return parsed, extra
@@ -125,16 +131,11 @@ class OnceParser(argparse.ArgumentParser):
     def _parse_known(self, args: Any, namespace: Any) -> tuple[argparse.Namespace, list, Any]:
         """argparse's parse_known_args, and the deepest parser that left words (None when none is left, or
         where this parse is a subcommand's: its command's parse reports it)."""
-        depth = getattr(_NESTING, "depth", 0)
-        _NESTING.depth = depth + 1
-        try:
-            parsed, extra = super().parse_known_args(args, namespace)
-        finally:
-            _NESTING.depth = depth
+        parsed, extra = super().parse_known_args(args, namespace)
         vars(parsed).pop(_GIVEN, None)  # the record of one parse: gone before a subcommand's is copied up
         if extra:
             vars(parsed).setdefault(_LEFT_BY, self)
-        return parsed, extra, (vars(parsed).pop(_LEFT_BY, None) if depth == 0 else None)
+        return parsed, extra, (None if self.nested else vars(parsed).pop(_LEFT_BY, None))
 
     def _check_value(self, action: argparse.Action, value: Any) -> None:
         """argparse's refusal of a value not among `action`'s choices, with the choices close to it first."""
@@ -190,3 +191,9 @@ class OnceParser(argparse.ArgumentParser):
         positionals = " ".join(formatter.format_help().split()[len(self.prog.split()):])  # after the name
         return fold_message(f"usage: {self.prog} [options]{' ' + positionals if positionals else ''} "
                             f"(`{self.prog} --help` lists them)") + "\n"
+
+
+class _SubcommandParser(OnceParser):
+    """A subcommand's OnceParser (`OnceParser.add_subparsers`): its command's parse reports the words it leaves."""
+
+    nested = True
