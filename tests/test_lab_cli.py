@@ -306,15 +306,32 @@ def test_a_right_but_slow_submission_is_called_slow_not_an_endless_loop(tiny, tm
     assert "s of it: too slow, or an endless loop in this case" in out and "no rank sends" not in out, out
 
 
-def test_a_folder_of_student_folders_is_refused_saying_they_are_not_searched(tiny, tmp_path, capsys):
-    """A learning platform's download, one folder per student, was refused as 'holds no .py file' alone."""
-    for student in ("alice", "bob"):
-        (tmp_path / "lms" / student).mkdir(parents=True)
-        (tmp_path / "lms" / student / "double.py").write_text(SUBMISSIONS["right.py"])
-    assert main(["lab", "grade", "1", str(tmp_path / "lms"), "--csv", "g.csv", "--exercises", tiny]) == 2
+def test_a_folder_of_student_folders_is_graded_each_under_its_name(tiny, tmp_path, capsys):
+    """A learning platform's download, one folder per student, was refused ('its 2 folders are not searched'):
+    each folder's one .py file, or the one named as the starter, is graded under the folder's name; a folder
+    with none, or with several and none the starter's, is said left out, and why."""
+    lms = tmp_path / "lms"
+    for student, files in (("alice", {"double.py": "right.py"}), ("bob", {"x.py": "right.py", "double.py": "wrong.py"}),
+                           ("carol", {}), ("dave", {"a.py": "right.py", "b.py": "right.py"})):
+        (lms / student).mkdir(parents=True)
+        for name, which in files.items():
+            (lms / student / name).write_text(SUBMISSIONS[which])
+    (lms / "eve.py").write_text(SUBMISSIONS["right.py"])
+    book = tmp_path / "g.csv"
+    assert main(["lab", "grade", "1", str(lms), "--csv", str(book), "--exercises", tiny]) == 0
     err = " ".join(capsys.readouterr().err.split())
-    assert f"submission folder '{tmp_path / 'lms'}' holds no .py file (its 2 folders are not searched: grade takes " \
-        "one .py file per student, side by side in DIR)" in err, err
+    assert "not graded (not a .py file, or hidden): carol/ (no .py file), dave/ (2 .py files, none named " \
+        "double.py)" in err, err
+    rows = [line.split(",")[:2] for line in book.read_text().splitlines()[1:]]
+    assert rows == [["alice/double.py", "PASS"], ["bob/double.py", "FAIL"], ["eve.py", "PASS"]], rows
+    (lms / "eve.py").unlink()
+    for student in ("alice", "bob"):
+        for f in (lms / student).iterdir():
+            f.unlink()
+    assert main(["lab", "grade", "1", str(lms), "--csv", str(book), "--exercises", tiny]) == 2
+    assert f"submission folder '{lms}' holds no .py file, and no folder holding one; expected one file per " \
+        "student, side by side in DIR (alice.py, bob.py) or each in its own folder" in \
+        " ".join(capsys.readouterr().err.split())
 
 
 def test_a_rank_count_given_twice_is_checked_once(tiny, tmp_path, capsys):

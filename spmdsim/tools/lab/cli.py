@@ -195,7 +195,7 @@ def _grade(args: argparse.Namespace) -> int:
         raise LabError(f"--jobs {args.jobs!r} is out of range; expected 1 to {MOST_JOBS:,}")
     _writable(args.csv, args.dir)
     limits = _limits(args, max(exercise.ranks))
-    files = _submissions(args.dir)  # (names what it leaves out: once the grade's options are known good)
+    files = _submissions(args.dir, f"{exercise.name}.py")  # (says what it leaves out: once the options are good)
     _mpi_module_loads()
     limit = exercise.time_limit if limits["time_limit"] is None else limits["time_limit"]
     print(f"grading {counted(len(files), 'submission')} of exercise {exercise.number}, "
@@ -211,7 +211,8 @@ def _grade(args: argparse.Namespace) -> int:
         pending = {pool.submit(check, exercise, path, **limits, stop=stop): path for path in files}
         try:
             for future in concurrent.futures.as_completed(pending):
-                row = done[pending[future]] = csv_row(future.result())
+                path = pending[future]  # a student's folder named with its file (alice/ring_allreduce.py)
+                row = done[path] = (os.path.relpath(path, args.dir), *csv_row(future.result())[1:])
                 print(f"  {len(done)} of {len(files)}: {row[0]} {row[1]} ({row[5]} s)", file=sys.stderr)
         except KeyboardInterrupt:  # the checks running kill their submissions; the others never start
             stop.set()
@@ -312,26 +313,42 @@ def _course(args: argparse.Namespace) -> str:
     return "" if args.exercises == EXERCISES else f" --exercises {shlex.quote(args.exercises)}"
 
 
-def _submissions(folder: str) -> list:
-    """The submissions of `folder` (its .py files, sorted; hidden ones, such as the ._name.py files a zip
-    made on macOS carries, and folders left out), each entry it leaves out named on stderr (a folder with
-    its "/"); refused in one line when there is none."""
+def _submissions(folder: str, starter: str) -> list:
+    """The submissions of `folder`: its .py files, and of each folder in it (a learning platform's download,
+    one folder per student) its one .py file, or the one named `starter` (the file `lab start` writes), sorted;
+    hidden ones (the ._name.py files a zip made on macOS carries) left out. Each entry left out is named on
+    stderr (a folder with its "/" and why); refused in one line when there is none."""
     if not os.path.isdir(folder):
         raise LabError(f"submission folder {folder!r} does not exist")
-    names = sorted(os.listdir(folder))
-    graded = [f for f in names if f.endswith(".py") and not f.startswith(".")
-              and os.path.isfile(os.path.join(folder, f))]  # (a folder named x.py is no submission)
-    files = [os.path.join(folder, f) for f in graded]
-    skipped = [f + "/" if os.path.isdir(os.path.join(folder, f)) else f for f in names if f not in graded]
+    names = sorted(n for n in os.listdir(folder))
+    files, skipped = [], []
+    for name in names:
+        path = os.path.join(folder, name)
+        if os.path.isdir(path) and not name.startswith("."):
+            found = _python_files(path)
+            pick = found[0] if len(found) == 1 else starter if starter in found else None
+            if pick is None:
+                why = f"{len(found)} .py files, none named {starter}" if found else "no .py file"
+                skipped.append(f"{name}/ ({why})")
+            else:
+                files.append(os.path.join(path, pick))
+        elif name.endswith(".py") and not name.startswith(".") and os.path.isfile(path):
+            files.append(path)
+        else:
+            skipped.append(name + "/" if os.path.isdir(path) else name)
     if skipped:
         shown = ", ".join(skipped[:8]) + (f" and {len(skipped) - 8} more" if len(skipped) > 8 else "")
         print(f"not graded (not a .py file, or hidden): {shown}", file=sys.stderr)
     if not files:
-        inner = sum(os.path.isdir(os.path.join(folder, f)) for f in names)
-        raise LabError(f"submission folder {folder!r} holds no .py file" + (
-            f" (its {inner} folder{'s are' if inner != 1 else ' is'} not searched: grade takes one .py file per "
-            "student, side by side in DIR)" if inner else ""))
+        raise LabError(f"submission folder {folder!r} holds no .py file, and no folder holding one; expected one "
+                       "file per student, side by side in DIR (alice.py, bob.py) or each in its own folder")
     return files
+
+
+def _python_files(folder: str) -> list:
+    """The names of `folder`'s .py files that are not hidden (a folder named x.py is none)."""
+    return sorted(f for f in os.listdir(folder) if f.endswith(".py") and not f.startswith(".")
+                  and os.path.isfile(os.path.join(folder, f)))
 
 
 def _writable(path: str, folder: str) -> None:
