@@ -21,6 +21,7 @@ from ...base.typed_numbers import flag_float, shown  # a refusal names the value
 from ...base.validate import counted
 from ..cli.paths import check_output_file
 from .exercise import EXERCISES, Exercise, LabError, find_exercise, load_exercises
+from .shown import file_name
 
 __all__ = ["register"]
 
@@ -212,7 +213,8 @@ def _grade(args: argparse.Namespace) -> int:
         try:
             for future in concurrent.futures.as_completed(pending):
                 path = pending[future]  # a student's folder named with its file (alice/ring_allreduce.py)
-                row = done[path] = (os.path.relpath(path, args.dir), *csv_row(future.result())[1:])
+                shown = "/".join(map(file_name, os.path.relpath(path, args.dir).split(os.sep)))
+                row = done[path] = (shown, *csv_row(future.result())[1:])
                 print(f"  {len(done)} of {len(files)}: {row[0]} {row[1]} ({row[5]} s)", file=sys.stderr)
         except KeyboardInterrupt:  # the checks running kill their submissions; the others never start
             stop.set()
@@ -225,7 +227,7 @@ def _grade(args: argparse.Namespace) -> int:
     for row in rows:  # (first: were the grade book to fail now, the grades are said)
         line = f"{row[0]:<{width}}  {row[1]:<4}  {row[2]:>2}/{row[3]:<2}  {row[4]}"
         print(line if len(line) <= 100 else line[:97] + "...")
-    with open(args.csv, "w", newline="") as f:
+    with open(args.csv, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(CSV_HEADER)
         writer.writerows(rows)
@@ -329,13 +331,13 @@ def _submissions(folder: str, starter: str) -> list:
             pick = found[0] if len(found) == 1 else starter if starter in found else None
             if pick is None:
                 why = f"{len(found)} .py files, none named {starter}" if found else "no .py file"
-                skipped.append(f"{name}/ ({why})")
+                skipped.append(f"{file_name(name)}/ ({why})")
             else:
                 files.append(os.path.join(path, pick))
         elif name.endswith(".py") and not name.startswith(".") and os.path.isfile(path):
             files.append(path)
         else:
-            skipped.append(name + "/" if os.path.isdir(path) else name)
+            skipped.append(file_name(name) + ("/" if os.path.isdir(path) else ""))
     if skipped:
         shown = ", ".join(skipped[:8]) + (f" and {len(skipped) - 8} more" if len(skipped) > 8 else "")
         print(f"not graded (not a .py file, or hidden): {shown}", file=sys.stderr)

@@ -8,6 +8,7 @@ from ...errors import fold_message
 from .exercise import Exercise
 from .harness import NOT_RUNNABLE, PASS, CaseResult
 from .sandbox import Verdict
+from .shown import file_name, printable
 
 __all__ = ["verdict_lines", "csv_row", "CSV_HEADER", "VERDICTS"]
 
@@ -46,16 +47,17 @@ def _summary(verdict: Verdict) -> str:
 
 def verdict_lines(exercise: Exercise, verdict: Verdict) -> list:
     """The verdict of `check`: one line per rank count, then the verdict with the first failure's feedback."""
-    name = os.path.basename(verdict.file)
+    name = file_name(verdict.file)
     lines = [f"exercise {exercise.number}, {exercise.title}: {name}"]
     if verdict.status == "not-implemented":
         lines.append(f"NOT YET IMPLEMENTED: {exercise.function}() in {name} still raises NotImplementedError; "
                      f"write it, then run this check again")
-        return [fold_message(line) for line in lines]
+        return [fold_message(printable(line)) for line in lines]
     if verdict.status in NOT_RUNNABLE:  # the same at every rank count: said once, not once a rank count
         lines.append(f"FAIL: no case can run ({verdict.passed} of {verdict.cases} cases, {verdict.seconds:.1f} s): "
                      f"{verdict.failure.reason}")
-        return [fold_message(line) for line in "\n".join(lines + list(verdict.notes) + _output(verdict)).split("\n")]
+        lines += list(verdict.notes) + _output(verdict)
+        return [fold_message(printable(line)) for line in "\n".join(lines).split("\n")]
     by_count: dict = {}
     for result in verdict.all_results:
         by_count.setdefault(result.ranks, []).append(result)
@@ -83,7 +85,7 @@ def verdict_lines(exercise: Exercise, verdict: Verdict) -> list:
                  f"{verdict.seconds:.1f} s)")
     lines += verdict.notes
     lines += _output(verdict)
-    return [fold_message(line) for line in "\n".join(lines).split("\n")]
+    return [fold_message(printable(line)) for line in "\n".join(lines).split("\n")]
 
 
 def _output(verdict: Verdict) -> list:
@@ -115,5 +117,5 @@ def csv_row(verdict: Verdict) -> tuple:
         reason = "not yet implemented"
     elif verdict.notes:  # (advice beside the reason: the verdict is the cases')
         reason = "; ".join(([reason] if reason else []) + list(verdict.notes))
-    return (os.path.basename(verdict.file), verdict_word(verdict), verdict.passed, verdict.cases, reason,
+    return (file_name(verdict.file), verdict_word(verdict), verdict.passed, verdict.cases, printable(reason),
             f"{verdict.seconds:.2f}")

@@ -1,0 +1,60 @@
+"""spmdsim lab on what a folder of student submissions holds besides code: file names that are not UTF-8, messages
+a terminal cannot print, each said in the verdict and the grade book, never a traceback."""
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+
+import pytest
+
+from test_lab_cli import SUBMISSIONS, TINY
+
+from spmdsim.tools.cli.main import main
+
+
+@pytest.fixture
+def course(tmp_path, monkeypatch):
+    """The instructor's one exercise (double), in course/, named relative to the working directory."""
+    (tmp_path / "course").mkdir()
+    (tmp_path / "course" / "01_double.py").write_text(TINY)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _lab(*argv: str) -> subprocess.CompletedProcess:
+    """`python -m spmdsim lab ...` with a UTF-8 terminal that refuses what is not text (as en_US.UTF-8 does)."""
+    env = dict(os.environ, PYTHONIOENCODING="utf-8")
+    return subprocess.run([sys.executable, "-m", "spmdsim", "lab", *argv], capture_output=True, env=env,
+                          timeout=120)
+
+
+def test_a_file_name_that_is_not_utf8_is_graded_and_said_as_its_bytes(course, capsys):
+    """A name saved in Latin-1 (caf\\xe9.py) stopped the grade at its grade book with UnicodeEncodeError, the
+    rows after it never written."""
+    folder = course / "s"
+    folder.mkdir()
+    (folder / "a.py").write_text(SUBMISSIONS["right.py"])
+    (folder / os.fsdecode(b"caf\xe9.py")).write_text(SUBMISSIONS["right.py"])
+    (folder / os.fsdecode(b"typ\xf6.py")).write_text(SUBMISSIONS["typo.py"])
+    (folder / "new\nline.py").write_text(SUBMISSIONS["wrong.py"])
+    assert main(["lab", "grade", "1", "s", "--csv", "g.csv", "--exercises", "course"]) == 0
+    rows = list(csv.reader((course / "g.csv").open(encoding="utf-8")))
+    assert [row[:3] for row in rows[1:]] == [["a.py", "PASS", "2"], ["caf\\xe9.py", "PASS", "2"],
+                                             ["new\\nline.py", "FAIL", "0"], ["typ\\xf6.py", "FAIL", "0"]]
+    table = [line.split()[:2] for line in capsys.readouterr().out.splitlines()]
+    assert table == [row[:2] for row in rows[1:]]
+    said = _lab("check", "1", os.fsdecode(b"s/typ\xf6.py"), "--exercises", "course")
+    assert said.returncode == 1 and not said.stderr, said.stderr
+    assert said.stdout.decode().splitlines() == [
+        "exercise 1, Double it: typ\\xf6.py", said.stdout.decode().splitlines()[1]]
+    assert "syntax error at line 1: expected ':'" in said.stdout.decode()
+
+
+def test_a_message_a_terminal_cannot_print_is_said_escaped(course):
+    """A ValueError whose message holds a lone surrogate ended the check with UnicodeEncodeError's traceback."""
+    (course / "odd.py").write_text('def double(comm, x):\n    raise ValueError("bad \\ud800 char")\n')
+    said = _lab("check", "1", "odd.py", "--exercises", "course")
+    assert said.returncode == 1 and not said.stderr, said.stderr
+    assert "   1 rank : FAIL rank 0 raised ValueError at line 2: bad \\ud800 char" in said.stdout.decode()
