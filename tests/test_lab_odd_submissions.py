@@ -58,3 +58,15 @@ def test_a_message_a_terminal_cannot_print_is_said_escaped(course):
     said = _lab("check", "1", "odd.py", "--exercises", "course")
     assert said.returncode == 1 and not said.stderr, said.stderr
     assert "   1 rank : FAIL rank 0 raised ValueError at line 2: bad \\ud800 char" in said.stdout.decode()
+
+
+def test_a_megabyte_message_is_cut_saying_its_length(course, capsys):
+    """`raise ValueError("x" * 10**6)` printed the megabyte, and wrote it into the grade book's cell."""
+    (course / "s").mkdir()
+    (course / "s" / "loud.py").write_text('def double(comm, x):\n    raise ValueError("x" * 10**6)\n')
+    assert main(["lab", "grade", "1", "s", "--csv", "g.csv", "--exercises", "course"]) == 0
+    [row] = list(csv.DictReader((course / "g.csv").open()))
+    assert row["reason"] == "rank 0 raised ValueError at line 2: " + "x" * 200 + "... (1,000,000 characters)"
+    assert main(["lab", "check", "1", "s/loud.py", "--exercises", "course"]) == 1
+    out = capsys.readouterr().out
+    assert len(out) < 2000 and "x... (1,000,000 characters)" in " ".join(out.split())

@@ -137,6 +137,17 @@ def _object_op_hint(exc: BaseException, path: str) -> str:
             f"op={op})")
 
 
+#: The most characters of an exception's message a reason keeps (a CSV cell, a line of feedback).
+MESSAGE_CHARS = 200
+
+
+def _first_line(message: str) -> str:
+    """The first line of an exception's `message`, cut to MESSAGE_CHARS saying how long it was: a submission's
+    `raise ValueError("x" * 10**6)` printed a megabyte to the terminal and into its grade-book cell."""
+    line = message.strip().splitlines()[0] if message.strip() else ""
+    return line if len(line) <= MESSAGE_CHARS else f"{line[:MESSAGE_CHARS]}... ({len(line):,} characters)"
+
+
 def describe_failure(exc: BaseException, path: str, n: int, signature: str = "") -> tuple:
     """(status, reason, detail) of a run that ended with `exc`, with the exercise's `signature`
     ("ring_pass(comm, x)"); a NotImplementedError is the starter's (not yet implemented) where it says
@@ -179,7 +190,7 @@ def describe_failure(exc: BaseException, path: str, n: int, signature: str = "")
         return "error", f"{who} raised ModuleNotFoundError{at}: no module named {exc.name!r}: a submission is " \
                         f"one file, and {beside} beside it is not on the path: put what it uses into " \
                         f"{os.path.basename(path)}", ""
-    message = _object_op_hint(exc, path) or (str(exc).strip().splitlines()[0] if str(exc).strip() else "")
+    message = _object_op_hint(exc, path) or _first_line(str(exc))
     name = "MPI.Exception" if type(exc).__module__ == "mpi4py.MPI" else type(exc).__name__
     return "error", f"{who} raised {name}{at}" + (f": {message}" if message else "") + \
         _call_hint(exc, line, signature), ""
