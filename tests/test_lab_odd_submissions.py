@@ -70,3 +70,11 @@ def test_a_megabyte_message_is_cut_saying_its_length(course, capsys):
     assert main(["lab", "check", "1", "s/loud.py", "--exercises", "course"]) == 1
     out = capsys.readouterr().out
     assert len(out) < 2000 and "x... (1,000,000 characters)" in " ".join(out.split())
+
+
+def test_an_array_of_python_objects_is_said_by_its_dtype(course, capsys):
+    """`.astype(object)` was said "returned an array of shape (3,), expected an array of shape (3,)"."""
+    (course / "objects.py").write_text("def double(comm, x):\n    return (2 * x).astype(object)\n")
+    assert main(["lab", "check", "1", "objects.py", "--exercises", "course", "--ranks", "1"]) == 1
+    assert "rank 0 returned an array of shape (3,) and dtype object, expected an array of shape (3,)" in \
+        " ".join(capsys.readouterr().out.split())

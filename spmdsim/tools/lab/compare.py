@@ -35,8 +35,8 @@ def _number(value: Any) -> str:
 def _kind(value: Any) -> str:
     if value is None:
         return "None"
-    if isinstance(value, np.ndarray):
-        return f"an array of shape {value.shape}"
+    if isinstance(value, np.ndarray):  # (dtype object: of Python objects, not numbers; else alike in its words)
+        return f"an array of shape {value.shape}" + (" and dtype object" if value.dtype == object else "")
     return f"a {type(value).__name__}"
 
 
