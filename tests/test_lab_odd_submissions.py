@@ -78,3 +78,15 @@ def test_an_array_of_python_objects_is_said_by_its_dtype(course, capsys):
     assert main(["lab", "check", "1", "objects.py", "--exercises", "course", "--ranks", "1"]) == 1
     assert "rank 0 returned an array of shape (3,) and dtype object, expected an array of shape (3,)" in \
         " ".join(capsys.readouterr().out.split())
+
+
+def test_a_submission_of_another_exercise_names_that_exercise(course, capsys):
+    """A submission of exercise 2 graded as exercise 1 was said to define "no function 'double' (it defines
+    triple)", which reads as a misnamed function."""
+    (course / "course" / "02_triple.py").write_text(TINY.replace("double", "triple").replace("2 * x", "3 * x"))
+    (course / "mine.py").write_text("def triple(comm, x):\n    return 3 * x\n")
+    assert main(["lab", "check", "1", "mine.py", "--exercises", "course"]) == 1
+    assert " ".join(capsys.readouterr().out.split()).endswith(
+        "mine.py defines no function 'double' (it defines triple: exercise 2's function, not exercise 1's): def "
+        "double(comm, x)")
+    assert main(["lab", "check", "2", "mine.py", "--exercises", "course"]) == 0
