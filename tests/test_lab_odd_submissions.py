@@ -12,6 +12,8 @@ import pytest
 from test_lab_cli import SUBMISSIONS, TINY
 
 from spmdsim.tools.cli.main import main
+from spmdsim.tools.lab.exercise import find_exercise
+from spmdsim.tools.lab.sandbox import check_mpiexec
 
 
 @pytest.fixture
@@ -90,3 +92,13 @@ def test_a_submission_of_another_exercise_names_that_exercise(course, capsys):
         "mine.py defines no function 'double' (it defines triple: exercise 2's function, not exercise 1's): def "
         "double(comm, x)")
     assert main(["lab", "check", "2", "mine.py", "--exercises", "course"]) == 0
+
+
+def test_under_mpiexec_a_time_limit_run_out_stops_the_check(course):
+    """Each rank count's job ran to the time limit in turn: a deadlock at every count took 5 limits (50 s, where
+    simulated ranks take 10), and the reason said "at 1 ranks"."""
+    (course / "spin.py").write_text(SUBMISSIONS["hanging.py"])
+    verdict = check_mpiexec(find_exercise(1, "course"), "spin.py", time_limit=3)
+    assert [(r.ranks, r.status, r.reason) for r in verdict.results] == [
+        (1, "timeout", "ran past the time limit of 3 s at 1 rank under mpiexec: a deadlock (MPI ranks wait forever) "
+                       "or an endless loop")]

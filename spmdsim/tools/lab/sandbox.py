@@ -249,12 +249,12 @@ def _mpi_results(events: list, code: int, n: int, limit: float, errors: str) -> 
     running = starts[-1] if starts and (starts[-1]["ranks"], starts[-1]["seed"]) not in seen else None
     if code == 124 and running is not None:  # spmdsim launch's timeout
         results.append(CaseResult(ranks=n, seed=running["seed"], label=f"seed {running['seed']}", status="timeout",
-                                  reason=f"ran past the time limit of {limit:g} s at {n} ranks under mpiexec: a "
-                                         "deadlock (MPI ranks wait forever) or an endless loop"))
+                                  reason=f"ran past the time limit of {limit:g} s at {counted(n, 'rank')} under "
+                                         "mpiexec: a deadlock (MPI ranks wait forever) or an endless loop"))
     elif code and (running is not None or not results):
         last = errors.strip().splitlines()[-1] if errors.strip() else f"exit code {code}"
         results.append(CaseResult(ranks=n, seed=running["seed"] if running else 0, label="", status="exit",
-                                  reason=f"the mpiexec job at {n} ranks ended: {last}"))
+                                  reason=f"the mpiexec job at {counted(n, 'rank')} ended: {last}"))
     return results
 
 
@@ -278,5 +278,7 @@ def check_mpiexec(exercise: Exercise, path: str, ranks: Sequence[int] = (), time
             results.extend(found)
             if any(r.status in STOPS for r in found):  # the same at every rank count
                 break
+            if any(r.status == "timeout" for r in found):  # as on simulated ranks: a deadlock at every count
+                break  # took a time limit at each (50 s, not 10), and the limit bounds the check
     return Verdict(file=path, ranks=ranks, cases=len(ranks) * len(exercise.seeds), results=tuple(results),
                    seconds=time.monotonic() - began, notes=source_notes(path, exercise.function))
