@@ -102,3 +102,16 @@ def test_under_mpiexec_a_time_limit_run_out_stops_the_check(course):
     assert [(r.ranks, r.status, r.reason) for r in verdict.results] == [
         (1, "timeout", "ran past the time limit of 3 s at 1 rank under mpiexec: a deadlock (MPI ranks wait forever) "
                        "or an endless loop")]
+
+
+def test_mpiexec_not_installed_is_refused_not_a_fail_of_the_submission(course, monkeypatch, capsys):
+    """Without an mpiexec, every job failed with launch's refusal: a right submission FAIL, exit 1."""
+    (course / "right.py").write_text(SUBMISSIONS["right.py"])
+    (course / "bin").mkdir()
+    monkeypatch.setattr(sys, "executable", str(course / "bin" / "python"))
+    monkeypatch.setenv("PATH", str(course / "bin"))
+    assert main(["lab", "check", "1", "right.py", "--exercises", "course", "--mpiexec"]) == 2
+    out, err = capsys.readouterr()
+    assert not out and " ".join(err.split()) == (
+        "spmdsim: error: --mpiexec runs each rank count as an MPI job, and no mpiexec was found beside this Python "
+        "or on PATH: install the 'mpi' extra, or check without --mpiexec (on simulated ranks)")

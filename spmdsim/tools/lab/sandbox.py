@@ -22,7 +22,9 @@ import time
 from typing import Optional, Sequence
 
 from ...base.validate import counted
-from .exercise import Exercise
+from ...errors import SpmdsimError
+from ..cli.launch import find_mpiexec
+from .exercise import Exercise, LabError
 from .harness import PASS, STOPS, CaseResult
 from .source_notes import source_notes
 
@@ -261,7 +263,13 @@ def _mpi_results(events: list, code: int, n: int, limit: float, errors: str) -> 
 def check_mpiexec(exercise: Exercise, path: str, ranks: Sequence[int] = (), time_limit: Optional[float] = None
                   ) -> Verdict:
     """Run the submission under `spmdsim launch` (mpiexec with a timeout), one job per rank count; its values
-    are judged as on simulated ranks, its calls and bytes not (spmdsim.tools.lab.mpi_child)."""
+    are judged as on simulated ranks, its calls and bytes not (spmdsim.tools.lab.mpi_child). LabError, before any
+    job, where no mpiexec is found: every job failed with launch's refusal, a right submission FAIL."""
+    try:
+        find_mpiexec()  # (as `spmdsim launch`, run with this Python, finds it)
+    except SpmdsimError:
+        raise LabError("--mpiexec runs each rank count as an MPI job, and no mpiexec was found beside this Python or "
+                       "on PATH: install the 'mpi' extra, or check without --mpiexec (on simulated ranks)") from None
     ranks = tuple(ranks) or exercise.ranks
     limit = exercise.time_limit if time_limit is None else time_limit
     folder = os.path.dirname(os.path.abspath(exercise.path))
