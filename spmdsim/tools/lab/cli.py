@@ -213,8 +213,8 @@ def _grade(args: argparse.Namespace) -> int:
         try:
             for future in concurrent.futures.as_completed(pending):
                 path = pending[future]  # a student's folder named with its file (alice/ring_allreduce.py)
-                shown = "/".join(map(file_name, os.path.relpath(path, args.dir).split(os.sep)))
-                row = done[path] = (shown, *csv_row(future.result())[1:])
+                label = "/".join(map(file_name, os.path.relpath(path, args.dir).split(os.sep)))
+                row = done[path] = (label, *csv_row(future.result())[1:])
                 print(f"  {len(done)} of {len(files)}: {row[0]} {row[1]} ({row[5]} s)", file=sys.stderr)
         except KeyboardInterrupt:  # the checks running kill their submissions; the others never start
             stop.set()

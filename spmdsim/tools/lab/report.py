@@ -1,7 +1,6 @@
 """A verdict said for a student (lines within 100 columns) and for a grade book (one CSV row)."""
 from __future__ import annotations
 
-import os
 from typing import Sequence
 
 from ...errors import fold_message
