@@ -201,8 +201,37 @@ def mesh_of(mesh: object, names: Optional[Sequence[str]],
     elif as_items(mesh) is None:
         raise DialectError(f"{what} {mesh!r} is not a mesh{_foreign(mesh)}; expected {MESH_FORMS}")
     else:
-        shape = positive_ints(mesh, what)
+        shape = _ranks_shape(mesh, what) or positive_ints(mesh, what)
     return shape, axis_names(names, len(shape)), None
+
+
+def _ranks_shape(mesh: object, what: str) -> Optional[tuple[int, ...]]:
+    """The shape of a mesh written as its array of ranks, as OneFlow's ``flow.placement("cpu", ranks=[[0, 1],
+    [2, 3]])``, Paddle's ``ProcessMesh([[0, 1], [2, 3]])`` and PyTorch's ``DeviceMesh("cpu", [[0, 1], [2, 3]])``
+    write it: nested lists, or a flat ``[0, 1, 2, 3]`` (a shape holds no 0). None for anything else (a shape).
+    spmdsim numbers a mesh's ranks row-major, so ranks in another order are refused in one line."""
+    items = as_items(mesh)
+    nested = any(as_items(item) is not None for item in items)
+    if not nested and not (len(items) > 1 and as_int(items[0]) == 0):  # (0,): a shape of no devices
+        return None
+    try:
+        ranks = np.asarray(items)
+    except ValueError:  # ragged: numpy refuses it
+        ranks = None
+    if ranks is None or ranks.dtype == object or ranks.size == 0 or ranks.dtype.kind not in "iu":
+        if not nested:
+            return None
+        raise DialectError(f"{what} {mesh!r} is not a mesh; expected {MESH_FORMS}, or an array of ranks "
+                           "such as [[0, 1], [2, 3]] (rectangular, integers)")
+    if not nested and sorted(ranks.tolist()) != list(range(ranks.size)):
+        return None  # (0, 4): a shape with a 0, refused as a shape
+    shape = tuple(int(n) for n in ranks.shape)
+    in_order = np.arange(ranks.size).reshape(shape)
+    if not np.array_equal(ranks, in_order):
+        raise DialectError(f"{what} {mesh!r} numbers its ranks in another order than spmdsim does: spmdsim numbers a "
+                           f"mesh's ranks row-major (the last axis fastest); expected {in_order.tolist()!r} "
+                           f"(or its shape, {shape!r})")
+    return shape
 
 
 def refuse_mesh_as_count(value: object, what: str, takes: str, count_of) -> None:

@@ -1,0 +1,56 @@
+"""Layouts written as MindSpore, OneFlow and Paddle write them: read, or refused in one line naming the value."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from spmdsim import DialectError, Layout
+from spmdsim.layouts.dialects import (
+    partition_spec_to_layout,
+    placements_to_layout,
+    sbp_to_layout,
+    strategy_to_layout,
+)
+
+
+def _refusal(func, *args, **kwargs) -> str:
+    with pytest.raises(DialectError) as info:
+        func(*args, **kwargs)
+    return str(info.value)
+
+
+def _blocks(tl, shape=(8, 8)) -> list:
+    return [tl.slices(rank, shape) for rank in range(tl.layout.num_devices)]
+
+
+# -- a mesh written as its ranks ---------------------------------------------------------------------
+def test_a_mesh_written_as_its_ranks_reads_as_its_shape():
+    """OneFlow writes a placement as its ranks, flow.placement("cpu", ranks=[[0, 1], [2, 3]]) (seed 002),
+    Paddle a ProcessMesh([[0, 1], [2, 3]]): the ranks array was refused ("placement shape [[0, 1], [2, 3]]
+    must hold positive integers, got [0, 1]"). Read in row-major order, it is the mesh of its shape."""
+    tl = sbp_to_layout("broadcast, split(0)", [[0, 1], [2, 3]], 2)
+    assert tl == sbp_to_layout("B, S(0)", (2, 2), 2)
+    # Seed 002: ranks 0 and 2 hold the same rows, ranks 1 and 3 the others.
+    assert _blocks(tl, (4, 4)) == [(slice(0, 2), slice(0, 4)), (slice(2, 4), slice(0, 4))] * 2
+    assert sbp_to_layout("S(0)", [0, 1, 2, 3], 2) == sbp_to_layout("S(0)", 4, 2)
+    ranks = np.arange(8).reshape(2, 4)
+    assert placements_to_layout("S(0), R", ranks, 2, ("dp", "mp")) == Layout((2, 4), ("dp", "mp"))("dp", None)
+    assert partition_spec_to_layout(("x", None), ranks.tolist(), 2, ("x", "y")).layout.device_matrix == (2, 4)
+    assert strategy_to_layout((2, 1), ranks) == strategy_to_layout((2, 1), 8)
+
+
+@pytest.mark.parametrize("ranks, said", [
+    ([[0, 2], [1, 3]], "placement shape [[0, 2], [1, 3]] numbers its ranks in another order than spmdsim does: "
+                       "spmdsim numbers a mesh's ranks row-major (the last axis fastest); expected [[0, 1], [2, 3]] "
+                       "(or its shape, (2, 2))"),
+    ([[2, 4, 5], [0, 1, 3]], "expected [[0, 1, 2], [3, 4, 5]] (or its shape, (2, 3))"),
+    ([0, 2, 1, 3], "placement shape [0, 2, 1, 3] numbers its ranks in another order than spmdsim does"),
+    ([[0, 1], [2]], "placement shape [[0, 1], [2]] is not a mesh; expected a mesh shape (a tuple of positive "
+                    "integers, or one for a 1-D mesh), a spmdsim Layout or a Mesh, or an array of ranks such as "
+                    "[[0, 1], [2, 3]] (rectangular, integers)"),
+    ([[0.0, 1], [2, 3]], "is not a mesh; expected"),
+    ((0, 4), "placement shape (0, 4) must hold positive integers, got 0"),  # a shape with a 0 stays a shape
+])
+def test_ranks_in_another_order_or_not_an_array_are_one_line(ranks, said):
+    sbp = "S(0)" if ranks == [0, 2, 1, 3] else "S(0), B"
+    assert said in _refusal(sbp_to_layout, sbp, ranks, 2)
