@@ -54,3 +54,35 @@ def test_a_mesh_written_as_its_ranks_reads_as_its_shape():
 def test_ranks_in_another_order_or_not_an_array_are_one_line(ranks, said):
     sbp = "S(0)" if ranks == [0, 2, 1, 3] else "S(0), B"
     assert said in _refusal(sbp_to_layout, sbp, ranks, 2)
+
+
+# -- OneFlow SBP text ------------------------------------------------------------------------------------
+def test_sbp_text_reads_spmdsims_own_class_spellings():
+    """The SBP values are spmdsim's Broadcast(), Split(d), PartialSum() (docs/reference/dialects.md), and their
+    reprs print so, but text in those spellings was refused ("sbp 'Split(0)' ... is not valid"), where the
+    DTensor reader takes Shard(0), Replicate(): a printed SBP now reads back."""
+    from spmdsim.layouts.dialects import Broadcast, PartialSum, Split, parse_sbp
+
+    want = (Broadcast(), Split(0), PartialSum())
+    for text in ("Broadcast(), Split(0), PartialSum()", "(Broadcast(), Split(tensor_dim=0), PartialSum())",
+                 repr(want), "broadcast, split(0), partial_sum"):
+        assert parse_sbp(text) == want, text
+
+
+@pytest.mark.parametrize("text, meant", [
+    ("brodcast, S(0)", "sbp 'brodcast' in 'brodcast, S(0)' is not valid; expected 'B', 'P' or 'S(d)' with tensor dim "
+                       "d >= 0; did you mean 'broadcast'?"),
+    ("b, S(0)", "did you mean 'B'?"),
+    ("B, s(1)", "sbp 's(1)' in 'B, s(1)' is not valid; expected 'B', 'P' or 'S(d)' with tensor dim d >= 0; did you "
+                "mean 'S(1)'?"),
+    ("spilt(0), B", "did you mean 'split(0)'?"),
+    ("partial_min, B", "did you mean 'partial_sum'?"),
+])
+def test_a_mistyped_sbp_names_the_spelling_meant(text, meant):
+    assert meant in _refusal(sbp_to_layout, text, (2, 2), 2)
+
+
+def test_an_sbp_whose_name_is_right_gets_no_guess():
+    for text in ("S(-1)", "split(-1)", "xyz"):
+        said = _refusal(sbp_to_layout, text, 4, 2)
+        assert said == f"sbp {text!r} is not valid; expected 'B', 'P' or 'S(d)' with tensor dim d >= 0", said

@@ -15,6 +15,7 @@ from typing import Optional, Sequence, Union
 
 from ...errors import DialectError
 from ..layout import Layout, TensorLayout
+from ...base.suggest import close_matches, word_list
 from ...base.validate import counted
 from ._common import as_int, check_major_order, entry_tokens, mesh_of, renamed_keyword
 
@@ -62,12 +63,15 @@ class PartialSum:
 SBP = Union[Broadcast, Split, PartialSum]
 
 # OneFlow prints an SBP as ``oneflow.sbp.split(dim=0)`` (older releases: ``split(axis=0)``), and its values are also
-# called, ``flow.sbp.broadcast()``: these read as the short forms do.
-_SPLIT = re.compile(r"^(?:S|split)\s*\(\s*(?:(?:dim|axis)\s*=\s*)?(\d+)\s*\)$")
+# called, ``flow.sbp.broadcast()``: these read as the short forms do, and so do spmdsim's own classes as their reprs
+# write them (``Split(tensor_dim=0)``, ``Broadcast()``, ``PartialSum()``).
+_SPLIT = re.compile(r"^(?:S|split|Split)\s*\(\s*(?:(?:dim|axis|tensor_dim)\s*=\s*)?(\d+)\s*\)$")
 _PREFIX = re.compile(r"^(?:oneflow|flow)\.sbp\.")
-_NAMED = {"B": Broadcast(), "broadcast": Broadcast(), "broadcast()": Broadcast(), "P": PartialSum(),
-          "partial_sum": PartialSum(), "partial_sum()": PartialSum()}
+_NAMED = {"B": Broadcast(), "broadcast": Broadcast(), "broadcast()": Broadcast(), "Broadcast()": Broadcast(),
+          "P": PartialSum(), "partial_sum": PartialSum(), "partial_sum()": PartialSum(), "PartialSum()": PartialSum()}
 _EXPECTED = "expected 'B', 'P' or 'S(d)' with tensor dim d >= 0"
+#: The names an SBP is written with, for the did-you-mean of a mistyped one (`split` and `S` take a dim).
+_SPELLINGS = ("B", "P", "S", "broadcast", "partial_sum", "split")
 
 
 def _parse_one(token: object, shown: object) -> SBP:
@@ -81,8 +85,18 @@ def _parse_one(token: object, shown: object) -> SBP:
         return _NAMED[text]
     match = _SPLIT.match(text)
     if match is None:
-        raise DialectError(f"sbp {token!r}{where} is not valid; {_EXPECTED}")
+        raise DialectError(f"sbp {token!r}{where} is not valid; {_EXPECTED}{_meant(text)}")
     return Split(int(match.group(1)))
+
+
+def _meant(text: str) -> str:
+    """"; did you mean 'broadcast'?" for a mistyped name ('brodcast', 'b', 's(0)', 'spilt(0)'), or ""."""
+    name, paren, rest = text.partition("(")
+    names = [n for n in _SPELLINGS if (n in ("S", "split")) == bool(paren)]
+    if name.strip() in names:  # the name is right, its argument is not: the expected forms say enough
+        return ""
+    close = close_matches(name.strip(), names, most=2)
+    return f"; did you mean {word_list([repr(c + paren + rest) for c in close])}?" if close else ""
 
 
 def parse_sbp(value: object) -> tuple[SBP, ...]:
