@@ -86,3 +86,20 @@ def test_an_sbp_whose_name_is_right_gets_no_guess():
     for text in ("S(-1)", "split(-1)", "xyz"):
         said = _refusal(sbp_to_layout, text, 4, 2)
         assert said == f"sbp {text!r} is not valid; expected 'B', 'P' or 'S(d)' with tensor dim d >= 0", said
+
+
+# -- MindSpore strategies ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("side, strategy", [("from", "((8,1,1),)"), ("to", "(1,8,1)")])
+def test_plan_names_a_strategy_longer_than_the_shape(capsys, side, strategy):
+    """`spmdsim plan --from-strategy "((8,1,1),)" --shape 8,8` said 'tensor map ("axis_0", "axis_1", "axis_2") has
+    3 entries but shape (8, 8) has 2 dims', a map the user never wrote; `slices` names the strategy."""
+    from spmdsim.tools.cli.main import main
+
+    flags = {"from": "((8,1),)", "to": "((1,8),)", side: strategy}
+    argv = ["plan", "--device-matrix", "8", "--from-strategy", flags["from"], "--to-strategy", flags["to"],
+            "--shape", "8,8"]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and " ".join(err.split()) == (
+        f"spmdsim: error: --{side}-strategy {strategy!r} has 3 slice counts but --shape '8,8' has 2 dims; expected "
+        "one slice count per tensor dim")

@@ -26,7 +26,7 @@ from ...layouts.dialects._common import parse_name_list, parse_partition_spec, p
 from ...layouts.dialects.dtensor import check_uneven_shards, placements_to_layout
 from ...layouts.dialects.partition_spec import partition_spec_to_layout
 from ...layouts.dialects.sbp import sbp_to_layout
-from ...layouts.dialects.strategy import strategy_to_layout
+from ...layouts.dialects.strategy import parse_strategy, strategy_to_layout
 from .case_checks import (check_device_count, checked_axis_names, dialect_flags, indivisible, parse_int_list,
                           with_partial_axes)
 from .cases import ONEFLOW_EVEN, flag_ints
@@ -177,6 +177,11 @@ def _side(args, which: str, mesh: Layout, ndim: int, world: int) -> TensorLayout
     if strategy is not None:
         # Both sides of a strategy pair would name their axes axis_0, axis_1, ...: the
         # target's are to_0, to_1, ... so the report tells the two meshes apart.
+        counts = parse_strategy(strategy)
+        if len(counts) == 1 and len(counts[0]) != ndim:  # before the layout, whose error names its axis_0, ...
+            raise SpmdsimError(f"--{which}-strategy {strategy!r} has {counted(len(counts[0]), 'slice count')} but "
+                               f"--shape {args.shape!r} has {counted(ndim, 'dim')}; expected one slice count per "
+                               "tensor dim")
         tl = strategy_to_layout(strategy, world)
         if which == "to":
             tl = _renamed(tl, {n: "to_" + n[5:] for n in tl.layout.alias_name if n[:5] == "axis_"})
