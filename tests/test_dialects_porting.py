@@ -103,3 +103,21 @@ def test_plan_names_a_strategy_longer_than_the_shape(capsys, side, strategy):
     assert out == "" and " ".join(err.split()) == (
         f"spmdsim: error: --{side}-strategy {strategy!r} has 3 slice counts but --shape '8,8' has 2 dims; expected "
         "one slice count per tensor dim")
+
+
+def test_a_strategy_whose_axis_names_take_rep_says_so():
+    """Naming an axis "rep" where the strategy uses fewer devices than the ranks said "alias_name ('dp', 'rep',
+    'rep') repeats a name", a tuple the user never wrote. Where no repeats are added, "rep" is a name like any."""
+    said = _refusal(strategy_to_layout, (2, 1), 8, mesh_axis_names=("dp", "rep"))
+    assert said == ("mesh_axis_names ('dp', 'rep') names an axis 'rep', the name of the axis of repeats that strategy "
+                    "(2, 1) on 8 ranks adds (4 copies of each shard); expected other names")
+    assert strategy_to_layout((2, 4), 8, mesh_axis_names=("dp", "rep")).tensor_map == (("dp",), ("rep",))
+
+
+def test_a_layout_that_repeats_an_axis_name_names_it():
+    from spmdsim import LayoutError
+
+    with pytest.raises(LayoutError) as info:
+        Layout((2, 2, 2), ("dp", "mp", "dp"))
+    assert str(info.value) == ("alias_name ('dp', 'mp', 'dp') names two axes 'dp'; expected a different name for each "
+                               "axis of the device matrix")

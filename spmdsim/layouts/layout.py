@@ -22,7 +22,7 @@ from .notation import DIALECT_FUNCTIONS, MapEntry, dialect_hint, format_tensor_m
 from .rank_groups import RankGroups
 from .shards import TensorShards
 from .slicing import CUTS
-from ..base.validate import as_int
+from ..base.validate import as_int, counted
 
 __all__ = ["Layout", "TensorLayout", "default_axis_names"]
 
@@ -87,13 +87,15 @@ class Layout(RankGroups):
                 raise LayoutError(f"device_matrix {matrix!r} must hold positive integers, got {size!r}")
         matrix = sizes
         if len(names) != len(matrix):
-            raise LayoutError(f"alias_name {names!r} has {len(names)} names but device_matrix "
-                              f"{matrix!r} has {len(matrix)} axes")
+            raise LayoutError(f"alias_name {names!r} has {counted(len(names), 'name')} but device_matrix "
+                              f"{matrix!r} has {counted(len(matrix), 'axis')}; expected one name per axis")
         for name in names:
             if not isinstance(name, str) or not name or name == "None":
                 raise LayoutError(f"alias name {name!r} must be a non-empty string other than 'None'")
-        if len(set(names)) != len(names):
-            raise LayoutError(f"alias_name {names!r} repeats a name")
+        repeated = [name for i, name in enumerate(names) if name in names[:i]]
+        if repeated:
+            raise LayoutError(f"alias_name {names!r} names two axes {repeated[0]!r}; expected a different name for "
+                              "each axis of the device matrix")
         if INTERLEAVED in names:  # MindSpore's: a virtual axis, no devices; here it would be one of real ranks
             raise LayoutError(f"alias name {INTERLEAVED!r} in {names!r} is MindSpore's micro-interleaving (a tensor "
                               "cut into slices that one device computes in turn), which spmdsim does not model; "

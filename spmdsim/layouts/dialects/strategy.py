@@ -129,6 +129,10 @@ def _device_layout(
         )
     repeats = world // used
     if repeats > 1 or not matrix:
+        if REP_AXIS in names:  # Layout would say "alias_name ('dp', 'rep', 'rep') repeats a name"
+            raise DialectError(f"mesh_axis_names {names!r} names an axis {REP_AXIS!r}, the name of the axis of "
+                               f"repeats that {what} on {world} ranks adds ({repeats} copies of each shard); "
+                               f"expected other names")
         matrix, names = matrix + (repeats,), names + (REP_AXIS,)
     return Layout(matrix, names)
 
