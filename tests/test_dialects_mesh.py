@@ -454,7 +454,8 @@ def test_what_spmdsim_does_not_read_is_one_line_naming_it_and_the_way_out():
     """JAX's P.UNCONSTRAINED read as a mesh axis name ("names mesh axis 'UNCONSTRAINED', which is not one of the
     mesh axes"); MindSpore's integer tensor map said only "must be an axis name"; Layout took MindSpore's
     "interleaved_parallel" as a real axis (16 ranks for a layout MindSpore runs on 8, silently); Paddle's
-    dist.Shard and ProcessMesh were "not valid" / "not a mesh". Each names itself now, and what to write instead;
+    ProcessMesh was "not a mesh". Each names itself now, and what to write instead (Paddle's dist.Shard
+    placements are read now: tests/test_dialects_porting.py);
     docs/reference/dialects.md lists them under "Not supported"."""
     from pathlib import Path
 
@@ -481,10 +482,6 @@ def test_what_spmdsim_does_not_read_is_one_line_naming_it_and_the_way_out():
         with pytest.raises(LayoutError) as info:
             call()
         assert said in str(info.value), str(info.value)
-    said = _errors_with("placement 'dist.Shard(0)' in '[dist.Shard(0), dist.Replicate()]' is Paddle's "
-                        "(dist.shard_tensor's placements on a dist.ProcessMesh), which spmdsim does not read; "
-                        "expected PyTorch DTensor's spelling, 'S(d)', 'R' or 'P'", parse_placements,
-                        "[dist.Shard(0), dist.Replicate()]")
     process_mesh = type("ProcessMesh", (), {"__module__": "paddle.distributed.auto_parallel.process_mesh",
                                             "__repr__": lambda self: "ProcessMesh([[0, 1], [2, 3]])"})()
     for convert in CONVERTERS.values():
@@ -492,7 +489,7 @@ def test_what_spmdsim_does_not_read_is_one_line_naming_it_and_the_way_out():
                      "read: pass Layout(mesh.shape, mesh.dim_names) instead)", convert, process_mesh)
     doc = " ".join((Path(__file__).resolve().parents[1] / "docs" / "reference" / "dialects.md").read_text().split())
     section = doc[doc.index("## Not supported"):]
-    for name in ("P.UNCONSTRAINED", "integer tensor map", "interleaved_parallel", "ProcessMesh", "shard_tensor"):
+    for name in ("P.UNCONSTRAINED", "integer tensor map", "interleaved_parallel", "ProcessMesh"):
         assert name in section, name
 
 

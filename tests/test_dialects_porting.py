@@ -121,3 +121,35 @@ def test_a_layout_that_repeats_an_axis_name_names_it():
         Layout((2, 2, 2), ("dp", "mp", "dp"))
     assert str(info.value) == ("alias_name ('dp', 'mp', 'dp') names two axes 'dp'; expected a different name for each "
                                "axis of the device matrix")
+
+
+# -- Paddle's auto-parallel placements ---------------------------------------------------------------------------
+def test_paddle_placements_read_as_dtensors():
+    """dist.shard_tensor(x, mesh, [dist.Shard(0), dist.Replicate()]) places a tensor as DTensor does (one
+    placement per mesh dim), but the text was refused as "Paddle's ..., which spmdsim does not read". It reads
+    now, on the mesh Paddle writes as its ProcessMesh's ranks, and holds the blocks DTensor's spelling holds."""
+    from spmdsim.layouts.dialects import Partial, Replicate, Shard, parse_placements
+
+    mesh = [[0, 1, 2, 3], [4, 5, 6, 7]]
+    tl = placements_to_layout("[dist.Shard(0), dist.Replicate()]", mesh, 2, ("x", "y"))
+    assert tl == placements_to_layout("S(0), R", (2, 4), 2, ("x", "y"))
+    assert _blocks(tl)[5] == (slice(4, 8), slice(0, 8))
+    assert parse_placements("[paddle.distributed.Shard(1), paddle.distributed.Partial()]") == (Shard(1), Partial())
+    assert parse_placements("dist.Partial(dist.ReduceType.kRedSum), dist.Replicate()") == (Partial(), Replicate())
+    assert parse_placements("dist.Partial(reduce_type=dist.ReduceType.kRedMax)") == (Partial("max"),)
+
+
+@pytest.mark.parametrize("text, said", [
+    ("dist.Partial(dist.ReduceType.kRedAny), dist.Replicate()",
+     "placement 'dist.Partial(dist.ReduceType.kRedAny)' in 'dist.Partial(dist.ReduceType.kRedAny), dist.Replicate()' "
+     "reduces by Paddle's kRedAny, which spmdsim does not model (its partial layouts hold pending sums); expected "
+     "dist.Partial() (ReduceType.kRedSum), dist.Shard(d) or dist.Replicate()"),
+    ("dist.Partial(dist.ReduceType.kRedMax), dist.Replicate()",
+     "partial reduce_op 'max' on mesh dim 0 is not supported; spmdsim partial layouts hold pending sums"),
+    ("dist.Shard(0), dist.Shard(0)",
+     "placements 'dist.Shard(0), dist.Shard(0)' shard tensor dim 0 on several mesh dims in Paddle's spelling, whose "
+     "order over them spmdsim does not read; expected one mesh dim per tensor dim, or a spmdsim Layout whose tensor "
+     "map lists the major axis first"),
+])
+def test_paddle_placements_spmdsim_cannot_hold_are_one_line(text, said):
+    assert said in _refusal(placements_to_layout, text, (2, 4), 2)

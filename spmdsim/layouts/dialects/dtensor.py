@@ -5,7 +5,8 @@ never imported. One placement per device-mesh dim. ``Shard(d)`` on several
 mesh dims splits d with the lower mesh dim major (DTensor's default
 left-to-right order; its ``_StridedShard`` for other orders is not modelled),
 and on a layout cut "chunk" cuts it mesh dim by mesh dim, as DTensor does.
-Mesh dims without names are called ``"axis_0", "axis_1", ...``.
+Mesh dims without names are called ``"axis_0", "axis_1", ...``. Paddle's auto-parallel placements
+(``[dist.Shard(0), dist.Replicate()]``) mean the same and read as these do.
 """
 from __future__ import annotations
 
@@ -83,6 +84,12 @@ _PARTIAL = re.compile(r"^(?:P|Partial)\s*\(\s*(?:reduce_op\s*=\s*)?['\"]?(\w+)['
 _STRIDED = re.compile(r"^(?:_S|_StridedShard)\s*\(")
 _NAMED = {"R": Replicate(), "Replicate()": Replicate(), "P": Partial(), "Partial()": Partial()}
 _EXPECTED = "expected 'S(d)', 'R' or 'P' (Shard(d), Replicate(), Partial())"
+# Paddle's auto-parallel placements (dist.shard_tensor(x, mesh, [dist.Shard(0), dist.Replicate()])) are DTensor's,
+# one per mesh dim; its Partial names a ReduceType.
+_PADDLE = re.compile(r"^(?:paddle\.distributed|dist)\.")
+_PADDLE_PARTIAL = re.compile(
+    r"^Partial\s*\(\s*(?:reduce_type\s*=\s*)?(?:(?:paddle\.distributed|dist)\.)?ReduceType\.(\w+)\s*\)$")
+_PADDLE_REDUCE = {"kRedSum": "sum", "kRedAvg": "avg", "kRedMax": "max", "kRedMin": "min", "kRedProd": "product"}
 
 
 def _parse_one(token: object, shown: object) -> Placement:
@@ -92,16 +99,22 @@ def _parse_one(token: object, shown: object) -> Placement:
     if not isinstance(token, str):
         raise DialectError(f"placement {token!r}{where} is not a placement; {_EXPECTED}")
     text = token.strip()
+    paddle = _PADDLE.match(text)
+    if paddle is not None:
+        text = text[paddle.end():]
+        match = _PADDLE_PARTIAL.match(text)
+        if match is not None:
+            if match.group(1) not in _PADDLE_REDUCE:
+                raise DialectError(f"placement {token!r}{where} reduces by Paddle's {match.group(1)}, which spmdsim "
+                                   "does not model (its partial layouts hold pending sums); expected dist.Partial() "
+                                   "(ReduceType.kRedSum), dist.Shard(d) or dist.Replicate()")
+            return Partial(_PADDLE_REDUCE[match.group(1)])
     if text in _NAMED:
         return _NAMED[text]
     if _STRIDED.match(text):
         raise DialectError(f"placement {token!r}{where} is DTensor's _StridedShard (a dim sharded right to left, "
                            "as FSDP2 with TP does), which spmdsim does not model; expected Shard(d) on each mesh "
                            "dim, or write the layout with a tensor map that lists the later mesh axis first")
-    if text.startswith("dist."):
-        raise DialectError(f"placement {token!r}{where} is Paddle's (dist.shard_tensor's placements on a "
-                           "dist.ProcessMesh), which spmdsim does not read; expected PyTorch DTensor's spelling, "
-                           f"{_EXPECTED[len('expected '):]}, or a spmdsim Layout and tensor map")
     match = _SHARD.match(text)
     if match is not None:
         return Shard(int(match.group(1)))
@@ -116,7 +129,15 @@ def parse_placements(value: object) -> tuple[Placement, ...]:
     if isinstance(value, (Shard, Replicate, Partial)):
         return (value,)
     tokens = entry_tokens(value, "placements", _EXPECTED, "placements", "mesh dim", plural=True)
-    return tuple(_parse_one(t, value) for t in tokens)
+    parsed = tuple(_parse_one(t, value) for t in tokens)
+    if any(isinstance(t, str) and _PADDLE.match(t.strip()) for t in tokens):
+        dims = [p.dim for p in parsed if isinstance(p, Shard)]
+        for dim in dims:
+            if dims.count(dim) > 1:  # Paddle orders a co-shard by its own shard_order, by release
+                raise DialectError(f"placements {value!r} shard tensor dim {dim} on several mesh dims in Paddle's "
+                                   "spelling, whose order over them spmdsim does not read; expected one mesh dim per "
+                                   "tensor dim, or a spmdsim Layout whose tensor map lists the major axis first")
+    return parsed
 
 
 def format_placements(placements: object) -> str:
