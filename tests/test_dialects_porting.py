@@ -153,3 +153,22 @@ def test_paddle_placements_read_as_dtensors():
 ])
 def test_paddle_placements_spmdsim_cannot_hold_are_one_line(text, said):
     assert said in _refusal(placements_to_layout, text, (2, 4), 2)
+
+
+# -- SBP and placements, one given for the other ---------------------------------------------------------------
+@pytest.mark.parametrize("convert, text, said", [
+    (lambda t: placements_to_layout(t, (2, 4), 2), "split(0), broadcast",
+     "placement 'split(0)' in 'split(0), broadcast' is not valid; expected 'S(d)', 'R' or 'P' (Shard(d), Replicate(), "
+     "Partial()); 'split(0)' is OneFlow SBP syntax: read it with sbp_to_layout (--sbp, over --placement, on the "
+     "command line)"),
+    (lambda t: placements_to_layout(t, (2, 4), 2), "S(0), B", "'B' is OneFlow SBP syntax: read it with sbp_to_layout"),
+    (lambda t: sbp_to_layout(t, (2, 4), 2), "Shard(0), Replicate()",
+     "sbp 'Shard(0)' in 'Shard(0), Replicate()' is not valid; expected 'B', 'P' or 'S(d)' with tensor dim d >= 0; "
+     "'Shard(0)' is DTensor placement syntax: read it with placements_to_layout (--placements on the command line)"),
+    (lambda t: sbp_to_layout(t, (2, 4), 2), "S(0), R", "'R' is DTensor placement syntax: read it with placements_to"),
+    (lambda t: sbp_to_layout(t, (2, 4), 2), "dist.Shard(0), dist.Replicate()", "'dist.Shard(0)' is DTensor placement"),
+])
+def test_an_sbp_given_as_placements_or_the_reverse_names_the_reader(convert, text, said):
+    """OneFlow's SBP is written per placement (mesh) axis, as DTensor's placements are: a porter who reaches for
+    --placements (OneFlow calls its mesh a placement) got only "not valid; expected 'S(d)', 'R' or 'P'"."""
+    assert said in _refusal(convert, text)

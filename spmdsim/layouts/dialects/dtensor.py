@@ -19,6 +19,7 @@ from ..layout import Layout, TensorLayout
 from ..slicing import all_bounds, shard_bounds
 from ...base.validate import counted
 from ._common import as_int, check_major_order, entry_tokens, mesh_of, renamed_keyword
+from .sbp import parse_sbp
 
 __all__ = [
     "Shard", "Replicate", "Partial", "Placement", "parse_placements", "format_placements",
@@ -121,7 +122,17 @@ def _parse_one(token: object, shown: object) -> Placement:
     match = _PARTIAL.match(text)
     if match is not None:
         return Partial(match.group(1))
-    raise DialectError(f"placement {token!r}{where} is not valid; {_EXPECTED}")
+    raise DialectError(f"placement {token!r}{where} is not valid; {_EXPECTED}{_sbp_hint(text)}")
+
+
+def _sbp_hint(text: str) -> str:
+    """What reads a OneFlow SBP given as a placement ('split(0)', 'broadcast', 'B'), or ""."""
+    try:
+        parse_sbp(text)
+    except DialectError:
+        return ""
+    return (f"; {text!r} is OneFlow SBP syntax: read it with sbp_to_layout (--sbp, over --placement, on the "
+            "command line)")
 
 
 def parse_placements(value: object) -> tuple[Placement, ...]:

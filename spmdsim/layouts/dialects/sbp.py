@@ -72,6 +72,8 @@ _NAMED = {"B": Broadcast(), "broadcast": Broadcast(), "broadcast()": Broadcast()
 _EXPECTED = "expected 'B', 'P' or 'S(d)' with tensor dim d >= 0"
 #: The names an SBP is written with, for the did-you-mean of a mistyped one (`split` and `S` take a dim).
 _SPELLINGS = ("B", "P", "S", "broadcast", "partial_sum", "split")
+#: A DTensor placement (or Paddle's, which reads as one) given as an SBP: R, Replicate(), Shard(0), dist.Partial().
+_PLACEMENT = re.compile(r"^(?:(?:paddle\.distributed|dist)\.)?(?:R|Replicate\s*\(\s*\)|(?:Shard|Partial)\s*\(.*\))$")
 
 
 def _parse_one(token: object, shown: object) -> SBP:
@@ -90,7 +92,11 @@ def _parse_one(token: object, shown: object) -> SBP:
 
 
 def _meant(text: str) -> str:
-    """"; did you mean 'broadcast'?" for a mistyped name ('brodcast', 'b', 's(0)', 'spilt(0)'), or ""."""
+    """"; did you mean 'broadcast'?" for a mistyped name ('brodcast', 'b', 's(0)', 'spilt(0)'), what reads a DTensor
+    placement for one ('Shard(0)'), or ""."""
+    if _PLACEMENT.match(text):
+        return (f"; {text!r} is DTensor placement syntax: read it with placements_to_layout (--placements on the "
+                "command line)")
     name, paren, rest = text.partition("(")
     names = [n for n in _SPELLINGS if (n in ("S", "split")) == bool(paren)]
     if name.strip() in names:  # the name is right, its argument is not: the expected forms say enough
