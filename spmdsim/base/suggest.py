@@ -41,10 +41,7 @@ def word_list(items: list[str], word: str = "or") -> str:
 def did_you_mean(word: str, names: Iterable[object], quoted: bool = True) -> str:
     """``did you mean 'estimate'?`` (`quoted`: each name as repr writes it; a flag is not), or "" when no name is
     close to `word`."""
-    matches = close_matches(word, names)
-    if not matches:
-        return ""
-    return f"did you mean {word_list([repr(m) if quoted else m for m in matches])}?"
+    return did_you_mean_each([word], names, quoted)
 
 
 def did_you_mean_each(words: list[str], names: Iterable[object], quoted: bool = True) -> str:

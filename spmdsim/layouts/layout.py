@@ -92,9 +92,9 @@ class Layout(RankGroups):
         for name in names:
             if not isinstance(name, str) or not name or name == "None":
                 raise LayoutError(f"alias name {name!r} must be a non-empty string other than 'None'")
-        repeated = [name for i, name in enumerate(names) if name in names[:i]]
-        if repeated:
-            raise LayoutError(f"alias_name {names!r} names two axes {repeated[0]!r}; expected a different name for "
+        if len(set(names)) != len(names):
+            repeated = next(name for i, name in enumerate(names) if name in names[:i])
+            raise LayoutError(f"alias_name {names!r} names two axes {repeated!r}; expected a different name for "
                               "each axis of the device matrix")
         if INTERLEAVED in names:  # MindSpore's: a virtual axis, no devices; here it would be one of real ranks
             raise LayoutError(f"alias name {INTERLEAVED!r} in {names!r} is MindSpore's micro-interleaving (a tensor "

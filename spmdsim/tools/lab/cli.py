@@ -322,7 +322,7 @@ def _submissions(folder: str, starter: str) -> list:
     stderr (a folder with its "/" and why); refused in one line when there is none."""
     if not os.path.isdir(folder):
         raise LabError(f"submission folder {folder!r} does not exist")
-    names = sorted(n for n in os.listdir(folder))
+    names = sorted(os.listdir(folder))
     files, skipped = [], []
     for name in names:
         path = os.path.join(folder, name)
@@ -334,7 +334,7 @@ def _submissions(folder: str, starter: str) -> list:
                 skipped.append(f"{file_name(name)}/ ({why})")
             else:
                 files.append(os.path.join(path, pick))
-        elif name.endswith(".py") and not name.startswith(".") and os.path.isfile(path):
+        elif _a_submission(folder, name):
             files.append(path)
         else:
             skipped.append(file_name(name) + ("/" if os.path.isdir(path) else ""))
@@ -348,9 +348,13 @@ def _submissions(folder: str, starter: str) -> list:
 
 
 def _python_files(folder: str) -> list:
-    """The names of `folder`'s .py files that are not hidden (a folder named x.py is none)."""
-    return sorted(f for f in os.listdir(folder) if f.endswith(".py") and not f.startswith(".")
-                  and os.path.isfile(os.path.join(folder, f)))
+    """The names of `folder`'s submission files (`_a_submission`), sorted."""
+    return sorted(f for f in os.listdir(folder) if _a_submission(folder, f))
+
+
+def _a_submission(folder: str, name: str) -> bool:
+    """Whether `folder`'s entry `name` is a .py file that is not hidden (a folder named x.py is none)."""
+    return name.endswith(".py") and not name.startswith(".") and os.path.isfile(os.path.join(folder, name))
 
 
 def _writable(path: str, folder: str) -> None:
