@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from spmdsim import DialectError, Layout
+from spmdsim import DialectError, Layout, LayoutError
 from spmdsim.layouts.dialects import (
     partition_spec_to_layout,
     placements_to_layout,
@@ -115,7 +115,6 @@ def test_a_strategy_whose_axis_names_take_rep_says_so():
 
 
 def test_a_layout_that_repeats_an_axis_name_names_it():
-    from spmdsim import LayoutError
 
     with pytest.raises(LayoutError) as info:
         Layout((2, 2, 2), ("dp", "mp", "dp"))
@@ -172,3 +171,32 @@ def test_an_sbp_given_as_placements_or_the_reverse_names_the_reader(convert, tex
     """OneFlow's SBP is written per placement (mesh) axis, as DTensor's placements are: a porter who reaches for
     --placements (OneFlow calls its mesh a placement) got only "not valid; expected 'S(d)', 'R' or 'P'"."""
     assert said in _refusal(convert, text)
+
+
+# -- MindSpore's Layout(device_matrix, alias_name, rank_list=None) ------------------------------------------
+def test_a_mindspore_rank_list_in_order_reads_as_the_layout():
+    """MindSpore's Layout takes rank_list (default: the ranks 0..n-1); the keyword was Python's TypeError."""
+    plain = Layout((2, 4), ("dp", "mp"))
+    assert Layout((2, 4), ("dp", "mp"), rank_list=list(range(8))) == plain
+    assert Layout((2, 4), ("dp", "mp"), rank_list=np.arange(8)) == plain
+    assert Layout((2, 4), ("dp", "mp"), list(range(8))) == plain  # MindSpore's third positional argument
+    chunk = Layout((2, 4), ("dp", "mp"), "chunk", rank_list=tuple(range(8)))
+    assert (chunk.cut, chunk.device_matrix) == ("chunk", (2, 4))
+    assert Layout((2, 4), ("dp", "mp"), rank_list=None).coords(5) == plain.coords(5) == (1, 1)
+
+
+@pytest.mark.parametrize("rank_list, said", [
+    (list(range(8, 16)), "rank_list [8, 9, 10, 11, 12, 13, 14, 15] puts the devices on other ranks than 0..7 in "
+                         "order, which spmdsim does not model: it numbers a device matrix's ranks row-major from 0 "
+                         "(the last axis fastest); expected list(range(8)) or no rank_list"),
+    ([1, 0, 2, 3, 4, 5, 6, 7], "rank_list [1, 0, 2, 3, 4, 5, 6, 7] puts the devices on other ranks"),
+    ([0, 1, 2, 3], "rank_list [0, 1, 2, 3] gives 4 ranks but device_matrix (2, 4) has 8 devices; expected one "
+                   "rank per device"),
+    (5, "rank_list 5 must be a list of integer ranks, one per device of device_matrix (2, 4), such as "
+        "list(range(8))"),
+    ([0.5] * 8, "rank_list [0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5] must be a list of integer ranks"),
+])
+def test_a_rank_list_spmdsim_cannot_honour_is_one_line(rank_list, said):
+    with pytest.raises(LayoutError) as info:
+        Layout((2, 4), ("dp", "mp"), rank_list=rank_list)
+    assert said in str(info.value) and "\n" not in str(info.value)

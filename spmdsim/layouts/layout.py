@@ -13,9 +13,9 @@ spmdsim.layouts.shards, the reading and printing of tensor-map entries in spmdsi
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 from functools import cached_property
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 from ..errors import LayoutError
 from .notation import DIALECT_FUNCTIONS, MapEntry, dialect_hint, format_tensor_map, normalize_entry
@@ -52,6 +52,28 @@ def _kept_hash(fields: Callable[[Any], tuple]) -> Callable[[Any], int]:
     return __hash__
 
 
+def _check_rank_list(rank_list: object, matrix: tuple[int, ...]) -> None:
+    """Accept MindSpore's ``rank_list`` where it says what spmdsim does: the ranks 0..n-1 in order (its default,
+    the device matrix numbered row-major); refuse any other list in one line saying why."""
+    devices = math.prod(matrix)
+    try:
+        items = None if isinstance(rank_list, (str, bytes, dict, set)) else list(rank_list)  # type: ignore
+    except TypeError:
+        items = None
+    ranks = None if items is None else [as_int(r) for r in items]
+    if ranks is None or any(r is None for r in ranks):
+        raise LayoutError(f"rank_list {rank_list!r} must be a list of integer ranks, one per device of "
+                          f"device_matrix {matrix!r}, such as list(range({devices}))")
+    shown = repr(items) if len(ranks) <= 16 else f"[{', '.join(map(str, ranks[:8]))}, ...]"
+    if len(ranks) != devices:
+        raise LayoutError(f"rank_list {shown} gives {counted(len(ranks), 'rank')} but device_matrix {matrix!r} has "
+                          f"{counted(devices, 'device')}; expected one rank per device")
+    if ranks != list(range(devices)):
+        raise LayoutError(f"rank_list {shown} puts the devices on other ranks than 0..{devices - 1} in order, "
+                          "which spmdsim does not model: it numbers a device matrix's ranks row-major from 0 (the "
+                          f"last axis fastest); expected list(range({devices})) or no rank_list")
+
+
 @dataclass(frozen=True)
 class Layout(RankGroups):
     """A named device matrix, e.g. ``Layout((2, 4), ("dp", "mp"))``.
@@ -61,13 +83,16 @@ class Layout(RankGroups):
     `cut` is the rule that cuts every tensor dim split over this device matrix
     (spmdsim.layouts.slicing): "even" (the default; sizes must divide), "chunk" (DTensor's,
     torch.chunk's) or "balanced" (sizes differ by at most one).
+    `rank_list` is MindSpore's: accepted as its default, the ranks ``0..n-1`` in order (also as MindSpore's
+    third positional argument, ``Layout((2, 4), ("dp", "mp"), list(range(8)))``); other lists are refused.
     """
 
     device_matrix: tuple[int, ...]
     alias_name: tuple[str, ...]
     cut: str = "even"
+    rank_list: InitVar[Optional[Sequence[int]]] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, rank_list: Optional[Sequence[int]] = None) -> None:
         # A bare string is not a sequence of names here: "ab" would become axes 'a' and 'b'.
         for what, value in (("device_matrix", self.device_matrix), ("alias_name", self.alias_name)):
             if isinstance(value, (str, bytes)):
@@ -100,8 +125,14 @@ class Layout(RankGroups):
             raise LayoutError(f"alias name {INTERLEAVED!r} in {names!r} is MindSpore's micro-interleaving (a tensor "
                               "cut into slices that one device computes in turn), which spmdsim does not model; "
                               "expected the device matrix of the real axes: leave that axis and its size out")
-        if self.cut not in CUTS:
-            raise LayoutError(f"cut {self.cut!r} must be one of {CUTS!r}")
+        cut = self.cut
+        if not isinstance(cut, str) and hasattr(cut, "__iter__") and rank_list is None:  # MindSpore's 3rd argument
+            cut, rank_list = "even", cut
+        if rank_list is not None:
+            _check_rank_list(rank_list, matrix)
+        if cut not in CUTS:
+            raise LayoutError(f"cut {cut!r} must be one of {CUTS!r}")
+        object.__setattr__(self, "cut", cut)
         object.__setattr__(self, "device_matrix", matrix)
         object.__setattr__(self, "alias_name", names)
 
