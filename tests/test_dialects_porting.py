@@ -11,6 +11,7 @@ from spmdsim.layouts.dialects import (
     sbp_to_layout,
     strategy_to_layout,
 )
+from spmdsim.tools.cli.main import main
 
 
 def _refusal(func, *args, **kwargs) -> str:
@@ -56,6 +57,43 @@ def test_ranks_in_another_order_or_not_an_array_are_one_line(ranks, said):
     assert said in _refusal(sbp_to_layout, sbp, ranks, 2)
 
 
+def _cli(capsys, argv: list) -> tuple[int, str, str]:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, " ".join(err.split())
+
+
+@pytest.mark.parametrize("placement", ["[[0,1],[2,3]]", "[[0, 1], [2, 3]]", "(0,1),(2,3)"])
+def test_the_command_line_reads_a_placement_written_as_its_ranks(capsys, placement):
+    """`--placement "[[0,1],[2,3]]"`, OneFlow's flow.placement(ranks=...), was refused ("must be comma-separated
+    integers such as 2,4") where the Python API reads it: slices, run matmul and plan read it as 2,2."""
+    shape_form = _cli(capsys, ["slices", "--sbp", "B, S(0)", "--placement", "2,2", "--shape", "4,4"])
+    assert _cli(capsys, ["slices", "--sbp", "B, S(0)", "--placement", placement, "--shape", "4,4"]) == shape_form
+    assert '"2": [[0, 2], [0, 4]]' in shape_form[1]  # seed 002: ranks 0 and 2 hold the same rows
+    flat = _cli(capsys, ["slices", "--sbp", "S(0)", "--placement", "0,1,2,3", "--shape", "4,4"])
+    assert flat == _cli(capsys, ["slices", "--sbp", "S(0)", "--placement", "4", "--shape", "4,4"])
+    code, out, _ = _cli(capsys, ["run", "matmul", "--placement", placement, "--x-sbp", "S(0),B", "--w-sbp", "B,S(1)",
+                                 "--shape", "4,4,4", "--ranks", "4"])
+    assert code == 0 and "PASS" in out
+    plan = ["plan", "--from-sbp", "S(0),B", "--to-sbp", "B,B", "--shape", "4,4", "--json"]
+    assert _cli(capsys, plan + ["--placement", placement]) == _cli(capsys, plan + ["--placement", "2,2"])
+    assert _cli(capsys, plan + ["--placement", placement, "--device-matrix", "2,2"])[0] == 0  # the same mesh
+
+
+@pytest.mark.parametrize("placement, said", [
+    ("[[0,2],[1,3]]", "spmdsim: error: --placement '[[0,2],[1,3]]' numbers its ranks in another order than spmdsim "
+                      "does: spmdsim numbers a mesh's ranks row-major (the last axis fastest); expected [[0, 1], "
+                      "[2, 3]] (or its shape, (2, 2))"),
+    ("[[0,1],[2,x]]", "spmdsim: error: --placement '[[0,1],[2,x]]' is not a mesh; expected sizes such as 2,4, or "
+                      "its ranks such as [[0,1],[2,3]] (rectangular, integers)"),
+    ("[[0,1],[2]]", "spmdsim: error: --placement '[[0,1],[2]]' is not a mesh; expected"),
+    ("0,4", "spmdsim: error: --placement '0,4' must be positive sizes, such as 2,4"),  # a shape with a 0
+])
+def test_a_placement_whose_ranks_spmdsim_cannot_read_is_one_line(capsys, placement, said):
+    code, out, err = _cli(capsys, ["slices", "--sbp", "S(0), B", "--placement", placement, "--shape", "4,4"])
+    assert (code, out) == (2, "") and err.startswith(said), err
+
+
 # -- OneFlow SBP text ------------------------------------------------------------------------------------
 def test_sbp_text_reads_spmdsims_own_class_spellings():
     """The SBP values are spmdsim's Broadcast(), Split(d), PartialSum() (docs/reference/dialects.md), and their
@@ -93,8 +131,6 @@ def test_an_sbp_whose_name_is_right_gets_no_guess():
 def test_plan_names_a_strategy_longer_than_the_shape(capsys, side, strategy):
     """`spmdsim plan --from-strategy "((8,1,1),)" --shape 8,8` said 'tensor map ("axis_0", "axis_1", "axis_2") has
     3 entries but shape (8, 8) has 2 dims', a map the user never wrote; `slices` names the strategy."""
-    from spmdsim.tools.cli.main import main
-
     flags = {"from": "((8,1),)", "to": "((1,8),)", side: strategy}
     argv = ["plan", "--device-matrix", "8", "--from-strategy", flags["from"], "--to-strategy", flags["to"],
             "--shape", "8,8"]
@@ -115,7 +151,6 @@ def test_a_strategy_whose_axis_names_take_rep_says_so():
 
 
 def test_a_layout_that_repeats_an_axis_name_names_it():
-
     with pytest.raises(LayoutError) as info:
         Layout((2, 2, 2), ("dp", "mp", "dp"))
     assert str(info.value) == ("alias_name ('dp', 'mp', 'dp') names two axes 'dp'; expected a different name for each "

@@ -10,14 +10,14 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ...base.validate import counted
-from ...layouts.dialects._common import parse_name_list, parse_tensor_map, split_top_level
-from ...errors import SpmdsimError
+from ...layouts.dialects._common import mesh_of, parse_name_list, parse_tensor_map, split_top_level
+from ...errors import DialectError, SpmdsimError
 from ...layouts.layout import TensorLayout, default_axis_names
 from ...layouts.notation import dialect_hint
 
 __all__ = ["Case", "MAX_DEVICES", "check_device_count", "checked_axis_names", "multi_axis_hint", "integer_map_hint",
            "default_names", "mesh_names", "world_size_mismatch", "with_partial_axes", "indivisible",
-           "parse_int_list", "dialect_flags"]
+           "parse_int_list", "ranks_mesh", "dialect_flags"]
 
 #: Most devices a layout may have here: the commands list or compare every rank,
 #: and a teaching tool that answers after minutes (or never) has failed.
@@ -91,8 +91,10 @@ def _int_list(data: Mapping, key: str, what: str, minimum: int) -> tuple[int, ..
 
 
 def _device_count_checked(data: Mapping, key: str) -> tuple[int, ...]:
-    """The device matrix (or placement) under `key`: positive integers, at most MAX_DEVICES devices."""
-    matrix = _int_list(data, key, "positive integers", 1)
+    """The device matrix (or placement) under `key`: positive integers, at most MAX_DEVICES devices (a placement
+    may be written as its ranks, as OneFlow writes it: `ranks_mesh`)."""
+    ranks = ranks_mesh(data[key], f"case key {key!r}") if key == "placement" else None
+    matrix = ranks or _int_list(data, key, "positive integers", 1)
     check_device_count(math.prod(matrix), _flag_text(key, matrix))
     return matrix
 
@@ -301,3 +303,43 @@ def parse_int_list(text: str, key: str = "value") -> tuple[int, ...]:
     if len(values) != len(parts) and parts != [""]:  # '4,,2': a size left out, not a shape of 2 dims
         raise SpmdsimError(f"{key} {text!r} has an empty entry; expected comma-separated integers such as 2,4")
     return values
+
+
+def ranks_mesh(value: object, flag: str) -> Optional[tuple[int, ...]]:
+    """The shape of a mesh written as its ranks, as OneFlow's ``flow.placement("cpu", ranks=[[0, 1], [2, 3]])``
+    writes it, read as the Python API reads it (`mesh_of`): text (``[[0,1],[2,3]]`` is 2,2; ``0,1,2,3`` is 4)
+    or a JSON list; None for anything else (a shape, text that is no list), which the caller reads as before.
+    Ranks in another order than spmdsim's row-major one are one line naming `flag` and the value."""
+    ranks = _rank_items(value) if isinstance(value, str) else value
+    if isinstance(value, str) and ranks is None and any(c in "([" for c in value.strip()[1:]):
+        raise SpmdsimError(f"{flag} {value!r} is not a mesh; expected sizes such as 2,4, or its ranks such as "
+                           "[[0,1],[2,3]] (rectangular, integers)")
+    if not isinstance(ranks, (list, tuple)) or not ranks:
+        return None
+    nested = any(isinstance(item, (list, tuple)) for item in ranks)
+    flat = [item for item in ranks if type(item) is int]
+    if not nested and not (len(flat) == len(ranks) > 1 and sorted(flat) == list(range(len(flat)))):
+        return None
+    try:
+        return mesh_of(ranks, None, flag)[0]
+    except DialectError as exc:  # named as the user wrote it
+        raise SpmdsimError(str(exc).replace(f"{flag} {ranks!r}", f"{flag} {value!r}", 1)) from None
+
+
+def _rank_items(text: str) -> Optional[list]:
+    """'[[0,1],[2,3]]' -> [[0, 1], [2, 3]]; None for text that is not brackets of integers."""
+    try:
+        return [_rank_item(part) for part in split_top_level(text)]
+    except (ValueError, RecursionError):
+        return None
+
+
+def _rank_item(part: str) -> Any:
+    """One entry of `_rank_items`: an integer, or a bracketed list of entries (ValueError for anything else)."""
+    part = part.strip()
+    if part[:1] in "([":
+        inner = split_top_level(part)
+        if inner == [part]:  # '(0)(1)': no one pair encloses it
+            raise ValueError(part)
+        return [_rank_item(p) for p in inner]
+    return int(part)

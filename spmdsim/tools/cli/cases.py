@@ -39,7 +39,7 @@ from . import case_dialects
 from .case_checks import (_DTENSOR_KEYS, _FLAG_OF, _FORM_TRIGGERS, _KNOWN_KEYS, _LAYOUT_KEYS, _SBP_KEYS,
                           _SPEC_KEYS, _STRATEGY_KEYS, Case, _device_count_checked, _flag_text, _int_list, _name_list,
                           _require, _tensor_map, default_names, dialect_flags, indivisible, mesh_names,
-                          multi_axis_hint, parse_int_list, world_size_mismatch)
+                          multi_axis_hint, parse_int_list, ranks_mesh, world_size_mismatch)
 
 __all__ = [
     "case_from_dict",
@@ -215,7 +215,8 @@ def add_case_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--operand", choices=("x", "w", "out"),
                    help='with a MatMul strategy such as "((2,1),(1,4))": which tensor to show')
     g.add_argument("--sbp", metavar="SBP", help='nD SBP, e.g. "S(0),B"')
-    g.add_argument("--placement", metavar="N,N,..", help="placement shape for --sbp, e.g. 2,4")
+    g.add_argument("--placement", metavar="N,N,..", help="placement shape for --sbp, e.g. 2,4, or its ranks "
+                   "as OneFlow writes them, e.g. [[0,1],[2,3]]")
     g.add_argument("--placements", metavar="P", help='PyTorch DTensor placements over --device-matrix, '
                    'e.g. "S(0),R" or "(Shard(0), Replicate())"')
     g.add_argument("--partition-spec", metavar="SPEC", help="JAX PartitionSpec over --device-matrix/--alias, "
@@ -265,7 +266,7 @@ def case_from_args(args: argparse.Namespace, stdin: Optional[TextIO] = None) -> 
     if args.sbp is not None:
         flags["sbp"] = args.sbp
     if args.placement is not None:
-        flags["placement"] = flag_ints(args.placement, "--placement", 1)
+        flags["placement"] = ranks_mesh(args.placement, "--placement") or flag_ints(args.placement, "--placement", 1)
     if args.placements is not None:
         flags["placements"] = args.placements
     if args.partition_spec is not None:

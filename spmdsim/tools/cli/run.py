@@ -43,7 +43,8 @@ def register(subparsers: Any) -> None:
     mm.add_argument("--x-map", help='tensor map of X, e.g. "mp,(sp,dp)"')
     mm.add_argument("--w-map", help='tensor map of W, e.g. "(sp,dp),None"')
     mm.add_argument("--out-map", help="wanted output map (Reduce_scatter when it extends a dim)")
-    mm.add_argument("--placement", help="OneFlow placement shape for the SBP flags, e.g. 2,2")
+    mm.add_argument("--placement", help="OneFlow placement shape for the SBP flags, e.g. 2,2, or its ranks, "
+                    "e.g. [[0,1],[2,3]]")
     mm.add_argument("--x-sbp", help='nD SBP of X over --placement, e.g. "B,S(0)" (P: a pending sum)')
     mm.add_argument("--w-sbp", help='nD SBP of W over --placement, e.g. "S(1),B"')
     mm.add_argument("--out-sbp", help="wanted output SBP (Reduce_scatter when it splits a dim)")
