@@ -189,6 +189,26 @@ def test_paddle_placements_spmdsim_cannot_hold_are_one_line(text, said):
     assert said in _refusal(placements_to_layout, text, (2, 4), 2)
 
 
+@pytest.mark.parametrize("text, dim", [
+    ("dist.Shard(1), dist.Shard(-1)", 1), ("[dist.Shard(dim=-1), dist.Shard(1)]", 1),
+    ("paddle.distributed.Shard(-2), dist.Shard(0)", 0), ("dist.Shard(-1), dist.Shard(-1)", 1),
+])
+def test_a_paddle_coshard_written_with_a_negative_dim_is_refused(capsys, text, dim):
+    """dist.Shard(-1) counts from the end: with dist.Shard(1) on a 2-D tensor it shards dim 1 twice, the co-shard
+    whose order Paddle decides, but the check compared the dims as written and gave axes (axis_0, axis_1)."""
+    said = (f"placements {text!r} shard tensor dim {dim} on several mesh dims in Paddle's spelling, whose order over "
+            "them spmdsim does not read; expected one mesh dim per tensor dim, or a spmdsim Layout whose tensor map "
+            "lists the major axis first")
+    assert _refusal(placements_to_layout, text, (2, 4), 2) == said
+    assert _cli(capsys, ["slices", "--placements", text, "--device-matrix", "2,4", "--shape", "8,8"]) == (
+        2, "", f"spmdsim: error: {said}")
+    # Different dims once counted: each mesh dim shards its own (dim 2 and dim 1 of a 3-D tensor).
+    assert placements_to_layout("dist.Shard(-1), dist.Shard(1)", (2, 4), 3).tensor_map == ((), ("axis_1",),
+                                                                                          ("axis_0",))
+    # DTensor's own spelling reads the same co-shard, the lower mesh dim major (DTensor's default order).
+    assert placements_to_layout("Shard(1), Shard(-1)", (2, 4), 2).tensor_map == ((), ("axis_0", "axis_1"))
+
+
 # -- SBP and placements, one given for the other ---------------------------------------------------------------
 @pytest.mark.parametrize("convert, text, said", [
     (lambda t: placements_to_layout(t, (2, 4), 2), "split(0), broadcast",

@@ -137,18 +137,30 @@ def _sbp_hint(text: str) -> str:
 
 def parse_placements(value: object) -> tuple[Placement, ...]:
     """Normalize placements: objects, or text such as ``"S(0), R"`` / ``"(Shard(1), Partial())"``."""
-    if isinstance(value, (Shard, Replicate, Partial)):
-        return (value,)
-    tokens = entry_tokens(value, "placements", _EXPECTED, "placements", "mesh dim", plural=True)
-    parsed = tuple(_parse_one(t, value) for t in tokens)
-    if any(isinstance(t, str) and _PADDLE.match(t.strip()) for t in tokens):
-        dims = [p.dim for p in parsed if isinstance(p, Shard)]
-        for dim in dims:
-            if dims.count(dim) > 1:  # Paddle orders a co-shard by its own shard_order, by release
-                raise DialectError(f"placements {value!r} shard tensor dim {dim} on several mesh dims in Paddle's "
-                                   "spelling, whose order over them spmdsim does not read; expected one mesh dim per "
-                                   "tensor dim, or a spmdsim Layout whose tensor map lists the major axis first")
+    parsed, paddle = _parse_all(value)
+    if paddle:
+        _refuse_paddle_coshard(value, [p.dim for p in parsed if isinstance(p, Shard)])
     return parsed
+
+
+def _parse_all(value: object) -> tuple[tuple[Placement, ...], bool]:
+    """The placements of `value`, and whether any is written in Paddle's spelling (``dist.Shard(0)``)."""
+    if isinstance(value, (Shard, Replicate, Partial)):
+        return (value,), False
+    tokens = entry_tokens(value, "placements", _EXPECTED, "placements", "mesh dim", plural=True)
+    paddle = any(isinstance(t, str) and _PADDLE.match(t.strip()) for t in tokens)
+    return tuple(_parse_one(t, value) for t in tokens), paddle
+
+
+def _refuse_paddle_coshard(value: object, dims: list[int]) -> None:
+    """Refuse placements in Paddle's spelling that shard one tensor dim on several mesh dims: Paddle orders such
+    a co-shard by its own shard_order, by release. `dims`: the Shard dims, counted from the end where negative
+    (``dist.Shard(-1)`` and ``dist.Shard(1)`` of a 2-D tensor are one dim) once the tensor's rank is known."""
+    for dim in dims:
+        if dims.count(dim) > 1:
+            raise DialectError(f"placements {value!r} shard tensor dim {dim} on several mesh dims in Paddle's "
+                               "spelling, whose order over them spmdsim does not read; expected one mesh dim per "
+                               "tensor dim, or a spmdsim Layout whose tensor map lists the major axis first")
 
 
 def format_placements(placements: object) -> str:
@@ -177,7 +189,7 @@ def placements_to_layout(
     """
     mesh_axis_names = renamed_keyword(deprecated, "mesh_dim_names", "mesh_axis_names",
                                       mesh_axis_names, "placements_to_layout")
-    parsed = parse_placements(placements)
+    parsed, paddle = _parse_all(placements)  # a co-shard in Paddle's spelling is refused once dims are counted
     shape, names, base = mesh_of(mesh_shape, mesh_axis_names)
     if len(parsed) != len(shape):
         raise DialectError(
@@ -187,6 +199,9 @@ def placements_to_layout(
     dims = as_int(ndim)
     if dims is None or dims < 0:
         raise DialectError(f"ndim {ndim!r} must be a non-negative integer")
+    if paddle:  # dist.Shard(-1) and dist.Shard(1) of a 2-D tensor shard one dim
+        shard_dims = [p.dim + dims if p.dim < 0 else p.dim for p in parsed if isinstance(p, Shard)]
+        _refuse_paddle_coshard(placements, [d for d in shard_dims if 0 <= d < dims])
     entries: list[list[str]] = [[] for _ in range(dims)]
     partial = []
     for mesh_dim, (name, item) in enumerate(zip(names, parsed)):
