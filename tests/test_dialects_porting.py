@@ -209,6 +209,26 @@ def test_a_paddle_coshard_written_with_a_negative_dim_is_refused(capsys, text, d
     assert placements_to_layout("Shard(1), Shard(-1)", (2, 4), 2).tensor_map == ((), ("axis_0", "axis_1"))
 
 
+# -- DTensor placement typos ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("text, meant", [
+    ("Replicat()", "'Replicate()'"), ("Shard0", "'Shard(0)'"), ("Partiall()", "'Partial()'"),
+    ("shard(1)", "'Shard(1)'"), ("Shrad(-1)", "'Shard(-1)'"), ("Shard[0]", "'Shard(0)'"), ("S0", "'S(0)'"),
+    ("Replicate", "'Replicate()'"), ("Partial", "'Partial()'"), ("Partiall(max)", "'Partial(max)'"),
+    ("dist.Replicat()", "'dist.Replicate()'"),  # Paddle's spelling, meant in Paddle's spelling
+])
+def test_a_mistyped_placement_names_the_spelling_meant(text, meant):
+    """SBP's typos had a did-you-mean ('brodcast'); DTensor's ('Replicat()', 'Shard0', 'Partiall()') had none."""
+    said = _refusal(placements_to_layout, text, 2, 2)
+    assert said == (f"placement {text!r} is not valid; expected 'S(d)', 'R' or 'P' (Shard(d), Replicate(), Partial());"
+                    f" did you mean {meant}?")
+
+
+@pytest.mark.parametrize("text", ["Shard(x)", "xyz", "Shard(0.5)"])
+def test_a_placement_whose_name_is_right_or_far_gets_no_guess(text):
+    said = _refusal(placements_to_layout, text, 2, 2)
+    assert said == f"placement {text!r} is not valid; expected 'S(d)', 'R' or 'P' (Shard(d), Replicate(), Partial())"
+
+
 # -- SBP and placements, one given for the other ---------------------------------------------------------------
 @pytest.mark.parametrize("convert, text, said", [
     (lambda t: placements_to_layout(t, (2, 4), 2), "split(0), broadcast",

@@ -17,6 +17,7 @@ from typing import Optional, Sequence, Union
 from ...errors import DialectError
 from ..layout import Layout, TensorLayout
 from ..slicing import all_bounds, shard_bounds
+from ...base.suggest import close_matches, word_list
 from ...base.validate import counted
 from ._common import as_int, check_major_order, entry_tokens, mesh_of, renamed_keyword
 from .sbp import parse_sbp
@@ -99,10 +100,10 @@ def _parse_one(token: object, shown: object) -> Placement:
     where = "" if isinstance(shown, str) and token == shown.strip() else f" in {shown!r}"
     if not isinstance(token, str):
         raise DialectError(f"placement {token!r}{where} is not a placement; {_EXPECTED}")
-    text = token.strip()
+    text, prefix = token.strip(), ""
     paddle = _PADDLE.match(text)
     if paddle is not None:
-        text = text[paddle.end():]
+        text, prefix = text[paddle.end():], paddle.group(0)
         match = _PADDLE_PARTIAL.match(text)
         if match is not None:
             if match.group(1) not in _PADDLE_REDUCE:
@@ -122,7 +123,34 @@ def _parse_one(token: object, shown: object) -> Placement:
     match = _PARTIAL.match(text)
     if match is not None:
         return Partial(match.group(1))
-    raise DialectError(f"placement {token!r}{where} is not valid; {_EXPECTED}{_sbp_hint(text)}")
+    raise DialectError(f"placement {token!r}{where} is not valid; {_EXPECTED}{_sbp_hint(text) or _meant(text, prefix)}")
+
+
+#: A mistyped placement: a name, then its argument in brackets or bare digits ('Replicat()', 'Shard0', 'Shard[0]').
+_TYPO = re.compile(r"^([A-Za-z_]\w*?)\s*(?:[(\[]\s*(.*?)\s*[)\]]|(-?\d+))?$")
+_SHORT = {"S": "Shard", "R": "Replicate", "P": "Partial"}
+
+
+def _meant(text: str, prefix: str = "") -> str:
+    """"; did you mean 'Replicate()'?" for a mistyped placement ('Replicat()', 'Shard0', 'Partiall()', 'shard(0)',
+    'Replicate' without its brackets), written with the same `prefix` (Paddle's 'dist.'), or ""."""
+    match = _TYPO.match(text)
+    if match is None:
+        return ""
+    name, inside, digits = match.groups()
+    arg = inside if inside is not None else (digits or "")
+    names = [name] if name in _SHORT else close_matches(name, _SHORT.values(), most=2)
+    meant = []
+    for close in names:
+        if _SHORT.get(close, close) == "Replicate":
+            meant.append(f"{close}" if close == "R" else f"{close}()")
+        elif _SHORT.get(close, close) == "Shard":
+            meant.append(f"{close}({arg or 'd'})")
+        else:  # Partial: its reduce op, a name
+            op = arg if arg and not arg.lstrip("-").isdigit() else ""
+            meant.append(f"{close}({op})" if op or close != "P" else close)
+    meant = [m for m in meant if m != text]  # the name is right, its argument is not: the expected forms say enough
+    return f"; did you mean {word_list([repr(prefix + m) for m in meant])}?" if meant else ""
 
 
 def _sbp_hint(text: str) -> str:
