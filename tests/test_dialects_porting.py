@@ -126,6 +126,22 @@ def test_an_sbp_whose_name_is_right_gets_no_guess():
         assert said == f"sbp {text!r} is not valid; expected 'B', 'P' or 'S(d)' with tensor dim d >= 0", said
 
 
+@pytest.mark.parametrize("convert, args, said", [
+    (sbp_to_layout, ("S(0), B", (2, 2)), "ndim is missing: sbp_to_layout needs the number of dims of the tensor (an "
+     "SBP cannot tell it); pass it as the third argument, e.g. sbp_to_layout('S(0), B', mesh, 2) for a 2-D tensor"),
+    (sbp_to_layout, ("B, split(2)", [[0, 1], [2, 3]]), "e.g. sbp_to_layout('B, S(2)', mesh, 3) for a 3-D tensor"),
+    (placements_to_layout, ("Shard(0), Replicate()", (2, 2), None), "ndim is missing: placements_to_layout needs the "
+     "number of dims of the tensor (placements cannot tell it); pass it as the third argument, e.g. "
+     "placements_to_layout('S(0), R', mesh, 2) for a 2-D tensor"),
+    (sbp_to_layout, ("S(0)", 2, "2"), "ndim '2' must be a non-negative integer, the number of dims of the tensor"),
+])
+def test_a_missing_ndim_says_what_it_is_and_how_to_pass_it(convert, args, said):
+    """sbp_to_layout(sbp, mesh) said "ndim None must be a non-negative integer": a value the user never gave."""
+    assert said in _refusal(convert, *args)
+    ndim = 3 if "(2)" in args[0] else 2
+    assert convert(*args[:2], ndim).ndim == ndim  # given, it reads
+
+
 # -- MindSpore strategies ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("side, strategy", [("from", "((8,1,1),)"), ("to", "(1,8,1)")])
 def test_plan_names_a_strategy_longer_than_the_shape(capsys, side, strategy):

@@ -22,6 +22,21 @@ def positive_int(value: object, what: str) -> int:
     return out
 
 
+def tensor_ndim(ndim: object, function: str, value: str, what: str, needed: int = 0) -> int:
+    """`ndim`, the number of dims of the tensor a dialect's value lays out, as a non-negative int. Left out (None),
+    the refusal says what is missing and how to pass it: `function` the converter, `value` its value as text, `what`
+    what that value is ("an SBP"), which cannot tell the tensor's rank; `needed` the least ndim it reads on."""
+    if ndim is None:
+        example = max(needed, 2)
+        raise DialectError(f"ndim is missing: {function} needs the number of dims of the tensor ({what} cannot "
+                           f"tell it); pass it as the third argument, e.g. {function}({value!r}, mesh, {example}) "
+                           f"for a {example}-D tensor")
+    dims = as_int(ndim)
+    if dims is None or dims < 0:
+        raise DialectError(f"ndim {ndim!r} must be a non-negative integer, the number of dims of the tensor")
+    return dims
+
+
 def as_flag(value: object, what: str) -> bool:
     """A True/False argument (numpy's bools too): "no" or 0 is no flag, as the frameworks' own checks say."""
     if isinstance(value, (bool, np.bool_)):

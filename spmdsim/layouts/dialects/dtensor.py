@@ -19,7 +19,7 @@ from ..layout import Layout, TensorLayout
 from ..slicing import all_bounds, shard_bounds
 from ...base.suggest import close_matches, word_list
 from ...base.validate import counted
-from ._common import as_int, check_major_order, entry_tokens, mesh_of, renamed_keyword
+from ._common import as_int, check_major_order, entry_tokens, mesh_of, renamed_keyword, tensor_ndim
 from .sbp import parse_sbp
 
 __all__ = [
@@ -224,9 +224,8 @@ def placements_to_layout(
             f"placements {format_placements(parsed)} have {counted(len(parsed), 'entry')} but mesh "
             f"shape {shape!r} has {counted(len(shape), 'dim')}; expected one placement per mesh dim"
         )
-    dims = as_int(ndim)
-    if dims is None or dims < 0:
-        raise DialectError(f"ndim {ndim!r} must be a non-negative integer")
+    needed = max([p.dim + 1 if p.dim >= 0 else -p.dim for p in parsed if isinstance(p, Shard)], default=0)
+    dims = tensor_ndim(ndim, "placements_to_layout", ", ".join(map(str, parsed)), "placements", needed)
     if paddle:  # dist.Shard(-1) and dist.Shard(1) of a 2-D tensor shard one dim
         shard_dims = [p.dim + dims if p.dim < 0 else p.dim for p in parsed if isinstance(p, Shard)]
         _refuse_paddle_coshard(placements, [d for d in shard_dims if 0 <= d < dims])

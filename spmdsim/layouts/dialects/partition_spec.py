@@ -119,7 +119,7 @@ def partition_spec_to_layout(
     if ndim is not None:
         dims = as_int(ndim)
         if dims is None or dims < 0:
-            raise DialectError(f"ndim {ndim!r} must be a non-negative integer")
+            raise DialectError(f"ndim {ndim!r} must be a non-negative integer, the number of dims of the tensor")
         if len(entries) > dims:
             raise DialectError(
                 f"partition spec {spec!r} has {counted(len(entries), 'entry')} but the tensor has "

@@ -17,7 +17,7 @@ from ...errors import DialectError
 from ..layout import Layout, TensorLayout
 from ...base.suggest import close_matches, word_list
 from ...base.validate import counted
-from ._common import as_int, check_major_order, entry_tokens, mesh_of, renamed_keyword
+from ._common import as_int, check_major_order, entry_tokens, mesh_of, renamed_keyword, tensor_ndim
 
 __all__ = [
     "Broadcast", "Split", "PartialSum", "SBP", "parse_sbp", "format_sbp", "sbp_to_layout",
@@ -146,9 +146,8 @@ def sbp_to_layout(
             f"sbp {format_sbp(parsed)} has {counted(len(parsed), 'entry')} but placement shape "
             f"{shape!r} has {counted(len(shape), 'axis')}; expected one SBP per placement axis"
         )
-    dims = as_int(ndim)
-    if dims is None or dims < 0:
-        raise DialectError(f"ndim {ndim!r} must be a non-negative integer")
+    needed = max([s.tensor_dim + 1 for s in parsed if isinstance(s, Split)], default=0)
+    dims = tensor_ndim(ndim, "sbp_to_layout", ", ".join(map(str, parsed)), "an SBP", needed)
     entries: list[list[str]] = [[] for _ in range(dims)]
     partial = []
     for axis, (name, item) in enumerate(zip(names, parsed)):
