@@ -94,6 +94,33 @@ def test_a_placement_whose_ranks_spmdsim_cannot_read_is_one_line(capsys, placeme
     assert (code, out) == (2, "") and err.startswith(said), err
 
 
+_MATMUL_SBP = ["run", "matmul", "--placement", "2,2", "--shape", "4,4,4", "--ranks", "4"]
+_MATMUL_MAP = ["run", "matmul", "--device-matrix", "2,2", "--alias-name", "a,b", "--shape", "4,4,4", "--ranks", "4"]
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--x-sbp", "S(0),Q", "--w-sbp", "B,S(1)"], "--x-sbp 'S(0),Q': sbp 'Q' is not valid; expected 'B', 'P' or 'S(d)' "
+     "with tensor dim d >= 0"),
+    (["--x-sbp", "S(0),B", "--w-sbp", "B,S(3)"], "--w-sbp 'B,S(3)': sbp S(3) on placement axis 1 splits tensor dim 3, "
+     "but the tensor has 2 dims"),
+    (["--x-sbp", "S(0),B", "--w-sbp", "B"], "--w-sbp 'B': sbp (B) has 1 entry but placement shape (2, 2) has 2 axes; "
+     "expected one SBP per placement axis"),
+    (["--x-sbp", "S(0),B", "--w-sbp", "B,S(1)", "--out-sbp", "brodcast,B"], "--out-sbp 'brodcast,B': sbp 'brodcast' "
+     "is not valid; expected 'B', 'P' or 'S(d)' with tensor dim d >= 0; did you mean 'broadcast'?"),
+])
+def test_run_matmul_names_the_sbp_flag_whose_value_is_bad(capsys, flags, said):
+    """`run matmul --x-sbp "S(0),Q" --w-sbp ...` said only "sbp 'Q' in 'S(0),Q' is not valid": not whose."""
+    assert _cli(capsys, _MATMUL_SBP + flags) == (2, "", f"spmdsim: error: {said}")
+
+
+def test_run_matmul_names_the_map_flag_whose_value_is_bad(capsys):
+    code, out, err = _cli(capsys, _MATMUL_MAP + ["--x-map", "a,None", "--w-map", "a,c"])
+    assert (code, out, err) == (2, "", "spmdsim: error: --w-map 'a,c': unknown alias 'c' in tensor map (\"a\", \"c\"); "
+                                       "expected one of ('a', 'b')")
+    code, out, _ = _cli(capsys, _MATMUL_SBP + ["--x-sbp", "S(0),B", "--w-sbp", "B,S(1)"])
+    assert code == 0 and "PASS" in out  # good values run as before
+
+
 # -- OneFlow SBP text ------------------------------------------------------------------------------------
 def test_sbp_text_reads_spmdsims_own_class_spellings():
     """The SBP values are spmdsim's Broadcast(), Split(d), PartialSum() (docs/reference/dialects.md), and their

@@ -167,8 +167,9 @@ def _job_maker(args: argparse.Namespace, ranks: int | None = None) -> Callable[[
             raise SpmdsimError(f"--out-map {args.out_map!r} gives {counted(len(out_map), 'dim')} but the "
                                f"output of --shape {args.shape!r} has {len(dims) - 1}; "
                                f"expected {len(dims) - 1} entries")
-        out = layout(*out_map)
-    x, w = layout(*x_map), layout(*w_map)
+        out = _of_flag("--out-map", args.out_map, lambda _: layout(*out_map))
+    x = _of_flag("--x-map", args.x_map, lambda _: layout(*x_map))
+    w = _of_flag("--w-map", args.w_map, lambda _: layout(*w_map))
     check_ranks(layout, f"--device-matrix {args.device_matrix!r}", ranks)
     if ranks is not None:
         _check_matmul_shapes(args, x, w, x_shape, w_shape, out)
@@ -249,14 +250,24 @@ def _sbp_matmul_maker(args: argparse.Namespace, dims: Sequence[int], common: dic
     placement = ranks_mesh(args.placement, "--placement") or parse_int_list(args.placement, "--placement")
     check_device_count(math.prod(placement), f"--placement {args.placement!r}")
     x_shape, w_shape = _operand_shapes(dims, args.transpose_a, args.transpose_b, 2)
-    x = sbp_to_layout(args.x_sbp, placement, len(x_shape))
-    w = sbp_to_layout(args.w_sbp, placement, len(w_shape))
-    out = sbp_to_layout(args.out_sbp, placement, len(dims) - 1) if args.out_sbp else None
+    x = _of_flag("--x-sbp", args.x_sbp, lambda sbp: sbp_to_layout(sbp, placement, len(x_shape)))
+    w = _of_flag("--w-sbp", args.w_sbp, lambda sbp: sbp_to_layout(sbp, placement, len(w_shape)))
+    out = _of_flag("--out-sbp", args.out_sbp, lambda sbp: sbp_to_layout(sbp, placement, len(dims) - 1)) \
+        if args.out_sbp else None
     check_ranks(x.layout, f"--placement {args.placement!r}", ranks)
     if ranks is not None:
         _check_matmul_shapes(args, x, w, x_shape, w_shape, out)
     return lambda comm: jobs.matmul_job(comm, x, w, x_shape, w_shape, **common, **flags, out_layout=out,
                                         op=f"MatMul sbp x ({args.x_sbp}) w ({args.w_sbp})")
+
+
+def _of_flag(flag: str, text: str, read: Callable[[str], TensorLayout]) -> TensorLayout:
+    """``read(text)``, its refusal led by the flag that gave `text` (``--w-sbp 'B,S(3)': ...``): matmul takes a
+    layout per operand, and a bare "sbp 'Q' is not valid" does not say whose."""
+    try:
+        return read(text)
+    except SpmdsimError as exc:
+        raise type(exc)(f"{flag} {text!r}: {str(exc).replace(f' in {text!r}', '', 1)}") from None
 
 
 def run_op(args: argparse.Namespace, comm: Any) -> int:
