@@ -263,8 +263,9 @@ def _mpi_results(events: list, code: int, n: int, limit: float, errors: str) -> 
 def check_mpiexec(exercise: Exercise, path: str, ranks: Sequence[int] = (), time_limit: Optional[float] = None
                   ) -> Verdict:
     """Run the submission under `spmdsim launch` (mpiexec with a timeout), one job per rank count; its values
-    are judged as on simulated ranks, its calls and bytes not (spmdsim.tools.lab.mpi_child). LabError, before any
-    job, where no mpiexec is found: every job failed with launch's refusal, a right submission FAIL."""
+    are judged as on simulated ranks, its calls and bytes not (spmdsim.tools.lab.mpi_child), and what its ranks
+    print is kept as there. LabError, before any job, where no mpiexec is found: every job failed with launch's
+    refusal, a right submission FAIL."""
     try:
         find_mpiexec()  # (as `spmdsim launch`, run with this Python, finds it)
     except SpmdsimError:
@@ -275,11 +276,13 @@ def check_mpiexec(exercise: Exercise, path: str, ranks: Sequence[int] = (), time
     folder = os.path.dirname(os.path.abspath(exercise.path))
     began, results = time.monotonic(), []
     with tempfile.TemporaryDirectory(prefix="spmdsim-lab-") as tmp:
+        said = os.path.join(tmp, "stdout")  # what the ranks print, every job's (mpiexec's own lines: not theirs)
+        open(said, "wb").close()
         for n in ranks:
             out = os.path.join(tmp, f"cases-{n}.jsonl")
             command = [sys.executable, "-m", "spmdsim", "launch", "-n", str(n), "--timeout", str(limit), "--",
                        "python", "-m", "spmdsim.tools.lab.mpi_child", folder, str(exercise.number),
-                       os.path.abspath(path), out]
+                       os.path.abspath(path), out, "--stdout", said]
             done = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.PIPE, text=True, errors="replace", cwd=tmp)
             found = _mpi_results(_events(out), done.returncode, n, limit, done.stderr[-4000:])
@@ -288,5 +291,7 @@ def check_mpiexec(exercise: Exercise, path: str, ranks: Sequence[int] = (), time
                 break
             if any(r.status == "timeout" for r in found):  # as on simulated ranks: a deadlock at every count
                 break  # took a time limit at each (50 s, not 10), and the limit bounds the check
+        printed, output = _printed(said)
     return Verdict(file=path, ranks=ranks, cases=len(ranks) * len(exercise.seeds), results=tuple(results),
-                   seconds=time.monotonic() - began, notes=source_notes(path, exercise.function))
+                   seconds=time.monotonic() - began, printed=printed, output=output,
+                   notes=source_notes(path, exercise.function))
