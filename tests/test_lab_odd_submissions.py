@@ -54,6 +54,22 @@ def test_a_file_name_that_is_not_utf8_is_graded_and_said_as_its_bytes(course, ca
     assert "syntax error at line 1: expected ':'" in said.stdout.decode()
 
 
+def test_a_long_file_name_is_shortened_in_the_table_and_whole_in_the_grade_book(course, capsys):
+    """A name of 107 characters set the name column's width for every row, and the 100-column cut took every
+    row's verdict with it ("ok.py    ...")."""
+    long = "x" * 50 + "_lastname_firstname_12345_assignsubmission_file_double.py"
+    (course / "s").mkdir()
+    (course / "s" / long).write_text(SUBMISSIONS["wrong.py"])
+    (course / "s" / "ok.py").write_text(SUBMISSIONS["right.py"])
+    assert main(["lab", "grade", "1", "s", "--csv", "g.csv", "--exercises", "course"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert [line[:62] for line in table] == [
+        ("ok.py" + " " * 43 + "  PASS   2/2   ")[:62],
+        "x" * 23 + "...mission_file_double.py  FAIL   0/2  "], table
+    assert all(len(line) <= 100 for line in table), table
+    assert [row["file"] for row in csv.DictReader((course / "g.csv").open())] == ["ok.py", long]
+
+
 def test_a_message_a_terminal_cannot_print_is_said_escaped(course):
     """A ValueError whose message holds a lone surrogate ended the check with UnicodeEncodeError's traceback."""
     (course / "odd.py").write_text('def double(comm, x):\n    raise ValueError("bad \\ud800 char")\n')

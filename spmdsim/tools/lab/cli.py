@@ -21,7 +21,7 @@ from ...base.typed_numbers import flag_float, shown  # a refusal names the value
 from ...base.validate import counted
 from ..cli.paths import check_output_file
 from .exercise import EXERCISES, Exercise, LabError, find_exercise, load_exercises
-from .shown import file_name
+from .shown import file_name, shortened
 
 __all__ = ["register"]
 
@@ -132,6 +132,9 @@ def _write_start(number: int, folder: str, files: tuple) -> None:
 MOST_SECONDS = 86_400
 #: The most --memory-mb taken: 1 TiB (a limit the system's RLIMIT_AS, a C long of bytes, holds with room).
 MOST_MEMORY_MB = 1 << 20
+#: The most columns a file name takes in a grade's table (of 100): a longer one is shortened in its middle, so
+#: that the verdict and the reason after it stay in view (the grade book has it whole).
+NAME_COLUMNS = 48
 #: The most --jobs taken: each is a process of its own, and more at once would fork-bomb the machine.
 MOST_JOBS = 1024
 
@@ -223,9 +226,9 @@ def _grade(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             raise
     rows = [done[path] for path in files]
-    width = max(len(row[0]) for row in rows)
+    width = min(NAME_COLUMNS, max(len(row[0]) for row in rows))
     for row in rows:  # (first: were the grade book to fail now, the grades are said)
-        line = f"{row[0]:<{width}}  {row[1]:<4}  {row[2]:>2}/{row[3]:<2}  {row[4]}"
+        line = f"{shortened(row[0], width):<{width}}  {row[1]:<4}  {row[2]:>2}/{row[3]:<2}  {row[4]}"
         print(line if len(line) <= 100 else line[:97] + "...")
     with open(args.csv, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)

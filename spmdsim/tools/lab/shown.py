@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 
-__all__ = ["printable", "file_name"]
+__all__ = ["printable", "file_name", "shortened"]
 
 #: A lone surrogate: a byte of a file name that is not UTF-8 (os.listdir's surrogateescape), or one a submission's
 #: message holds; a terminal or a UTF-8 grade book refuses it (UnicodeEncodeError, the grade book cut short).
@@ -27,3 +27,12 @@ def printable(text: str) -> str:
 def file_name(path: str) -> str:
     """The submission's file name as a verdict says it: printable, its control characters (a newline) escaped."""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in printable(os.path.basename(path)))
+
+
+def shortened(name: str, width: int) -> str:
+    """`name` within `width` characters: where longer, its start and its end with "..." between them (the end
+    holds ".py", the start a student's name), so that what follows it on a line stays in view."""
+    if len(name) <= width:
+        return name
+    head = (width - 3 + 1) // 2
+    return name[:head] + "..." + name[len(name) - (width - 3 - head):]
