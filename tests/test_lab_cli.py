@@ -306,6 +306,38 @@ def test_a_right_but_slow_submission_is_called_slow_not_an_endless_loop(tiny, tm
     assert "s of it: too slow, or an endless loop in this case" in out and "no rank sends" not in out, out
 
 
+#: Prints 2 MB at each rank of every case, its first case taking over half of a 4 s limit, then ends its second
+#: case by `TAIL`.
+LOUD_SLOW = """import time
+def double(comm, x):
+    if comm.Get_size() == 1:
+        print("x" * 2_000_000)
+        time.sleep(2.5)
+        return 2 * x
+{tail}    while True:
+        time.sleep(0.01)
+"""
+
+
+@pytest.mark.parametrize("tail, said", [
+    ('    print("y" * 2_000_000)\n', "2 ranks: FAIL ran past the time limit of 4 s at 2 ranks (seed 0) while printing "
+                                    "6.0 MB: print less (each line takes tens of us here)"),
+    ("", "2 ranks: FAIL ran past the time limit of 4 s at 2 ranks (seed 0), a limit for all cases together: the 1 "
+         "case before it took 2."),
+], ids=["printing", "silent"])
+def test_a_submission_printing_megabytes_is_said_to_print_not_called_slow(tiny, tmp_path, capsys, tail, said):
+    """A submission printing megabytes under load, its earlier cases taking half the time limit, was told "too slow,
+    or an endless loop" where it was printing when time ran out; one whose earlier cases printed and that loops in
+    silence is still told of an endless loop, and of what the cases before it printed."""
+    path = tmp_path / "loud.py"
+    path.write_text(LOUD_SLOW.format(tail=tail))
+    assert main(["lab", "check", "1", str(path), "--exercises", tiny, "--time-limit", "4"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "1 rank : pass (1 case)" in out and said in out, out
+    if not tail:
+        assert "s of it, printing 2.0 MB: too slow (print less), or an endless loop in this case" in out, out
+
+
 def test_a_folder_of_student_folders_is_graded_each_under_its_name(tiny, tmp_path, capsys):
     """A learning platform's download, one folder per student, was refused ('its 2 folders are not searched'):
     each folder's one .py file, or the one named as the starter, is graded under the folder's name; a folder

@@ -68,6 +68,19 @@ def keep(worker: int, path: str) -> int:
     return code
 
 
+def _printed() -> int:
+    """The bytes the submission has printed so far (its standard output, a file: spmdsim.tools.lab.sandbox), so
+    that a time limit run out is put on the case that printed, not on the cases before it."""
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError, AttributeError):  # past FILE_BYTES; a stdout the submission closed or replaced
+        pass
+    try:
+        return os.fstat(1).st_size
+    except OSError:
+        return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m spmdsim.tools.lab.child")
     parser.add_argument("folder")
@@ -88,7 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         set_limits(args.memory_mb, args.cpu_seconds, max(args.ranks))
         for n in args.ranks:
             for seed in exercise.seeds:
-                out.write(json.dumps({"event": "start", "ranks": n, "seed": seed, "time": time.time()}) + "\n")
+                out.write(json.dumps({"event": "start", "ranks": n, "seed": seed, "time": time.time(),
+                                      "printed": _printed()}) + "\n")
 
                 def returned(rank: int, n: int = n, seed: int = seed) -> None:  # a rank's function returned
                     with lock:

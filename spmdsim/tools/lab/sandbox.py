@@ -109,25 +109,27 @@ def _exit_status(path: str, code: int) -> tuple:
 
 
 def _ended(code: int, limit: float, memory_mb: int, running: dict, timed_out: bool, errors: str,
-           printed: int = 0, returns: int = 0, before: tuple = (0, 0.0), cpu: Optional[float] = 0.0) -> CaseResult:
+           printed: int = 0, returns: int = 0, before: tuple = (0, 0.0, 0), cpu: Optional[float] = 0.0) -> CaseResult:
     """The result of the case the child was running when it was killed or died (`running`: its start event;
     `printed`: the bytes the submission printed, which a time limit may have run out on; `returns`: how many
-    of its ranks' functions had returned; `before`: the cases that ended before it, and their seconds; `cpu`:
-    the CPU seconds it used, None where its keeper was killed and gave none)."""
+    of its ranks' functions had returned; `before`: the cases that ended before it, their seconds and the bytes
+    they printed; `cpu`: the CPU seconds it used, None where its keeper was killed and gave none)."""
     n, seed = running.get("ranks", 0), running.get("seed", 0)
     where = f" at {n} rank{'s' if n != 1 else ''} (seed {seed})" if running else ""
-    cases, seconds = before
+    cases, seconds, loud = (*before, 0)[:3]
     if timed_out and running and returns >= n:
         status, reason = "timeout", (f"ran past the time limit of {limit:g} s{where}: every rank returned its "
                                      "result, but a thread a rank started still runs (a rank ends with its "
                                      "threads): join the threads you start")
-    elif timed_out and cases and seconds >= limit / 2:  # a slow solution, its cases right so far
-        status, reason = "timeout", (f"ran past the time limit of {limit:g} s{where}, a limit for all cases "
-                                     f"together: the {counted(cases, 'case')} before it took "
-                                     f"{seconds:.1f} s of it: too slow, or an endless loop in this case")
-    elif timed_out and printed >= LOUD:
+    elif timed_out and printed - loud >= LOUD:  # this case was printing megabytes: slow cases before it or not
         status, reason = "timeout", (f"ran past the time limit of {limit:g} s{where} while printing "
                                      f"{printed / 1e6:.1f} MB: print less (each line takes tens of us here)")
+    elif timed_out and cases and seconds >= limit / 2:  # a slow solution, its cases right so far
+        took = f"took {seconds:.1f} s of it" + (f", printing {loud / 1e6:.1f} MB" if loud >= LOUD else "")
+        slow = "too slow (print less)" if loud >= LOUD else "too slow"  # (printing, or an endless loop here)
+        status, reason = "timeout", (f"ran past the time limit of {limit:g} s{where}, a limit for all cases "
+                                     f"together: the {counted(cases, 'case')} before it {took}: {slow}, or an "
+                                     "endless loop in this case")
     elif timed_out:
         status, reason = "timeout", (f"ran past the time limit of {limit:g} s{where}: an endless loop, or a rank "
                                      "waiting for a message no rank sends")
@@ -221,7 +223,8 @@ def check(exercise: Exercise, path: str, ranks: Sequence[int] = (), time_limit: 
     if timed_out or code or running or (not results and not timed_out):
         returns = sum(e["event"] == "returned" and e["ranks"] == running.get("ranks") and
                       e["seed"] == running.get("seed") for e in events)
-        before = (len(results), running["time"] - starts[0]["time"]) if running else (0, 0.0)
+        before = (len(results), running["time"] - starts[0]["time"], running.get("printed", 0)) if running \
+            else (0, 0.0, 0)
         ended = _ended(code, limit, memory, running, timed_out, stderr, printed, returns, before, cpu)
         if not starts and stderr.strip() and not timed_out:  # it never began: a bad exercise, say, in its words
             ended = dataclasses.replace(ended, reason=stderr.strip().splitlines()[-1])
