@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["fold_message", "SpmdsimError", "LayoutError", "ShapeError", "DTypeError", "RankError", "DialectError",
-           "OperatorError", "PlanError", "PipelineError", "RuntimeMismatchError", "CheckFailed",
+__all__ = ["fold_message", "exception_text", "SpmdsimError", "LayoutError", "ShapeError", "DTypeError", "RankError",
+           "DialectError", "OperatorError", "PlanError", "PipelineError", "RuntimeMismatchError", "CheckFailed",
            "ResourceError"]
 
 
@@ -41,6 +41,16 @@ def fold_message(text: str, width: int = WIDTH) -> str:
                 current += (" " if current.strip() else "") + word
         out.append(current)
     return "\n".join(out)
+
+
+def exception_text(exc: BaseException) -> str:
+    """str(exc), or where the exception's own __str__ raises (a program's class whose __str__ has a bug), a text
+    saying so, in the angle brackets Python's traceback puts its "<exception str() failed>" in: the error that
+    __str__ raised stood for the exception itself, and ended the simulated rank that reported it."""
+    try:
+        return str(exc)
+    except Exception as inner:  # noqa: BLE001 - whatever a program's __str__ raises
+        return f"<its message could not be shown: its __str__ raised {type(inner).__name__}>"
 
 
 class SpmdsimError(Exception):

@@ -78,6 +78,21 @@ def test_a_message_a_terminal_cannot_print_is_said_escaped(course):
     assert "   1 rank : FAIL rank 0 raised ValueError at line 2: bad \\ud800 char" in said.stdout.decode()
 
 
+def test_an_exception_whose_str_raises_is_named_by_its_own_type(course):
+    """An exception whose __str__ raises was named by that inner error ("a rank raised RuntimeError at line 3"),
+    its rank unknown, and the simulation's thread printed the inner error's traceback ("Exception in thread")."""
+    (course / "oops.py").write_text(
+        "import numpy as np\nclass Oops(Exception):\n    def __str__(self):\n        raise RuntimeError('no text')\n"
+        "def double(comm, x):\n    if comm.Get_rank() == 0:\n        raise Oops('wrong')\n"
+        "    comm.Recv(np.empty(3), source=0)\n")  # (rank 1 waits for rank 0: stopped by rank 0's failure)
+    said = _lab("check", "1", "oops.py", "--exercises", "course")
+    assert said.returncode == 1 and not said.stderr, said.stderr
+    out = said.stdout.decode().replace("\n     ", " ")
+    for n in ("1 rank ", "2 ranks"):
+        assert f"   {n}: FAIL rank 0 raised Oops at line 7: <its message could not be shown: its __str__ raised " \
+               "RuntimeError>\n" in out, out
+
+
 def test_a_megabyte_message_is_cut_saying_its_length(course, capsys):
     """`raise ValueError("x" * 10**6)` printed the megabyte, and wrote it into the grade book's cell."""
     (course / "s").mkdir()

@@ -304,6 +304,16 @@ def test_wrong_programs_end_with_one_clear_report(name, args, code, first, capsy
         (" of 4\n", " every simulated rank\n"))  # one rank's error, or every rank's alike (cart_too_big.py)
 
 
+def test_an_exception_whose_str_raises_is_reported_by_its_own_type(tmp_path, capsys):
+    """A program's exception whose __str__ raises ended mpirun's report with that inner error's traceback."""
+    (tmp_path / "oops.py").write_text("class Oops(Exception):\n    def __str__(self):\n"
+                                      "        raise RuntimeError('no')\nraise Oops('x')\n")
+    code, out, err = _mpirun(capsys, str(tmp_path / "oops.py"))
+    assert code == 1 and err.startswith("spmdsim mpirun: error on simulated rank 0: Oops: <its message could not be "
+                                        "shown: its __str__ raised RuntimeError>\nTraceback"), err
+    assert "also failed: rank 1: Oops: <its message could not be shown" in err.replace("\n  ", " "), err
+
+
 def test_small_head_to_head_sends_and_ssend_cycles(capsys):
     # Below MPICH's eager limit both Sends complete (MPI buffers them); synchronous sends never do.
     code, out, err = _mpirun(capsys, str(LAB / "headtohead.py"), "100")

@@ -9,7 +9,7 @@ import pickle
 import sys
 import threading
 
-from ..errors import fold_message, RuntimeMismatchError, SpmdsimError
+from ..errors import exception_text, fold_message, RuntimeMismatchError, SpmdsimError
 from ..runtime.engines.memory import DRY_RUN_HINT, MemoryLimitError
 from ..runtime.sim.thread_limits import ThreadLimitError
 from ..runtime.sim.waiting import ranks_text
@@ -76,8 +76,9 @@ def _report(exc: BaseException, exits: dict) -> int:
             detail = f"{detail[:cut]}\n{as_mpi4py}: {detail[cut + len(shown):]}"
         name = as_mpi4py
     shown = "" if getattr(exc, "spmdsim_hooked", False) else detail  # (the program's sys.excepthook showed it)
-    print(f"spmdsim mpirun: error on {where}: {name}: {exc}\n{shown}", file=sys.stderr, end="")
-    if isinstance(exc, TypeError) and str(exc).startswith(REAL_COMM_ONLY):
+    text = exception_text(exc)  # (a program's class whose __str__ raises)
+    print(f"spmdsim mpirun: error on {where}: {name}: {text}\n{shown}", file=sys.stderr, end="")
+    if isinstance(exc, TypeError) and text.startswith(REAL_COMM_ONLY):
         print(fold_message(REAL_COMM_HINT), file=sys.stderr)
     for line in _others(exc):
         print(fold_message(line), file=sys.stderr)
@@ -120,7 +121,7 @@ def _others(exc: BaseException) -> list:
     """A line for each rank that failed otherwise than the one reported (mpiexec prints every rank's
     traceback; only the lowest failing rank's is shown here, whatever rank failed first)."""
     failures = getattr(exc, "simulated_failures", ())
-    shown = (type(exc), str(exc))
+    shown = (type(exc), exception_text(exc))
     other = [(r, kind, text) for r, kind, text in failures if (kind, text) != shown]
     lines = [f"spmdsim mpirun: also failed: rank {r}: {_class_name(kind)}: {text.splitlines()[0] if text else ''}"
              for r, kind, text in other[:4]]
@@ -185,7 +186,8 @@ def _where(exc: BaseException) -> str:
 
 
 def _first_line(exc: BaseException) -> str:
-    return str(exc).splitlines()[0] if str(exc).strip() else ""
+    text = exception_text(exc)
+    return text.splitlines()[0] if text.strip() else ""
 
 
 #: spmdsim's own folder: its frames are left out of where a rank failed.

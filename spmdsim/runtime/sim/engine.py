@@ -44,7 +44,7 @@ from typing import Any, Optional
 from ...base.context import current as _context
 from ...base import threads as _threads  # (cores_available read at each call: tests set it)
 from ..engines.base import SimulationError
-from ...errors import RuntimeMismatchError
+from ...errors import RuntimeMismatchError, exception_text
 from .groups import Group
 from .landing import EAGER_BYTES
 from .rank_threads import RankThreads, _held_lock, _Joined
@@ -354,7 +354,7 @@ class World(Sleepers, RankThreads):
         if self.ends_run_at is None and getattr(exc, "spmdsim_ends_run", False):
             self.ends_run_at = time.monotonic()
         if self.failure is None:
-            self.failure = f"simulated rank {rank} failed: {type(exc).__name__}: {exc}"
+            self.failure = f"simulated rank {rank} failed: {type(exc).__name__}: {exception_text(exc)}"
             self.failed_at = time.monotonic()
         self._wake_all()
 

@@ -25,7 +25,7 @@ from ...base.output import is_output_failure, output_error, quiet_stdout
 from ...base.ranks import is_ranks_flag
 from ...base.sizes import out_of_memory
 from ...base.threads import launched, launcher_rank, launcher_size
-from ...errors import SpmdsimError, fold_message
+from ...errors import SpmdsimError, exception_text, fold_message
 from ...base import context as _local
 from ..engines import ways_out
 from ..engines.memory import MemoryLimitError
@@ -114,7 +114,8 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
             quiet_stdout()
             print(f"spmdsim: error: {output_error(exc)}", file=sys.stderr)
             return 1
-        print(fold_message(f"spmdsim: error on {_where(exc)}: {type(exc).__name__}: {exc}") + f"\n{_traceback(exc)}",
+        print(fold_message(f"spmdsim: error on {_where(exc)}: {type(exc).__name__}: {exception_text(exc)}") +
+              f"\n{_traceback(exc)}",
               file=sys.stderr, end="")
         return 1
     return max(codes)

@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional
 from ...base import context as _local
 from ...base.context import RankContext
 from ..engines import memory
-from ...errors import SpmdsimError
+from ...errors import SpmdsimError, exception_text
 from ...base.validate import as_int
 from .engine import Aborted, SimulationError, World
 from .waiting import ranks_text
@@ -270,12 +270,12 @@ def _raise_failure(engine: World, size: int) -> None:
         return
     first = min(failed)
     exc = failed[first]
-    alike = [r for r, e in failed.items() if type(e) is type(exc) and str(e) == str(exc)]
+    alike = [r for r, e in failed.items() if type(e) is type(exc) and exception_text(e) == exception_text(exc)]
     where = ("every simulated rank" if len(alike) == size
              else f"simulated {ranks_text(alike)} of {size}")
     noted = _noted(exc, tuple(sorted(alike)), f"raised on {where}")
     try:
-        noted.simulated_failures = tuple((r, type(e), str(e)) for r, e in sorted(failed.items()))
+        noted.simulated_failures = tuple((r, type(e), exception_text(e)) for r, e in sorted(failed.items()))
     except AttributeError:  # an exception type with __slots__
         pass
     raise noted

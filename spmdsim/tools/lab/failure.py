@@ -8,7 +8,7 @@ import re
 import traceback
 from typing import Any, Optional
 
-from ...errors import RuntimeMismatchError
+from ...errors import RuntimeMismatchError, exception_text
 from ...runtime.sim.bodies import op_of
 from ...runtime.sim.unmatched import NO_MATCH
 from .calls import COLLECTIVES, POINT_TO_POINT
@@ -114,7 +114,7 @@ def _object_op_hint(exc: BaseException, path: str) -> str:
     """Where an object reduction of the submission's (comm.allreduce of an array with op=MPI.MAX) raised
     numpy's ambiguous truth value, as mpi4py's does on arrays: that the op took whole arrays, and the buffer
     form that takes each element; else ""."""
-    if not isinstance(exc, ValueError) or "truth value of an array" not in str(exc):
+    if not isinstance(exc, ValueError) or "truth value of an array" not in exception_text(exc):
         return ""
     frames = [frame for frame, _ in traceback.walk_tb(exc.__traceback__)]
     mine = [i for i, frame in enumerate(frames) if frame.f_code.co_filename == path]
@@ -159,7 +159,7 @@ def describe_failure(exc: BaseException, path: str, n: int, signature: str = "")
         f"ranks {', '.join(map(str, ranks))}" if ranks else "a rank"
     line = _line(exc, path)
     at = f" at line {line}" if line else ""
-    if isinstance(exc, NotImplementedError) and str(exc) in ("", function):
+    if isinstance(exc, NotImplementedError) and exception_text(exc) in ("", function):
         return "not-implemented", "not yet implemented", "the function still raises NotImplementedError: write it"
     if isinstance(exc, MissingFunction):
         return "no-function", str(exc), ""
@@ -190,7 +190,7 @@ def describe_failure(exc: BaseException, path: str, n: int, signature: str = "")
         return "error", f"{who} raised ModuleNotFoundError{at}: no module named {exc.name!r}: a submission is " \
                         f"one file, and {beside} beside it is not on the path: put what it uses into " \
                         f"{os.path.basename(path)}", ""
-    message = _object_op_hint(exc, path) or _first_line(str(exc))
+    message = _object_op_hint(exc, path) or _first_line(exception_text(exc))  # (its __str__ may raise)
     name = "MPI.Exception" if type(exc).__module__ == "mpi4py.MPI" else type(exc).__name__
     return "error", f"{who} raised {name}{at}" + (f": {message}" if message else "") + \
         _call_hint(exc, line, signature), ""
