@@ -7,12 +7,15 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from test_lab_cli import SUBMISSIONS, TINY
 
 from spmdsim.tools.cli.main import main
+from spmdsim.tools.lab.compare import first_difference
 from spmdsim.tools.lab.exercise import find_exercise
+from spmdsim.tools.lab.harness import run_case
 from spmdsim.tools.lab.sandbox import check_mpiexec
 
 
@@ -111,6 +114,52 @@ def test_an_array_of_python_objects_is_said_by_its_dtype(course, capsys):
     assert main(["lab", "check", "1", "objects.py", "--exercises", "course", "--ranks", "1"]) == 1
     assert "rank 0 returned an array of shape (3,) and dtype object, expected an array of shape (3,)" in \
         " ".join(capsys.readouterr().out.split())
+
+
+#: A right ring Allreduce (exercise 5) whose result is turned by `{end}` before it is returned.
+RING = """import numpy as np
+def ring_allreduce(comm, x):
+    n, r = comm.Get_size(), comm.Get_rank()
+    chunks = [c.copy() for c in np.array_split(x, n)]
+    for step in range(2 * (n - 1)):
+        s, t = (r - step) % n, (r - step - 1) % n
+        buf = np.empty_like(chunks[t])
+        comm.Sendrecv(chunks[s], dest=(r + 1) % n, recvbuf=buf, source=(r - 1) % n)
+        chunks[t] = chunks[t] + buf if step < n - 1 else buf
+    return {end}
+"""
+
+
+@pytest.mark.parametrize("end, said", [
+    ("np.concatenate(chunks)", None),
+    ("np.concatenate(chunks).tolist()", "wrong at 2 ranks (N=16): rank 0 returned a list, expected a NumPy array "
+     "(ndarray) of shape (16,) and dtype float64: the exercise asks for an array; make one with np.asarray"),
+    ("tuple(np.concatenate(chunks))", "rank 0 returned a tuple, expected a NumPy array (ndarray) of shape (16,)"),
+    ("np.concatenate(chunks).astype(complex)", "wrong at 2 ranks (N=16): rank 0 returned an array of dtype "
+     "complex128, expected float64: its imaginary parts are all 0: return its real part (.real)"),
+    ("np.concatenate(chunks) + 1e-3j", "expected float64: some of its values have an imaginary part"),
+], ids=["array", "list", "tuple", "complex", "imaginary"])
+def test_a_list_or_a_complex_array_of_the_right_values_fails_naming_its_type(tmp_path, end, said):
+    """A list, or a complex array, of the right values passed where the statement asks for a float64 array."""
+    (tmp_path / "ring.py").write_text(RING.format(end=end))
+    result = run_case(find_exercise(5), str(tmp_path / "ring.py"), 2, 0)
+    assert (result.status, result.reason) == ("pass", "") if said is None else \
+        result.status == "wrong" and said in result.reason, result
+
+
+def test_a_list_passes_where_the_statement_says_array_like(course, capsys):
+    """An exercise whose statement says "array-like" takes a list of the right values (and still names a list of
+    the wrong shape); a complex number where a real one is expected fails naming its dtype."""
+    text = (course / "course" / "01_double.py").read_text()
+    (course / "course" / "01_double.py").write_text(text.replace('"Return 2 * x', '"Return an array-like 2 * x'))
+    (course / "listed.py").write_text("def double(comm, x):\n    return [2 * v for v in x]\n")
+    assert main(["lab", "check", "1", "listed.py", "--exercises", "course"]) == 0
+    (course / "short.py").write_text("def double(comm, x):\n    return [2 * v for v in x][1:]\n")
+    assert main(["lab", "check", "1", "short.py", "--exercises", "course", "--ranks", "1"]) == 1
+    assert "rank 0 returned a list of 2 items (shape (2,) as one array), expected an array of shape (3,)" in \
+        " ".join(capsys.readouterr().out.split())
+    assert first_difference([np.complex128(3.0)], [3.0], [()], 1e-9, 0.0) == \
+        "rank 0 returned a complex128 number, (3+0j), expected a real number (3)"
 
 
 def test_a_submission_of_another_exercise_names_that_exercise(course, capsys):

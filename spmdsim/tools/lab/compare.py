@@ -98,8 +98,29 @@ def _number_gap(got: Any, want: Any, rtol: float, atol: float) -> str:
     return f" ({'; '.join(notes)})" if notes else ""
 
 
-def _difference(got: Any, want: Any, rtol: float, atol: float) -> Optional[str]:
-    """How `got` differs from `want`, or None where it matches."""
+def _not_an_array(got: Any, want: np.ndarray, as_array: np.ndarray) -> Optional[str]:
+    """Why `got`, not an ndarray, is not taken for the array `want` (an exercise whose statement does not say
+    "array-like"): a list of the right values passed, where the statement asks for a float64 array."""
+    if isinstance(got, (list, tuple)) and as_array.shape != want.shape:  # arrays not joined into one
+        return (f"returned {_kind(got)} of {len(got)} items (shape {as_array.shape} as one array), "
+                f"expected {_kind(want)}")
+    return (f"returned {_kind(got)}, expected a NumPy array (ndarray) of shape {want.shape} and dtype {want.dtype}: "
+            "the exercise asks for an array; make one with np.asarray")
+
+
+def _complex(got: np.ndarray, want: np.ndarray) -> Optional[str]:
+    """Why a complex array is not taken for a real one of the same values (they compare equal where the
+    imaginary parts are 0): its dtype, and its real part where that is all it holds."""
+    if not np.iscomplexobj(got) or np.iscomplexobj(want):
+        return None
+    real = "its imaginary parts are all 0: return its real part (.real)" if not np.any(got.imag) else \
+        "some of its values have an imaginary part"
+    return f"returned an array of dtype {got.dtype}, expected {want.dtype}: {real}"
+
+
+def _difference(got: Any, want: Any, rtol: float, atol: float, array_like: bool = False) -> Optional[str]:
+    """How `got` differs from `want`, or None where it matches; where `want` is an array, `got` must be one
+    too, unless `array_like` (a list or a tuple of its values then matches)."""
     if want is None:
         return None if got is None else f"returned {show(got)}, expected None (this rank returns nothing)"
     if got is None:
@@ -111,33 +132,34 @@ def _difference(got: Any, want: Any, rtol: float, atol: float) -> Optional[str]:
             return f"returned {_kind(got)}, expected {_kind(want)}"
         if got_array.dtype == object:
             return f"returned {_kind(got)}, expected {_kind(want)}"
-        if isinstance(got, (list, tuple)) and got_array.shape != want.shape:  # arrays not joined into one
-            return (f"returned {_kind(got)} of {len(got)} items (shape {got_array.shape} as one array), "
-                    f"expected {_kind(want)}")
-        return _array_difference(got_array, want, rtol, atol)
+        if not isinstance(got, np.ndarray) and (not array_like or got_array.shape != want.shape):
+            return _not_an_array(got, want, got_array)
+        return _complex(got_array, want) or _array_difference(got_array, want, rtol, atol)
     if isinstance(want, (int, float, np.number)):
         if isinstance(got, np.ndarray) and got.size == 1:
             got = got.item()
         if not isinstance(got, (int, float, np.number)) or isinstance(got, bool):
             return f"returned {_kind(got)}, expected a number ({show(want)})"
+        if np.iscomplexobj(got) and not np.iscomplexobj(want):  # (float() took its real part, with a warning)
+            return f"returned a {np.asarray(got).dtype} number, {complex(got)}, expected a real number ({show(want)})"
         if not np.isclose(float(got), float(want), rtol=rtol, atol=atol, equal_nan=False):
             return f"returned {show(got)}, expected {show(want)}" + _number_gap(got, want, rtol, atol)
         return None
     if isinstance(want, tuple) and any(isinstance(item, np.ndarray) for item in want):
-        return _outputs_difference(got, want, rtol, atol)
+        return _outputs_difference(got, want, rtol, atol, array_like)
     if isinstance(want, (list, tuple)):
         return _sequence_difference(got, want)
     return None if got == want else f"returned {show(got)}, expected {show(want)}"
 
 
-def _outputs_difference(got: Any, want: tuple, rtol: float, atol: float) -> Optional[str]:
+def _outputs_difference(got: Any, want: tuple, rtol: float, atol: float, array_like: bool) -> Optional[str]:
     """How a function's several outputs (a tuple with arrays: (dx, dw)) differ: the first output that does."""
     if not isinstance(got, (list, tuple)):
         return f"returned {_kind(got)}, expected a tuple of {len(want)} outputs"
     if len(got) != len(want):
         return f"returned {_kind(got)} of {len(got)} outputs, expected {len(want)}"
     for index, (mine, theirs) in enumerate(zip(got, want)):
-        text = _difference(mine, theirs, rtol, atol)
+        text = _difference(mine, theirs, rtol, atol, array_like)
         if text is not None:
             return f"output {index}: {text.replace('returned ', '', 1)}" if text.startswith("returned ") else \
                 f"output {index}: {text}"
@@ -180,15 +202,15 @@ def _why(got: Any, want: Any, args: tuple, n: int) -> Optional[str]:
     return None
 
 
-def _elsewhere(results: Sequence[Any], expected: Sequence[Any], rank: int, rtol: float, atol: float
-               ) -> Optional[str]:
+def _elsewhere(results: Sequence[Any], expected: Sequence[Any], rank: int, rtol: float, atol: float,
+               array_like: bool = False) -> Optional[str]:
     """Where `rank` returned nothing, the rank that should return nothing and returned `rank`'s result instead
     (a root given wrong), said; else None."""
     if results[rank] is not None or expected[rank] is None:
         return None
     for other, (got, want) in enumerate(zip(results, expected)):
         if other != rank and want is None and got is not None and \
-                _difference(got, expected[rank], rtol, atol) is None:
+                _difference(got, expected[rank], rtol, atol, array_like) is None:
             return f"rank {other} returned it, where None was expected: the result belongs on rank {rank} (the root)"
     return None
 
@@ -203,14 +225,16 @@ def _guess(function: Any, *args: Any) -> Optional[str]:
 
 
 def first_difference(results: Sequence[Any], expected: Sequence[Any], args: Sequence[tuple], rtol: float,
-                     atol: float, explain: Any = None, case: Any = None) -> Optional[str]:
-    """The first rank whose result differs, said in one or two lines; None where every rank's matches."""
+                     atol: float, explain: Any = None, case: Any = None, array_like: bool = False) -> Optional[str]:
+    """The first rank whose result differs, said in one or two lines; None where every rank's matches. An
+    expected array takes an array only, unless `array_like` (the exercise's statement says "array-like")."""
     n = len(expected)
     for rank, (got, want) in enumerate(zip(results, expected)):
-        text = _difference(got, want, rtol, atol)
+        text = _difference(got, want, rtol, atol, array_like)
         if text is None:
             continue
         why = _guess(explain, case, n, rank, got) if explain is not None else None
-        why = why or _guess(_why, got, want, args[rank], n) or _elsewhere(results, expected, rank, rtol, atol)
+        why = why or _guess(_why, got, want, args[rank], n) or _elsewhere(results, expected, rank, rtol, atol,
+                                                                          array_like)
         return f"rank {rank} {text}" + (f"\n  {why}" if why else "")
     return None

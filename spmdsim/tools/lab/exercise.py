@@ -16,7 +16,8 @@ one or more calls, any of which counts, "Scatter|Scatterv|scatter"), MOST_CALLS 
 may make such calls, {"Allreduce|allreduce": 1}), HINT (said with a forbidden call),
 def optimal_bytes(case, n) (the bytes the best algorithm sends from its busiest rank; more is a failure),
 RTOL / ATOL (tolerances), TIME_LIMIT (seconds of wall time for one check), MEMORY_MB, and
-def explain(case, n, rank, got) (a sentence for a wrong result, or None).
+def explain(case, n, rank, got) (a sentence for a wrong result, or None). A STATEMENT that says "array-like"
+lets a list or a tuple of the values stand for an expected array (spmdsim.tools.lab.compare).
 """
 from __future__ import annotations
 
@@ -76,6 +77,12 @@ class Exercise:
         if not self.signature.startswith(self.function + "(") or not self.signature.endswith(")"):
             raise LabError(f"exercise {self.path!r}: SIGNATURE {self.signature!r} must read "
                            f"'{self.function}(comm, ...)'")
+
+    @property
+    def array_like(self) -> bool:
+        """Whether a result may be array-like where the expected one is an array (a list of its values): where
+        the statement says so ("array-like"); else a result must be a NumPy array, as the statement asks."""
+        return "array-like" in self.statement.lower()
 
     def starter(self) -> str:
         """The starter file's text: the statement as a docstring, the function raising NotImplementedError."""

@@ -232,7 +232,7 @@ def judge(exercise: Exercise, case: dict, seed: int, n: int, results: Optional[l
     if failure:
         return CaseResult(**result, status=failure[0], reason=failure[1], detail=failure[2], sent=sent)
     wrong = first_difference(results, case["expected"], case["args"], exercise.rtol, exercise.atol,
-                             exercise.explain, case)
+                             exercise.explain, case, array_like=exercise.array_like)
     if wrong:
         reason, _, detail = wrong.partition("\n")
         return CaseResult(**result, status="wrong", reason=f"wrong at {ranks_text(n)} ({label}): {reason}",
