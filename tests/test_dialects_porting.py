@@ -107,6 +107,9 @@ _MATMUL_MAP = ["run", "matmul", "--device-matrix", "2,2", "--alias-name", "a,b",
      "expected one SBP per placement axis"),
     (["--x-sbp", "S(0),B", "--w-sbp", "B,S(1)", "--out-sbp", "brodcast,B"], "--out-sbp 'brodcast,B': sbp 'brodcast' "
      "is not valid; expected 'B', 'P' or 'S(d)' with tensor dim d >= 0; did you mean 'broadcast'?"),
+    (["--x-sbp", "Shard(0),B", "--w-sbp", "B,S(1)"], "--x-sbp 'Shard(0),B': sbp 'Shard(0)' is not valid; expected 'B', "
+     "'P' or 'S(d)' with tensor dim d >= 0; 'Shard(0)' is DTensor placement syntax: read it with placements_to_layout "
+     "(not on run matmul, whose --x-sbp and --w-sbp take an SBP: S(0) for Shard(0), B for Replicate())"),
 ])
 def test_run_matmul_names_the_sbp_flag_whose_value_is_bad(capsys, flags, said):
     """`run matmul --x-sbp "S(0),Q" --w-sbp ...` said only "sbp 'Q' in 'S(0),Q' is not valid": not whose."""

@@ -267,7 +267,13 @@ def _of_flag(flag: str, text: str, read: Callable[[str], TensorLayout]) -> Tenso
     try:
         return read(text)
     except SpmdsimError as exc:
-        raise type(exc)(f"{flag} {text!r}: {str(exc).replace(f' in {text!r}', '', 1)}") from None
+        said = str(exc).replace(f" in {text!r}", "", 1).replace(_ELSEWHERE, _HERE if flag.endswith("-sbp") else "")
+        raise type(exc)(f"{flag} {text!r}: {said}") from None
+
+
+#: The reader the SBP parser names for a DTensor placement, which `run matmul` has no flag for; its SBP spelling.
+_ELSEWHERE = " (--placements on the command line)"
+_HERE = " (not on run matmul, whose --x-sbp and --w-sbp take an SBP: S(0) for Shard(0), B for Replicate())"
 
 
 def run_op(args: argparse.Namespace, comm: Any) -> int:
