@@ -19,7 +19,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from ...base.validate import counted
 from ...errors import SpmdsimError
@@ -263,6 +263,13 @@ def _mpi_results(events: list, code: int, n: int, limit: float, errors: str) -> 
     return results
 
 
+def _tail(file: Any, size: int) -> str:
+    """The last `size` bytes of the open binary `file`, as text (undecodable bytes replaced)."""
+    file.seek(0, os.SEEK_END)
+    file.seek(max(0, file.tell() - size))
+    return file.read().decode("utf-8", errors="replace")
+
+
 def check_mpiexec(exercise: Exercise, path: str, ranks: Sequence[int] = (), time_limit: Optional[float] = None
                   ) -> Verdict:
     """Run the submission under `spmdsim launch` (mpiexec with a timeout), one job per rank count; its values
@@ -286,9 +293,10 @@ def check_mpiexec(exercise: Exercise, path: str, ranks: Sequence[int] = (), time
             command = [sys.executable, "-m", "spmdsim", "launch", "-n", str(n), "--timeout", str(limit), "--",
                        "python", "-m", "spmdsim.tools.lab.mpi_child", folder, str(exercise.number),
                        os.path.abspath(path), out, "--stdout", said]
-            done = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.PIPE, text=True, errors="replace", cwd=tmp)
-            found = _mpi_results(_events(out), done.returncode, n, limit, done.stderr[-4000:])
+            with open(os.path.join(tmp, f"stderr-{n}"), "w+b") as errors:  # a file: megabytes stay on disk
+                done = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors,
+                                      cwd=tmp)
+                found = _mpi_results(_events(out), done.returncode, n, limit, _tail(errors, 4000))
             results.extend(found)
             if any(r.status in STOPS for r in found):  # the same at every rank count
                 break
