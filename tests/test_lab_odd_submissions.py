@@ -65,7 +65,9 @@ def test_a_long_file_name_is_shortened_in_the_table_and_whole_in_the_grade_book(
     (course / "s" / long).write_text(SUBMISSIONS["wrong.py"])
     (course / "s" / "ok.py").write_text(SUBMISSIONS["right.py"])
     assert main(["lab", "grade", "1", "s", "--csv", "g.csv", "--exercises", "course"]) == 0
-    table = capsys.readouterr().out.splitlines()
+    said = capsys.readouterr()
+    table = said.out.splitlines()
+    assert " of 2: " + "x" * 23 + "...mission_file_double.py FAIL (" in said.err  # the progress line too
     assert [line[:62] for line in table] == [
         ("ok.py" + " " * 43 + "  PASS   2/2   ")[:62],
         "x" * 23 + "...mission_file_double.py  FAIL   0/2  "], table

@@ -218,7 +218,8 @@ def _grade(args: argparse.Namespace) -> int:
                 path = pending[future]  # a student's folder named with its file (alice/ring_allreduce.py)
                 label = "/".join(map(file_name, os.path.relpath(path, args.dir).split(os.sep)))
                 row = done[path] = (label, *csv_row(future.result())[1:])
-                print(f"  {len(done)} of {len(files)}: {row[0]} {row[1]} ({row[5]} s)", file=sys.stderr)
+                print(f"  {len(done)} of {len(files)}: {shortened(row[0], NAME_COLUMNS)} {row[1]} ({row[5]} s)",
+                      file=sys.stderr)
         except KeyboardInterrupt:  # the checks running kill their submissions; the others never start
             stop.set()
             pool.shutdown(cancel_futures=True)
