@@ -8,7 +8,7 @@ import functools
 import pickle
 from typing import Any, Callable, Optional, Protocol
 
-from ...errors import DTypeError, ShapeError
+from ...errors import DTypeError, ShapeError, exception_text
 from ...base.validate import dtype_name
 from ._datatypes import copy_into
 from ._mpi import mpi_module
@@ -259,7 +259,7 @@ def _alike(exc: BaseException) -> BaseException:
     try:
         return type(exc)(*exc.args)
     except Exception:  # noqa: BLE001 - a type that cannot be rebuilt from its args
-        return SimulationError(f"{type(exc).__name__}: {exc}")
+        return SimulationError(f"{type(exc).__name__}: {exception_text(exc)}")
 
 
 def op_of(op: Any) -> tuple[str, Any]:
