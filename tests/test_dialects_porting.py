@@ -50,6 +50,7 @@ def test_a_mesh_written_as_its_ranks_reads_as_its_shape():
                     "integers, or one for a 1-D mesh), a spmdsim Layout or a Mesh, or an array of ranks such as "
                     "[[0, 1], [2, 3]] (rectangular, integers)"),
     ([[0.0, 1], [2, 3]], "is not a mesh; expected"),
+    ([[0, True], [2, 3]], "placement shape [[0, True], [2, 3]] is not a mesh; expected"),  # (numpy reads True as 1)
     ((0, 4), "placement shape (0, 4) must hold positive integers, got 0"),  # a shape with a 0 stays a shape
 ])
 def test_ranks_in_another_order_or_not_an_array_are_one_line(ranks, said):

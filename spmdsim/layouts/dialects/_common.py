@@ -233,7 +233,8 @@ def _ranks_shape(mesh: object, what: str) -> Optional[tuple[int, ...]]:
         ranks = np.asarray(items)
     except ValueError:  # ragged: numpy refuses it
         ranks = None
-    if ranks is None or ranks.dtype == object or ranks.size == 0 or ranks.dtype.kind not in "iu":
+    if ranks is None or ranks.dtype == object or ranks.size == 0 or ranks.dtype.kind not in "iu" or \
+            _holds_bool(items):  # ([[0, True]]: numpy makes it [[0, 1]])
         if not nested:
             return None
         raise DialectError(f"{what} {mesh!r} is not a mesh; expected {MESH_FORMS}, or an array of ranks "
@@ -247,6 +248,15 @@ def _ranks_shape(mesh: object, what: str) -> Optional[tuple[int, ...]]:
                            f"mesh's ranks row-major (the last axis fastest); expected {in_order.tolist()!r} "
                            f"(or its shape, {shape!r})")
     return shape
+
+
+def _holds_bool(items: list) -> bool:
+    """Whether a bool (Python's or numpy's) is among `items` or the lists nested in them."""
+    for item in items:
+        inner = as_items(item)
+        if isinstance(item, (bool, np.bool_)) or inner is not None and _holds_bool(inner):
+            return True
+    return False
 
 
 def refuse_mesh_as_count(value: object, what: str, takes: str, count_of) -> None:
