@@ -322,3 +322,13 @@ def test_a_rank_list_spmdsim_cannot_honour_is_one_line(rank_list, said):
     with pytest.raises(LayoutError) as info:
         Layout((2, 4), ("dp", "mp"), rank_list=rank_list)
     assert said in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("form", [["--placements", "S(0),R"], ["--partition-spec", "('a', None)", "--alias", "a,b"]])
+def test_the_device_matrix_of_placements_reads_as_its_ranks(capsys, form):
+    """PyTorch's DeviceMesh("cpu", [[0, 1], [2, 3]]) written on the command line: the mesh (2, 2)."""
+    code, by_ranks, _ = _cli(capsys, ["slices", *form, "--device-matrix", "[[0,1],[2,3]]", "--shape", "4,4"])
+    assert code == 0 and _cli(capsys, ["slices", *form, "--device-matrix", "2,2", "--shape", "4,4"]) == (0, by_ranks, "")
+    code, out, err = _cli(capsys, ["slices", *form, "--device-matrix", "[[0,2],[1,3]]", "--shape", "4,4"])
+    assert (code, out) == (2, "") and err.startswith("spmdsim: error: --device-matrix '[[0,2],[1,3]]' numbers its "
+                                                     "ranks in another order than spmdsim does")

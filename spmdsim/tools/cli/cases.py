@@ -204,7 +204,8 @@ def add_case_arguments(parser: argparse.ArgumentParser) -> None:
         help="JSON case file ('-' or omitted with no flags: read stdin)",
     )
     g = parser.add_argument_group("case flags (override keys of the JSON case)")
-    g.add_argument("--device-matrix", metavar="N,N,..", help="e.g. 2,1,2,2,1")
+    g.add_argument("--device-matrix", metavar="N,N,..", help="e.g. 2,1,2,2,1; with --placements or --partition-spec "
+                   "also its ranks, as PyTorch's DeviceMesh writes them, e.g. [[0,1],[2,3]]")
     # --alias-name too: run matmul's flag, and the case key's name (`case key 'alias_name'` in refusals)
     g.add_argument("--alias", "--alias-name", metavar="NAME,..", help="axis names, e.g. a,b,c,d,e")
     g.add_argument("--tensor-map", metavar="ENTRY,..", help="e.g. b,d,e,c,a or mp,(sp,dp),None")
@@ -246,7 +247,9 @@ def case_from_args(args: argparse.Namespace, stdin: Optional[TextIO] = None) -> 
     """Build the case from a JSON file/stdin and the flags (flags win)."""
     flags: dict[str, Any] = {}
     if args.device_matrix is not None:
-        flags["device_matrix"] = flag_ints(args.device_matrix, "--device-matrix", 1)
+        text = args.device_matrix  # sizes, or the ranks of PyTorch's DeviceMesh and Paddle's ProcessMesh
+        flags["device_matrix"] = (ranks_mesh(text, "--device-matrix") if text.lstrip()[:1] in "[(" else None) \
+            or flag_ints(text, "--device-matrix", 1)
     if args.alias is not None:
         flags["alias_name"] = parse_name_list(args.alias, "--alias")
     if args.tensor_map is not None:
