@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["fold_message", "exception_text", "SpmdsimError", "LayoutError", "ShapeError", "DTypeError", "RankError",
-           "DialectError", "OperatorError", "PlanError", "PipelineError", "RuntimeMismatchError", "CheckFailed",
+__all__ = ["fold_message", "exception_text", "same_class", "SpmdsimError", "LayoutError", "ShapeError", "DTypeError",
+           "RankError", "DialectError", "OperatorError", "PlanError", "PipelineError", "RuntimeMismatchError", "CheckFailed",
            "ResourceError"]
 
 
@@ -41,6 +41,12 @@ def fold_message(text: str, width: int = WIDTH) -> str:
                 current += (" " if current.strip() else "") + word
         out.append(current)
     return "\n".join(out)
+
+
+def same_class(one: type, other: type) -> bool:
+    """Whether two exception classes are one: the same object, or the same class of a module each simulated rank
+    loaded for itself (a program's or a submission's own class: one object a rank)."""
+    return one is other or (one.__module__, one.__qualname__) == (other.__module__, other.__qualname__)
 
 
 def exception_text(exc: BaseException) -> str:

@@ -98,6 +98,15 @@ def test_an_exception_whose_str_raises_is_named_by_its_own_type(course):
                "RuntimeError>\n" in out, out
 
 
+def test_a_submissions_own_exception_raised_by_every_rank_is_said_so(course):
+    """Each simulated rank loads the submission for itself, so its own exception class is another object on each
+    rank: "rank 0 raised Oops" was said where every rank raised it, as a ValueError is said."""
+    (course / "own.py").write_text("class Oops(Exception):\n    pass\ndef double(comm, x):\n    raise Oops('bad')\n")
+    said = _lab("check", "1", "own.py", "--exercises", "course")
+    assert said.returncode == 1 and not said.stderr, said.stderr
+    assert "   2 ranks: FAIL every rank raised Oops at line 4: bad\n" in said.stdout.decode(), said.stdout
+
+
 def test_a_megabyte_message_is_cut_saying_its_length(course, capsys):
     """`raise ValueError("x" * 10**6)` printed the megabyte, and wrote it into the grade book's cell."""
     (course / "s").mkdir()

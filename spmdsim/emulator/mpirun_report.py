@@ -9,7 +9,7 @@ import pickle
 import sys
 import threading
 
-from ..errors import exception_text, fold_message, RuntimeMismatchError, SpmdsimError
+from ..errors import exception_text, fold_message, RuntimeMismatchError, same_class, SpmdsimError
 from ..runtime.engines.memory import DRY_RUN_HINT, MemoryLimitError
 from ..runtime.sim.thread_limits import ThreadLimitError
 from ..runtime.sim.waiting import ranks_text
@@ -122,7 +122,8 @@ def _others(exc: BaseException) -> list:
     traceback; only the lowest failing rank's is shown here, whatever rank failed first)."""
     failures = getattr(exc, "simulated_failures", ())
     shown = (type(exc), exception_text(exc))
-    other = [(r, kind, text) for r, kind, text in failures if (kind, text) != shown]
+    other = [(r, kind, text) for r, kind, text in failures
+             if not (same_class(kind, shown[0]) and text == shown[1])]
     lines = [f"spmdsim mpirun: also failed: rank {r}: {_class_name(kind)}: {text.splitlines()[0] if text else ''}"
              for r, kind, text in other[:4]]
     if len(other) > 4:

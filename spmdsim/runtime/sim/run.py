@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional
 from ...base import context as _local
 from ...base.context import RankContext
 from ..engines import memory
-from ...errors import SpmdsimError, exception_text
+from ...errors import SpmdsimError, exception_text, same_class
 from ...base.validate import as_int
 from .engine import Aborted, SimulationError, World
 from .waiting import ranks_text
@@ -270,7 +270,8 @@ def _raise_failure(engine: World, size: int) -> None:
         return
     first = min(failed)
     exc = failed[first]
-    alike = [r for r, e in failed.items() if type(e) is type(exc) and exception_text(e) == exception_text(exc)]
+    alike = [r for r, e in failed.items()
+             if same_class(type(e), type(exc)) and exception_text(e) == exception_text(exc)]
     where = ("every simulated rank" if len(alike) == size
              else f"simulated {ranks_text(alike)} of {size}")
     noted = _noted(exc, tuple(sorted(alike)), f"raised on {where}")
