@@ -270,6 +270,15 @@ def test_a_mistyped_placement_names_the_spelling_meant(text, meant):
                     f" did you mean {meant}?")
 
 
+@pytest.mark.parametrize("text, meant", [("Partial(summ)", " did you mean 'sum'?"), ("P(SUM)", " did you mean 'sum'?"),
+                                         ("Partial(xyz)", None)])
+def test_a_mistyped_reduce_op_names_the_op_meant(text, meant):
+    said = _refusal(placements_to_layout, text, 2, 2)
+    assert said.startswith(f"partial reduce_op {text[text.index('(') + 1:-1]!r} is not a reduce op; expected one of "
+                           "sum, avg, product, min, max, band, bor, bxor, premul_sum (PyTorch's c10d ReduceOp names)")
+    assert said.endswith(meant) if meant else not said.endswith("?")
+
+
 @pytest.mark.parametrize("text", ["Shard(x)", "xyz", "Shard(0.5)"])
 def test_a_placement_whose_name_is_right_or_far_gets_no_guess(text):
     said = _refusal(placements_to_layout, text, 2, 2)

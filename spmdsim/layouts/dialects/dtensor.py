@@ -69,8 +69,10 @@ class Partial:
         if not isinstance(self.reduce_op, str) or not self.reduce_op:
             raise DialectError(f"partial reduce_op {self.reduce_op!r} must be a name such as 'sum'")
         if self.reduce_op not in _REDUCE_OPS:
+            close = close_matches(self.reduce_op.lower(), _REDUCE_OPS, most=1)
             raise DialectError(f"partial reduce_op {self.reduce_op!r} is not a reduce op; expected one of "
-                               f"{', '.join(_REDUCE_OPS)} (PyTorch's c10d ReduceOp names)")
+                               f"{', '.join(_REDUCE_OPS)} (PyTorch's c10d ReduceOp names)"
+                               + (f"; did you mean {close[0]!r}?" if close else ""))
 
     def __str__(self) -> str:
         return "P" if self.reduce_op == "sum" else f"P({self.reduce_op})"
