@@ -4,8 +4,8 @@ from __future__ import annotations
 import re
 
 __all__ = ["fold_message", "exception_text", "same_class", "SpmdsimError", "LayoutError", "ShapeError", "DTypeError",
-           "RankError", "DialectError", "OperatorError", "PlanError", "PipelineError", "RuntimeMismatchError", "CheckFailed",
-           "ResourceError"]
+           "RankError", "DialectError", "OperatorError", "PlanError", "PipelineError", "RuntimeMismatchError",
+           "CheckFailed", "ResourceError"]
 
 
 #: Columns of a printed error line (spmdsim.programs.viz.table.WIDTH: every default output).

@@ -216,11 +216,11 @@ def mesh_of(mesh: object, names: Optional[Sequence[str]],
     elif as_items(mesh) is None:
         raise DialectError(f"{what} {mesh!r} is not a mesh{_foreign(mesh)}; expected {MESH_FORMS}")
     else:
-        shape = _ranks_shape(mesh, what) or positive_ints(mesh, what)
+        shape = ranks_shape(mesh, what) or positive_ints(mesh, what)
     return shape, axis_names(names, len(shape)), None
 
 
-def _ranks_shape(mesh: object, what: str) -> Optional[tuple[int, ...]]:
+def ranks_shape(mesh: object, what: str) -> Optional[tuple[int, ...]]:
     """The shape of a mesh written as its array of ranks, as OneFlow's ``flow.placement("cpu", ranks=[[0, 1],
     [2, 3]])``, Paddle's ``ProcessMesh([[0, 1], [2, 3]])`` and PyTorch's ``DeviceMesh("cpu", [[0, 1], [2, 3]])``
     write it: nested lists, or a flat ``[0, 1, 2, 3]`` (a shape holds no 0). None for anything else (a shape).

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ...base.validate import counted
-from ...layouts.dialects._common import mesh_of, parse_name_list, parse_tensor_map, split_top_level
+from ...layouts.dialects._common import parse_name_list, parse_tensor_map, ranks_shape, split_top_level
 from ...errors import DialectError, SpmdsimError
 from ...layouts.layout import TensorLayout, default_axis_names
 from ...layouts.notation import dialect_hint
@@ -307,7 +307,7 @@ def parse_int_list(text: str, key: str = "value") -> tuple[int, ...]:
 
 def ranks_mesh(value: object, flag: str) -> Optional[tuple[int, ...]]:
     """The shape of a mesh written as its ranks, as OneFlow's ``flow.placement("cpu", ranks=[[0, 1], [2, 3]])``
-    writes it, read as the Python API reads it (`mesh_of`): text (``[[0,1],[2,3]]`` is 2,2; ``0,1,2,3`` is 4)
+    writes it, read as the Python API reads it (`ranks_shape`): text (``[[0,1],[2,3]]`` is 2,2; ``0,1,2,3`` is 4)
     or a JSON list; None for anything else (a shape, text that is no list), which the caller reads as before.
     Ranks in another order than spmdsim's row-major one are one line naming `flag` and the value."""
     ranks = _rank_items(value) if isinstance(value, str) else value
@@ -316,12 +316,8 @@ def ranks_mesh(value: object, flag: str) -> Optional[tuple[int, ...]]:
                            "[[0,1],[2,3]] (rectangular, integers)")
     if not isinstance(ranks, (list, tuple)) or not ranks:
         return None
-    nested = any(isinstance(item, (list, tuple)) for item in ranks)
-    flat = [item for item in ranks if type(item) is int]
-    if not nested and not (len(flat) == len(ranks) > 1 and sorted(flat) == list(range(len(flat)))):
-        return None
-    try:
-        return mesh_of(ranks, None, flag)[0]
+    try:  # (a flat list other than 0..n-1 is no ranks array: None)
+        return ranks_shape(ranks, flag)
     except DialectError as exc:  # named as the user wrote it
         raise SpmdsimError(str(exc).replace(f"{flag} {ranks!r}", f"{flag} {value!r}", 1)) from None
 
