@@ -31,6 +31,11 @@ def tensor_ndim(ndim: object, function: str, value: str, what: str, needed: int 
         raise DialectError(f"ndim is missing: {function} needs the number of dims of the tensor ({what} cannot "
                            f"tell it); pass it as the third argument, e.g. {function}({value!r}, mesh, {example}) "
                            f"for a {example}-D tensor")
+    return ndim_of(ndim)
+
+
+def ndim_of(ndim: object) -> int:
+    """`ndim` given, the number of dims of a tensor, as a non-negative int; else a DialectError naming it."""
     dims = as_int(ndim)
     if dims is None or dims < 0:
         raise DialectError(f"ndim {ndim!r} must be a non-negative integer, the number of dims of the tensor")

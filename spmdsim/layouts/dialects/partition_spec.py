@@ -14,7 +14,7 @@ from ...errors import DialectError
 from ..layout import Layout, TensorLayout
 from ...base.validate import counted
 from ...errors import SpmdsimError
-from ._common import as_int, as_items, mesh_of, parse_partition_spec, require_layout
+from ._common import as_items, mesh_of, ndim_of, parse_partition_spec, require_layout
 from ...base.deprecated import deprecated
 
 __all__ = ["partition_spec_to_layout", "layout_to_partition_spec", "format_partition_spec"]
@@ -117,9 +117,7 @@ def partition_spec_to_layout(
     spec, entries = _entries(spec)
     shape, names, base = mesh_of(mesh_shape, mesh_axis_names)
     if ndim is not None:
-        dims = as_int(ndim)
-        if dims is None or dims < 0:
-            raise DialectError(f"ndim {ndim!r} must be a non-negative integer, the number of dims of the tensor")
+        dims = ndim_of(ndim)
         if len(entries) > dims:
             raise DialectError(
                 f"partition spec {spec!r} has {counted(len(entries), 'entry')} but the tensor has "
