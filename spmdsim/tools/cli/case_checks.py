@@ -17,7 +17,7 @@ from ...layouts.notation import dialect_hint
 
 __all__ = ["Case", "MAX_DEVICES", "check_device_count", "checked_axis_names", "multi_axis_hint", "integer_map_hint",
            "default_names", "mesh_names", "world_size_mismatch", "with_partial_axes", "indivisible",
-           "parse_int_list", "ranks_mesh", "dialect_flags"]
+           "parse_int_list", "ranks_mesh", "mesh_sizes", "dialect_flags"]
 
 #: Most devices a layout may have here: the commands list or compare every rank,
 #: and a teaching tool that answers after minutes (or never) has failed.
@@ -320,6 +320,11 @@ def ranks_mesh(value: object, flag: str) -> Optional[tuple[int, ...]]:
         return ranks_shape(ranks, flag)
     except DialectError as exc:  # named as the user wrote it
         raise SpmdsimError(str(exc).replace(f"{flag} {ranks!r}", f"{flag} {value!r}", 1)) from None
+
+
+def mesh_sizes(text: str, flag: str) -> tuple[int, ...]:
+    """A mesh flag's sizes: '2,2', or the mesh's ranks as OneFlow's placement writes them, '[[0,1],[2,3]]'."""
+    return ranks_mesh(text, flag) or parse_int_list(text, flag)
 
 
 def _rank_items(text: str) -> Optional[list]:

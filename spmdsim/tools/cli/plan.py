@@ -27,8 +27,8 @@ from ...layouts.dialects.dtensor import check_uneven_shards, placements_to_layou
 from ...layouts.dialects.partition_spec import partition_spec_to_layout
 from ...layouts.dialects.sbp import sbp_to_layout
 from ...layouts.dialects.strategy import parse_strategy, strategy_to_layout
-from .case_checks import (check_device_count, checked_axis_names, dialect_flags, indivisible, parse_int_list,
-                          ranks_mesh, with_partial_axes)
+from .case_checks import (check_device_count, checked_axis_names, dialect_flags, indivisible, mesh_sizes,
+                          with_partial_axes)
 from .cases import ONEFLOW_EVEN, flag_ints
 from .plan_explain import dialect_of, moves_and_bytes_png, plan_record, plan_text
 from .paths import check_output_dir
@@ -67,7 +67,7 @@ def _one_device_matrix(args: argparse.Namespace) -> None:
     for flag, value in given[1:]:
         first_flag, first = given[0]
         try:
-            same = _dims(value, flag) == _dims(first, first_flag)
+            same = mesh_sizes(value, flag) == mesh_sizes(first, first_flag)
         except SpmdsimError:
             same = value == first  # a value that is no list is refused, naming it, when the mesh is built
         if not same:
@@ -141,16 +141,10 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def _dims(matrix: str, flag: str) -> tuple[int, ...]:
-    """The sizes of a device matrix flag's text: '2,2', or the mesh's ranks as OneFlow's placement writes them,
-    '[[0,1],[2,3]]' (--placement is this flag's other name)."""
-    return ranks_mesh(matrix, flag) or parse_int_list(matrix, flag)
-
-
 def _mesh(matrix: str, alias: str | None, prefix: str = "", flag: str = "") -> Layout:
     """The mesh of `matrix` (--{prefix}device-matrix's text, or `flag`'s) named by `alias` (--{prefix}alias's)."""
     flag = flag or f"--{prefix}device-matrix"
-    dims = _dims(matrix, flag)
+    dims = mesh_sizes(matrix, flag)
     if not dims:
         raise SpmdsimError(f"{flag} {matrix!r} gives no axis; expected at least one size, such as 2,4")
     check_device_count(math.prod(dims), f"{flag} {matrix!r}", MAX_PLAN_DEVICES)

@@ -22,7 +22,7 @@ from ...runtime.trace_export import write_chrome_trace
 from ..demo import jobs
 from ..demo.jobs import mp_layout
 from ..demo.registry import explain_lines, rank_line, run_job
-from .case_checks import check_device_count, checked_axis_names, parse_int_list, ranks_mesh
+from .case_checks import check_device_count, checked_axis_names, mesh_sizes, parse_int_list
 from .common import check_ranks, check_seed, check_trace_out, check_watchdog
 from .run_report import report, with_ways_out
 
@@ -247,7 +247,7 @@ def _sbp_matmul_maker(args: argparse.Namespace, dims: Sequence[int], common: dic
     """MatMul with OneFlow nD SBPs over a placement: axes axis_0, axis_1, ... (sbp_to_layout's names)."""
     _check_form_whole(args, "SBP", (("--placement", args.placement), ("--x-sbp", args.x_sbp),
                                     ("--w-sbp", args.w_sbp)), ("--out-sbp", args.out_sbp))
-    placement = ranks_mesh(args.placement, "--placement") or parse_int_list(args.placement, "--placement")
+    placement = mesh_sizes(args.placement, "--placement")
     check_device_count(math.prod(placement), f"--placement {args.placement!r}")
     x_shape, w_shape = _operand_shapes(dims, args.transpose_a, args.transpose_b, 2)
     x = _of_flag("--x-sbp", args.x_sbp, lambda sbp: sbp_to_layout(sbp, placement, len(x_shape)))

@@ -98,7 +98,7 @@ def _number_gap(got: Any, want: Any, rtol: float, atol: float) -> str:
     return f" ({'; '.join(notes)})" if notes else ""
 
 
-def _not_an_array(got: Any, want: np.ndarray, as_array: np.ndarray) -> Optional[str]:
+def _not_an_array(got: Any, want: np.ndarray, as_array: np.ndarray) -> str:
     """Why `got`, not an ndarray, is not taken for the array `want` (an exercise whose statement does not say
     "array-like"): a list of the right values passed, where the statement asks for a float64 array."""
     if isinstance(got, (list, tuple)) and as_array.shape != want.shape:  # arrays not joined into one
