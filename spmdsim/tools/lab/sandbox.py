@@ -116,7 +116,7 @@ def _ended(code: int, limit: float, memory_mb: int, running: dict, timed_out: bo
     they printed; `cpu`: the CPU seconds it used, None where its keeper was killed and gave none)."""
     n, seed = running.get("ranks", 0), running.get("seed", 0)
     where = f" at {n} rank{'s' if n != 1 else ''} (seed {seed})" if running else ""
-    cases, seconds, loud = (*before, 0)[:3]
+    cases, seconds, loud = before
     if timed_out and running and returns >= n:
         status, reason = "timeout", (f"ran past the time limit of {limit:g} s{where}: every rank returned its "
                                      "result, but a thread a rank started still runs (a rank ends with its "
