@@ -2,6 +2,7 @@
 every configuration's own dry-run price, so pruning by them never drops the fastest configuration that fits."""
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
@@ -125,6 +126,22 @@ def test_the_search_at_3072_devices_prices_few(monkeypatch):
     assert [(c.config.recompute, c.config.zero) for c in faster] == [("none", 1), ("none", 2)]
     assert faster[0].memory > limit and faster[1].memory < limit < faster[1].peak
 
+
+
+def test_the_22b_search_prints_what_the_page_quotes():
+    """The 22B model of Korthikanti et al. 2022 on one DGX A100, the search docs/howto/choose-configuration.md
+    quotes in full under "By predicted step time" (tests/test_classroom_docs.py does not run that section): its
+    counts, its choice and the rows it shows, all but the search's own seconds. About 14 CPU-s."""
+    from docs_commands import in_process, mismatch, quotes, run_here
+
+    (quote,) = [q for q in quotes("docs/howto/choose-configuration.md")
+                if q.command.startswith("spmdsim autoshard ") and "layers=48,d_model=6144," in q.command]
+    code, out, err = run_here(*in_process(quote.command))
+    seconds = re.compile(r"(configurations) in \d+\.\d s:")
+    quoted = tuple(seconds.sub(r"\1 in - s:", line) for line in quote.output)
+    assert code == 0 and mismatch(quoted, seconds.sub(r"\1 in - s:", out)) is None, \
+        (mismatch(quoted, seconds.sub(r"\1 in - s:", out)), out, err)
+    assert sum(bool(seconds.search(line)) for line in quote.output) == 1
 
 # ---- a GPT with MoE layers: cells of a dense and an MoE layer, each stage's layers counted ----
 
