@@ -5,6 +5,8 @@ Each body is tiny (a 4 x 3 input, a 3 x 2 weight): the whole file takes about a 
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -324,3 +326,26 @@ def test_a_backward_through_a_freed_graph_names_the_step_a_depth_first_search_me
     (message,) = _refused(2, body)
     step = {"the same loss": "'sum'", "tanh met first": "'tanh'", "matmul met first": '"matmul: '}[case]
     assert message.startswith(f"backward through the graph of {step}") and "a second time" in message, message
+
+
+def test_grad_of_an_operators_output_is_none_with_pytorchs_warning_saying_how():
+    """``y.grad`` of a non-leaf was None without a word (PyTorch warns); the leaves' and untracked tensors' stay quiet."""
+    def body():
+        mesh, layout, x, w = _setup(2)
+        y = x @ w
+        ops.sum(y * y).backward()
+        with pytest.warns(UserWarning) as caught:
+            assert y.grad is None
+        plain = DTensor.from_global(mesh, W, layout(None, None))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert plain.grad is None and w.grad is not None
+        h = (x @ w).detach().requires_grad_()  # the way the warning gives
+        ops.sum(h * h).backward()
+        return [str(c.message) for c in caught], np.allclose(h.grad.gather(), 2 * A @ W)
+
+    (messages, ok), _ = spmdsim.simulate(2, body)
+    assert ok and messages == [".grad of a DTensor of global shape (4, 2) made by 'matmul' is None: backward fills "
+                               "the .grad of leaves only (tensors given requires_grad_()) and spmdsim has no "
+                               "retain_grad(); to read this gradient, make the tensor a leaf where it is made, "
+                               "t = t.detach().requires_grad_(), before the ops that read it"]

@@ -8,6 +8,7 @@ here calls the function the table `_OPERATORS` holds for it, and PyTorch's and n
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Callable, TypeVar
 
 from ..errors import OperatorError
@@ -101,6 +102,25 @@ _FOREIGN = {
 _FOREIGN_BY_NAME = {spelled.rstrip("()"): (spelled, *said) for spelled, said in _FOREIGN.items()}
 
 
+def _grad(tensor: Any) -> Any:
+    """``tensor.grad``: a leaf's gradient (or None); None with PyTorch's warning for an operator's output."""
+    node = tensor._ag
+    grad = getattr(node, "grad", _NOT_A_LEAF)
+    if grad is not _NOT_A_LEAF:
+        return grad
+    if node is not None:  # a Node (spmdsim.nn.autograd.graph): backward never fills its .grad
+        describe = getattr(node, "describe", None)  # the operator, before the explanation after a colon
+        made = f" made by {describe().split(':')[0]!r}" if describe is not None else ""
+        warnings.warn(f".grad of a DTensor of global shape {tuple(tensor.global_shape)!r}{made} is None: backward "
+                      "fills the .grad of leaves only (tensors given requires_grad_()) and spmdsim has no "
+                      "retain_grad(); to read this gradient, make the tensor a leaf where it is made, "
+                      "t = t.detach().requires_grad_(), before the ops that read it", UserWarning, stacklevel=3)
+    return None
+
+
+_NOT_A_LEAF = object()
+
+
 class _ForeignName(OperatorError, AttributeError):
     """Another framework's attribute asked of a DTensor: an AttributeError (``hasattr`` is False) saying spmdsim's."""
 
@@ -126,7 +146,7 @@ class _Methods(_Spellings):
                              lambda self, flag: _OPERATORS.requires_grad_(self, flag, "requires_grad = "),
                              doc="whether gradients are recorded for it; ``x.requires_grad = True`` is "
                                  "``x.requires_grad_()``")
-    grad = property(lambda self: getattr(self._ag, "grad", None), lambda self, value: _OPERATORS.set_grad(self, value),
+    grad = property(lambda self: _grad(self), lambda self, value: _OPERATORS.set_grad(self, value),
                     doc="the gradient, in this layout; ``p.grad = None`` forgets it (a DTensor of the "
                         "parameter's global shape and layout sets it)")
 
