@@ -11,12 +11,13 @@ from typing import Any, Callable, Iterable, Union
 import numpy as np
 
 from ..base.buffers import owned_bytes
+from ..base.foreign import refuse_foreign
 from ..errors import OperatorError
 from ..base.precision import is_low
 from ..base.validate import tolerance_arg
 from .adamw_flat import (_decay_flags, _end_to_end, _gather_elements, _groups, _memory_order, _picker, _step_pieces,
                          _step_sizes, adamw_update)
-from .optim_checks import _adam_args, _into
+from .optim_checks import PYTORCH_KEYWORDS, _adam_args, _into
 from .optimizer import _drain, _Optimizer
 
 
@@ -32,7 +33,9 @@ class AdamW(_Optimizer):
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2,
-                 decay: Union[None, Callable[[Any], bool], Iterable[Any]] = None) -> None:
+                 decay: Union[None, Callable[[Any], bool], Iterable[Any]] = None, **foreign: Any) -> None:
+        if foreign:  # torch.optim's keywords, by habit: one line each (spmdsim.base.foreign)
+            refuse_foreign(type(self).__name__, foreign, PYTORCH_KEYWORDS)
         super().__init__(params, lr)
         self.betas, self.eps = _adam_args(betas, eps)
         self.weight_decay = tolerance_arg(weight_decay, "weight_decay", OperatorError)

@@ -13,7 +13,16 @@ from .optimizer import _kernel
 from ..runtime import debug_calls
 from ..runtime.executor import pending, resolve
 from ..base import buffers
+from ..base.foreign import refuse_foreign
 from ..base.validate import tolerance_arg
+
+#: torch.nn.utils.clip_grad_norm_'s keywords that this one does not take (spmdsim.base.foreign).
+_PYTORCH_KEYWORDS = {
+    "foreach": "each rank sums the squares of its blocks and one Allreduce sums the ranks'; drop the keyword",
+    "norm_type": "the norm is the 2-norm, PyTorch's default norm_type 2",
+    "error_if_nonfinite": "a nan or inf norm is returned and scales the gradients, as PyTorch's default "
+                          "error_if_nonfinite=False does; test the returned norm with math.isfinite(norm)",
+}
 
 
 def clip_coefficient(norm: float, max_norm: float, eps: float = 1e-6) -> float:
@@ -87,7 +96,7 @@ def _clip_into(squares: np.ndarray, max_norm: Any, eps: float, grads: tuple, out
 
 
 def clip_grad_norm_(params: Iterable[Any], max_norm: Any, eps: float = 1e-6, *, across: Any = None,
-                    counted: Any = None) -> Any:
+                    counted: Any = None, **foreign: Any) -> Any:
     """Scale the parameters' gradients together so their joint 2-norm is at most `max_norm`, as PyTorch's
     ``torch.nn.utils.clip_grad_norm_``; returns the norm before clipping (a float, alike on every rank).
 
@@ -112,6 +121,8 @@ def clip_grad_norm_(params: Iterable[Any], max_norm: Any, eps: float = 1e-6, *, 
     the norm, is a finite number >= 0 (a negative one could turn the gradients' sign; with 0 a zero norm
     leaves them as they are).
     """
+    if foreign:  # PyTorch's keywords, by habit: one line each
+        refuse_foreign("clip_grad_norm_", foreign, _PYTORCH_KEYWORDS)
     params = tuple(params)
     captured = _capturing()
     bound = _clip_bound(max_norm)  # a Scalar's value checked now too, read without freezing it

@@ -27,13 +27,14 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from ..base.foreign import refuse_foreign
 from ..base.precision import is_low
 
 from .adamw import AdamW
 from .adamw_flat import adamw_update
 from .clip import clip_coefficient, clip_grad_norm_
 from .distrib_optim import DistributedAdamW
-from .optim_checks import _adam_args, _into
+from .optim_checks import PYTORCH_KEYWORDS, _adam_args, _into
 from .optimizer import _Optimizer
 
 
@@ -44,7 +45,9 @@ class SGD(_Optimizer):
     """PyTorch's SGD: buffer = momentum * buffer + g (g itself at the first step), then p -= lr * buffer; without
     momentum, p -= lr * g."""
 
-    def __init__(self, params: Iterable[Any], lr: float, momentum: float = 0.0) -> None:
+    def __init__(self, params: Iterable[Any], lr: float, momentum: float = 0.0, **foreign: Any) -> None:
+        if foreign:  # torch.optim's keywords, by habit: one line each (spmdsim.base.foreign)
+            refuse_foreign(type(self).__name__, foreign, PYTORCH_KEYWORDS)
         super().__init__(params, lr)
         self.momentum = momentum  # checked by _momentum
         self._moments = 1 if self.momentum else 0
@@ -87,7 +90,9 @@ class Adam(_Optimizer):
     _moments = 2  # m and v
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple = (0.9, 0.999),
-                 eps: float = 1e-8) -> None:
+                 eps: float = 1e-8, **foreign: Any) -> None:
+        if foreign:  # torch.optim's keywords, by habit: one line each (spmdsim.base.foreign)
+            refuse_foreign(type(self).__name__, foreign, PYTORCH_KEYWORDS)
         super().__init__(params, lr)
         self.betas, self.eps = _adam_args(betas, eps)
         self.moments: dict[int, tuple[np.ndarray, np.ndarray, int]] = {}

@@ -13,6 +13,21 @@ from .autograd.graph import Leaf
 from ..base.validate import describe, tolerance_arg
 
 
+#: torch.optim's keywords that spmdsim's optimizers do not take (spmdsim.base.foreign): what they do instead.
+_KERNEL = "an update is numpy on this rank's blocks, with no kernel to choose (AdamW's runs over flat groups of them)"
+PYTORCH_KEYWORDS = {
+    "fused": f"{_KERNEL}; drop the keyword",
+    "foreach": f"{_KERNEL}; drop the keyword",
+    "capturable": "a step is captured and replayed as it is (spmdsim.runtime.replay.capture); drop the keyword",
+    "differentiable": "an update is never recorded for autograd; drop the keyword",
+    "maximize": "it minimizes; negate the loss instead",
+    "amsgrad": "Adam and AdamW have no AMSGrad variant",
+    "nesterov": "SGD's momentum is heavy-ball, PyTorch's default (buffer = momentum * buffer + g)",
+    "dampening": "SGD's momentum adds the whole gradient, PyTorch's default dampening 0",
+    "weight_decay": "SGD and Adam decay nothing; AdamW(weight_decay=...) decays apart from the gradient",
+}
+
+
 def _sharded_away(i: int, p: Any, where: str = "optimizer") -> None:
     """Refuse parameter `i` where fully_shard replaced it by its shards (its leaf's ``sharded_away``), in one line:
     an optimizer stepping it would step a tensor the units never read (the training would stand still)."""
