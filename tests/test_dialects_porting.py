@@ -333,6 +333,17 @@ def test_a_rank_list_spmdsim_cannot_honour_is_one_line(rank_list, said):
     assert said in str(info.value) and "\n" not in str(info.value)
 
 
+def test_a_layout_written_with_the_mindspore_tutorials_name_keyword_is_one_line():
+    """MindSpore's operator-parallel tutorial writes ``Layout((2, 2, 2), name = ("dp", "sp", "mp"))`` in its prose;
+    MindSpore's Layout and spmdsim's take alias_name, and `name` was Python's TypeError."""
+    with pytest.raises(LayoutError) as info:
+        Layout((2, 2, 2), name=("dp", "sp", "mp"))
+    assert str(info.value) == ("Layout(name=('dp', 'sp', 'mp')): MindSpore's Layout, as spmdsim's, takes the axes' "
+                               "names as alias_name (no name keyword); expected Layout(device_matrix, alias_name), "
+                               "e.g. Layout((2, 2, 2), ('dp', 'sp', 'mp'))")
+    assert Layout((2, 2, 2), alias_name=("dp", "sp", "mp")) == Layout((2, 2, 2), ("dp", "sp", "mp"))
+
+
 @pytest.mark.parametrize("form", [["--placements", "S(0),R"], ["--partition-spec", "('a', None)", "--alias", "a,b"]])
 def test_the_device_matrix_of_placements_reads_as_its_ranks(capsys, form):
     """PyTorch's DeviceMesh("cpu", [[0, 1], [2, 3]]) written on the command line: the mesh (2, 2)."""

@@ -92,6 +92,14 @@ class Layout(RankGroups):
     cut: str = "even"
     rank_list: InitVar[Optional[Sequence[int]]] = None
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> "Layout":
+        if "name" in kwargs:  # MindSpore's tutorial prose writes Layout((2, 2, 2), name=("dp", "sp", "mp"))
+            matrix = args[0] if args else kwargs.get("device_matrix", (2, 4))
+            raise LayoutError(f"Layout(name={kwargs['name']!r}): MindSpore's Layout, as spmdsim's, takes the axes' "
+                              "names as alias_name (no name keyword); expected Layout(device_matrix, alias_name), "
+                              f"e.g. Layout({matrix!r}, {kwargs['name']!r})")
+        return super().__new__(cls)
+
     def __post_init__(self, rank_list: Optional[Sequence[int]] = None) -> None:
         # A bare string is not a sequence of names here: "ab" would become axes 'a' and 'b'.
         for what, value in (("device_matrix", self.device_matrix), ("alias_name", self.alias_name)):
