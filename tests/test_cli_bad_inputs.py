@@ -494,8 +494,8 @@ def test_an_empty_or_short_alias_is_refused_naming_the_flag(capsys, argv, needle
 def test_strategy_of_the_wrong_length_names_the_strategy(capsys):
     # It named the layout's inner axes: 'tensor map ("axis_0", "axis_1") has 2 entries ...'.
     line = _fails(capsys, ["explain", "--strategy", "((2,1,1,2,1),)", "--world-size", "8", "--shape", "2,1,1,2"],
-                  "strategy '((2,1,1,2,1),)' has 5 slice counts but shape (2, 1, 1, 2) has 4 dims; "
-                  "expected one slice count per tensor dim")
+                  "--strategy '((2,1,1,2,1),)' (case key 'strategy'): strategy has 5 slice counts but shape "
+                  "(2, 1, 1, 2) has 4 dims; expected one slice count per tensor dim")
     assert "axis_0" not in line
 
 
@@ -515,9 +515,11 @@ def test_a_negative_size_flag_is_named_as_the_flag(capsys):
 def test_a_malformed_partition_spec_is_called_one(capsys):
     # It was called a "tensor map", a word of another dialect than the flag the user gave.
     _fails(capsys, ["show", "--partition-spec", "('x', None", "--device-matrix", "2,4", "--alias", "x,y",
-                    "--shape", "8,8"], "partition spec \"('x', None\" has unbalanced brackets")
+                    "--shape", "8,8"], "--partition-spec \"('x', None\" (case key 'partition_spec'): partition spec "
+                                       "has unbalanced brackets")
     _fails(capsys, ["plan", "--device-matrix", "2,4", "--alias", "x,y", "--from-partition-spec", "('x',,None)",
-                    "--to", "None,x", "--shape", "8,8"], "partition spec \"('x',,None)\" has an empty entry")
+                    "--to", "None,x", "--shape", "8,8"], "--from-partition-spec \"('x',,None)\": partition spec has an "
+                                                         "empty entry")
 
 
 def test_a_partition_spec_reads_as_jax_prints_it(capsys):
@@ -537,9 +539,10 @@ def test_a_partition_spec_reads_as_jax_prints_it(capsys):
                  "--to-partition-spec", "P(None, 'y')", "--shape", "8,8", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["steps"]
     _fails(capsys, ["slices", "--partition-spec", "P('x',,None)", "--device-matrix", "2,4", "--alias", "x,y",
-                    "--shape", "8,8"], "partition spec \"P('x',,None)\" has an empty entry for tensor dim 1")
+                    "--shape", "8,8"], ": partition spec has an empty entry for tensor dim 1")
     _fails(capsys, ["slices", "--partition-spec", "P(,)", "--device-matrix", "2,4", "--alias", "x,y",
-                    "--shape", "8,8"], "partition spec 'P(,)' has an empty entry for tensor dim 0")
+                    "--shape", "8,8"], "--partition-spec 'P(,)' (case key 'partition_spec'): partition spec has an "
+                                       "empty entry for tensor dim 0")
 
 
 def test_an_empty_flag_is_named_as_given(capsys):

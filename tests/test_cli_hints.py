@@ -149,11 +149,11 @@ MESH = ["--device-matrix", "2,4", "--alias", "dp,mp"]
      "tensor map \"P('mp', None)\" has a malformed entry \"P('mp', None)\"; \"P('mp', None)\" is a JAX "
      "PartitionSpec: give the layout with --partition-spec"),
     (["plan", *MESH, "--from", "S(0)", "--to", "None,None", "--shape", "8,6"],
-     "tensor map 'S(0)' has a malformed entry 'S(0)'; 'S(0)' is DTensor placement (or OneFlow SBP) syntax: give "
-     "the layout with --from-placements or --from-sbp"),
+     "--from 'S(0)': tensor map has a malformed entry 'S(0)'; 'S(0)' is DTensor placement (or OneFlow SBP) syntax: "
+     "give the layout with --from-placements or --from-sbp"),
     (["plan", *MESH, "--from", "None,None", "--to", "S(0),R", "--shape", "8,6"],
-     "tensor map 'S(0),R' has a malformed entry 'S(0)'; 'S(0)' is DTensor placement syntax: give the layout with "
-     "--to-placements"),
+     "--to 'S(0),R': tensor map has a malformed entry 'S(0)'; 'S(0)' is DTensor placement syntax: give the layout "
+     "with --to-placements"),
     (["run", "matmul", "--device-matrix", "2,4", "--alias-name", "dp,mp", "--x-map", "S(0),B", "--w-map", "dp,mp",
       "--shape", "256,128,192", "--ranks", "8"],
      "tensor map 'S(0),B' has a malformed entry 'S(0)'; 'S(0)' is OneFlow SBP syntax: give the layout with "

@@ -125,6 +125,30 @@ def test_run_matmul_names_the_map_flag_whose_value_is_bad(capsys):
     assert code == 0 and "PASS" in out  # good values run as before
 
 
+@pytest.mark.parametrize("argv, said", [
+    (["plan", "--device-matrix", "2,2", "--shape", "4,4", "--from-sbp", "S(0),Q", "--to-sbp", "B,B"],
+     "--from-sbp 'S(0),Q': sbp 'Q' is not valid; expected 'B', 'P' or 'S(d)' with tensor dim d >= 0"),
+    (["plan", "--device-matrix", "2,2", "--shape", "4,4", "--from-sbp", "S(0),B", "--to-sbp", "B,S(3)"],
+     "--to-sbp 'B,S(3)': sbp S(3) on placement axis 1 splits tensor dim 3, but the tensor has 2 dims"),
+    (["plan", "--device-matrix", "2,2", "--shape", "4,4", "--from-sbp", "Shard(0),B", "--to-sbp", "B,B"],
+     "--from-sbp 'Shard(0),B': sbp 'Shard(0)' is not valid; expected 'B', 'P' or 'S(d)' with tensor dim d >= 0; "
+     "'Shard(0)' is DTensor placement syntax: read it with placements_to_layout (--from-placements)"),
+    (["plan", "--device-matrix", "2,2", "--alias", "a,b", "--shape", "4,4", "--from", "a,None", "--to", "a,zz"],
+     "--to 'a,zz': unknown alias 'zz' in tensor map (\"a\", \"zz\"); expected one of ('a', 'b')"),
+    (["slices", "--placement", "2,2", "--shape", "4,4", "--sbp", "S(0),Q"],
+     "--sbp 'S(0),Q' (case key 'sbp'): sbp 'Q' is not valid; expected 'B', 'P' or 'S(d)' with tensor dim d >= 0"),
+    (["slices", "--placement", "2,2", "--shape", "4,4", "--sbp", "B"],
+     "--sbp 'B' (case key 'sbp'): sbp (B) has 1 entry but placement shape (2, 2) has 2 axes; expected one SBP per "
+     "placement axis"),
+    (["slices", "--placement", "2,0", "--shape", "4,4", "--sbp", "S(0),B"],
+     "--placement '2,0' must be positive sizes, such as 2,4"),  # a refusal naming its flag already: as it was
+])
+def test_plan_and_slices_name_the_layout_flag_whose_value_is_bad(capsys, argv, said):
+    """`plan --from-sbp "S(0),Q"` and `slices --sbp "S(0),Q"` said only "sbp 'Q' in 'S(0),Q' is not valid": plan
+    reads two layouts, and neither said which flag; they now lead with it, as `run matmul --x-sbp` does."""
+    assert _cli(capsys, argv) == (2, "", f"spmdsim: error: {said}")
+
+
 # -- OneFlow SBP text ------------------------------------------------------------------------------------
 def test_sbp_text_reads_spmdsims_own_class_spellings():
     """The SBP values are spmdsim's Broadcast(), Split(d), PartialSum() (docs/reference/dialects.md), and their
@@ -247,8 +271,9 @@ def test_a_paddle_coshard_written_with_a_negative_dim_is_refused(capsys, text, d
             "them spmdsim does not read; expected one mesh dim per tensor dim, or a spmdsim Layout whose tensor map "
             "lists the major axis first")
     assert _refusal(placements_to_layout, text, (2, 4), 2) == said
+    led = f"--placements {text!r} (case key 'placements'): {said.replace(f' {text!r}', '', 1)}"
     assert _cli(capsys, ["slices", "--placements", text, "--device-matrix", "2,4", "--shape", "8,8"]) == (
-        2, "", f"spmdsim: error: {said}")
+        2, "", f"spmdsim: error: {led}")
     # Different dims once counted: each mesh dim shards its own (dim 2 and dim 1 of a 3-D tensor).
     assert placements_to_layout("dist.Shard(-1), dist.Shard(1)", (2, 4), 3).tensor_map == ((), ("axis_1",),
                                                                                           ("axis_0",))

@@ -241,7 +241,8 @@ def test_convert_gives_placements_for_a_nested_chunk_cut(capsys):
      "tensor map (\"dp\", None) has 2 entries but shape (8, 8, 8) has 3 dims"),
     (["--tensor-map", "", "--shape", "8"], "tensor map () has 0 entries but shape (8,) has 1 dim"),
     (["--partition-spec", "('dp', None)", "--shape", "8", "--cut", "balanced"],
-     "partition spec ('dp', None) has 2 entries but the tensor has 1 dim"),
+     "--partition-spec \"('dp', None)\" (case key 'partition_spec'): partition spec ('dp', None) has 2 entries but "
+     "the tensor has 1 dim"),
     # where a rule would cut it, the hint stays
     (["--tensor-map", "dp,None", "--shape", "7,8"], "tensor (7, 8): dim 0 of size 7 is not divisible by 2 shards over "
      "('dp',); name a rule with \"cut\": \"chunk\" or \"balanced\" (--cut) to cut unevenly"),

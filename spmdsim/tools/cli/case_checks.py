@@ -17,7 +17,7 @@ from ...layouts.notation import dialect_hint
 
 __all__ = ["Case", "MAX_DEVICES", "check_device_count", "checked_axis_names", "multi_axis_hint", "integer_map_hint",
            "default_names", "mesh_names", "world_size_mismatch", "with_partial_axes", "indivisible",
-           "parse_int_list", "ranks_mesh", "mesh_sizes", "dialect_flags"]
+           "parse_int_list", "ranks_mesh", "mesh_sizes", "dialect_flags", "led_by_flag"]
 
 #: Most devices a layout may have here: the commands list or compare every rank,
 #: and a teaching tool that answers after minutes (or never) has failed.
@@ -344,3 +344,25 @@ def _rank_item(part: str) -> Any:
             raise ValueError(part)
         return [_rank_item(p) for p in inner]
     return int(part)
+
+
+def led_by_flag(lead: str, text: str, read: Callable[[], Any], renamed: Optional[Mapping[str, str]] = None) -> Any:
+    """``read()``, its refusal led by `lead`, the flag that gave `text` with its value (``--w-sbp 'B,S(3)'``): a
+    command that takes several layouts says whose, where "sbp 'Q' in 'S(0),Q' is not valid" did not. The value
+    quoted again (" in 'S(0),Q'", "strategy '(2,Q)' is") is dropped, the exception type kept; a refusal that
+    leads with a flag already stays as it is. `renamed`: texts of the refusal to write otherwise (a flag that
+    this command spells another way)."""
+    try:
+        return read()
+    except SpmdsimError as exc:
+        message = str(exc)
+        if message.startswith("--"):
+            raise
+        quoted = message.find(f" {text!r}") if text else -1
+        if f" in {text!r}" in message:
+            message = message.replace(f" in {text!r}", "", 1)
+        elif 0 <= quoted and message[:quoted].count(" ") < 2:  # "tensor map 'a,zz' has ...": the lead quotes it
+            message = message[:quoted] + message[quoted + len(repr(text)) + 1:]
+        for said, meant in (renamed or {}).items():
+            message = message.replace(said, meant)
+        raise type(exc)(f"{lead}: {message}") from None

@@ -38,8 +38,8 @@ from ...layouts.slicing import CUTS
 from . import case_dialects
 from .case_checks import (_DTENSOR_KEYS, _FLAG_OF, _FORM_TRIGGERS, _KNOWN_KEYS, _LAYOUT_KEYS, _SBP_KEYS,
                           _SPEC_KEYS, _STRATEGY_KEYS, Case, _device_count_checked, _flag_text, _int_list, _name_list,
-                          _require, _tensor_map, default_names, dialect_flags, indivisible, mesh_names,
-                          multi_axis_hint, parse_int_list, ranks_mesh, world_size_mismatch)
+                          _require, _tensor_map, default_names, dialect_flags, indivisible, led_by_flag,
+                          mesh_names, multi_axis_hint, parse_int_list, ranks_mesh, world_size_mismatch)
 
 __all__ = [
     "case_from_dict",
@@ -158,7 +158,10 @@ def _dialect_case(data: Mapping, form: str, shape: tuple, partial: tuple, cut: O
     dims cut by the rule named (DTensor's: torch.chunk's where a size does not divide)."""
     build = {"strategy": case_dialects.strategy_case, "sbp": case_dialects.sbp_case,
              "dtensor": case_dialects.dtensor_case, "partition_spec": case_dialects.partition_spec_case}
-    case = build[form](data, shape, partial)
+    key = {"dtensor": "placements"}.get(form, form)  # the key (and flag) that gave the form's text
+    value = data.get(key)
+    case = led_by_flag(_flag_text(key, value), value if isinstance(value, str) else "",
+                       lambda: build[form](data, shape, partial))  # "sbp 'Q' in 'S(0),Q'" named no flag
     if form in ("dtensor", "partition_spec") and "world_size" in data:  # the mesh's devices are the ranks
         matrix = case.tensor_layout.layout.device_matrix
         if data["world_size"] != math.prod(matrix):

@@ -27,8 +27,8 @@ from ...layouts.dialects.dtensor import check_uneven_shards, placements_to_layou
 from ...layouts.dialects.partition_spec import partition_spec_to_layout
 from ...layouts.dialects.sbp import sbp_to_layout
 from ...layouts.dialects.strategy import parse_strategy, strategy_to_layout
-from .case_checks import (check_device_count, checked_axis_names, dialect_flags, indivisible, mesh_sizes,
-                          with_partial_axes)
+from .case_checks import (check_device_count, checked_axis_names, dialect_flags, indivisible, led_by_flag,
+                          mesh_sizes, with_partial_axes)
 from .cases import ONEFLOW_EVEN, flag_ints
 from .plan_explain import dialect_of, moves_and_bytes_png, plan_record, plan_text
 from .paths import check_output_dir
@@ -186,14 +186,11 @@ def _side(args, which: str, mesh: Layout, ndim: int, world: int) -> TensorLayout
         tl = strategy_to_layout(strategy, world)
         if which == "to":
             tl = _renamed(tl, {n: "to_" + n[5:] for n in tl.layout.alias_name if n[:5] == "axis_"})
-    elif spec is not None:
-        tl = partition_spec_to_layout(parse_partition_spec(spec), mesh.device_matrix, ndim, mesh.alias_name)
-    elif sbp is not None:
-        tl = sbp_to_layout(sbp, mesh.device_matrix, ndim, mesh.alias_name)
-    elif placements is not None:
-        tl = placements_to_layout(placements, mesh.device_matrix, ndim, mesh.alias_name)
-    else:
-        tl = mesh(*parse_tensor_map(tmap, takes=dialect_flags(f"{which}-")))
+    else:  # a refusal led by the flag: plan reads two layouts, and "sbp 'Q' in 'S(0),Q'" did not say whose
+        form, text = given[0], {"map": tmap, "sbp": sbp, "placements": placements, "partition-spec": spec}[given[0]]
+        flag = f"--{which}" + ("" if form == "map" else f"-{form}")
+        tl = led_by_flag(f"{flag} {text!r}", text, lambda: _read_side(form, text, mesh, ndim, which),
+                         {"(--placements on the command line)": f"(--{which}-placements)"})
     if partial:
         axes = parse_name_list(partial, f"--{which}-partial")
         if tmap is not None:  # the user wrote the map: the layout's own refusal names it
@@ -203,6 +200,17 @@ def _side(args, which: str, mesh: Layout, ndim: int, world: int) -> TensorLayout
             if v is not None)
         return with_partial_axes(tl, axes, f"{flag} {value!r}", lambda axis: f"--{which}-partial {axis!r}")
     return tl
+
+
+def _read_side(form: str, text: str, mesh: Layout, ndim: int, which: str) -> TensorLayout:
+    """The layout that --{which}-{form} (--{which}, a tensor map) gives as `text` over `mesh`."""
+    if form == "partition-spec":
+        return partition_spec_to_layout(parse_partition_spec(text), mesh.device_matrix, ndim, mesh.alias_name)
+    if form == "sbp":
+        return sbp_to_layout(text, mesh.device_matrix, ndim, mesh.alias_name)
+    if form == "placements":
+        return placements_to_layout(text, mesh.device_matrix, ndim, mesh.alias_name)
+    return mesh(*parse_tensor_map(text, takes=dialect_flags(f"{which}-")))
 
 
 def _renamed(tl: TensorLayout, names: dict[str, str]) -> TensorLayout:
