@@ -106,3 +106,14 @@ def test_the_how_to_pages_range_table_is_the_checks():
     for row, kind in keys.items():
         _, low, high, _, _ = UNIT_RANGES[kind]
         assert rows[row] == f"{_short(low)} to {_short(high)}", row
+
+
+def test_a_long_value_is_cut_with_an_ellipsis_not_mid_entry():
+    """A third link level copied from "node" was quoted as "{'bandwidth': ..., 'efficiency': {'fraction': 0.775;
+    expected ...": cut at 80 characters with no mark, so the line read as a malformed value."""
+    data = _with("links.rack", copy.deepcopy(_a100()["links"]["node"]))
+    with pytest.raises(SpmdsimError) as info:
+        machine_from_dict(data, "machine file 'x.json'")
+    shown = str(info.value).split(" is ", 1)[1].split("; expected", 1)[0]
+    assert shown.endswith("...") and len(shown) == 80 and shown.startswith("{'bandwidth': 300000000000.0")
+    assert str(info.value).endswith("; expected a level among ('node', 'cluster')")

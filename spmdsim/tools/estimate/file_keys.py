@@ -16,7 +16,9 @@ _MISSING = object()
 
 
 def _fail(where: str, key: str, value: Any, expected: str) -> SpmdsimError:
-    shown = "missing" if value is _MISSING else f"{value!r:.80}"
+    shown = "missing" if value is _MISSING else repr(value)
+    if len(shown) > 80:  # a whole object's text, cut where a reader sees it is cut (it was cut mid-entry, unmarked)
+        shown = f"{shown[:77]}..."
     return SpmdsimError(f"{where}: key {key!r} is {shown}; expected {expected}")
 
 
