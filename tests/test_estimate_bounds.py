@@ -127,7 +127,6 @@ def test_the_search_at_3072_devices_prices_few(monkeypatch):
     assert faster[0].memory > limit and faster[1].memory < limit < faster[1].peak
 
 
-
 def test_the_22b_search_prints_what_the_page_quotes():
     """The 22B model of Korthikanti et al. 2022 on one DGX A100, the search docs/howto/choose-configuration.md
     quotes in full under "By predicted step time" (tests/test_classroom_docs.py does not run that section): its
