@@ -75,6 +75,19 @@ def test_a_long_file_name_is_shortened_in_the_table_and_whole_in_the_grade_book(
     assert [row["file"] for row in csv.DictReader((course / "g.csv").open())] == ["ok.py", long]
 
 
+def test_two_long_names_that_differ_in_their_middle_are_told_apart_in_the_table(course, capsys):
+    """Two students' folders whose names share their first 23 characters and their end were cut alike in the
+    table (the same start, "...", the same end): only the grade book told whose row was whose."""
+    names = [f"Alexander Smith-Johnson_{n}_assignsubmission_file_" for n in (101, 102)]
+    for name, text in zip(names, ("wrong.py", "right.py")):
+        (course / "s" / name).mkdir(parents=True)
+        (course / "s" / name / "double.py").write_text(SUBMISSIONS[text])
+    assert main(["lab", "grade", "1", "s", "--csv", "g.csv", "--exercises", "course"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert [line.split()[:2] for line in table] == [["...-Johnson_101_assignsubmission_file_/double.py", "FAIL"],
+                                                    ["...-Johnson_102_assignsubmission_file_/double.py", "PASS"]]
+    assert [row["file"] for row in csv.DictReader((course / "g.csv").open())] == [f"{n}/double.py" for n in names]
+
 def test_a_message_a_terminal_cannot_print_is_said_escaped(course):
     """A ValueError whose message holds a lone surrogate ended the check with UnicodeEncodeError's traceback."""
     (course / "odd.py").write_text('def double(comm, x):\n    raise ValueError("bad \\ud800 char")\n')

@@ -21,7 +21,7 @@ from ...base.typed_numbers import flag_float, shown  # a refusal names the value
 from ...base.validate import counted
 from ..cli.paths import check_output_file
 from .exercise import EXERCISES, Exercise, LabError, find_exercise, load_exercises
-from .shown import file_name, shortened
+from .shown import file_name, shortened, shortened_apart
 
 __all__ = ["register"]
 
@@ -228,8 +228,8 @@ def _grade(args: argparse.Namespace) -> int:
             raise
     rows = [done[path] for path in files]
     width = min(NAME_COLUMNS, max(len(row[0]) for row in rows))
-    for row in rows:  # (first: were the grade book to fail now, the grades are said)
-        line = f"{shortened(row[0], width):<{width}}  {row[1]:<4}  {row[2]:>2}/{row[3]:<2}  {row[4]}"
+    for row, name in zip(rows, shortened_apart([row[0] for row in rows], width)):  # (first: before the grade book)
+        line = f"{name:<{width}}  {row[1]:<4}  {row[2]:>2}/{row[3]:<2}  {row[4]}"
         print(line if len(line) <= 100 else line[:97] + "...")
     with open(args.csv, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
