@@ -1,27 +1,57 @@
-"""Keywords that another framework's function takes and spmdsim's namesake does not: one line saying so.
+"""Keywords that another framework's function takes and spmdsim's namesake has no parameter for.
 
-A PyTorch user passes ``use_reentrant=False`` to a checkpoint and ``fused=True`` to AdamW by habit, and Python's
-"got an unexpected keyword argument" says only that the keyword is not taken. A function that mirrors another
-framework's takes ``**foreign`` and hands it to `refuse_foreign` with a table: keyword -> what spmdsim does
-instead. A keyword outside the table is Python's TypeError, as before.
+A PyTorch user passes ``use_reentrant=False`` to a checkpoint and ``fused=True`` to AdamW by habit. Code
+that asks for what spmdsim does anyway runs unchanged; a value asking for something spmdsim does not do
+is refused in one line. A function that mirrors another framework's takes ``**foreign`` and hands it to
+`take_foreign` with a table: keyword -> (the values it accepts, what spmdsim does instead). A keyword
+outside the table is Python's TypeError, as before.
 """
 from __future__ import annotations
 
+import numbers
 from typing import Any, Mapping
 
 from ..errors import OperatorError
 
-__all__ = ["ForeignKeyword", "refuse_foreign"]
+__all__ = ["ANY", "ForeignKeyword", "take_foreign"]
+
+#: A table's accepted values for a keyword whose every value asks for what spmdsim does (a hint).
+ANY = "any value"
 
 
 class ForeignKeyword(OperatorError, TypeError):
-    """Another framework's keyword given to spmdsim's namesake: a TypeError, as Python's, saying what spmdsim does."""
+    """Another framework's keyword given a value spmdsim's namesake does not do: a TypeError, as Python's."""
 
 
-def refuse_foreign(call: str, given: Mapping[str, Any], instead: Mapping[str, str], whose: str = "PyTorch's") -> None:
-    """Raise for the first keyword of `given` (none: return): one line from `instead`, else Python's TypeError."""
+def _same(value: Any, accepted: Any) -> bool:
+    """Whether `value` is `accepted`: None is None, a bool a bool (never 1), a number a number, a str a str."""
+    if accepted is None:
+        return value is None
+    if isinstance(accepted, bool):
+        return type(value).__name__ in ("bool", "bool_") and bool(value) is accepted
+    if isinstance(accepted, numbers.Real):
+        return isinstance(value, numbers.Real) and type(value).__name__ not in ("bool", "bool_") and value == accepted
+    return type(value) is type(accepted) and value == accepted
+
+
+def _listed(values: tuple) -> str:
+    """``False``, ``2 or 2.0``, ``None, False or True``."""
+    said = [repr(v) for v in values]
+    return said[0] if len(said) == 1 else f"{', '.join(said[:-1])} or {said[-1]}"
+
+
+def take_foreign(call: str, given: Mapping[str, Any], table: Mapping[str, tuple]) -> None:
+    """Accept every keyword of `given` whose value the table accepts (spmdsim does that anyway); raise for
+    the first other one: `ForeignKeyword` in one line when the table has the keyword, else Python's TypeError.
+
+    Args:
+        table: keyword -> (accepted values, or `ANY`; what spmdsim does instead, said after a refusal).
+    """
     for name, value in given.items():
-        said = instead.get(name)
-        if said is None:
+        if name not in table:
             raise TypeError(f"{call}() got an unexpected keyword argument {name!r}")
-        raise ForeignKeyword(f"{call}({name}={value!r}): spmdsim does not take {whose} {name}; {said}")
+        accepted, instead = table[name]
+        if accepted is ANY or any(_same(value, a) for a in accepted):
+            continue
+        raise ForeignKeyword(f"{call}({name}={value!r}): spmdsim does not do this; {instead}; {name} may be "
+                             f"{_listed(accepted)} or left out")

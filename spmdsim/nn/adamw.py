@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterable, Union
 import numpy as np
 
 from ..base.buffers import owned_bytes
-from ..base.foreign import refuse_foreign
+from ..base.foreign import take_foreign
 from ..errors import OperatorError
 from ..base.precision import is_low
 from ..base.validate import tolerance_arg
@@ -34,8 +34,8 @@ class AdamW(_Optimizer):
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2,
                  decay: Union[None, Callable[[Any], bool], Iterable[Any]] = None, **foreign: Any) -> None:
-        if foreign:  # torch.optim's keywords, by habit: one line each (spmdsim.base.foreign)
-            refuse_foreign(type(self).__name__, foreign, PYTORCH_KEYWORDS)
+        if foreign:  # torch.optim's keywords, by habit: spmdsim's values pass
+            take_foreign(type(self).__name__, foreign, PYTORCH_KEYWORDS)
         super().__init__(params, lr)
         self.betas, self.eps = _adam_args(betas, eps)
         self.weight_decay = tolerance_arg(weight_decay, "weight_decay", OperatorError)

@@ -13,15 +13,16 @@ from .optimizer import _kernel
 from ..runtime import debug_calls
 from ..runtime.executor import pending, resolve
 from ..base import buffers
-from ..base.foreign import refuse_foreign
+from ..base.foreign import ANY, take_foreign
 from ..base.validate import tolerance_arg
 
-#: torch.nn.utils.clip_grad_norm_'s keywords that this one does not take (spmdsim.base.foreign).
+#: torch.nn.utils.clip_grad_norm_'s keywords (spmdsim.base.foreign): the values that ask for what this one
+#: does, and what it does instead of the others (foreach chooses a kernel: every value gives these numbers).
 _PYTORCH_KEYWORDS = {
-    "foreach": "each rank sums the squares of its blocks and one Allreduce sums the ranks'; drop the keyword",
-    "norm_type": "the norm is the 2-norm, PyTorch's default norm_type 2",
-    "error_if_nonfinite": "a nan or inf norm is returned and scales the gradients, as PyTorch's default "
-                          "error_if_nonfinite=False does; test the returned norm with math.isfinite(norm)",
+    "foreach": (ANY, "each rank sums the squares of its blocks and one Allreduce sums the ranks'"),
+    "norm_type": ((2,), "the norm is the 2-norm, PyTorch's default norm_type 2"),
+    "error_if_nonfinite": ((False,), "a nan or inf norm is returned and scales the gradients, as PyTorch's "
+                                     "default does; test the returned norm with math.isfinite(norm)"),
 }
 
 
@@ -121,8 +122,8 @@ def clip_grad_norm_(params: Iterable[Any], max_norm: Any, eps: float = 1e-6, *, 
     the norm, is a finite number >= 0 (a negative one could turn the gradients' sign; with 0 a zero norm
     leaves them as they are).
     """
-    if foreign:  # PyTorch's keywords, by habit: one line each
-        refuse_foreign("clip_grad_norm_", foreign, _PYTORCH_KEYWORDS)
+    if foreign:  # PyTorch's keywords, by habit: spmdsim's values pass
+        take_foreign("clip_grad_norm_", foreign, _PYTORCH_KEYWORDS)
     params = tuple(params)
     captured = _capturing()
     bound = _clip_bound(max_norm)  # a Scalar's value checked now too, read without freezing it

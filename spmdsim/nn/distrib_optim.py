@@ -74,7 +74,7 @@ from ..base.buffers import CAPTURE
 from ..base.context import current
 from ..errors import OperatorError
 from ..base.flops import sweep
-from ..base.foreign import refuse_foreign
+from ..base.foreign import take_foreign
 from .adamw_flat import _decay_flags, _gather_elements, _step_sizes
 from .clip import _norm_of, _squares, _summed_squares, clip_coefficient
 from .optim_checks import PYTORCH_KEYWORDS, _adam_args, _capturing
@@ -123,8 +123,8 @@ class DistributedAdamW(_ZeroBuffers, _ZeroGrads, _Optimizer):
                  decay: Union[None, Callable[[Any], bool], Iterable[Any]] = None, bucket: Optional[int] = None,
                  clip_grad: float = 0.0, clip_across: Any = None, clip_counted: Any = None,
                  shard_grads: bool = False, **foreign: Any) -> None:
-        if foreign:  # torch.optim's keywords, by habit: one line each (spmdsim.base.foreign)
-            refuse_foreign(type(self).__name__, foreign, PYTORCH_KEYWORDS)
+        if foreign:  # torch.optim's keywords, by habit: spmdsim's values pass
+            take_foreign(type(self).__name__, foreign, PYTORCH_KEYWORDS)
         super().__init__(params, lr)
         if type(shard_grads) is not bool:
             raise OperatorError(f"DistributedAdamW: shard_grads {shard_grads!r} must be True (ZeRO-2: gradients "

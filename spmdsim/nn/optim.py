@@ -27,7 +27,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from ..base.foreign import refuse_foreign
+from ..base.foreign import take_foreign
 from ..base.precision import is_low
 
 from .adamw import AdamW
@@ -46,8 +46,8 @@ class SGD(_Optimizer):
     momentum, p -= lr * g."""
 
     def __init__(self, params: Iterable[Any], lr: float, momentum: float = 0.0, **foreign: Any) -> None:
-        if foreign:  # torch.optim's keywords, by habit: one line each (spmdsim.base.foreign)
-            refuse_foreign(type(self).__name__, foreign, PYTORCH_KEYWORDS)
+        if foreign:  # torch.optim's keywords, by habit: spmdsim's values pass
+            take_foreign(type(self).__name__, foreign, PYTORCH_KEYWORDS)
         super().__init__(params, lr)
         self.momentum = momentum  # checked by _momentum
         self._moments = 1 if self.momentum else 0
@@ -91,8 +91,8 @@ class Adam(_Optimizer):
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple = (0.9, 0.999),
                  eps: float = 1e-8, **foreign: Any) -> None:
-        if foreign:  # torch.optim's keywords, by habit: one line each (spmdsim.base.foreign)
-            refuse_foreign(type(self).__name__, foreign, PYTORCH_KEYWORDS)
+        if foreign:  # torch.optim's keywords, by habit: spmdsim's values pass
+            take_foreign(type(self).__name__, foreign, PYTORCH_KEYWORDS)
         super().__init__(params, lr)
         self.betas, self.eps = _adam_args(betas, eps)
         self.moments: dict[int, tuple[np.ndarray, np.ndarray, int]] = {}

@@ -13,18 +13,20 @@ from .autograd.graph import Leaf
 from ..base.validate import describe, tolerance_arg
 
 
-#: torch.optim's keywords that spmdsim's optimizers do not take (spmdsim.base.foreign): what they do instead.
-_KERNEL = "an update is numpy on this rank's blocks, with no kernel to choose (AdamW's runs over flat groups of them)"
+#: torch.optim's keywords (spmdsim.base.foreign): the values that ask for what spmdsim's optimizers do, and
+#: what they do instead of the others. fused and foreach choose a kernel and give the same numbers either
+#: way, so every value of theirs is a request spmdsim meets; a step of every optimizer can be captured.
+_KERNEL = "an update is numpy on this rank's blocks (AdamW's over flat groups of them)"
 PYTORCH_KEYWORDS = {
-    "fused": f"{_KERNEL}; drop the keyword",
-    "foreach": f"{_KERNEL}; drop the keyword",
-    "capturable": "a step is captured and replayed as it is (spmdsim.runtime.replay.capture); drop the keyword",
-    "differentiable": "an update is never recorded for autograd; drop the keyword",
-    "maximize": "it minimizes; negate the loss instead",
-    "amsgrad": "Adam and AdamW have no AMSGrad variant",
-    "nesterov": "SGD's momentum is heavy-ball, PyTorch's default (buffer = momentum * buffer + g)",
-    "dampening": "SGD's momentum adds the whole gradient, PyTorch's default dampening 0",
-    "weight_decay": "SGD and Adam decay nothing; AdamW(weight_decay=...) decays apart from the gradient",
+    "fused": ((None, False, True), _KERNEL),
+    "foreach": ((None, False, True), _KERNEL),
+    "capturable": ((None, False, True), "a step is captured and replayed as it is (spmdsim.runtime.replay)"),
+    "differentiable": ((None, False), "an update is never recorded for autograd"),
+    "maximize": ((False,), "it minimizes; negate the loss instead"),
+    "amsgrad": ((False,), "Adam and AdamW have no AMSGrad variant"),
+    "nesterov": ((False,), "SGD's momentum is heavy-ball, PyTorch's default (buffer = momentum * buffer + g)"),
+    "dampening": ((0,), "SGD's momentum adds the whole gradient, PyTorch's default dampening 0"),
+    "weight_decay": ((0,), "SGD and Adam decay nothing; AdamW(weight_decay=...) decays apart from the gradient"),
 }
 
 

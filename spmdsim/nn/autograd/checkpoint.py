@@ -15,21 +15,22 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ...base.context import current
-from ...base.foreign import refuse_foreign
+from ...base.foreign import take_foreign
 from ...errors import OperatorError
 from .graph import Detached, Leaf, enable_grad, is_grad_enabled, kept_as, no_grad, record
 from .engine import gradients
 
 __all__ = ["checkpoint"]
 
-#: torch.utils.checkpoint's keywords that this checkpoint does not take (spmdsim.base.foreign).
+#: torch.utils.checkpoint's keywords (spmdsim.base.foreign): the values that ask for what this checkpoint
+#: does, and what it does instead of the others.
 _PYTORCH_KEYWORDS = {
-    "use_reentrant": "the region is one node whose backward runs it again and walks that graph, as "
-                     "use_reentrant=False does; drop the keyword",
-    "preserve_rng_state": "a dropout draws its mask from its seed, so the recomputed masks are the forward's "
-                          "with no state saved; drop the keyword",
-    "determinism_check": "the recomputed output's global shape and layout are checked against the forward's; "
-                         "drop the keyword",
+    "use_reentrant": ((False,), "the region is one node whose backward runs it again and walks that graph, as "
+                                "use_reentrant=False does"),
+    "preserve_rng_state": ((True,), "a dropout draws its mask from its seed, so the recomputed masks are always "
+                                    "the forward's"),
+    "determinism_check": (("default",), "the recomputed output's global shape and layout are always checked "
+                                        "against the forward's"),
 }
 
 
@@ -44,8 +45,8 @@ def checkpoint(fn: Callable[..., Any], *inputs: Any, kind: str = "block input", 
             (numbers, flags, a seed) are passed to `fn` as they are, in the recomputation too.
         kind: what the node keeps (its inputs), for the memory tracker (`spmdsim.nn.autograd.kept_bytes`).
     """
-    if foreign:  # PyTorch's keywords, by habit: one line each
-        refuse_foreign("checkpoint", foreign, _PYTORCH_KEYWORDS)
+    if foreign:  # PyTorch's keywords, by habit: spmdsim's values pass
+        take_foreign("checkpoint", foreign, _PYTORCH_KEYWORDS)
     tensors = tuple(t if _is_dtensor(t) else None for t in inputs)  # the node's inputs: None for the others
     if not is_grad_enabled() or all(t is None or t._ag is None for t in tensors):
         return fn(*inputs)
