@@ -85,16 +85,28 @@ def test_every_unit_range_holds_its_typical_value_and_the_shipped_machines():
         load_machine(name)
 
 
-def test_the_estimate_refuses_the_file_in_one_line_before_pricing(tmp_path, capsys):
-    """`spmdsim estimate --machine` with bandwidth 300 (GB/s meant) priced a step at hours and exited 0."""
+def _page_command() -> tuple[list[str], str]:
+    """docs/howto/add-machine-file.md's `$ spmdsim estimate ...` command (its arguments) and the error it shows."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "howto" / "add-machine-file.md").read_text()
+    (block,) = re.findall(r"^\$ spmdsim (estimate .*?)\n(.*?)^```", page, re.M | re.S)
+    return block[0].split(), " ".join(block[1].split())
+
+
+def test_the_how_to_pages_command_gives_its_error_then_runs_with_the_file_fixed(tmp_path, capsys):
+    """`spmdsim estimate --machine` with bandwidth 300 (GB/s meant) priced a step at hours and exited 0; the page's
+    command had --heads 2 beside --tp 8, so with the file fixed as the page says it still failed."""
+    argv, shown = _page_command()
     path = tmp_path / "gb.json"
+    argv = [str(path) if word == "gb.json" else word for word in argv]
     path.write_text(json.dumps(_with("links.node.bandwidth", 300)))
-    argv = ["estimate", "gpt", "--layers", "2", "--hidden", "64", "--heads", "2", "--seq", "64", "--vocab", "128",
-            "--micro-batch", "1", "--global-batch", "8", "--tp", "8", "--machine", str(path)]
     assert main(argv) == 2
     out, err = capsys.readouterr()
-    assert out == "" and " ".join(err.split()).endswith("(if 300 means GB/s, write 300e9)")
-    assert "Traceback" not in err and len([line for line in err.splitlines() if "error" in line]) == 1
+    assert out == "" and " ".join(err.split()) == shown.replace("'gb.json'", repr(str(path)))
+    assert err.count("error") == 1
+    path.write_text(json.dumps(_with("links.node.bandwidth", 300e9)))
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and "memory: every stage fits the a100-dgx's 80.00 GiB per GPU at its peak" in out
 
 
 def test_the_how_to_pages_range_table_is_the_checks():
