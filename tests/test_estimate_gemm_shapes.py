@@ -116,7 +116,8 @@ _B = "gemm_efficiency.batched"
     (f"{_B}.source", _DELETE, f"key '{_B}.source' is missing; expected a citation string (title, URL, which figure)"),
     (f"{_B}.source", " ", f"key '{_B}.source' is ' '; expected a citation string (title, URL, which figure)"),
     (f"{_B}.output", _DELETE, f"key '{_B}.output' is missing; expected present"),
-    (f"{_B}.speed", 1, f"key '{_B}.speed' is 1; expected no such key; ('dtypes', 'contraction', 'output', 'source')"),
+    (f"{_B}.speed", 1, f"key '{_B}.speed' is 1; expected no such key; a machine file's {_B} has ('dtypes', "
+                       "'contraction', 'output', 'source')"),
     (f"{_B}.dtypes", ["int4"], f"key '{_B}.dtypes' is ['int4']; expected a non-empty list of dtypes among ('fp64', "
                                "'fp32', 'tf32', 'bf16', 'fp16', 'fp8')"),
     (f"{_B}.contraction", [[64, 0.2], [32, 0.1]], f"key '{_B}.contraction' is [[64, 0.2], [32, 0.1]]; expected a list "
@@ -139,8 +140,8 @@ _U = "gemm_efficiency.unbatched"
 @pytest.mark.parametrize("key, value, line", [
     (_U, [1], f"key '{_U}' is [1]; expected an object with ('dtypes', 'contraction', 'source')"),
     (f"{_U}.source", _DELETE, f"key '{_U}.source' is missing; expected a citation string (title, URL, which figure)"),
-    (f"{_U}.output", [[64, 0.2]], f"key '{_U}.output' is [[64, 0.2]]; expected no such key; ('dtypes', "
-                                  "'contraction', 'source')"),
+    (f"{_U}.output", [[64, 0.2]], f"key '{_U}.output' is [[64, 0.2]]; expected no such key; a machine file's {_U} "
+                                  "has ('dtypes', 'contraction', 'source')"),
     (f"{_U}.dtypes", "fp8", f"key '{_U}.dtypes' is 'fp8'; expected a non-empty list of dtypes among ('fp64', "
                             "'fp32', 'tf32', 'bf16', 'fp16', 'fp8')"),
     (f"{_U}.contraction", [[512, 0]], f"key '{_U}.contraction' is [[512, 0]]; expected a list of [dimension, "

@@ -179,15 +179,20 @@ _F = "machine file 'x.json': "
                                "'latency'"),
     ("links.rack", {"bandwidth": 1, "latency": 0}, "key 'links.rack' is {'bandwidth': 1, 'latency': 0}; "
                                                    "expected a level among ('node', 'cluster')"),
-    ("links.node.speed", 1, "key 'links.node.speed' is 1; expected no such key; ('bandwidth', 'latency', "
-                            "'efficiency')"),
+    ("links.node.speed", 1, "key 'links.node.speed' is 1; expected no such key; a machine file's links.node has "
+                            "('bandwidth', 'latency', 'efficiency')"),
+    ("links.node.bandwith", 1, "key 'links.node.bandwith' is 1; expected no such key (did you mean 'bandwidth'?); "
+                               "a machine file's links.node has ('bandwidth', 'latency', 'efficiency')"),
+    ("gemm_efficiency.waves.sm", 1, "key 'gemm_efficiency.waves.sm' is 1; expected no such key (did you mean "
+                                    "'sms'?); a machine file's gemm_efficiency.waves has ('sms', 'tile', 'source')"),
     ("links.node.efficiency", 0.9, "key 'links.node.efficiency' is 0.9; expected an object with 'fraction' and "
                                    "'source'"),
     ("links.node.efficiency.fraction", 1.2, "key 'links.node.efficiency.fraction' is 1.2; expected a number in "
                                             "(0, 1] (fraction achieved)"),
     ("hbm_efficiency.source", _DELETE, "key 'hbm_efficiency.source' is missing; expected a citation string, or "
                                        "'assumption: ...'"),
-    ("hbm_efficiency.rate", 1, "key 'hbm_efficiency.rate' is 1; expected no such key; ('fraction', 'source')"),
+    ("hbm_efficiency.rate", 1, "key 'hbm_efficiency.rate' is 1; expected no such key; a machine file's "
+                               "hbm_efficiency has ('fraction', 'source')"),
     ("algorithm", "butterfly", "key 'algorithm' is 'butterfly'; expected one of ('ring', 'tree')"),
     ("reduction_rate", 0, "key 'reduction_rate' is 0; expected a number > 0 (bytes/s reduced) or null"),
     ("gemm_efficiency.max_fraction", 1.5, "key 'gemm_efficiency.max_fraction' is 1.5; expected a number in "
@@ -216,7 +221,8 @@ def test_every_bad_value_is_one_line_naming_file_key_value_and_expectation(key, 
 def test_an_unknown_top_level_key_is_refused():
     with pytest.raises(SpmdsimError) as info:
         machine_from_dict(dict(_a100(), hbm_bandwith=1), "machine file 'x.json'")
-    assert str(info.value).startswith(_F + "key 'hbm_bandwith' is 1; expected no such key; a machine file has (")
+    assert str(info.value).startswith(_F + "key 'hbm_bandwith' is 1; expected no such key (did you mean "
+                                      "'hbm_bandwidth'?); a machine file has ('format', ")
 
 
 def test_files_that_cannot_be_read(tmp_path):

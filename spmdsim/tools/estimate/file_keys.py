@@ -5,8 +5,9 @@ and its table of batched products (spmdsim.tools.estimate.gemm_shapes).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
+from ...base.suggest import did_you_mean
 from ...errors import SpmdsimError
 
 __all__: list = []  # helpers of the estimate's machine-file modules
@@ -26,3 +27,12 @@ def _text(where: str, key: str, value: Any, expected: str = "a non-empty string"
     if not isinstance(value, str) or not value.strip():
         raise _fail(where, key, value, expected)
     return value
+
+
+def _unknown(where: str, prefix: str, key: Any, value: Any, keys: Sequence[str]) -> SpmdsimError:
+    """A key the object at `prefix` ("" the file itself) does not have: the keys it has, at every depth alike,
+    and the likeliest meant (``links.node.bandwith``: 'bandwidth')."""
+    hint = did_you_mean(key, keys) if isinstance(key, str) else ""
+    whose = f"a machine file's {prefix}" if prefix else "a machine file"
+    return _fail(where, f"{prefix}.{key}" if prefix else key, value,
+                 f"no such key{f' ({hint})' if hint else ''}; {whose} has {tuple(keys)!r}")

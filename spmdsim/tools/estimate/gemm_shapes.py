@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from .file_keys import _MISSING, _fail, _text
+from .file_keys import _MISSING, _fail, _text, _unknown
 
 __all__ = ["BatchedShapes", "UnbatchedShapes", "batched_from_dict", "batched_to_dict", "unbatched_from_dict",
            "unbatched_to_dict", "KEYS", "UNBATCHED_KEYS"]
@@ -140,7 +140,7 @@ def _checked(where: str, prefix: str, data: Any, keys: Sequence[str], dtypes: Se
         raise _fail(where, prefix, data, f"an object with {tuple(keys)!r}")
     for key in data:
         if key not in keys:
-            raise _fail(where, f"{prefix}.{key}", data[key], f"no such key; {tuple(keys)!r}")
+            raise _unknown(where, prefix, key, data[key], keys)
     for key in keys:
         if key not in data:
             raise _fail(where, f"{prefix}.{key}", _MISSING, _CITATION if key == "source" else "present")

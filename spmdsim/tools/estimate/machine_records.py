@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 from ...errors import SpmdsimError
-from .file_keys import _MISSING, _fail, _text
+from .file_keys import _MISSING, _fail, _text, _unknown
 from .gemm_shapes import BatchedShapes, UnbatchedShapes
 from .records import LEVELS
 
@@ -87,7 +87,7 @@ def _achieved(where: str, key: str, value: Any) -> Achieved:
         raise _fail(where, key, value, "an object with 'fraction' and 'source'")
     for name in value:
         if name not in ("fraction", "source"):
-            raise _fail(where, f"{key}.{name}", value[name], "no such key; ('fraction', 'source')")
+            raise _unknown(where, key, name, value[name], ("fraction", "source"))
     fraction, source = value.get("fraction", _MISSING), value.get("source", _MISSING)
     _check_achieved(where, f"{key}.", fraction, source)
     return Achieved(float(fraction), source)
