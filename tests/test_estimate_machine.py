@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import io
 import json
 import re
 from pathlib import Path
@@ -17,7 +18,7 @@ from spmdsim.tools.cli import calibrate
 from spmdsim.tools.cli.main import build_parser
 from spmdsim.programs.cost import CostModel
 from spmdsim.programs.cost.terms import ALGORITHMS as COST_ALGORITHMS
-from spmdsim.base.validate import MAX_JSON_TEXT
+from spmdsim.base.validate import MAX_JSON_TEXT, read_bounded
 from spmdsim.errors import SpmdsimError
 from spmdsim.tools.estimate import machine as machine_mod
 from spmdsim.tools.estimate import machine_records
@@ -253,6 +254,17 @@ def test_files_that_cannot_be_read(tmp_path):
     listed.write_text("[]")
     with pytest.raises(SpmdsimError, match=rf"^machine file '{listed}': is a JSON list; expected an object"):
         load_machine(listed)
+
+
+def test_a_file_saved_with_a_byte_order_mark_is_read(tmp_path):
+    """Windows Notepad saves UTF-8 with a BOM: such a file was refused "is not JSON (Unexpected UTF-8 BOM ...)".
+    Every file spmdsim reads through read_bounded (cost models, cases, schedules) drops it, a stream's too."""
+    path = tmp_path / "notepad.json"
+    path.write_text(json.dumps(_a100()), encoding="utf-8-sig")
+    assert path.read_bytes().startswith(b"\xef\xbb\xbf")
+    assert load_machine(path) == machine_from_dict(_a100(), "machine file")
+    stream = io.StringIO("\ufeff{}")
+    assert read_bounded(stream, 10, "stdin", "a JSON case") == "{}"
 
 
 def test_a_file_path_round_trips(tmp_path):

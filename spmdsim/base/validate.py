@@ -146,11 +146,13 @@ MAX_JSON_TEXT = 4_000_000
 def read_bounded(source: Union[str, os.PathLike, TextIO], most: int, where: str, expected: str) -> str:
     """The text of the file `source` (a path, or an open text stream), read up to `most` characters: one more
     is read, and a longer text refused in one SpmdsimError naming `where` and `expected` (/dev/zero or
-    `yes |` would never end). OSError and UnicodeDecodeError reach the caller, which words them."""
+    `yes |` would never end). A leading UTF-8 byte order mark (Windows Notepad saves one) is dropped, as
+    utf-8-sig reads it. OSError and UnicodeDecodeError reach the caller, which words them."""
     if hasattr(source, "read"):
         text = source.read(most + 1)
+        text = text[1:] if text.startswith("\ufeff") else text
     else:
-        with open(source, encoding="utf-8") as fh:
+        with open(source, encoding="utf-8-sig") as fh:
             text = fh.read(most + 1)
     if len(text) > most:
         raise SpmdsimError(f"{where} is longer than {most:,} characters; expected {expected}")
