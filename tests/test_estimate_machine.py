@@ -230,6 +230,9 @@ def test_files_that_cannot_be_read(tmp_path):
     with pytest.raises(SpmdsimError, match=r"^machine 'b200' is neither a shipped machine nor a file; expected "
                                            r"one of \('a100-dgx', 'h100-dgx'\) or a path to a machine file$"):
         load_machine("b200")
+    with pytest.raises(SpmdsimError, match=r"^machine name is empty; expected one of \('a100-dgx', 'h100-dgx'\) or "
+                                           r"a path to a machine file$"):
+        load_machine("")  # `--machine ''` was read as the directory '.'
     missing = tmp_path / "none.json"
     with pytest.raises(SpmdsimError, match=rf"^machine file '{missing}': cannot be read \(No such file or "
                                            r"directory\); expected a machine file$"):

@@ -283,6 +283,8 @@ def load_machine(name_or_path: str | os.PathLike) -> Machine:
     """A shipped machine by name (`machines()`), else the machine file at a path."""
     text = os.fspath(name_or_path)
     shipped = _SHIPPED / f"{text}.json"
+    if not text:  # Path("") is ".", a directory: it was read as "machine file '.'"
+        raise SpmdsimError(f"machine name is empty; expected one of {machines()!r} or a path to a machine file")
     if text in machines():
         path = shipped
     elif os.sep in text or text.endswith(".json") or Path(text).exists():
