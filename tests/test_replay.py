@@ -388,12 +388,28 @@ def test_a_changed_value_stops_the_replay_with_the_captured_value():
 
 def test_replay_arguments_must_match_the_captured_ones():
     graph = capture(lambda x, n: x * n, np.ones(3), 2)
-    with pytest.raises(ReplayError, match=r"argument 0 must match the captured one: block \(3,\) float64, got block \(4,\)"):
+    with pytest.raises(ReplayError, match=r"argument 0 must match the captured one: array \(3,\) float64, got array \(4,\)"):
         graph(np.ones(4), 2)
     with pytest.raises(ReplayError, match="argument 1 was 2 when captured and is 5 now; .* spmdsim.runtime.replay.Scalar"):
         graph(np.ones(3), 5)
     with pytest.raises(ReplayError, match="got 1 argument"):
         graph(np.ones(3))
+
+
+def test_a_dtensor_argument_of_another_shape_is_named_by_its_global_shape():
+    """docs/howto/replay.md promises the global shapes: the line named only this rank's blocks, (8, 8) and (8, 16)."""
+    def body():
+        layout = Layout((2,), ("dp",))
+        mesh = Mesh(layout)
+        graph = capture(lambda a: a * 2.0, DTensor.from_global(mesh, np.ones((16, 8)), layout("dp", None)))
+        try:
+            graph(DTensor.from_global(mesh, np.ones((16, 16)), layout("dp", None)))
+        except ReplayError as e:
+            return str(e)
+
+    assert set(spmdsim.simulate(2, body)) == {
+        'replay: argument 0 must match the captured one: global shape (16, 8) float64 under ("dp", None) (block '
+        '(8, 8) on this rank), got global shape (16, 16) float64 under ("dp", None) (block (8, 16) on this rank)'}
 
 
 def test_nothing_of_a_capture_stays_behind():

@@ -313,11 +313,14 @@ def _rebind(i: int, old: Any, new: Any) -> None:
 
 
 def _describe(x: Any) -> str:
+    """A static input as a user wrote it: a DTensor's global shape, dtype and layout (its block on this rank
+    beside), an array's shape and dtype."""
     block = getattr(x, "_local", x)
-    if isinstance(block, _ndarray):
-        layout = getattr(x, "layout", None)
-        return f"block {block.shape} {block.dtype}" + (f" under {layout}" if layout is not None else "")
-    return repr(x)
+    if not isinstance(block, _ndarray):
+        return repr(x)
+    if getattr(x, "layout", None) is None:
+        return f"array {block.shape} {block.dtype}"
+    return f"global shape {tuple(x.global_shape)} {block.dtype} under {x.layout} (block {block.shape} on this rank)"
 
 
 def capture(func: Callable, *args: Any, state: Iterable[Any] = ()) -> Graph:
