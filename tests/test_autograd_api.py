@@ -215,6 +215,34 @@ def test_function_contract_errors_name_what_was_returned_and_ctx_has_needs_input
     assert message.startswith("Text.backward returned a str as a gradient; expected a numpy array"), message
 
 
+class _Twice(Function):
+    """A backward that returns two gradients for its one DTensor argument."""
+
+    @staticmethod
+    def forward(ctx, x, *rest):
+        return x * 2.0
+
+    @staticmethod
+    def backward(ctx, dy):
+        return dy * 2.0, dy * 2.0
+
+
+@pytest.mark.parametrize("rest, line", [
+    ((), "_Twice.backward returned 2 gradients for a forward of 1 DTensor argument; expected 1, one per DTensor "
+         "argument (None where there is none)"),
+    ((3.0, 4.0), "_Twice.backward returned 2 gradients for a forward of 1 DTensor argument among 3 arguments; "
+                 "expected 1, one per DTensor argument, or 3, one per argument as PyTorch's (None where there is "
+                 "none)"),
+])
+def test_a_backward_returning_too_many_gradients_is_counted_in_words(rest, line):
+    """It said "returned 2 gradients for 1 DTensor arguments of 1"."""
+    def body():
+        mesh, layout, x, w = _setup(2)
+        ops.sum(_Twice.apply(x, *rest)).backward()
+
+    assert _refused(2, body) == {line}
+
+
 def test_checkpoint_takes_arguments_that_are_not_tensors():
     """PyTorch's checkpoint passes numbers and flags through; spmdsim's refused them."""
     def body():

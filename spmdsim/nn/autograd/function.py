@@ -30,6 +30,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ...base.buffers import as_array, contiguous
+from ...base.validate import counted
 from ...errors import OperatorError
 from .graph import is_grad_enabled, record, with_partial
 
@@ -111,9 +112,7 @@ class Function:
                                         f"({args[extra[0]]!r}), which is not a DTensor; return None there")
                 grads = tuple(grads[k] for k, a in enumerate(args) if positions.get(id(a)) is not None)
             if len(grads) != len(tensors):
-                raise OperatorError(f"{name}.backward returned {len(grads)} gradients for {len(tensors)} "
-                                    f"DTensor arguments of {len(args)} (one per DTensor argument, or one per "
-                                    "argument as PyTorch's; None for none)")
+                raise OperatorError(_miscounted(name, len(grads), len(tensors), len(args)))
             result = []
             for t, g in zip(tensors, grads):
                 if g is None or t._ag is None:
@@ -149,3 +148,12 @@ def _what(value: Any) -> str:
     if isinstance(value, tuple):
         return f"a tuple of {len(value)}"
     return f"a {type(value).__name__}"
+
+
+def _miscounted(name: str, grads: int, tensors: int, args: int) -> str:
+    """A backward that returned `grads` gradients for a forward of `tensors` DTensors among `args` arguments."""
+    among = f" among {counted(args, 'argument')}" if args != tensors else ""
+    pytorch = f", or {args}, one per argument as PyTorch's" if args != tensors else ""
+    return (f"{name}.backward returned {counted(grads, 'gradient')} for a forward of "
+            f"{counted(tensors, 'DTensor argument')}{among}; expected {tensors}, one per DTensor argument{pytorch} "
+            "(None where there is none)")
