@@ -143,6 +143,41 @@ def test_backward_refuses_pytorch_options_and_an_explain_that_is_no_list():
     assert spmdsim.simulate(2, fine) == [True, True]
 
 
+def test_pytorchs_backward_inputs_step_closure_and_retain_grad_pass_or_are_refused_in_one_line():
+    """``loss.backward(inputs=[w])`` and ``opt.step(closure)`` were Python's bare TypeError, ``y.retain_grad()`` an
+    AttributeError; a value asking for what spmdsim does (inputs=None, closure None, a leaf's retain_grad) passes."""
+    def body():
+        mesh, layout, x, w = _setup(2)
+        said = []
+
+        def closure():
+            return 1.0
+
+        for call in (lambda: _square_loss(x, w).backward(inputs=[w]), lambda: SGD([w], lr=0.1).step(closure),
+                     lambda: (x @ w).retain_grad(), DTensor.from_global(mesh, W, layout(None, None)).retain_grad):
+            with pytest.raises(OperatorError) as info:
+                call()
+            said.append(str(info.value))
+        w.retain_grad()  # a leaf's: its .grad is filled anyway
+        _square_loss(x, w).backward(inputs=None)
+        SGD([w], lr=0.5).step(None)
+        return said, np.allclose(w.gather(), W - 0.5 * 2 * A.T @ (A @ W))
+
+    (said, ok), _ = spmdsim.simulate(2, body)
+    assert ok and said == [
+        "backward(inputs=[DTensor(shape=(3, 2), layout=(None, None), dtype=float64...): spmdsim does not do this; "
+        "the walk fills the .grad of every leaf the loss depends on; read the ones you need; inputs may be None or "
+        "left out",
+        "SGD.step(closure=<function closure>): spmdsim does not do this; a step updates from the gradients "
+        ".grad holds and evaluates nothing; call the closure (its forward and backward) first, then step(); closure "
+        "may be None or left out",
+        "retain_grad() of a DTensor of global shape (4, 2) made by 'matmul': spmdsim does not do this; backward "
+        "fills the .grad of leaves only; to read this gradient, make the tensor a leaf where it is made, "
+        "t = t.detach().requires_grad_(), before the ops that read it",
+        "retain_grad() of a DTensor of global shape (3, 2): spmdsim does not do this; it records no gradient "
+        "(requires_grad is False); t.requires_grad_() makes it a leaf whose .grad is filled"]
+
+
 def test_requires_grad_flag_and_the_setters_pytorch_users_write():
     def body():
         mesh, layout, x, w = _setup(2)
@@ -374,6 +409,6 @@ def test_grad_of_an_operators_output_is_none_with_pytorchs_warning_saying_how():
 
     (messages, ok), _ = spmdsim.simulate(2, body)
     assert ok and messages == [".grad of a DTensor of global shape (4, 2) made by 'matmul' is None: backward fills "
-                               "the .grad of leaves only (tensors given requires_grad_()) and spmdsim has no "
-                               "retain_grad(); to read this gradient, make the tensor a leaf where it is made, "
-                               "t = t.detach().requires_grad_(), before the ops that read it"]
+                               "the .grad of leaves only (tensors given requires_grad_()) and refuses "
+                               "retain_grad() of another; to read this gradient, make the tensor a leaf where it "
+                               "is made, t = t.detach().requires_grad_(), before the ops that read it"]

@@ -84,3 +84,20 @@ def test_a_unit_called_wrong_is_refused_in_one_line(names, fn, message):
         fully_shard(params, mesh).unit(names, fn, x)
 
     assert _said(unit) == [message] * 2
+
+
+def test_fsdp2s_keywords_pass_at_their_defaults_and_another_value_is_one_line():
+    """``fully_shard(params, mesh, mp_policy=None)`` was Python's bare TypeError: FSDP2's defaults ask for what
+    fully_shard does; another value is refused saying what it does instead."""
+    def body():
+        mesh, params, x = _model()
+        fs = fully_shard(params, mesh, mp_policy=None, offload_policy=None, shard_placement_fn=None,
+                         ignored_params=None)
+        plain = fully_shard(_model()[1], mesh)
+        return [t.local.tobytes() for t in fs.params.values()] == [t.local.tobytes() for t in plain.params.values()]
+
+    assert spmdsim.simulate(2, body) == [True, True]
+    said = _said(lambda: fully_shard(_model()[1], _model()[0], mp_policy="bf16"))
+    assert said == ["fully_shard(mp_policy='bf16'): spmdsim does not do this; the units gather each parameter in its "
+                    "own dtype, which the model's precision policy chose (the GPT's train(precision='bf16-mixed'): "
+                    "bf16 parameters); mp_policy may be None or left out"] * 2

@@ -40,6 +40,14 @@ def _listed(values: tuple) -> str:
     return said[0] if len(said) == 1 else f"{', '.join(said[:-1])} or {said[-1]}"
 
 
+def _shown(value: Any) -> str:
+    """`value` for the line: a function by its name (its repr's address differs between ranks), else its repr."""
+    if callable(value) and not isinstance(value, type):
+        return f"<function {getattr(value, '__name__', type(value).__name__)}>"
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
 def take_foreign(call: str, given: Mapping[str, Any], table: Mapping[str, tuple]) -> None:
     """Accept every keyword of `given` whose value the table accepts (spmdsim does that anyway); raise for
     the first other one: `ForeignKeyword` in one line when the table has the keyword, else Python's TypeError.
@@ -53,5 +61,5 @@ def take_foreign(call: str, given: Mapping[str, Any], table: Mapping[str, tuple]
         accepted, instead = table[name]
         if accepted is ANY or any(_same(value, a) for a in accepted):
             continue
-        raise ForeignKeyword(f"{call}({name}={value!r}): spmdsim does not do this; {instead}; {name} may be "
+        raise ForeignKeyword(f"{call}({name}={_shown(value)}): spmdsim does not do this; {instead}; {name} may be "
                              f"{_listed(accepted)} or left out")

@@ -47,6 +47,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, Optional
 
 from ..base import buffers
+from ..base.foreign import take_foreign
 from ..base.validate import describe
 from ..errors import LayoutError, SpmdsimError
 from ..layouts.layout import TensorLayout
@@ -329,8 +330,20 @@ def _group(mesh: Mesh, axis: Any) -> tuple:
     return group
 
 
+#: FSDP2's fully_shard keywords (spmdsim.base.foreign): the values that ask for what this one does, and what it does.
+_FSDP2_KEYWORDS = {
+    "mp_policy": ((None,), "the units gather each parameter in its own dtype, which the model's precision "
+                           "policy chose (the GPT's train(precision='bf16-mixed'): bf16 parameters)"),
+    "offload_policy": ((None,), "the shards and the optimizer's states stay in this rank's memory (no CPU "
+                                "offload)"),
+    "shard_placement_fn": ((None,), "each parameter's dim 0 is split over the data axis (FSDP2's default "
+                                    "Shard(0))"),
+    "ignored_params": ((None,), "every parameter given is sharded; leave one out of params to keep it whole"),
+}
+
+
 def fully_shard(params: Any, mesh: Any, reshard_after_forward: bool = True,
-                axis: Optional[str] = None, prefetch: bool = False) -> FullyShard:
+                axis: Optional[str] = None, prefetch: bool = False, **foreign: Any) -> FullyShard:
     """Shard `params` over the data-parallel axis of `mesh` (PyTorch FSDP2's ``fully_shard``).
 
     Args:
@@ -349,7 +362,10 @@ def fully_shard(params: Any, mesh: Any, reshard_after_forward: bool = True,
 
     Returns a `FullyShard`: ``.params`` the sharded leaves (the optimizer's), ``.unit(...)`` a unit's forward.
     Every rank raises the same one-line error, before any collective, for a parameter it cannot shard.
+    FSDP2's `mp_policy`, `offload_policy`, `shard_placement_fn` and `ignored_params` are taken as None only.
     """
+    if foreign:  # FSDP2's keywords, by habit: spmdsim's values pass
+        take_foreign("fully_shard", foreign, _FSDP2_KEYWORDS)
     if hasattr(params, "params") and isinstance(params.params, dict):
         params = params.params
     if not isinstance(params, dict):

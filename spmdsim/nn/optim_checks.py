@@ -29,6 +29,12 @@ PYTORCH_KEYWORDS = {
     "weight_decay": ((0,), "SGD and Adam decay nothing; AdamW(weight_decay=...) decays apart from the gradient"),
 }
 
+#: torch.optim's Optimizer.step keyword: a closure that evaluates the loss again (spmdsim.base.foreign).
+STEP_KEYWORDS = {
+    "closure": ((None,), "a step updates from the gradients .grad holds and evaluates nothing; call the closure "
+                         "(its forward and backward) first, then step()"),
+}
+
 
 def _sharded_away(i: int, p: Any, where: str = "optimizer") -> None:
     """Refuse parameter `i` where fully_shard replaced it by its shards (its leaf's ``sharded_away``), in one line:

@@ -17,7 +17,8 @@ from ..base.buffers import CAPTURE
 from ..base.context import current
 from ..errors import OperatorError
 from ..base.flops import any_open, sweep
-from .optim_checks import _SETTINGS, _capturing, _learning_rate, _sharded_away, _what
+from ..base.foreign import take_foreign
+from .optim_checks import STEP_KEYWORDS, _SETTINGS, _capturing, _learning_rate, _sharded_away, _what
 from .optim_state import _Checkpoints
 from ..runtime.replay import kernel, ReplayError
 
@@ -118,8 +119,11 @@ class _Optimizer(_Checkpoints):
             else:  # a new block: the old one may be a view another gradient's buffer holds
                 leaf.grad = type(g)._trusted(g.mesh, np.zeros_like(g.local), g.layout, g.global_shape)
 
-    def step(self) -> None:
-        """Update every parameter that has a gradient (local blocks only); nothing when one does not fit."""
+    def step(self, closure: Any = None) -> None:
+        """Update every parameter that has a gradient (local blocks only); nothing when one does not fit.
+        PyTorch's `closure` is taken as None only (spmdsim.base.foreign)."""
+        if closure is not None:
+            take_foreign(f"{type(self).__name__}.step", {"closure": closure}, STEP_KEYWORDS)
         plain = not CAPTURE.on  # this thread does not capture: the kernels' functions themselves (no wrapper)
         (_count_step if plain else _kernel(_count_step))(self)
         found = self._found_again() if plain else None

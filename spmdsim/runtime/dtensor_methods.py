@@ -112,8 +112,8 @@ def _grad(tensor: Any) -> Any:
         describe = getattr(node, "describe", None)  # the operator, before the explanation after a colon
         made = f" made by {describe().split(':')[0]!r}" if describe is not None else ""
         warnings.warn(f".grad of a DTensor of global shape {tuple(tensor.global_shape)!r}{made} is None: backward "
-                      "fills the .grad of leaves only (tensors given requires_grad_()) and spmdsim has no "
-                      "retain_grad(); to read this gradient, make the tensor a leaf where it is made, "
+                      "fills the .grad of leaves only (tensors given requires_grad_()) and refuses "
+                      "retain_grad() of another; to read this gradient, make the tensor a leaf where it is made, "
                       "t = t.detach().requires_grad_(), before the ops that read it", UserWarning, stacklevel=3)
     return None
 
@@ -152,16 +152,31 @@ class _Methods(_Spellings):
 
     def backward(self: _T, gradient: _T | None = None, explain: list | None = None,
                  bucket: bool | int = False, keep_pending: Any = (), *, retain_graph: Any = None,
-                 create_graph: Any = False) -> None:
+                 create_graph: Any = False, **foreign: Any) -> None:
         """Gradients of this scalar loss into every leaf's ``.grad`` (collective; see autograd.backward).
 
         `gradient`: the upstream gradient of a non-scalar tensor (a DTensor of its global shape, any
         layout). ``bucket=True``: gradients summed over the same axes share one Allreduce; an int caps
         a bucket's bytes. `keep_pending`: leaves whose gradients stay pending sums, accumulated, for
         spmdsim.nn.autograd.reduce_grads (gradient accumulation). PyTorch's `retain_graph` and
-        `create_graph` are refused when true (the walk frees the graph; no gradient of a gradient).
+        `create_graph` are refused when true (the walk frees the graph; no gradient of a gradient), its
+        `inputs` when given (every leaf's ``.grad`` is filled).
         """
-        _OPERATORS.backward(self, explain, bucket, gradient, keep_pending, retain_graph, create_graph)
+        _OPERATORS.backward(self, explain, bucket, gradient, keep_pending, retain_graph, create_graph, None, **foreign)
+
+    def retain_grad(self) -> None:
+        """PyTorch's: nothing to do for a leaf (its ``.grad`` is filled anyway); refused in one line for an operator's
+        output or a tensor that records no gradient (backward fills the ``.grad`` of leaves only)."""
+        node = self._ag
+        if hasattr(node, "grad"):  # a Leaf
+            return
+        describe = getattr(node, "describe", None)  # the operator, before the explanation after a colon
+        made = f" made by {describe().split(':')[0]!r}" if describe is not None else ""
+        how = "backward fills the .grad of leaves only; to read this gradient, make the tensor a leaf where it " \
+            "is made, t = t.detach().requires_grad_(), before the ops that read it" if node is not None else \
+            "it records no gradient (requires_grad is False); t.requires_grad_() makes it a leaf whose .grad is filled"
+        raise OperatorError(f"retain_grad() of a DTensor of global shape {tuple(self.global_shape)!r}{made}: spmdsim "
+                            f"does not do this; {how}")
 
     # arithmetic (spmdsim.nn.ops.pointwise: broadcasting; a number is a replicated 0-d operand). numpy's ufuncs
     # (np.exp(x), np.float64(2) * x), np.asarray's refusal, abs(), len(), .T and PyTorch's spellings of the

@@ -21,6 +21,7 @@ import numpy as np
 
 from ...base import buffers
 from ...base.context import current
+from ...base.foreign import take_foreign
 from ...errors import OperatorError
 from ...base import flops as _flops
 from .graph import Leaf, Node, _Mode, _passed, used_axes, with_partial
@@ -36,9 +37,15 @@ from .plans import _AG, _bucket_cap, _GRAD, _GRAD_PARTIAL, _LAYOUT, _leaf_plan, 
 __all__ = ["backward", "backward_kept", "kept_leaves", "reduce_grads", "gradients"]
 
 
+#: torch.autograd.backward's keywords (spmdsim.base.foreign): the values that ask for what this one does.
+_PYTORCH_KEYWORDS = {
+    "inputs": ((None,), "the walk fills the .grad of every leaf the loss depends on; read the ones you need"),
+}
+
+
 def backward(loss: Any, explain: Optional[list] = None, bucket: Any = False, gradient: Any = None,
              keep_pending: Any = (), retain_graph: Any = None, create_graph: Any = False,
-             reduce_with: Any = None) -> None:
+             reduce_with: Any = None, **foreign: Any) -> None:
     """Fill ``.grad`` of every leaf `loss` depends on; frees the graph (a second backward is refused).
 
     Collective: every rank calls it on the same graph. Every refusal depends
@@ -61,13 +68,16 @@ def backward(loss: Any, explain: Optional[list] = None, bucket: Any = False, gra
     over microbatches: DDP's ``no_sync``, Megatron's one reduction per step).
     PyTorch's `retain_graph` and `create_graph` are taken to be refused when
     true: the walk frees each node's saved tensors as it goes, and its
-    gradients are not recorded (no gradient of a gradient).
+    gradients are not recorded (no gradient of a gradient); its `inputs` when
+    given (spmdsim.base.foreign): every leaf's ``.grad`` is filled.
     `reduce_with`: a spmdsim.nn.distrib_optim.DistributedAdamW. ZeRO-2's (``shard_grads=True``): its buckets this
     backward reduces as soon as the walk has given every member its last gradient (this is the last backward
     before the step to add to the parameters it reaches: `_walk_reducing`); ZeRO-1's: each parameter's gradient
     goes into its main gradient (``Leaf.main``, a view of the optimizer's gradient buffer) as soon as the walk
     has given it, not at the walk's end, so the walk never holds every gradient beside that buffer.
     """
+    if foreign:  # PyTorch's keywords, by habit: spmdsim's values pass
+        take_foreign("backward", foreign, _PYTORCH_KEYWORDS)
     if explain is not None and not isinstance(explain, list) or retain_graph is not None \
             and retain_graph is not False or create_graph is not False and create_graph is not None:
         _refuse_options(explain, retain_graph, create_graph)
