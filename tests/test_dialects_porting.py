@@ -142,6 +142,16 @@ def test_run_matmul_names_the_map_flag_whose_value_is_bad(capsys):
      "placement axis"),
     (["slices", "--placement", "2,0", "--shape", "4,4", "--sbp", "S(0),B"],
      "--placement '2,0' must be positive sizes, such as 2,4"),  # a refusal naming its flag already: as it was
+    (["plan", "--device-matrix", "2,2", "--alias", "a,b", "--shape", "4,4", "--from", "a,None", "--from-partial", "zz",
+      "--to", "None,None"],
+     "--from-partial 'zz': unknown alias 'zz' in tensor map (\"a\", None) partial ('zz',); expected one of ('a', 'b')"),
+    (["slices", "--device-matrix", "2,2", "--alias", "a,b", "--shape", "4,4", "--tensor-map", "a,(b,zz)"],
+     "--tensor-map 'a,(b,zz)' (case key 'tensor_map'): unknown alias 'zz' in tensor map (\"a\", (\"b\", \"zz\")); "
+     "expected one of ('a', 'b')"),
+    (["slices", "--device-matrix", "2,2", "--alias", "a,b", "--shape", "4,4", "--tensor-map", "a,None", "--partial",
+      "zz"],
+     "--partial 'zz' (case key 'partial'): unknown alias 'zz' in tensor map (\"a\", None) partial ('zz',); expected "
+     "one of ('a', 'b')"),
 ])
 def test_plan_and_slices_name_the_layout_flag_whose_value_is_bad(capsys, argv, said):
     """`plan --from-sbp "S(0),Q"` and `slices --sbp "S(0),Q"` said only "sbp 'Q' in 'S(0),Q' is not valid": plan

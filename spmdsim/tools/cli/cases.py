@@ -65,7 +65,7 @@ def case_from_dict(data: Any) -> Case:
         names = (mesh_names(data, matrix) if "alias_name" in data
                  else default_names(len(matrix), entries, partial, "layout"))
         layout = Layout(matrix, names, cut or "even")
-        tl = layout(*entries, partial=partial)
+        tl = _layout_led(layout, entries, partial)
         world = data.get("world_size", layout.num_devices)
         if world != layout.num_devices:
             raise SpmdsimError(world_size_mismatch(world, "device_matrix", matrix))
@@ -92,6 +92,19 @@ def case_from_dict(data: Any) -> Case:
             raise
         raise ShapeError(f"{exc}{hint}") from None
     return case
+
+
+def _layout_led(layout: Layout, entries: tuple, partial: tuple) -> TensorLayout:
+    """``layout(*entries, partial=partial)``, its refusal led by the flag that named the alias it does not have,
+    --tensor-map or --partial, as the other forms' (``unknown alias 'zz' in tensor map ...`` named no flag)."""
+    names = set(layout.alias_name)
+    named = [a for e in entries for a in ((e,) if isinstance(e, str) else e or ())]
+    if partial and all(a in names for a in named):
+        key, text = "partial", ",".join(partial)
+    else:
+        key, text = "tensor_map", ",".join(e if isinstance(e, str) else "None" if e is None else
+                                           f"({','.join(e)})" for e in entries)
+    return led_by_flag(_flag_text(key, text), "", lambda: layout(*entries, partial=partial))  # the alias kept
 
 
 def _form(data: Any) -> str:

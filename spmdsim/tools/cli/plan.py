@@ -193,8 +193,9 @@ def _side(args, which: str, mesh: Layout, ndim: int, world: int) -> TensorLayout
                          {"(--placements on the command line)": f"(--{which}-placements)"})
     if partial:
         axes = parse_name_list(partial, f"--{which}-partial")
-        if tmap is not None:  # the user wrote the map: the layout's own refusal names it
-            return tl.with_partial(tuple(tl.partial) + axes)
+        if tmap is not None:  # the user wrote the map: the layout's own refusal, led by the flag
+            return led_by_flag(f"--{which}-partial {partial!r}", "",  # (the alias the refusal names, kept)
+                               lambda: tl.with_partial(tuple(tl.partial) + axes))
         flag, value = next((f"--{which}-{form}", v) for form, v in (
             ("sbp", sbp), ("strategy", strategy), ("placements", placements), ("partition-spec", spec))
             if v is not None)
