@@ -252,6 +252,20 @@ def test_reduce_with_refuses_what_is_no_distributed_adamw_in_one_line():
         assert held and same
 
 
+def test_the_loss_method_takes_reduce_with_as_the_function_does():
+    """``loss.backward(keep_pending=..., reduce_with=zero)`` was Python's "got multiple values for argument
+    'reduce_with'": the method passes the function's other arguments, and now this one too."""
+    def body():
+        mesh = spmdsim.Mesh(Layout((2,), ("dp",)), spmdsim.world())
+        (p,) = _params(mesh, [(4, 3)])
+        zero = DistributedAdamW([p], mesh)
+        spmdsim.nn.ops.sum(p * p).backward(keep_pending=[p], reduce_with=zero)
+        return np.shares_memory(p.grad.local, zero.gradient_buffers()[0]), p.grad.local.tobytes(), \
+            (2 * p.local).tobytes()
+
+    for held, grad, twice in spmdsim.simulate(2, body):
+        assert held and grad == twice
+
 def test_zero1_holds_the_gradients_once_in_its_buffer_real_and_dry():
     """ZeRO-1 (Megatron's main_grad): each parameter's gradient accumulates in its view of the bucket's gradient
     buffer from the walk that gives it, so the most gradient bytes a rank holds in a step (MemoryReport.grads_peak)

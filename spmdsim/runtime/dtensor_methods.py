@@ -152,7 +152,7 @@ class _Methods(_Spellings):
 
     def backward(self: _T, gradient: _T | None = None, explain: list | None = None,
                  bucket: bool | int = False, keep_pending: Any = (), *, retain_graph: Any = None,
-                 create_graph: Any = False, **foreign: Any) -> None:
+                 create_graph: Any = False, reduce_with: Any = None, **foreign: Any) -> None:
         """Gradients of this scalar loss into every leaf's ``.grad`` (collective; see autograd.backward).
 
         `gradient`: the upstream gradient of a non-scalar tensor (a DTensor of its global shape, any
@@ -160,9 +160,11 @@ class _Methods(_Spellings):
         a bucket's bytes. `keep_pending`: leaves whose gradients stay pending sums, accumulated, for
         spmdsim.nn.autograd.reduce_grads (gradient accumulation). PyTorch's `retain_graph` and
         `create_graph` are refused when true (the walk frees the graph; no gradient of a gradient), its
-        `inputs` when given (every leaf's ``.grad`` is filled).
+        `inputs` when given (every leaf's ``.grad`` is filled). `reduce_with`: spmdsim.nn.autograd.backward's (a
+        ZeRO optimizer or gradient buffer the walk puts each gradient into).
         """
-        _OPERATORS.backward(self, explain, bucket, gradient, keep_pending, retain_graph, create_graph, None, **foreign)
+        _OPERATORS.backward(self, explain, bucket, gradient, keep_pending, retain_graph, create_graph, reduce_with,
+                            **foreign)
 
     def retain_grad(self) -> None:
         """PyTorch's: nothing to do for a leaf (its ``.grad`` is filled anyway); refused in one line for an operator's
