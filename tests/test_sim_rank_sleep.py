@@ -2,6 +2,7 @@
 by side, as 8 MPI processes do, where at most `World.slots` ranks (the cores, at least 2) compute at once."""
 from __future__ import annotations
 
+import _thread
 import subprocess
 import sys
 import textwrap
@@ -10,6 +11,7 @@ import time
 
 import pytest
 
+from spmdsim import world as spmdsim_world
 from spmdsim.runtime.sim import simulate
 from spmdsim.runtime.sim.engine import run_slots
 from testkit import MPICH
@@ -83,3 +85,37 @@ def test_mpirun_ranks_sleep_side_by_side_as_under_mpich(tmp_path):
                                capture_output=True, text=True)
         assert mpich.returncode == 0, mpich.stderr[-2000:]
         assert _overlap(_spans(mpich.stdout, 8))
+
+
+def _rank_threads() -> list:
+    return [t.name for t in threading.enumerate() if t.name.startswith("spmdsim rank")]
+
+
+def test_a_failure_on_another_rank_ends_a_ranks_sleep():
+    # Rank 1 raised while rank 0 slept 30 s: simulate() waited out the sleep, and rank 0 went on after it.
+    woke = []
+
+    def rank():
+        if spmdsim_world().Get_rank() == 1:
+            raise ValueError("rank 1 fails")
+        time.sleep(30)
+        woke.append("went on after its sleep")
+
+    with pytest.raises(ValueError, match="rank 1 fails"):
+        simulate(2, rank)
+    assert woke == [] and _rank_threads() == []
+
+
+def test_ctrl_c_in_the_caller_ends_the_ranks_sleeps():
+    # A notebook's interrupted cell: the ranks slept on in threads of the kernel after KeyboardInterrupt.
+    def rank():
+        time.sleep(30)
+
+    timer = threading.Timer(0.5, _thread.interrupt_main)
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            simulate(4, rank)
+    finally:
+        timer.cancel()
+    assert _rank_threads() == []

@@ -121,6 +121,7 @@ class World(Sleepers, RankThreads):
         self.failed: dict[int, BaseException] = {}  # rank -> its own (first) exception
         self.failure: Optional[str] = None  # set once: why every waiter stops
         self.failed_at = 0.0  # when (time.monotonic()): the others go on for GO_ON_S at most
+        self.stopping = threading.Event()  # set with `failure`: wakes a rank in time.sleep (rank_sleep)
         # when a failure that ends the run came (spmdsim.emulator.unsupported.not_simulated): `given_up`
         self.ends_run_at: Optional[float] = None
         self.deadlock: Optional[str] = None
@@ -291,6 +292,11 @@ class World(Sleepers, RankThreads):
             return False
         return not any(m in self.failed or m in self.finished for m in group.members)
 
+    def sleep_ends(self) -> bool:
+        """After a failure, whether a rank in time.sleep stops now (rank_sleep): at once on the caller's own
+        (Ctrl-C, memory: rank -1), else once GO_ON_S have passed, as a rank on its way to a collective goes on."""
+        return -1 in self.failed or time.monotonic() - self.failed_at > GO_ON_S
+
     def wait(self, rank: int, what: _Waiting) -> None:
         """Block `rank` until another rank releases it; raise when nothing can release it, or, with the
         waiting rank's watchdog on (SPMDSIM_WATCHDOG), when nothing released it within its limit (`_watch`)."""
@@ -356,6 +362,7 @@ class World(Sleepers, RankThreads):
         if self.failure is None:
             self.failure = f"simulated rank {rank} failed: {type(exc).__name__}: {exception_text(exc)}"
             self.failed_at = time.monotonic()
+            self.stopping.set()
         self._wake_all()
 
     def given_up(self) -> bool:

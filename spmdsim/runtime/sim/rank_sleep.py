@@ -5,11 +5,15 @@ sleeps computes nothing, but held its slot: 8 ranks each sleeping 1 s took 4 s o
 processes sleep side by side (1 s). While a simulation runs (spmdsim.runtime.sim.run's `_simulating`),
 ``time.sleep`` is `sleep` below: on a rank's own thread it gives the slot away
 (`World.stepped_aside`), sleeps, and takes one back in line before it returns; on any other thread
-(the caller's, a thread a rank started, which holds no slot) it is Python's own. Modules that took
+(the caller's, a thread a rank started, which holds no slot) it is Python's own. The rank stops in its
+sleep, as at a wait, at once when the caller is interrupted (Ctrl-C in a notebook's cell), and once
+GO_ON_S have passed after another rank failed (`World.sleep_ends`): no rank sleeps on in a thread of the
+process after simulate() raised, and simulate() does not wait out a failed run's sleeps. Modules that took
 ``from time import sleep`` before the simulation started keep Python's own.
 """
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -18,6 +22,7 @@ from ...base import context as _local
 __all__ = ["sleep", "real_sleep"]
 
 real_sleep = time.sleep  # Python's own, as this module is first imported (spmdsim's own waits use it)
+STOP_POLL_S = 0.05  # after another rank's failure: how often a sleeping rank looks whether it stops
 
 
 def sleep(seconds: float) -> None:
@@ -27,8 +32,26 @@ def sleep(seconds: float) -> None:
     if world is None:
         return real_sleep(seconds)
     with world.stepped_aside(state.rank):
-        real_sleep(seconds)
+        if not _positive(seconds):  # 0 (a yield), or what Python's own refuses in its own words
+            return real_sleep(seconds)
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            if not world.stopping.is_set():
+                world.stopping.wait(min(left, threading.TIMEOUT_MAX))
+            elif world.sleep_ends():
+                break
+            else:  # another rank failed: this one may still reach a collective that completes (GO_ON_S)
+                real_sleep(min(left, STOP_POLL_S))
+    if world.stopping.is_set() and world.sleep_ends():
+        world.check(state.rank)  # Aborted
     return None
+
+
+def _positive(seconds: Any) -> bool:
+    try:
+        return seconds > 0
+    except TypeError:
+        return False
 
 
 def _world_of(state: Any) -> Any:
