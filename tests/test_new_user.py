@@ -419,3 +419,16 @@ def test_a_check_against_what_is_no_whole_tensor_is_refused_in_one_line(referenc
     assert str(info.value) == (f"check: reference {shown} does not match the tensor's global shape (2, 2); expected "
                                "the whole global tensor (a SeededTensor or an ndarray of that shape), or a function "
                                "of the region's slices")
+
+
+def test_a_repl_that_ran_an_example_survives_spmdsims_error(tmp_path) -> None:
+    """An example exec'd in the REPL calls spmdsim.script, whose one-line hook then ended the whole session
+    (exit 2) at the first SpmdsimError typed at the prompt; now that error is its one line and the REPL goes on."""
+    typed = ("import spmdsim\nspmdsim.script('example.py', ranks=8)\nspmdsim.simulate(0, print)\n"
+             "print('still', 'here')\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")}
+    done = subprocess.run([sys.executable, "-i", "-q"], input=typed, cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and "still here" in done.stdout, (done.stdout, done.stderr)
+    assert "spmdsim: error: simulate: rank count 0 must be an integer from 1 to 4096" in done.stderr
+    assert "Traceback" not in done.stderr, done.stderr

@@ -254,7 +254,8 @@ def _guard_mpi_ranks() -> None:
 def _one_line_hook(previous: Callable) -> Callable:
     """An excepthook for one plain process: an SpmdsimError (bad input, the wrong rank count: the README's
     `python my_matmul.py` without --ranks) ends it as under --ranks or mpiexec, one line and exit 2; anything
-    else goes to `previous` (Python's traceback)."""
+    else goes to `previous` (Python's traceback). In an interactive session (``python -i``, the REPL, where an
+    example run with ``exec`` called script) the line is printed and the session goes on: an error is no exit."""
 
     def hook(exc_type: Any, exc: BaseException, tb: Any) -> None:
         if not isinstance(exc, SpmdsimError):
@@ -262,7 +263,8 @@ def _one_line_hook(previous: Callable) -> Callable:
             return
         sys.stdout.flush()
         print(fold_message(f"spmdsim: error: {exc}"), file=sys.stderr, flush=True)
-        sys.exit(2)
+        if not (sys.flags.interactive or hasattr(sys, "ps1")):
+            sys.exit(2)
 
     hook.spmdsim_one_line = True  # type: ignore[attr-defined]
     return hook
