@@ -106,6 +106,13 @@ class Trace:
             return tuple(self._entries)
         return tuple(e for e, times in self.weighted() for _ in range(times))
 
+    def __repr__(self) -> str:
+        return f"<Trace of {len(self)} calls {self.counts(include_local=True)}: .summary() for the table>"
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """A notebook cell's value: the table (`summary`), not the object's address."""
+        printer.text(self.summary())
+
     def __len__(self) -> int:
         return len(self._rows) + sum(len(rows) * times for rows, times, _ in self._repeated.values())
 

@@ -29,13 +29,24 @@ class RankBytes:
         return (self.calls, self.bytes_sent, self.bytes_received, self.peak_bytes_held, self.counts)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class DryRunReport:
     """Every rank's line; `table()` folds runs of ranks with equal lines, `to_json()` lists them all;
-    `notes`: the lines the program added (`note`), below the table."""
+    `notes`: the lines the program added (`note`), below the table. Printed, or shown as a notebook cell's
+    value (IPython's `_repr_pretty_`), it is the table; its repr is one line (a line per rank was 94 KB at
+    1,024 ranks)."""
 
     ranks: tuple[RankBytes, ...]
     notes: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        return f"<DryRunReport of {len(self.ranks)} simulated ranks: print() it or .table() for the table>"
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(self.table())
 
     def folded(self) -> list[tuple[list[int], RankBytes]]:
         """(ranks, line) for each distinct line, ranks in order (equal lines anywhere fold together)."""
