@@ -1,7 +1,10 @@
 """The spmdsim exception family: every user-facing error subclasses SpmdsimError."""
 from __future__ import annotations
 
+import os
 import re
+import threading
+import traceback
 
 __all__ = ["fold_message", "exception_text", "same_class", "SpmdsimError", "LayoutError", "ShapeError", "DTypeError",
            "RankError", "DialectError", "OperatorError", "PlanError", "PipelineError", "RuntimeMismatchError",
@@ -59,8 +62,27 @@ def exception_text(exc: BaseException) -> str:
         return f"<its message could not be shown: its __str__ raised {type(inner).__name__}>"
 
 
+#: Frames that are spmdsim's own, a simulated rank's thread's or IPython's (its cell's exec): an error's display
+#: in IPython leaves them out.
+_OWN_FRAMES = (os.path.dirname(os.path.abspath(__file__)) + os.sep, threading.__file__)
+_IPYTHON = f"{os.sep}IPython{os.sep}"
+
+
 class SpmdsimError(Exception):
-    """Base of every error spmdsim raises on purpose."""
+    """Base of every error spmdsim raises on purpose.
+
+    In IPython (a notebook, the ipython shell) it shows as the program's own frames and its message, with
+    spmdsim's frames left out (`_render_traceback_`, IPython's hook): the message says what went wrong, and
+    the frames say where in the program.
+    """
+
+    def _render_traceback_(self) -> list[str]:
+        frames = [f for f in traceback.extract_tb(self.__traceback__)
+                  if not f.filename.startswith(_OWN_FRAMES) and _IPYTHON not in f.filename]
+        shown = "".join(["Traceback (most recent call last):\n", *traceback.StackSummary.from_list(frames).format()]
+                        if frames else [])
+        text = f"{type(self).__name__}: {exception_text(self)}"
+        return [*shown.splitlines(), *text.splitlines(), *getattr(self, "__notes__", ())]
 
 
 class LayoutError(SpmdsimError, ValueError):

@@ -1,0 +1,60 @@
+"""In IPython (a notebook, the ipython shell) an spmdsim error shows the program's frames and its message:
+IPython's `_render_traceback_` hook on SpmdsimError leaves spmdsim's own frames out."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import spmdsim
+from spmdsim.errors import SpmdsimError
+
+PACKAGE = os.path.dirname(os.path.abspath(spmdsim.__file__)) + os.sep
+
+_CELLS = [
+    "import spmdsim",
+    "def main():\n    comm = spmdsim.world()\n    if comm.Get_rank() != 3:\n        comm.allreduce(1)",
+    "spmdsim.simulate(4, main)",
+    "print('next', spmdsim.simulate(2, lambda: spmdsim.world().allreduce(1)))",
+]
+
+_RUN = """
+import sys
+from IPython.core.interactiveshell import InteractiveShell
+shell = InteractiveShell.instance(colors="nocolor")
+for cell in {cells!r}:
+    shell.run_cell(cell)
+"""
+
+
+def _deadlock() -> SpmdsimError:
+    def main():
+        comm = spmdsim.world()
+        if comm.Get_rank() != 1:
+            comm.allreduce(1)
+
+    with pytest.raises(SpmdsimError) as info:
+        spmdsim.simulate(2, main)
+    return info.value
+
+
+def test_an_errors_display_in_ipython_leaves_spmdsims_frames_out():
+    shown = _deadlock()._render_traceback_()
+    assert shown[0] == "Traceback (most recent call last):"
+    assert not [line for line in shown if PACKAGE in line or "threading.py" in line], shown
+    assert "in main" in "\n".join(shown) and "comm.allreduce(1)" in "\n".join(shown)
+    assert shown[-4:] == ["DeadlockError: simulated ranks deadlock (every live rank waits, none can go on):",
+                          shown[-3], shown[-2], "raised on simulated rank 0 of 2"]
+
+
+def test_a_notebook_cells_deadlock_shows_the_message_and_the_session_goes_on():
+    # A deadlock in a cell showed some 20 frames of the simulator's waits (door, bodies, groups, engine).
+    pytest.importorskip("IPython", reason="IPython is not installed")
+    run = subprocess.run([sys.executable, "-c", _RUN.format(cells=_CELLS)], capture_output=True, text=True,
+                         timeout=120)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0 and "next [2, 2]" in out, out
+    assert "DeadlockError: simulated ranks deadlock" in out and "raised on simulated ranks 0-2 of 4" in out, out
+    assert PACKAGE not in out and "interactiveshell.py" not in out, out
