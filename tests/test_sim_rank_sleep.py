@@ -3,6 +3,8 @@ by side, as 8 MPI processes do, where at most `World.slots` ranks (the cores, at
 from __future__ import annotations
 
 import _thread
+import contextlib
+import signal
 import subprocess
 import sys
 import textwrap
@@ -111,11 +113,41 @@ def test_ctrl_c_in_the_caller_ends_the_ranks_sleeps():
     def rank():
         time.sleep(30)
 
-    timer = threading.Timer(0.5, _thread.interrupt_main)
+    with interrupted_after(0.5), pytest.raises(KeyboardInterrupt):
+        simulate(4, rank)
+    assert _rank_threads() == []
+
+
+@contextlib.contextmanager
+def interrupted_after(seconds: float):
+    """Ctrl-C in the main thread after `seconds`, with Python's own SIGINT handler meanwhile: a background job
+    (`pytest ... &`) starts with SIGINT ignored, and `_thread.interrupt_main` does nothing then."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timer = threading.Timer(seconds, _thread.interrupt_main)
     timer.start()
     try:
-        with pytest.raises(KeyboardInterrupt):
-            simulate(4, rank)
+        yield
     finally:
         timer.cancel()
-    assert _rank_threads() == []
+        signal.signal(signal.SIGINT, before)
+
+
+def test_ctrl_c_in_the_caller_keeps_the_ranks_in_line_from_beginning():
+    # More ranks than run slots, each computing 1 s in Python: those still in line for a slot when Ctrl-C came
+    # began their program afterwards, one slot's worth at a time, computing on in the background for seconds.
+    n = run_slots(64) + 2
+    began = []
+
+    def rank():
+        began.append(spmdsim_world().Get_rank())
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:
+            pass
+        spmdsim_world().Barrier()
+
+    with interrupted_after(0.3), pytest.raises(KeyboardInterrupt):
+        simulate(n, rank)
+    for thread in threading.enumerate():
+        if thread.name.startswith("spmdsim rank"):
+            thread.join(30)
+    assert len(began) <= run_slots(n) < n, began  # those holding a slot at the Ctrl-C, at most

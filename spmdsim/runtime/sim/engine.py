@@ -159,11 +159,14 @@ class World(Sleepers, RankThreads):
     # -- run slots (all with the lock held) --------------------------------------------------
 
     def start(self, rank: int) -> None:
-        """Block `rank`'s thread until it may compute (a run slot), even after another rank failed."""
+        """Block `rank`'s thread until it may compute (a run slot), even after another rank failed; after the
+        caller's own failure (Ctrl-C, memory: rank -1) raise Aborted: the rank does not begin its program."""
         with self.lock:
             self.threads[rank] = threading.get_ident()
             self._rank_of_thread[self.threads[rank]] = rank
             self._take_slot(rank)
+            if -1 in self.failed:
+                raise Aborted(self.failure)
 
     def pause(self, rank: int, token: Any = None, nap: bool = True) -> None:
         """`rank` polls a request that is not done (Test): a rank in line for a slot computes first.
