@@ -5,7 +5,7 @@ and its table of batched products (spmdsim.tools.estimate.gemm_shapes).
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from ...base.suggest import did_you_mean
 from ...errors import SpmdsimError
@@ -36,3 +36,11 @@ def _unknown(where: str, prefix: str, key: Any, value: Any, keys: Sequence[str])
     whose = f"a machine file's {prefix}" if prefix else "a machine file"
     return _fail(where, f"{prefix}.{key}" if prefix else key, value,
                  f"no such key{f' ({hint})' if hint else ''}; {whose} has {tuple(keys)!r}")
+
+
+def _no_other_keys(where: str, prefix: str, data: Any, keys: Sequence[str]) -> None:
+    """Refuse a key the object at `prefix` ("" the file itself) does not have, as every level refuses one (an
+    object that is no mapping is left to its caller's own refusal)."""
+    for key in data if isinstance(data, Mapping) else ():
+        if key not in keys:
+            raise _unknown(where, prefix, key, data[key], keys)

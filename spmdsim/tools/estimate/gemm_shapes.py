@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from .file_keys import _MISSING, _fail, _text, _unknown
+from .file_keys import _MISSING, _fail, _no_other_keys, _text
 
 __all__ = ["BatchedShapes", "UnbatchedShapes", "batched_from_dict", "batched_to_dict", "unbatched_from_dict",
            "unbatched_to_dict", "KEYS", "UNBATCHED_KEYS"]
@@ -138,9 +138,7 @@ def _checked(where: str, prefix: str, data: Any, keys: Sequence[str], dtypes: Se
     """A table's object, its keys, dtypes, points and source checked: one line naming the key on bad input."""
     if not isinstance(data, Mapping):
         raise _fail(where, prefix, data, f"an object with {tuple(keys)!r}")
-    for key in data:
-        if key not in keys:
-            raise _unknown(where, prefix, key, data[key], keys)
+    _no_other_keys(where, prefix, data, keys)
     for key in keys:
         if key not in data:
             raise _fail(where, f"{prefix}.{key}", _MISSING, _CITATION if key == "source" else "present")

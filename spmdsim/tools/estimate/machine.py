@@ -47,7 +47,7 @@ from typing import Any, Mapping
 from ...base.validate import MAX_JSON_TEXT, read_bounded
 from ...errors import SpmdsimError
 from .gemm_shapes import batched_from_dict, batched_to_dict, unbatched_from_dict, unbatched_to_dict
-from .file_keys import _unknown
+from .file_keys import _no_other_keys
 from .machine_records import (_MISSING, ALGORITHMS, DTYPES, Achieved, AttentionEfficiency, GemmEfficiency, Link, Machine, Waves, _achieved,
                               _check_efficiency, _check_fields, _fail, _number, _text)
 from .machine_units import check_units
@@ -70,9 +70,7 @@ def machine_from_dict(data: Any, where: str = "machine data") -> Machine:
     """A `Machine` from a machine file's JSON object; `where` (the file) starts every error."""
     if not isinstance(data, Mapping):
         raise SpmdsimError(f"{where}: is a JSON {type(data).__name__}; expected an object (a machine file)")
-    for key in data:
-        if key not in _KEYS:
-            raise _unknown(where, "", key, data[key], _KEYS)
+    _no_other_keys(where, "", data, _KEYS)
     for key in _KEYS:
         if key not in data and key not in _OPTIONAL:
             raise _fail(where, key, _MISSING, _WHAT[key])
@@ -88,9 +86,7 @@ def machine_from_dict(data: Any, where: str = "machine data") -> Machine:
     for key in ("model", "max_fraction", "source"):
         if key not in eff:
             raise _fail(where, f"gemm_efficiency.{key}", _MISSING, "present (see docs/howto/add-machine-file.md)")
-    for key in eff:
-        if key not in _GEMM_KEYS:
-            raise _unknown(where, "gemm_efficiency", key, eff[key], _GEMM_KEYS)
+    _no_other_keys(where, "gemm_efficiency", eff, _GEMM_KEYS)
     _check_efficiency(where, "gemm_efficiency.", eff["model"], eff["max_fraction"], eff["source"])
     waves = None if eff.get("waves") is None else _waves(where, eff["waves"])
     dtypes = _gemm_dtypes(where, eff.get("dtypes", {}))
@@ -106,9 +102,7 @@ def machine_from_dict(data: Any, where: str = "machine data") -> Machine:
         link = links.get(level, _MISSING)
         if not isinstance(link, Mapping):
             raise _fail(where, f"links.{level}", link, "an object with 'bandwidth' and 'latency'")
-        for key in link:
-            if key not in ("bandwidth", "latency", "efficiency"):
-                raise _unknown(where, f"links.{level}", key, link[key], ("bandwidth", "latency", "efficiency"))
+        _no_other_keys(where, f"links.{level}", link, ("bandwidth", "latency", "efficiency"))
         bandwidth = _number(where, f"links.{level}.bandwidth", link.get("bandwidth", _MISSING),
                             "a number > 0 (bytes/s per GPU per direction)")
         latency = _number(where, f"links.{level}.latency", link.get("latency", _MISSING),
@@ -168,13 +162,6 @@ def _gemm_dtypes(where: str, data: Any) -> tuple:
         if dtype not in DTYPES:
             raise _fail(where, f"gemm_efficiency.dtypes.{dtype}", value, f"a dtype among {tuple(DTYPES)!r}")
     return tuple((dtype, _achieved(where, f"gemm_efficiency.dtypes.{dtype}", value)) for dtype, value in data.items())
-
-
-def _no_other_keys(where: str, prefix: str, data: Any, keys: tuple) -> None:
-    """Refuse a key of the object at `prefix` that it does not have, as every level refuses one."""
-    for key in data if isinstance(data, Mapping) else ():
-        if key not in keys:
-            raise _unknown(where, prefix, key, data[key], keys)
 
 
 def _waves(where: str, data: Any) -> Waves:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 from ...errors import SpmdsimError
-from .file_keys import _MISSING, _fail, _text, _unknown
+from .file_keys import _MISSING, _fail, _no_other_keys, _text
 from .gemm_shapes import BatchedShapes, UnbatchedShapes
 from .records import LEVELS
 
@@ -85,9 +85,7 @@ def _achieved(where: str, key: str, value: Any) -> Achieved:
     """An `Achieved` from a file's ``{"fraction": f, "source": "..."}`` at `key`, checked."""
     if not isinstance(value, Mapping):
         raise _fail(where, key, value, "an object with 'fraction' and 'source'")
-    for name in value:
-        if name not in ("fraction", "source"):
-            raise _unknown(where, key, name, value[name], ("fraction", "source"))
+    _no_other_keys(where, key, value, ("fraction", "source"))
     fraction, source = value.get("fraction", _MISSING), value.get("source", _MISSING)
     _check_achieved(where, f"{key}.", fraction, source)
     return Achieved(float(fraction), source)
