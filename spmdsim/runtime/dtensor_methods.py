@@ -109,16 +109,22 @@ def _grad(tensor: Any) -> Any:
     if grad is not _NOT_A_LEAF:
         return grad
     if node is not None:  # a Node (spmdsim.nn.autograd.graph): backward never fills its .grad
-        describe = getattr(node, "describe", None)  # the operator, before the explanation after a colon
-        made = f" made by {describe().split(':')[0]!r}" if describe is not None else ""
-        warnings.warn(f".grad of a DTensor of global shape {tuple(tensor.global_shape)!r}{made} is None: backward "
-                      "fills the .grad of leaves only (tensors given requires_grad_()) and refuses "
-                      "retain_grad() of another; to read this gradient, make the tensor a leaf where it is made, "
-                      "t = t.detach().requires_grad_(), before the ops that read it", UserWarning, stacklevel=3)
+        warnings.warn(f".grad of a DTensor of global shape {tuple(tensor.global_shape)!r}{_made_by(node)} is None: "
+                      "backward fills the .grad of leaves only (tensors given requires_grad_()) and refuses "
+                      f"retain_grad() of another; {_AS_LEAF}", UserWarning, stacklevel=3)
     return None
 
 
 _NOT_A_LEAF = object()
+#: How to read the gradient of an operator's output (`.grad` and `retain_grad()` say it).
+_AS_LEAF = ("to read this gradient, make the tensor a leaf where it is made, t = t.detach().requires_grad_(), "
+            "before the ops that read it")
+
+
+def _made_by(node: Any) -> str:
+    """" made by 'matmul'": the operator of an autograd node, its description before the colon ("" if none)."""
+    describe = getattr(node, "describe", None)
+    return f" made by {describe().split(':')[0]!r}" if describe is not None else ""
 
 
 class _ForeignName(OperatorError, AttributeError):
@@ -172,13 +178,10 @@ class _Methods(_Spellings):
         node = self._ag
         if hasattr(node, "grad"):  # a Leaf
             return
-        describe = getattr(node, "describe", None)  # the operator, before the explanation after a colon
-        made = f" made by {describe().split(':')[0]!r}" if describe is not None else ""
-        how = "backward fills the .grad of leaves only; to read this gradient, make the tensor a leaf where it " \
-            "is made, t = t.detach().requires_grad_(), before the ops that read it" if node is not None else \
+        how = f"backward fills the .grad of leaves only; {_AS_LEAF}" if node is not None else \
             "it records no gradient (requires_grad is False); t.requires_grad_() makes it a leaf whose .grad is filled"
-        raise OperatorError(f"retain_grad() of a DTensor of global shape {tuple(self.global_shape)!r}{made}: spmdsim "
-                            f"does not do this; {how}")
+        raise OperatorError(f"retain_grad() of a DTensor of global shape {tuple(self.global_shape)!r}"
+                            f"{_made_by(node)}: spmdsim does not do this; {how}")
 
     # arithmetic (spmdsim.nn.ops.pointwise: broadcasting; a number is a replicated 0-d operand). numpy's ufuncs
     # (np.exp(x), np.float64(2) * x), np.asarray's refusal, abs(), len(), .T and PyTorch's spellings of the
