@@ -77,7 +77,7 @@ from ..base.flops import sweep
 from ..base.foreign import take_foreign
 from .adamw_flat import _decay_flags, _gather_elements, _step_sizes
 from .clip import _norm_of, _squares, _summed_squares, clip_coefficient
-from .optim_checks import PYTORCH_KEYWORDS, STEP_KEYWORDS, _adam_args, _capturing
+from .optim_checks import PYTORCH_KEYWORDS, _adam_args, _capturing
 from .optimizer import _AG, _GRAD_NAMES, _LOCAL, _NONES, _count_step, _drain, _kernel, _Optimizer, _run_update
 from ..base.validate import tolerance_arg
 from ..runtime.executor import gather
@@ -232,8 +232,7 @@ class DistributedAdamW(_ZeroBuffers, _ZeroGrads, _Optimizer):
     def step(self, closure: Any = None) -> None:
         """Sum the gradients over dp onto this rank's slices, update them, gather the parameters (collective).
         PyTorch's `closure` is taken as None only (spmdsim.base.foreign)."""
-        if closure is not None:
-            take_foreign(f"{type(self).__name__}.step", {"closure": closure}, STEP_KEYWORDS)
+        self._no_closure(closure)
         done = self._reduced
         in_backward = any(done)  # ZeRO-2: buckets reduced in the backward (`backward(reduce_with=self)`)
         self._reduced, self._final = [False] * len(self.buckets), set()  # the next step's

@@ -119,11 +119,16 @@ class _Optimizer(_Checkpoints):
             else:  # a new block: the old one may be a view another gradient's buffer holds
                 leaf.grad = type(g)._trusted(g.mesh, np.zeros_like(g.local), g.layout, g.global_shape)
 
+    def _no_closure(self, closure: Any) -> None:
+        """PyTorch's ``step(closure)``: taken as None only, another value refused in one line (spmdsim.base.foreign);
+        every optimizer's step calls it."""
+        if closure is not None:
+            take_foreign(f"{type(self).__name__}.step", {"closure": closure}, STEP_KEYWORDS)
+
     def step(self, closure: Any = None) -> None:
         """Update every parameter that has a gradient (local blocks only); nothing when one does not fit.
         PyTorch's `closure` is taken as None only (spmdsim.base.foreign)."""
-        if closure is not None:
-            take_foreign(f"{type(self).__name__}.step", {"closure": closure}, STEP_KEYWORDS)
+        self._no_closure(closure)
         plain = not CAPTURE.on  # this thread does not capture: the kernels' functions themselves (no wrapper)
         (_count_step if plain else _kernel(_count_step))(self)
         found = self._found_again() if plain else None
