@@ -26,7 +26,8 @@ A program whose ranks do different work (a pipeline's stages) says so with
 its own context, and gives each rank its representative's line. Point-to-point
 messages of the runtime (checked before they run: a pipeline's schedule) are
 counted and complete at once; an mpi4py program's own point-to-point calls and
-``comm.Split`` need every rank's part and are refused in one line.
+``comm.Split`` need every rank's part and are refused in one line. Ctrl-C in the
+caller stops the run at its next collective or local step (dry_meter.Meter.go_on).
 """
 from __future__ import annotations
 
@@ -112,11 +113,13 @@ class DryEngine(Engine):
     def local(self, fn: Any, like: Any, *args: Any) -> np.ndarray:
         """Zeros shaped and typed like `like`, `fn` not called: a dry run's values are not results
         (attention's scores and their softmax would touch every page of their temporaries)."""
+        current().meter.go_on()
         return zeros(like.shape, like.dtype)
 
     def matmul(self, a: Any, b: Any) -> np.ndarray:
         """Zeros of ``np.matmul(a, b)``'s shape and the real product's dtype (precision.product_dtype: float32
         for bfloat16 beside bfloat16 or float32, float64 beside an int32 or float64), not multiplied."""
+        current().meter.go_on()
         lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
         da, db = a.dtype, b.dtype
         dtype = _PRODUCT_DTYPES.get((da, db)) or product_dtype(da, db)
@@ -168,7 +171,7 @@ class DryEngine(Engine):
             _fill(send, recv, _tiled)
 
     def barrier(self, comm: Any, wait: Any) -> None:
-        pass
+        current().meter.go_on()
 
     def isend(self, comm: Any, buf: Any, dest: int, tag: int) -> Any:
         """Counted as held; complete at once (the runtime's messages are checked before they run: a
@@ -194,15 +197,19 @@ class DryEngine(Engine):
         return 1
 
     def all_gather_object(self, comm: Any, obj: Any) -> list:
+        current().meter.go_on()
         return [obj] * comm.Get_size()
 
     def gather_object(self, comm: Any, obj: Any, root: int) -> Any:
+        current().meter.go_on()
         return [obj] * comm.Get_size() if comm.Get_rank() == root else None
 
     def broadcast_object(self, comm: Any, obj: Any, root: int) -> Any:
+        current().meter.go_on()
         return obj
 
     def all_reduce_object(self, comm: Any, obj: Any, op: str) -> Any:
+        current().meter.go_on()
         return obj
 
 
@@ -318,38 +325,42 @@ class DryComm:
             self._fill(src, dst, _tiled)
 
     def Barrier(self) -> None:
-        pass
+        DRY.barrier(self, None)
 
     def Ibarrier(self) -> _Done:
+        DRY.barrier(self, None)
         return _Done()
 
     # -- object collectives ---------------------------------------------------------------
 
     def allreduce(self, obj: Any, op: Any = None) -> Any:
-        return obj
+        return DRY.all_reduce_object(self, obj, op)
 
     def allgather(self, obj: Any) -> list:
-        return [obj] * self.size
+        return DRY.all_gather_object(self, obj)
 
     def gather(self, obj: Any, root: int = 0) -> Any:
-        return [obj] * self.size if self.rank == root else None
+        return DRY.gather_object(self, obj, root)
 
     def bcast(self, obj: Any, root: int = 0) -> Any:
-        return obj
+        return DRY.broadcast_object(self, obj, root)
 
     def reduce(self, obj: Any, op: Any = None, root: int = 0) -> Any:
-        return obj if self.rank == root else None
+        reduced = DRY.all_reduce_object(self, obj, op)
+        return reduced if self.rank == root else None
 
     def scatter(self, objs: Any, root: int = 0) -> Any:
         """This rank's item of the root's list (every member's list is taken to be this rank's)."""
+        DRY.barrier(self, None)
         return None if objs is None else list(objs)[self.rank]
 
     def alltoall(self, objs: Any) -> list:
         """Item `rank` of every member's list, each member's list taken to be this rank's."""
+        DRY.barrier(self, None)
         return [list(objs)[self.rank]] * self.size
 
     def barrier(self) -> None:
-        pass
+        DRY.barrier(self, None)
 
     def __getattr__(self, name: str) -> Any:
         if name[:1].isupper() or name in ("send", "recv", "isend", "irecv", "sendrecv", "ssend", "bsend"):

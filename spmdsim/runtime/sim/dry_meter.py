@@ -1,5 +1,6 @@
 """What a dry run's rank holds (spmdsim.runtime.sim.dry): a `Meter` of the bytes it holds now and at most,
-released as what held them is freed."""
+released as what held them is freed; and whether the dry run's caller was interrupted (Ctrl-C): the rank then
+stops at its next step (`go_on`), as a simulated rank of a real run stops at its next wait."""
 from __future__ import annotations
 
 import weakref
@@ -8,13 +9,16 @@ from typing import Any
 
 import numpy as np
 
+from .engine import Aborted
+
 __all__ = ["Meter"]
 
 
 class Meter:
     """The bytes the dry run's rank holds now and at most, and the per-rank bytes of its exchanges."""
 
-    __slots__ = ("held", "peak", "_live", "_gone", "varied", "stands_for", "notes", "__weakref__")
+    __slots__ = ("held", "peak", "_live", "_gone", "varied", "stands_for", "notes", "stopped",
+                 "__weakref__")
 
     def __init__(self) -> None:
         self.held = 0
@@ -27,9 +31,18 @@ class Meter:
         # Set by `differ`: the representative rank of every rank (ranks whose work differs by a mesh axis)
         self.stands_for: Any = None
         self.notes: list[str] = []  # lines the program adds to the report (`note`)
+        self.stopped = False  # set by the caller once interrupted (spmdsim.runtime.sim.run._dry_run)
+
+    def go_on(self) -> None:
+        """Raise Aborted once the caller was interrupted: the dry run's thread ends at its next step (a
+        collective, which holds its buffers here, a local product or kernel), not after the whole program."""
+        if self.stopped:
+            raise Aborted("the dry run's caller was interrupted")
 
     def hold(self, *arrays: Any) -> None:
         """Count these arrays' bytes as held until the memory they view is freed; update the peak."""
+        if self.stopped:
+            self.go_on()
         live = self._live
         for a in arrays:
             if type(a) is not np.ndarray or not a.nbytes:
@@ -52,6 +65,7 @@ class Meter:
         """Count `nbytes` as what `owner` holds (in place of what was counted for it before) until `owner`
         is freed; update the peak. For memory a dry run keeps no array of: an optimizer's states
         (spmdsim.nn.optim), worked out from the parameters' sizes."""
+        self.go_on()
         key = id(owner)
         known = self._live.get(key)
         if known is not None:

@@ -219,6 +219,7 @@ def _dry_run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> li
         context.meter.stands_for = stands_for
         context.traces.append(Trace())  # every collective of the run, for the report
         outcome: list = []
+        ended = threading.Event()  # waited on, not the thread: an interrupted join marks a live thread ended
 
         def body() -> None:
             import numpy as np
@@ -233,11 +234,18 @@ def _dry_run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> li
                 outcome.append((False, exc))
             finally:
                 _local.leave()
+                ended.set()
 
         thread = threading.Thread(target=body, name="spmdsim dry run", daemon=True)
         with _simulating(1):
             thread.start()
-            thread.join()
+            try:
+                while not ended.wait(memory.POLL_S):  # timed: a Ctrl-C made pending (not signalled) is seen too
+                    pass
+            except BaseException:  # Ctrl-C in the caller: the dry run stops at its next step, as ranks at a wait
+                context.meter.stopped = True
+                ended.wait(STOP_S)
+                raise
         return context, outcome[0]
 
     context, (ok, value) = one(0, None)
