@@ -9,7 +9,7 @@ import pytest
 
 import spmdsim
 from spmdsim import Layout, Mesh
-from spmdsim.errors import RankError, RuntimeMismatchError, SpmdsimError
+from spmdsim.errors import RankError, SpmdsimError
 from spmdsim.tools.cli.main import main
 from spmdsim.programs.plan import plan_redistribution
 from spmdsim.runtime.ranked import fold_ranked, gather_ranked, print_ranked, rank_ordered
@@ -76,16 +76,18 @@ def test_print_ranked_on_any_communicator_with_lowercase_gather(capsys):
 
 
 def test_print_ranked_refuses_a_bad_comm_root_or_width_in_one_line():
-    """None for the communicator was an AttributeError deep in the MPI engine, a root past the ranks the
-    collective's ShapeError, width=-5 textwrap's ValueError and width=0 taken as "never wrap"."""
+    """None for the communicator was an AttributeError deep in the MPI engine (then a RuntimeMismatchError, for
+    a value of the wrong type: now a TypeError), a root past the ranks the collective's ShapeError, width=-5
+    textwrap's ValueError and width=0 taken as "never wrap"."""
     def body():
         mesh = Mesh(Layout((2, 4), ("dp", "mp")))
         said = []
-        for comm, kwargs, kind in ((None, {}, RuntimeMismatchError), (mesh.comm, {"root": 99}, RankError),
+        for comm, kwargs, kind in ((None, {}, TypeError), (mesh.comm, {"root": 99}, RankError),
                                    (mesh, {"root": "0"}, RankError), (mesh, {"width": -5}, SpmdsimError),
                                    (mesh, {"width": 0}, SpmdsimError)):
             with pytest.raises(kind) as caught:
                 print_ranked(comm, "x", **kwargs)
+            assert isinstance(caught.value, SpmdsimError)  # spmdsim's own refusal (exit 2 from a script)
             said.append(str(caught.value))
         return said
 

@@ -20,13 +20,17 @@ import sys
 from typing import IO, Any, Sequence
 
 from ..base.validate import as_int, describe
-from ..errors import RankError, RuntimeMismatchError, SpmdsimError
+from ..errors import RankError, SpmdsimError
 from ..programs.viz.model import compact_ranks
 from ..programs.viz.table import WIDTH, nbytes, wrap_lines
 from . import door
 from .mesh import Mesh
 
 __all__ = ["print_ranked", "gather_ranked", "fold_ranked", "rank_ordered", "trace_lines"]
+
+
+class NotACommunicator(SpmdsimError, TypeError):
+    """A `comm` argument that is no communicator nor Mesh (None, a number): a TypeError, as Python's."""
 
 
 def fold_ranked(per_rank: Sequence[Sequence[str]], fold: bool = True) -> list[str]:
@@ -104,8 +108,8 @@ def _gathered(comm: Any, lines: Sequence[Any], root: Any, fold: bool, width: Any
     if isinstance(comm, Mesh):
         comm = comm.comm
     if not hasattr(comm, "spmdsim_engine") and not callable(getattr(comm, "gather", None)):
-        raise RuntimeMismatchError(f"{what}: comm must be a communicator (mpi4py's or a simulated one) or a Mesh, "
-                                   f"got {describe(comm)}")
+        raise NotACommunicator(f"{what}: comm must be a communicator (mpi4py's or a simulated one) or a Mesh, "
+                               f"got {describe(comm)}")
     size = _size(comm)
     at = as_int(root)
     if at is None or at < 0 or (size is not None and at >= size):
