@@ -250,7 +250,8 @@ def test_json_tool_runs_on_the_ranks_reading_a_file_or_stdin(tmp_path, capsys, m
 
 def test_a_ranks_stdout_and_stdin_are_file_objects_it_closes_for_itself(tmp_path, capsys, monkeypatch):
     """`with sys.stdout:` on rank 0 writes its partial line and closes its own stdout: its later print raises
-    ValueError, as a closed stdout's does, and rank 1 and the run print on; likewise stdin."""
+    ValueError, as a closed stdout's does, and rank 1 and the run print on, on a line of their own; likewise
+    stdin."""
     prog = tmp_path / "prog.py"
     prog.write_text("import sys\nfrom mpi4py import MPI\nr = MPI.COMM_WORLD.rank\n"
                     "sys.stdout.writelines([f'{r} ', 'lines\\n'])\nout, inp = sys.stdout, sys.stdin\n"
@@ -267,7 +268,7 @@ def test_a_ranks_stdout_and_stdin_are_file_objects_it_closes_for_itself(tmp_path
     print("the run's own")
     out, err = capsys.readouterr()
     assert sorted(out.splitlines()) == sorted(["0 lines", "1 lines", "0 False True False False",
-                                               "1 False True False False", "partialafter 1 False False",
+                                               "1 False True False False", "partial", "after 1 False False",
                                                "the run's own"]), out
     assert err.splitlines() == ["print I/O operation on closed file.", "readline I/O operation on closed file.",
                                 "True True"]

@@ -13,7 +13,7 @@ from ...errors import SpmdsimError, exception_text, same_class
 from ...base.validate import as_int
 from .engine import Aborted, SimulationError, World
 from .waiting import ranks_text
-from .simulating import _simulating
+from .simulating import _simulating, end_lines
 from .thread_engine import THREADS, Member
 from .thread_limits import ThreadLimitError, start_failed, threads_problem
 from .p2p import rewrites, uncompleted, unreceived
@@ -144,6 +144,10 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict, eager_lim
         except BaseException as exc:  # noqa: BLE001 - reported in the caller
             engine.fail(rank, exc)
         finally:
+            try:
+                end_lines()  # its unended line, a line of its own: not run together with another rank's
+            except Exception as exc:  # noqa: BLE001 - a full disk under `> file`: the rank's, one line (launch)
+                engine.fail(rank, exc)
             _local.leave()
             engine.finish(rank)
 

@@ -1,5 +1,9 @@
 """What the process does while any simulation runs (spmdsim.runtime.sim.run): BLAS on one thread, and
-whole lines on the standard streams, so that ranks printing at once do not mix their words."""
+whole lines on the standard streams, so that ranks printing at once do not mix their words.
+
+A rank's partial line (``print(..., end="")``) waits for the rest of its line. One it leaves unended is
+written when the rank ends (`end_lines`), or closes its stdout, as a line of its own: what another rank
+writes next starts on a new line, and so does the caller's output once the simulation ends."""
 from __future__ import annotations
 
 import contextlib
@@ -27,6 +31,7 @@ class _simulating:
     _lock = threading.Lock()
     _count = 0
     _saved: Any = None
+    lines: tuple = ()  # the _Lines in place of sys.stdout and sys.stderr while any simulation runs
 
     def __init__(self, slots: int) -> None:
         self._slots = slots
@@ -45,7 +50,7 @@ class _simulating:
             if self._slots > 1 and not _threads.threads_set_by_user():
                 blas.enter_context(_threads.blas_threads(1))
             cls._saved = (blas, sys.stdout, sys.stderr, time.sleep)
-            sys.stdout, sys.stderr = _Lines(sys.stdout, "stdout"), _Lines(sys.stderr, "stderr")
+            sys.stdout, sys.stderr = cls.lines = _Lines(sys.stdout, "stdout"), _Lines(sys.stderr, "stderr")
             time.sleep = rank_sleep.sleep  # a rank that sleeps lets another compute
 
     def __exit__(self, *exc: object) -> None:
@@ -57,11 +62,17 @@ class _simulating:
             blas, out, err, sleep = cls._saved
             cls._saved = None
             time.sleep = sleep
-            for stream in (sys.stdout, sys.stderr):
-                if isinstance(stream, _Lines):
-                    stream.flush_all()
+            for stream in cls.lines:
+                stream.flush_all()
+            cls.lines = ()
             sys.stdout, sys.stderr = out, err
             blas.close()
+
+
+def end_lines() -> None:
+    """A simulated rank ends (on its own thread): its partial lines, each written as a line of its own."""
+    for stream in _simulating.lines:
+        stream.end_line()
 
 
 class _Lines:
@@ -74,6 +85,9 @@ class _Lines:
         self._name = name
         self._lock = threading.Lock()
         self._pending: dict[int, str] = {}  # thread id -> text after its last newline
+        # whether the stream ends with a partial line a rank left unended (it ended, or closed its stdout):
+        # what comes next starts on a new line (not by thread: a rank's thread id is the next rank's again)
+        self._open = False
 
     def write(self, text: str) -> int:
         state = _local.simulated()
@@ -92,11 +106,15 @@ class _Lines:
         return len(text)
 
     def _write(self, text: str) -> None:
+        """Write `text`, on a new line where the stream ends with a partial line a rank left unended."""
+        if self._open:
+            text = "\n" + text
         try:
             self._stream.write(text)
         except OSError as exc:  # a full disk under `> file`: the run's error, not the rank's (one line)
             note_output_failure(exc)
             raise
+        self._open = not text.endswith("\n")
 
     def flush(self) -> None:
         with self._lock:
@@ -109,11 +127,23 @@ class _Lines:
             note_output_failure(exc)
             raise
 
+    def end_line(self) -> None:
+        """The running thread ends: its partial line, written as a line of its own (`_write`)."""
+        with self._lock:
+            text = self._pending.pop(threading.get_ident(), "")
+            if text:
+                self._write(text)
+
     def flush_all(self) -> None:
+        """The simulations end: every partial line left, each a line of its own, and the last one ended, so
+        that the caller's output starts on a line of its own."""
         with self._lock:
             for text in self._pending.values():
                 self._write(text)
             self._pending.clear()
+            if self._open:
+                self._open = False
+                self._write("\n")
             self._flush()
 
     def writelines(self, lines: Iterable[str]) -> None:
