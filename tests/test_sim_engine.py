@@ -1,6 +1,7 @@
 """The collective emulator (spmdsim.runtime.sim): every collective against numpy, groups, failures, scale."""
 from __future__ import annotations
 
+import functools
 import re
 import sys
 
@@ -593,6 +594,35 @@ def test_simulate_refuses_bad_counts_and_nesting():
         simulate(1, lambda: simulate(1, lambda: None))
     with pytest.raises(spmdsim.SpmdsimError, match=r"^simulate: dry_run 'no' must be True or False$"):
         simulate(8, lambda: None, dry_run="no")  # a truthy string ran a dry run
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_simulate_refuses_a_function_its_arguments_do_not_fit_before_any_rank_starts(dry_run):
+    # A new user's fn(rank) (as multiprocessing and torch.multiprocessing.spawn pass it) raised TypeError on every
+    # rank, with each rank's traceback through spmdsim's frames in a notebook.
+    started = []
+
+    def by_rank(rank):
+        started.append(rank)
+
+    with pytest.raises(spmdsim.SpmdsimError) as refused:
+        simulate(4, by_rank, dry_run=dry_run)
+    assert str(refused.value) == (
+        "simulate: by_rank() cannot be called as by_rank(): missing a required argument: 'rank'; simulate(n, fn, "
+        "*args, **kwargs) calls fn(*args, **kwargs) on every rank, and spmdsim.world().Get_rank() is its rank")
+    with pytest.raises(spmdsim.SpmdsimError, match=r"^simulate: <lambda>\(\) cannot be called as "
+                                                   r"<lambda>\(1, b=2\): too many positional arguments; "):
+        simulate(2, lambda: None, 1, b=2, dry_run=dry_run)
+    assert started == []
+    assert simulate(2, lambda a, *more, b: (a, more, b), 1, 2, b=3, dry_run=dry_run) == [(1, (2,), 3)] * 2
+    assert simulate(2, max, 1, 2, dry_run=dry_run) == [2, 2]  # a builtin that tells no signature: called
+
+    @functools.wraps(by_rank)
+    def given_its_rank():  # a wrapper that gives the function its rank: bound as the wrapper, not as by_rank
+        return by_rank(spmdsim.world().Get_rank())
+
+    simulate(2, given_its_rank, dry_run=dry_run)
+    assert sorted(started) == ([0] if dry_run else [0, 1])  # a dry run: rank 0 runs for all
 
 
 def test_64_ranks_allreduce_and_split():

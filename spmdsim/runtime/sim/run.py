@@ -2,6 +2,8 @@
 (or, as a dry run, once as rank 0 of `n` on the dry engine: spmdsim.runtime.sim.dry)."""
 from __future__ import annotations
 
+import inspect
+import reprlib
 import threading
 import time
 from typing import Any, Callable, Optional
@@ -38,7 +40,8 @@ def simulate(n: int, fn: Callable[..., Any], *args: Any, dry_run: bool = False, 
     """Run ``fn(*args, **kwargs)`` on `n` simulated ranks in this process; return their results in rank order.
 
     Inside `fn`, ``spmdsim.world()`` is the rank's communicator and ``Mesh(layout)``
-    uses it. An exception on any rank stops every rank and is raised here, with a
+    uses it (`fn` is not given its rank: a `fn` that ``fn(*args, **kwargs)`` cannot call is refused before
+    any rank starts). An exception on any rank stops every rank and is raised here, with a
     note naming the rank (all ranks alike: "every simulated rank"); a deadlock
     (a skipped or mismatched collective) raises DeadlockError naming who waits where.
     A SystemExit (``sys.exit()``) ends its rank alone, as it ends an MPI process: ranks
@@ -69,6 +72,7 @@ def simulate(n: int, fn: Callable[..., Any], *args: Any, dry_run: bool = False, 
                            + (f" (a dry run goes to {MAX_DRY_RANKS})" if not dry_run and size else ""))
     if not callable(fn):
         raise SpmdsimError(f"simulate: {fn!r} is not callable")
+    _check_call(fn, args, kwargs)
     limit = EAGER_BYTES if eager_limit is None else as_int(eager_limit)
     if limit is None or limit < 0:
         raise SpmdsimError(f"simulate: eager_limit {eager_limit!r} must be a number of bytes, 0 or more")
@@ -80,6 +84,23 @@ def simulate(n: int, fn: Callable[..., Any], *args: Any, dry_run: bool = False, 
     if problem is not None:
         raise ThreadLimitError(f"simulate: {problem}")
     return _run(size, fn, args, kwargs, limit)
+
+
+def _check_call(fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
+    """Refuse `fn` where ``fn(*args, **kwargs)`` cannot bind, before any rank starts: a new user's ``fn(rank)``
+    (as multiprocessing passes it) was a TypeError on every rank. A callable that tells no signature is called."""
+    try:
+        signature = inspect.signature(fn, follow_wrapped=False)  # a wrapper's own: it may give fn what it needs
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        name = getattr(fn, "__name__", None) or type(fn).__name__
+        given = ", ".join([*map(reprlib.repr, args), *(f"{k}={reprlib.repr(v)}" for k, v in kwargs.items())])
+        raise SpmdsimError(f"simulate: {name}() cannot be called as {name}({given}): {exc}; simulate(n, fn, *args, "
+                           "**kwargs) calls fn(*args, **kwargs) on every rank, and spmdsim.world().Get_rank() is its "
+                           "rank") from None
 
 
 class Results(list):
