@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import traceback
 
 import pytest
 
@@ -22,6 +23,7 @@ _CELLS = [
 
 _RUN = """
 import sys
+import traceback
 from IPython.core.interactiveshell import InteractiveShell
 shell = InteractiveShell.instance(colors="nocolor")
 for cell in {cells!r}:
@@ -58,3 +60,20 @@ def test_a_notebook_cells_deadlock_shows_the_message_and_the_session_goes_on():
     assert run.returncode == 0 and "next [2, 2]" in out, out
     assert "DeadlockError: simulated ranks deadlock" in out and "raised on simulated ranks 0-2 of 4" in out, out
     assert PACKAGE not in out and "interactiveshell.py" not in out, out
+
+
+def _raises_on(rank):
+    if spmdsim.world().Get_rank() == rank:
+        raise ValueError("the program's own")
+    spmdsim.world().barrier()
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_a_programs_own_error_comes_with_one_frame_of_simulate(dry_run):
+    # A rank's ValueError in a notebook cell showed four of spmdsim's frames with their code (simulate, _run,
+    # _raise_failure, the rank's body) between the cell and the program's function.
+    with pytest.raises(ValueError, match="the program's own") as info:
+        spmdsim.simulate(2, _raises_on, 0 if dry_run else 1, dry_run=dry_run)  # (a dry run: rank 0 for all)
+    frames = traceback.extract_tb(info.value.__traceback__)
+    assert [f.name for f in frames if f.filename.startswith(PACKAGE)] == ["simulate"], frames
+    assert frames[-1].name == "_raises_on" and frames[-1].line == "raise ValueError(\"the program's own\")"

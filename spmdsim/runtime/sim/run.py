@@ -78,12 +78,26 @@ def simulate(n: int, fn: Callable[..., Any], *args: Any, dry_run: bool = False, 
         raise SpmdsimError(f"simulate: eager_limit {eager_limit!r} must be a number of bytes, 0 or more")
     if _local.simulated() is not None:
         raise SimulationError("simulate() is already running (a simulated rank cannot start another simulation)")
-    if dry_run:
-        return _dry_run(size, fn, args, kwargs)
-    problem = threads_problem(size)  # before any rank starts: not part way, with a traceback
-    if problem is not None:
-        raise ThreadLimitError(f"simulate: {problem}")
-    return _run(size, fn, args, kwargs, limit)
+    if not dry_run:
+        problem = threads_problem(size)  # before any rank starts: not part way, with a traceback
+        if problem is not None:
+            raise ThreadLimitError(f"simulate: {problem}")
+    try:
+        return _dry_run(size, fn, args, kwargs) if dry_run else _run(size, fn, args, kwargs, limit)
+    except BaseException as exc:
+        if getattr(exc, "simulated_ranks", None) is None:  # not the ranks' (Ctrl-C in the caller): as it is
+            raise
+        raise exc.with_traceback(_programs_frames(exc.__traceback__))
+
+
+def _programs_frames(tb: Any) -> Any:
+    """A rank's traceback from the program's first frame: this module's frames before it (simulate's,
+    the rank's thread's body) left out, so that a notebook shows the cell, simulate and the program; the whole
+    traceback where every frame is this module's."""
+    first = tb
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    return tb or first
 
 
 def _check_call(fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
