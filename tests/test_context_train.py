@@ -32,6 +32,18 @@ def test_each_method_and_split_trains_as_one_numpy_process(method, split):
     assert len({tuple(r.loss for r in results) for results, _ in out}) == 1
 
 
+@pytest.mark.parametrize("method", ["ring", "alltoall"])
+@pytest.mark.parametrize("zero", [1, 2])
+def test_a_naive_split_trains_under_zero_as_one_numpy_process(method, zero):
+    # The learned positions' gradient stays a pending sum over cp, as the ZeRO optimizer sums it once over dp
+    def main():
+        _, results = train(GPTConfig(**SMALL), spmdsim.world(), 2, 1, 2, TEXT, cp=2, zero=zero,
+                           context=Context(method, "naive"))
+        return results
+    for results in spmdsim.simulate(4, main):
+        assert all(r.passed and max(r.errors) <= TOLERANCE for r in results), [r.errors for r in results]
+
+
 @pytest.mark.parametrize("method", ["ring", "allgather"])
 def test_llama_options_train_over_four_context_ranks(method):
     cfg = GPTConfig(**SMALL, positions="rope", norm="rms", mlp="swiglu", kv_heads=2)

@@ -114,6 +114,9 @@ class GPT(_Block):
         self.positions = self.context.positions(cp, cfg.seq) if self.context is not None else None
         # a batch's ids (B, T) as the model lays them out: ``x[model.laid]`` (x itself where positions are None)
         self.laid = (slice(None), list(self.positions) if self.positions is not None else slice(None))
+        # the positions `embed` looks up over cp > 1, a naive split's its own indices: the lookup's gradient a
+        # pending sum over cp, as every other parameter's (a slice of the whole table would arrive summed)
+        self._pos_order = self.positions or (tuple(range(cfg.seq)) if cp > 1 else None)
         self.cfg, self.mesh, self.sp, self.recompute, self.kept = cfg, mesh, bool(sp), recompute, kept
         # the attention core's options: flash attention keeps no scores, so selective recomputation of the
         # core has nothing to drop there (the same as "none")
@@ -179,11 +182,11 @@ class GPT(_Block):
             tok = self._as_act(ops.embedding(ids.T, p["wte"], reduce=False))
             if cfg.positions == "rope":  # positions turn q and k in each block instead
                 return self._dropout(tok, "emb", step, train, micro)
-            if self.positions is None:
+            if self._pos_order is None:
                 pos = ops.reshape(p["wpe"], (cfg.seq, 1, cfg.d_model))
-            else:  # the sequence laid out in another order (context parallelism): each index's position's row
+            else:  # the sequence split over cp (in another order where balanced): each index's position's row
                 if self._pos_ids is None:  # (T, 1), split over cp as the activations' T
-                    self._pos_ids = position_ids(self.mesh, self.positions)
+                    self._pos_ids = position_ids(self.mesh, self._pos_order)
                 pos = ops.embedding(self._pos_ids, p["wpe"])
             return self._dropout(tok + pos, "emb", step, train, micro)
 
