@@ -228,7 +228,7 @@ def options_problem(args, cfg, zero, dp):
     if not problem and pipe and pipelined(args):  # a pipeline's chunks reshard after forward, over all of dp
         problem = f"{pipe[0]} with a pipeline: its chunks are fully sharded over dp and resharded after forward"
     if not problem and args.shard_group is not None:
-        problem = shard_group_problem(args.shard_group, zero, dp)
+        problem = shard_group_problem(args.shard_group, zero, dp, args.cp)
     if not problem and args.shard_group is not None and (args.save is not None or args.resume is not None):
         problem = "--shard-group with --save or --resume: hybrid sharding's checkpoints are not written yet"
     problem = problem or policy_problem(args.precision, args.replay)  # FP8's options too, before the header

@@ -338,6 +338,17 @@ def test_a_shard_group_is_refused_in_one_line_unless_it_divides_dp_under_zero3()
     assert shard_group_problem(2, 1, 8) == "--shard-group 2 shards parameters: give --zero 3 with it"
 
 
+def test_train_gpt_refuses_a_shard_group_over_context_ranks_in_one_line():
+    # hybrid sharding's mesh (dp, shard, tp) has no cp axis: refused before the mesh is made
+    from testkit import run_train_gpt, unfold
+
+    out = run_train_gpt(["--ranks", "8", "--tp", "1", "--cp", "2", "--zero", "3", "--shard-group", "2", "--steps", "1"])
+    assert out.returncode == 2 and " step" not in out.stdout, out.stdout
+    assert unfold(out.stderr).strip().splitlines()[-1] == (
+        "spmdsim: error: --shard-group 2 with --cp 2: hybrid sharding's mesh has no context-parallel axis; "
+        "leave out --shard-group (ZeRO-3 over all 4 dp ranks) or --cp")
+
+
 def test_prefetching_holds_two_layers_gathered_and_the_ledger_says_so():
     """With prefetch the next layer's gathers run before each layer's forward (the previous layer's before each
     layer's backward): the same collectives and bytes, the same values, and two layers' gathered parameters held
