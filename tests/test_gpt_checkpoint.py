@@ -341,3 +341,19 @@ def test_another_layer_split_is_said_against_the_balanced_default(tmp_path):
     assert checkpoint_problem(cfg, 4, 1, 2, 5, resume=str(tmp_path), pipeline=dict(pipeline, split=[3, 1])) == (
         f"--resume {tmp_path}: the checkpoint's pipeline has --stage-layers 1,3, this run's --stage-layers 3,1 "
         "(resume with the settings it was saved with)")
+
+
+def test_another_moe_setting_is_named_by_its_own_field(tmp_path):
+    # "the checkpoint's config has moe.dropless False, this run's True", not the two MoE configs whole
+    from spmdsim.models.gpt import checkpoint
+    from spmdsim.models.gpt.checkpoint import checkpoint_meta
+    from spmdsim.models.moe import MoEConfig
+
+    cfg = dataclasses.replace(SMALL, moe=MoEConfig(experts=4, top_k=2, every=1))
+    (tmp_path / META).write_text(json.dumps({"format": checkpoint._FORMAT, "version": checkpoint._VERSION,
+                                             "step": 1, **checkpoint_meta(cfg, 2, 1, 1, ep=2)}))
+    dropless = dataclasses.replace(cfg, moe=dataclasses.replace(cfg.moe, dropless=True))
+    assert checkpoint_problem(dropless, 2, 1, 1, 5, ep=2, resume=str(tmp_path)) == (
+        f"--resume {tmp_path}: the checkpoint's config has moe.dropless False, this run's True (resume with the "
+        "settings it was saved with)")
+    assert "config has moe {\"experts\": 4" in checkpoint_problem(SMALL, 2, 1, 1, 5, ep=2, resume=str(tmp_path))

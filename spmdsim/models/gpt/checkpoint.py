@@ -36,15 +36,13 @@ from typing import Any, Optional
 import numpy as np
 
 from ...errors import SpmdsimError
-from ..axes import PIPELINE
-from ...base.precision import bfloat16
+from ...base.precision import bfloat16, precision as get_precision
 from ...runtime.door import all_gather_object, barrier
 from .config import GPTConfig
-from ...base.precision import precision as get_precision
 from ...layouts.layout import Layout
 from ...nn.fsdp import on_mesh, shard_axes, sharded_layout
 from ...runtime.sim import dry_run_active
-from ..axes import DATA, EXPERT, model_layout
+from ..axes import DATA, EXPERT, PIPELINE, model_layout
 from .layouts import megatron_layouts
 from .mesh import zero_cut
 
@@ -135,9 +133,13 @@ def resume_problem(directory: str, meta: dict, steps: int) -> Optional[str]:
                             f"this run's {_pipeline_flag(k, here.get(k))} (resume with the settings it was saved with)")
         if isinstance(here, dict) and isinstance(there, dict):  # a key one side lacks first (the mesh's "etp")
             for k in sorted(list(here) + [k for k in there if k not in here], key=lambda k: k in here and k in there):
-                if here.get(k) != there.get(k):
-                    return (f"--resume {directory}: the checkpoint's {key} has {k} {_shown(there.get(k))}, "
-                            f"this run's {_shown(here.get(k))} (resume with the settings it was saved with)")
+                mine, theirs = here.get(k), there.get(k)
+                if isinstance(mine, dict) and isinstance(theirs, dict) and mine != theirs:  # the MoE config's field
+                    k, mine, theirs = next((f"{k}.{j}", mine.get(j), theirs.get(j)) for j in {**theirs, **mine}
+                                           if mine.get(j) != theirs.get(j))
+                if mine != theirs:
+                    return (f"--resume {directory}: the checkpoint's {key} has {k} {_shown(theirs)}, "
+                            f"this run's {_shown(mine)} (resume with the settings it was saved with)")
         return (f"--resume {directory}: the checkpoint's {key} is {_shown(there)}, this run's {_shown(here)} "
                 "(resume with the settings it was saved with)")
     if saved["step"] >= steps:
