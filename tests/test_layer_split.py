@@ -58,6 +58,10 @@ def test_megatrons_flags_give_the_ends_their_count_and_the_others_the_rest_evenl
                                    "--virtual-stages 2 = 4 chunks"),
     (_flags(stage="1,0,1"), 2, 3, 1, "--stage-layers 1,0,1 leaves chunk 1 without a layer: only the first and the "
                                      "last chunk, which hold the embedding and the head, may have none"),
+    # none given: the balanced default, which needs a layer in every chunk
+    (_flags(), 1, 2, 1, "--layers 1 cannot fill --pp 2 stages: each stage needs a layer at least"),
+    (_flags(), 4, 2, 3, "--layers 4 cannot fill --pp 2 x --virtual-stages 3 = 6 chunks: each chunk needs a layer at "
+                        "least"),
     (_flags(1, stage="1,2"), 3, 2, 1, "--stage-layers 1,2 gives every chunk's layers: leave out --first-stage-layers "
                                       "1 (or give --first-stage-layers and --last-stage-layers alone)"),
 ])
@@ -167,3 +171,12 @@ def test_train_moe_gpt_takes_megatrons_flag_over_its_pipeline():
         "--seq", "16", "--batch", "4", "--microbatches", "2", "--steps", "1"])
     assert code == 0, err
     assert "\n  layers per stage: 1, 3\n" in out and ": PASS" in out
+
+
+@pytest.mark.parametrize("example", ["train_gpt.py", "train_moe_gpt.py"])
+def test_the_examples_refuse_fewer_layers_than_stages_naming_the_layers(example):
+    # not "no dp x tp of 4 ranks runs it (tp 4: 1 layers cannot fill 2 pipeline chunks; tp 2: ...)"
+    moe = ["--moe-every", "1"] if "moe" in example else []  # (its one block an MoE layer)
+    code, out, err = run_here(f"examples/{example}", ["--ranks", "8", "--pp", "2", "--layers", "1", "--steps", "1"] + moe)
+    assert code == 2 and err.replace("\n  ", " ").endswith(
+        "spmdsim: error: --layers 1 cannot fill --pp 2 stages: each stage needs a layer at least\n"), err

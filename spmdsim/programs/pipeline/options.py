@@ -83,11 +83,13 @@ def layer_split(args: Any, layers: int, pp: int, virtual: int) -> tuple[Optional
     first, last, given = args.first_stage_layers, args.last_stage_layers, args.stage_layers
     flags = [f"--{name} {value}" for name, value in (("first-stage-layers", first), ("last-stage-layers", last),
                                                      ("stage-layers", given)) if value is not None]
-    if not flags:
-        return None, None
+    chunks = pp * virtual
+    where = f"--pp {pp} x --virtual-stages {virtual} = {chunks} chunks" if virtual > 1 else f"--pp {pp} stages"
+    if not flags:  # the balanced default: a layer at least in every chunk
+        return None, (f"--layers {layers} cannot fill {where}: each {'chunk' if virtual > 1 else 'stage'} needs a "
+                      "layer at least" if 1 < pp and layers < chunks else None)
     if pp < 2:
         return None, f"{flags[0]} splits the layers over pipeline stages: give --pp 2 or more (got --pp {pp})"
-    chunks = pp * virtual
     if given is not None:
         if len(flags) > 1:
             return None, (f"{flags[-1]} gives every chunk's layers: leave out {flags[0]} (or give "
@@ -98,8 +100,6 @@ def layer_split(args: Any, layers: int, pp: int, virtual: int) -> tuple[Optional
             return None, (f"--stage-layers {given!r} must be layer counts (integers >= 0) separated by commas, a "
                           "run of K equal counts N as NxK (K >= 1), e.g. 7,8x14,7")
         counts = tuple(int(w[0]) for w in words for _ in range(int(w[1]) if len(w) == 2 else 1))
-        where = f"--pp {pp} x --virtual-stages {virtual} = {chunks} chunks" if virtual > 1 else \
-            f"--pp {pp} stages"
         if len(counts) != chunks:
             return None, f"--stage-layers {given} gives {len(counts)} counts: expected {chunks}, one for each of {where}"
         if sum(counts) != layers:
