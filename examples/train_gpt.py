@@ -204,7 +204,7 @@ def checked_run(args, comm):
         pipeline = {"pp": args.pp, "schedule": args.schedule, "microbatches": microbatches(args),
                     "virtual": virtual_stages(args), "split": layers} if pipelined(args) else None
         problem = checkpoint_problem(cfg, comm.size, dp, tp, args.steps, sp=args.sp, layouts=layouts,
-                                     precision=args.precision, zero=zero, save=args.save,
+                                     precision=args.precision, zero=zero, save=args.save, cp=args.cp,
                                      save_every=args.save_every, resume=args.resume, pipeline=pipeline)
         if problem:
             raise spmdsim.SpmdsimError(problem)

@@ -357,3 +357,17 @@ def test_another_moe_setting_is_named_by_its_own_field(tmp_path):
         f"--resume {tmp_path}: the checkpoint's config has moe.dropless False, this run's True (resume with the "
         "settings it was saved with)")
     assert "config has moe {\"experts\": 4" in checkpoint_problem(SMALL, 2, 1, 1, 5, ep=2, resume=str(tmp_path))
+
+
+def test_a_checkpoint_of_context_parallel_ranks_is_said_by_its_cp(tmp_path):
+    # a resume that leaves out --cp 2 is told cp, not "the checkpoint's mesh has dp 2, this run's 4"
+    from spmdsim.models.gpt import checkpoint
+    from spmdsim.models.gpt.checkpoint import checkpoint_meta
+
+    (tmp_path / META).write_text(json.dumps({"format": checkpoint._FORMAT, "version": checkpoint._VERSION,
+                                             "step": 1, **checkpoint_meta(SMALL, 8, 2, 2, cp=2)}))
+    assert checkpoint_problem(SMALL, 8, 2, 2, 5, cp=2, resume=str(tmp_path)) is None
+    assert checkpoint_problem(SMALL, 8, 4, 2, 5, resume=str(tmp_path)) == (
+        f"--resume {tmp_path}: the checkpoint's mesh has cp 2, this run's none (resume with the settings it was "
+        "saved with)")
+    assert "mesh has cp 2, this run's 4" in checkpoint_problem(SMALL, 8, 1, 2, 5, cp=4, resume=str(tmp_path))

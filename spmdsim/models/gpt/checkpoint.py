@@ -6,7 +6,7 @@ optimizer's `state_dict()` (spmdsim.nn.optim: this rank's moments, ZeRO-1's slic
 master; a pipeline stage's rank, its stage's), under FP8 its scales and amax histories (each chunk's on a pipeline
 stage) and the step reached; and ``checkpoint.json``, written by rank 0,
 which records what a resume must match: the model's config (GPTConfig, its MoE config too), the world size and
-the mesh (pp, dp, ep, tp, sequence parallelism), every parameter's layout, the precision policy and the
+the mesh (pp, dp, ep, cp, tp, sequence parallelism), every parameter's layout, the precision policy and the
 optimizer, the pipeline (schedule, microbatches, chunks, split; None without), the step reached and the
 training's first loss (step 0's: a resumed run judges its loss's trend from it, `first_loss`). Each file
 is written aside and renamed into place; a save ends with a barrier (the whole checkpoint is there when a
@@ -42,7 +42,7 @@ from .config import GPTConfig
 from ...layouts.layout import Layout
 from ...nn.fsdp import on_mesh, shard_axes, sharded_layout
 from ...runtime.sim import dry_run_active
-from ..axes import DATA, EXPERT, PIPELINE, model_layout
+from ..axes import CONTEXT, DATA, EXPERT, PIPELINE, model_layout
 from .layouts import megatron_layouts
 from .mesh import zero_cut
 
@@ -70,7 +70,8 @@ def run_meta(cfg: Any, world: int, mesh_layout: Any, sp: bool, layouts: dict, pr
     """What a resume must match (JSON-plain): `cfg` (GPTConfig), the world size, the mesh's axes and sizes
     (`mesh_layout`, a Layout) and sequence parallelism, each parameter's layout (`layouts`: name -> TensorLayout),
     the precision policy's name and the optimizer's class name."""
-    axes = {str(a): int(n) for a, n in zip(mesh_layout.alias_name, mesh_layout.device_matrix)}
+    axes = {str(a): int(n) for a, n in sorted(zip(mesh_layout.alias_name, mesh_layout.device_matrix),
+                                              key=lambda axis: axis[0] != CONTEXT)}  # cp first: said, not dp
     return _plain({"world size": world, "mesh": axes, "sequence parallelism": bool(sp),
                    "config": dataclasses.asdict(cfg), "layouts": {k: str(v) for k, v in layouts.items()},
                    "precision": precision, "optimizer": optimizer})
@@ -231,9 +232,7 @@ def _decode(value: Any, arrays: Any) -> Any:
     if isinstance(value, dict):
         if "array" in value:
             array = arrays[value["array"]]
-            if value["dtype"] == "bfloat16":
-                return array.view(bfloat16())
-            return array
+            return array.view(bfloat16()) if value["dtype"] == "bfloat16" else array
         if "dict" in value:
             return {_decode(k, arrays): _decode(v, arrays) for k, v in value["dict"]}
         if "tuple" in value:
@@ -347,7 +346,7 @@ def load(directory: str, mesh: Any, params: dict, optimizer: Any, scales: tuple 
 def checkpoint_problem(cfg: GPTConfig, world: int, dp: int, tp: int, steps: int, *, sp: bool = False,
                        layouts: Optional[dict] = None, precision: Any = "fp64", zero: int = 0, ep: int = 1,
                        save: Optional[str] = None, save_every: int = 0, resume: Optional[str] = None,
-                       pipeline: Optional[dict] = None) -> Optional[str]:
+                       pipeline: Optional[dict] = None, cp: int = 1) -> Optional[str]:
     """Why `train`'s checkpoint settings (`save`, `save_every`, `resume`) cannot be for a run of these arguments
     (`train`'s; with `pipeline`, spmdsim.models.gpt.pipeline.train_pipelined's: {"pp", "schedule", "microbatches",
     "virtual", "split"}) on `world` ranks, or None; alike on every rank and no collective (every rank reads the
@@ -358,16 +357,17 @@ def checkpoint_problem(cfg: GPTConfig, world: int, dp: int, tp: int, steps: int,
     if save is None and resume is None and not save_every:
         return None
     meta = checkpoint_meta(cfg, world, dp, tp, sp=sp, layouts=layouts, precision=precision, zero=zero, ep=ep,
-                           pipeline=pipeline)
+                           pipeline=pipeline, cp=cp)
     return _checkpoint_problem(meta, steps, save, save_every, resume)
 
 
 def checkpoint_meta(cfg: GPTConfig, world: int, dp: int, tp: int, *, sp: bool = False,
                     layouts: Optional[dict] = None, precision: Any = "fp64", zero: int = 0, ep: int = 1,
-                    pipeline: Optional[dict] = None) -> dict:
+                    pipeline: Optional[dict] = None, cp: int = 1) -> dict:
     """spmdsim.models.gpt.checkpoint.run_meta of a `train` run (or, with `pipeline`, a train_pipelined one, as
-    `checkpoint_problem`'s): the mesh's axes (a pipeline's "pp" first), its parameters' layouts (Megatron's and
-    `layouts`, on a stage's mesh), and the pipeline's schedule, microbatches, chunks and split (None without)."""
+    `checkpoint_problem`'s): the mesh's axes (a pipeline's "pp" first, `cp` where above 1), its parameters' layouts
+    (Megatron's and `layouts`, on a stage's mesh), and the pipeline's schedule, microbatches, chunks and split
+    (None without)."""
     moe = cfg.moe is not None or ep > 1
     inner = model_layout(tp, dp, ep if moe else None, etp=cfg.expert_tp)
     mesh_layout = Layout(*inner, zero_cut(zero))  # (ZeRO-3's shards cut as FSDP2's)
@@ -376,11 +376,12 @@ def checkpoint_meta(cfg: GPTConfig, world: int, dp: int, tp: int, *, sp: bool = 
     if zero == 3:  # the shards' layouts (spmdsim.nn.fsdp): a checkpoint of them resumes only fully sharded
         group = (DATA, EXPERT) if moe else (DATA,)  # (experts over dp, the dense parameters over dp x ep)
         chosen = {name: sharded_layout(layout, shard_axes(layout, group)) for name, layout in chosen.items()}
+    pp = (pipeline or {}).get(PIPELINE)  # (the mesh's, not the pipeline's record)
     if pipeline is not None:
-        pipeline = dict(pipeline)
-        mesh_layout = Layout(*model_layout(tp, dp, ep if moe else None, pipeline.pop(PIPELINE),
-                                           etp=cfg.expert_tp))
+        pipeline = {k: v for k, v in pipeline.items() if k != PIPELINE}
         pipeline["split"] = None if pipeline.get("split") is None else [int(n) for n in pipeline["split"]]
+    if pp is not None or cp > 1:  # the mesh as recorded: a resume that leaves out --cp is told cp, not dp
+        mesh_layout = Layout(*model_layout(tp, dp, ep if moe else None, pp, cp if cp > 1 else None, etp=cfg.expert_tp))
     meta = run_meta(cfg, world, mesh_layout, sp, chosen, get_precision(precision).name,
                     "DistributedAdamW" if zero in (1, 2) else "AdamW")
     meta["pipeline"] = pipeline

@@ -72,7 +72,8 @@ def refuse_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps
         raise SpmdsimError(f"the GPT cannot train on {where}: {problem}")
     shape = {PIPELINE: pp, "schedule": schedule, "microbatches": microbatches, "virtual": virtual, "split": split}
     return refuse_run(cfg, comm, check, precision, (steps, save, save_every, resume),
-                      dict(dp=dp, tp=tp, sp=sp, layouts=layouts, precision=precision, zero=zero, ep=ep, pipeline=shape),
+                      dict(dp=dp, tp=tp, sp=sp, layouts=layouts, precision=precision, zero=zero, ep=ep, pipeline=shape,
+                           cp=cp),
                       dict(dp=dp, tp=tp, ep=ep, pp=pp, microbatches=microbatches, recompute=recompute, sp=sp, kept=kept,
                            zero=zero, precision=precision))
 

@@ -199,7 +199,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     checkpoint's parameters and the run's moments (gathered).
     """
     meta = _refuse(cfg, comm if mesh is None else mesh.comm, dp, tp, steps, text_ids, sp, check, layouts, replay,
-                   recompute, zero, kept, ep, precision, save, save_every, resume)
+                   recompute, zero, kept, ep, precision, save, save_every, resume, cp)
     if mesh is None:
         mesh = model_mesh(cfg, comm, dp, tp, ep, cp, context, zero)
     fsdp, zero = _fsdp_options(zero, reshard_after_forward, prefetch)  # ZeRO-3: AdamW on the shards
@@ -253,7 +253,7 @@ def _fsdp_options(zero: int, reshard_after_forward: Any, prefetch: Any) -> tuple
 
 def _refuse(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.ndarray, sp: bool, check: bool,
             layouts: Optional[dict], replay: bool, recompute: str, zero: int, kept: str, ep: int, precision: Any,
-            save: Optional[str], save_every: int, resume: Optional[str]) -> Optional[dict]:
+            save: Optional[str], save_every: int, resume: Optional[str], cp: int = 1) -> Optional[dict]:
     """`train`'s refusals of what it was given, raised alike on every rank before any block is made; the
     checkpoints' metadata (None without checkpoints)."""
     problem = (recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
@@ -262,7 +262,7 @@ def _refuse(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: n
     if problem:  # every rank alike, before any collective
         raise SpmdsimError(problem)
     return refuse_run(cfg, comm, check, precision, (steps, save, save_every, resume),
-                      dict(dp=dp, tp=tp, sp=sp, layouts=layouts, precision=precision, zero=zero, ep=ep),
+                      dict(dp=dp, tp=tp, sp=sp, layouts=layouts, precision=precision, zero=zero, ep=ep, cp=cp),
                       dict(dp=dp, tp=tp, ep=ep, recompute=recompute, sp=sp, kept=kept, zero=zero % 3,
                            precision=precision))
 
