@@ -272,7 +272,9 @@ def test_a_bad_zero_stage_is_refused_before_the_example_prints_its_model():
 
 @pytest.mark.parametrize("flags, message", [
     (["--pp", "2", "--virtual-stages", "2"], "the 1f1b schedule holds one chunk per stage, got virtual stages 2"),
-    (["--pp", "3", "--ranks", "6"], "batch 8 is not divisible by 6 microbatches (the default at --pp 3: 2 x pp)"),
+    (["--pp", "3", "--ranks", "6", "--layers", "3"],
+     "batch 8 is not divisible by 6 microbatches (the default at --pp 3: 2 x pp)"),
+    (["--pp", "3", "--ranks", "6"], "--layers 2 cannot fill --pp 3 stages: each stage needs a layer at least"),
     (["--schedule", "interleaved"], "--schedule interleaved interleaves 2 model chunks a stage (the default "
                                     "--virtual-stages) over the pipeline's stages: expected --pp 2 or more, got --pp 1")])
 def test_a_schedule_the_sizes_do_not_fit_is_refused_before_the_example_prints_its_model(flags, message):
@@ -281,7 +283,8 @@ def test_a_schedule_the_sizes_do_not_fit_is_refused_before_the_example_prints_it
     from testkit import unfold
 
     ranks = [] if "--ranks" in flags else ["--ranks", "4"]
-    out = _example(ranks + ["--ep", "2", "--steps", "1", "--layers", "2", "--d-model", "16", "--seq", "8"] + flags)
+    layers = [] if "--layers" in flags else ["--layers", "2"]
+    out = _example(ranks + layers + ["--ep", "2", "--steps", "1", "--d-model", "16", "--seq", "8"] + flags)
     assert out.returncode == 2 and "MoE GPT" not in out.stdout and "pipeline" not in out.stdout, out.stdout
     assert message in unfold(out.stderr), out.stderr
 

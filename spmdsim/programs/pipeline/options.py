@@ -85,9 +85,11 @@ def layer_split(args: Any, layers: int, pp: int, virtual: int) -> tuple[Optional
                                                      ("stage-layers", given)) if value is not None]
     chunks = pp * virtual
     where = f"--pp {pp} x --virtual-stages {virtual} = {chunks} chunks" if virtual > 1 else f"--pp {pp} stages"
-    if not flags:  # the balanced default: a layer at least in every chunk
+    if not flags:  # the balanced default: a layer at least in every chunk (a schedule of one chunk a stage given
+        # --virtual-stages is refused by the schedule's check, which names what is wrong)
+        chunked = virtual == 1 or getattr(args, "schedule", None) in (None, "interleaved")
         return None, (f"--layers {layers} cannot fill {where}: each {'chunk' if virtual > 1 else 'stage'} needs a "
-                      "layer at least" if 1 < pp and layers < chunks else None)
+                      "layer at least" if 1 < pp and layers < chunks and chunked else None)
     if pp < 2:
         return None, f"{flags[0]} splits the layers over pipeline stages: give --pp 2 or more (got --pp {pp})"
     if given is not None:
