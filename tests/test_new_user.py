@@ -236,8 +236,9 @@ def test_the_default_split_takes_the_largest_tp_that_runs_or_says_which_worlds_d
     """`mpiexec -n 6 python examples/train_gpt.py` said "dp 1 x tp 4 must multiply to the world size 6" (the default
     tp, min(world, 4), not dividing it; 3 ranks: "heads 4 is not divisible by tp 3"). The default tp is now the
     largest of 4 to 1 the world and the model allow; where none does, each one's problem and the worlds that run."""
+    layers = "2" if "--pp" in extra else "1"  # (a layer at least a stage)
     out = subprocess.run([sys.executable, str(ROOT / "examples" / "train_gpt.py"), *extra, "--steps", "1",
-                          "--sample", "0", "--layers", "1", "--d-model", "16", "--seq", "8"],
+                          "--sample", "0", "--layers", layers, "--d-model", "16", "--seq", "8"],
                          capture_output=True, text=True, timeout=120)
     if said is not None:
         assert out.returncode == 2 and said in " ".join(out.stderr.split()), out.stderr
