@@ -43,7 +43,6 @@ import numpy as np
 import spmdsim
 from spmdsim.nn.autograd.kept import kept_problem
 from spmdsim.base.precision import precision
-from spmdsim.base.typed_numbers import fixed
 from spmdsim.models.gpt import GPTConfig, encode, load_text
 from spmdsim.models.gpt.data import show_sample, text_problem
 from spmdsim.models.gpt.mesh import zero_cut
@@ -68,7 +67,7 @@ from spmdsim.programs.pipeline.timeline import bubble_formula
 from spmdsim.runtime.shared_reference import shared_once
 from spmdsim.runtime.sim import dry_run_active
 from spmdsim.runtime.sim.dry import note
-from spmdsim.base.typed_numbers import add_noted, flag_float, given_flags, typed  # a value as typed, a flag typed
+from spmdsim.base.typed_numbers import add_noted, fixed, flag_float, given_flags, typed  # as typed, flag typed
 from spmdsim.tools.cli.main import OnceParser  # usage and errors printed by rank 0 only under mpiexec
 from spmdsim.tools.cli.common import check_trace_out
 from spmdsim.runtime.sim.launch import ranks_argument
@@ -287,7 +286,8 @@ def memory_line(args, zero, alone=False):
     stage = {1: "; ZeRO-1 (states and master copy sharded over dp", 2: "; ZeRO-2 (states, master copy and "
              "gradients sharded over dp", 3: f"; ZeRO-3 (all sharded over dp; {gathered}"}.get(zero, "")
     stage += (": a no-op, dp 1 shards nothing)" if alone else ")") if zero else ""
-    return f"memory: recompute {args.recompute}{stage}" + ("; Megatron's kept set" if args.kept == "megatron" else "")
+    none = " (as none: flash keeps no scores)" if (args.recompute, args.attention) == ("selective", "flash") else ""
+    return f"memory: recompute {args.recompute}{none}{stage}" + ("; Megatron's kept set" if args.kept == "megatron" else "")
 
 
 def train_steps(args, run):

@@ -629,6 +629,15 @@ def test_train_gpt_says_zero_at_dp_1_shards_nothing():
             "nothing)") in out.stdout.splitlines(), out.stdout
 
 
+def test_train_gpt_says_selective_recomputation_is_none_under_flash_attention():
+    """`--attention flash --recompute selective` said `memory: recompute selective`, though flash attention keeps
+    no scores for selective recomputation to drop (docs/howto/memory.md): the run is `none`'s."""
+    out = _example("--ranks", "2", "--tp", "2", "--layers", "1", "--d-model", "32", "--seq", "16", "--batch", "4",
+                   "--steps", "1", "--sample", "0", "--attention", "flash", "--recompute", "selective")
+    assert out.returncode == 0, out.stderr
+    assert "memory: recompute selective (as none: flash keeps no scores)" in out.stdout.splitlines(), out.stdout
+
+
 @pytest.mark.parametrize("flag, value, message", [
     # the flag typed, not the field it sets ("zero 4")
     ("--recompute", "foo", "--recompute 'foo' is not one of 'none', 'selective', 'full'"),
