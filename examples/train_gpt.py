@@ -125,14 +125,14 @@ def split(world, cfg, layers=None):
     `layers`: the pipeline's layers per chunk (--first-stage-layers, --last-stage-layers, --stage-layers)."""
     pp, cp = args.pp, args.cp
     if cp < 1 or world % (pp * cp):
-        return None, f"--pp {pp} x --cp {cp} must divide the world size {world}" if cp > 1 else \
-            f"--pp {pp} must divide the world size {world}"
+        given = " x ".join(f"--{axis} {n}" for axis, n in (("pp", pp), ("cp", cp)) if n > 1) or f"--pp {pp}"
+        return None, f"{given} must divide the world size {world}"  # (the flags given, not --pp 1 beside --cp)
     rest = world // (pp * cp)
     over = " x ".join(f"{axis} {n}" for axis, n in (("pp", pp), ("cp", cp)) if n > 1)  # what a stage's ranks are
     for name, given in (("dp", args.dp), ("tp", args.tp)):
         if given is not None and rest % given:
-            where = f"the {counted(rest, 'rank')} of a stage (world size {world} / {over})" if over else \
-                f"the world size {world}"
+            where = (f"the {counted(rest, 'rank')} {'of a stage' if pp > 1 else 'left'} (world size {world} / "
+                     f"{over})") if over else f"the world size {world}"
             return None, f"--{name} {given} must divide {where}"
     if args.tp is None and args.dp is None:  # both left to their default: the first tp of 4 to 1 that runs
         dp, tp, problem = default_split(rest, lambda dp, tp: stage_problem(args, cfg, dp, tp, layers), world,

@@ -144,12 +144,12 @@ def split(world, cfg, layers):
     --ep nor --dp: the largest ep that runs."""
     pp, tp, cp = args.pp, args.tp, args.cp
     if world % (pp * cp):
-        return None, f"--pp {pp} x --cp {cp} must divide the world size {world}" if cp > 1 else \
-            f"--pp {pp} must divide the world size {world}"
+        given = " x ".join(f"--{axis} {n}" for axis, n in (("pp", pp), ("cp", cp)) if n > 1) or f"--pp {pp}"
+        return None, f"{given} must divide the world size {world}"  # (the flags given, not --pp 1 beside --cp)
     if (world // (pp * cp)) % tp:
         stage = " x ".join(f"{axis} {n}" for axis, n in (("pp", pp), ("cp", cp)) if n > 1)
-        where = f"the {counted(world // (pp * cp), 'rank')} of a stage (world size {world} / {stage})" if stage \
-            else f"the world size {world}"
+        where = (f"the {counted(world // (pp * cp), 'rank')} {'of a stage' if pp > 1 else 'left'} (world size "
+                 f"{world} / {stage})") if stage else f"the world size {world}"
         return None, f"--tp {tp} must divide {where}"
     rest = world // (pp * cp) // tp
     by = folded_tp(tp, args.etp or 0)  # the tp ranks each folded experts' group takes into its ep

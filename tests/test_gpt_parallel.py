@@ -348,7 +348,7 @@ def test_a_context_or_checkpoint_flag_typed_where_it_does_nothing_is_named(argv,
                                                           "4 ranks of a stage (world size 8 / pp 2)"),
     # with --cp alone, a stage's ranks too (was "--tp 3 must divide the world size 8")
     (["examples/train_gpt.py", "--cp", "2", "--tp", "3"], "the GPT cannot run on 8 ranks: --tp 3 must divide the "
-                                                          "4 ranks of a stage (world size 8 / cp 2)"),
+                                                          "4 ranks left (world size 8 / cp 2)"),
     (["examples/train_moe_gpt.py", "--tp", "2", "--ep", "2", "--dp", "1"],
      "the MoE GPT cannot run on 8 ranks: dp 1 x ep 2 x tp 2 must multiply to the world size 8: e.g. --dp 2 --ep 2"),
     (["examples/train_gpt.py", "--dp", "2", "--tp", "2"],  # both given: the dp that fits named (was "set --dp and --tp")
