@@ -185,10 +185,12 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict, eager_lim
                 engine.fail(rank, exc)
             _local.leave()
             engine.finish(rank)
+            ended[rank].set()
 
+    ended = [threading.Event() for _ in range(size)]
     threads = [threading.Thread(target=body, args=(r,), name=f"spmdsim rank {r}", daemon=True)
                for r in range(size)]
-    _run_threads(engine, threads, size)
+    _run_threads(engine, threads, size, ended)
     _raise_failure(engine, size)
     if exited:
         raise _exit_of(exited, size)
@@ -199,9 +201,9 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict, eager_lim
     return done
 
 
-def _run_threads(engine: World, threads: list, size: int) -> None:
-    """Start the ranks' `threads` and wait until they end, watching memory; Ctrl-C or a machine nearly out of
-    memory stops the ranks at their next wait and is raised here."""
+def _run_threads(engine: World, threads: list, size: int, ended: list) -> None:
+    """Start the ranks' `threads` and wait for their `ended` Events (a Thread.join Ctrl-C interrupts marks a live
+    thread ended on Python 3.11), watching memory; Ctrl-C or memory nearly out stops the ranks and is raised."""
     with _simulating(engine.slots):
         try:
             for started, t in enumerate(threads):
@@ -217,9 +219,10 @@ def _run_threads(engine: World, threads: list, size: int) -> None:
                         raise
                     raise start_failed(started, size, exc) from None  # a limit threads_problem could not see
             looked = time.monotonic()
-            for t in threads:
+            for t, end in zip(threads, ended):
                 while t.is_alive() and not engine.given_up():  # and every POLL_S: is memory nearly out?
-                    t.join(memory.POLL_S)
+                    if end.wait(memory.POLL_S):
+                        t.join()  # (its last lines, after the Event)
                     if time.monotonic() - looked >= memory.POLL_S:
                         looked = time.monotonic()
                         why = memory.problem(size)
@@ -230,9 +233,10 @@ def _run_threads(engine: World, threads: list, size: int) -> None:
             # Short of memory, a rank inside numpy may not reach its next wait before the
             # machine runs out: give them all half a second together, then leave (daemon threads).
             deadline = time.monotonic() + (0.5 if isinstance(exc, memory.MemoryLimitError) else STOP_S)
-            for t in threads:
+            for t, end in zip(threads, ended):
                 try:
-                    t.join(max(0.0, deadline - time.monotonic()))
+                    if t.ident is not None and end.wait(max(0.0, deadline - time.monotonic())):
+                        t.join(max(0.0, deadline - time.monotonic()))
                 except RuntimeError:  # interrupted (SIGTERM, Ctrl-C), or a thread that could not start
                     break
             raise
