@@ -422,6 +422,24 @@ def test_a_check_against_what_is_no_whole_tensor_is_refused_in_one_line(referenc
                                "of the region's slices")
 
 
+def test_python_i_on_a_script_run_on_ranks_opens_its_prompt_without_a_traceback(tmp_path) -> None:
+    """`python -i my_matmul.py --ranks 8` printed `Traceback ... in script ... SystemExit: 0` before the prompt:
+    script ends the file with SystemExit once the ranks ran, which python -i shows. Now the prompt alone, after a
+    passing run and after a failing one (its one line); without -i the exit status is as before."""
+    (tmp_path / "prog.py").write_text("import sys\nimport spmdsim\nspmdsim.script(__file__)\n"
+                                      "if spmdsim.world().Get_size() != 2:\n    sys.exit(3)\nprint('ran')\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")}
+    for ranks, code in (("2", 0), ("3", 3)):
+        argv = [sys.executable, "-i", "-q", "prog.py", "--ranks", ranks]
+        done = subprocess.run(argv, input="print('at', 'prompt')\n", cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0 and "at prompt" in done.stdout, (done.stdout, done.stderr)
+        assert "Traceback" not in done.stderr and "SystemExit" not in done.stderr, done.stderr
+        plain = subprocess.run(argv[:1] + argv[3:], cwd=tmp_path, env=env, capture_output=True, text=True,
+                               timeout=120)
+        assert plain.returncode == code and plain.stdout.splitlines().count("ran") == (2 if code == 0 else 0), plain
+
+
 def test_a_repl_that_ran_an_example_survives_spmdsims_error(tmp_path) -> None:
     """An example exec'd in the REPL calls spmdsim.script, whose one-line hook then ended the whole session
     (exit 2) at the first SpmdsimError typed at the prompt; now that error is its one line and the REPL goes on."""

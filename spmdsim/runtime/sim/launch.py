@@ -234,7 +234,25 @@ def script(path: str, argv: Optional[Sequence[str]] = None, *, ranks: Optional[i
     def rank() -> Any:
         runpy.run_path(path, run_name="__main__")
 
-    sys.exit(run_on_ranks(n, rank, dry_run=dry_run))
+    code = run_on_ranks(n, rank, dry_run=dry_run)
+    if sys.flags.interactive and not getattr(sys.excepthook, "spmdsim_ranks_ended", False):
+        sys.excepthook = _ranks_ended_hook(sys.excepthook)
+    raise RanksEnded(code)
+
+
+class RanksEnded(SystemExit):
+    """`script`'s exit once the ranks ran (the rest of the file is the ranks' alone). Under ``python -i`` Python
+    shows an uncaught SystemExit as a traceback and opens its prompt: this one is shown as nothing
+    (`_ranks_ended_hook`), the ranks' output and any error line already printed."""
+
+
+def _ranks_ended_hook(previous: Callable) -> Callable:
+    def hook(exc_type: Any, exc: BaseException, tb: Any) -> None:
+        if not isinstance(exc, RanksEnded):
+            previous(exc_type, exc, tb)
+
+    hook.spmdsim_ranks_ended = True  # type: ignore[attr-defined]
+    return hook
 
 
 def _guard_mpi_ranks() -> None:
