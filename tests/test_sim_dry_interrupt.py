@@ -12,7 +12,7 @@ from spmdsim.runtime import Mesh, allreduce
 from test_sim_rank_sleep import interrupted_after
 
 
-@pytest.mark.parametrize("step", ["allreduce", "matmul", "object"])
+@pytest.mark.parametrize("step", ["allreduce", "matmul", "object", "sleep"])
 def test_ctrl_c_in_the_caller_ends_the_dry_run(step):
     # A notebook's interrupted cell: the dry run's thread ran the whole program on after KeyboardInterrupt.
     ended, left = [], []
@@ -27,6 +27,8 @@ def test_ctrl_c_in_the_caller_ends_the_dry_run(step):
                     allreduce(mesh, block, "mp")
                 elif step == "matmul":
                     spmdsim.runtime.engines.matmul(block, block)
+                elif step == "sleep":  # (a dry run's sleep was Python's own: it slept on, then ran on)
+                    time.sleep(3)
                 else:
                     spmdsim.world().allreduce(1)
             ended.append("ran to its end")

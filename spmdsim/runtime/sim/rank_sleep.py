@@ -8,7 +8,8 @@ processes sleep side by side (1 s). While a simulation runs (spmdsim.runtime.sim
 (the caller's, a thread a rank started, which holds no slot) it is Python's own. The rank stops in its
 sleep, as at a wait, at once when the caller is interrupted (Ctrl-C in a notebook's cell), and once
 GO_ON_S have passed after another rank failed (`World.sleep_ends`): no rank sleeps on in a thread of the
-process after simulate() raised, and simulate() does not wait out a failed run's sleeps. Modules that took
+process after simulate() raised, and simulate() does not wait out a failed run's sleeps (a dry run's rank stops in
+its sleep too: `_dry_sleep`). Modules that took
 ``from time import sleep`` before the simulation started keep Python's own.
 """
 from __future__ import annotations
@@ -30,7 +31,8 @@ def sleep(seconds: float) -> None:
     state = _local.simulated()
     world = _world_of(state)
     if world is None:
-        return real_sleep(seconds)
+        meter = getattr(state, "meter", None) if state is not None and state.dry_run else None
+        return real_sleep(seconds) if meter is None else _dry_sleep(meter, seconds)
     with world.stepped_aside(state.rank):
         if not _positive(seconds):  # 0 (a yield), or what Python's own refuses in its own words
             return real_sleep(seconds)
@@ -44,6 +46,19 @@ def sleep(seconds: float) -> None:
                 real_sleep(min(left, STOP_POLL_S))
     if world.stopping.is_set() and world.sleep_ends():
         world.check(state.rank)  # Aborted
+    return None
+
+
+def _dry_sleep(meter: Any, seconds: float) -> None:
+    """A dry run's rank sleeps, and stops in its sleep (Aborted) at once when the caller is interrupted
+    (spmdsim.runtime.sim.dry_meter.Meter.go_on): the dry run's thread does not sleep on, then run on."""
+    if not _positive(seconds):
+        return real_sleep(seconds)
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        meter.go_on()
+        real_sleep(min(left, STOP_POLL_S))
+    meter.go_on()
     return None
 
 
