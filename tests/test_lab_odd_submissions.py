@@ -210,8 +210,9 @@ def test_under_mpiexec_a_time_limit_run_out_stops_the_check(course):
 
 def test_under_mpiexec_what_the_ranks_printed_is_shown_as_on_simulated_ranks(course, capsys):
     """`check --mpiexec` sent the ranks' output nowhere: a student debugging with print() saw nothing of the case
-    that failed. A line left unended before the rank's Abort is there too, and mpiexec's banner on the Abort is
-    not the ranks'."""
+    that failed. A line left unended before the rank's Abort is there too, a line of its own as on simulated ranks
+    (it ran into the next job's first line: '  | no newlinerank 0 of 2 has 0.0'), and mpiexec's banner on the
+    Abort is not the ranks'."""
     (course / "chatty.py").write_text(
         "def double(comm, x):\n    if comm.Get_rank() > 0:\n        return 2 * x\n"
         "    print('rank 0 of', comm.Get_size(), 'has', x[0])\n    print('no newline', end='')\n"
@@ -222,9 +223,12 @@ def test_under_mpiexec_what_the_ranks_printed_is_shown_as_on_simulated_ranks(cou
         "   1 rank : FAIL rank 0 raised ValueError at line 6: stop",
         "   2 ranks: FAIL rank 0 raised ValueError at line 6: stop",
         out[3],
-        "its ranks printed 60 B over the cases run; the first lines:",
-        "  | rank 0 of 1 has 0.0", "  | no newlinerank 0 of 2 has 0.0", "  | no newline"], out
+        "its ranks printed 62 B over the cases run; the first lines:",
+        "  | rank 0 of 1 has 0.0", "  | no newline", "  | rank 0 of 2 has 0.0", "  | no newline"], out
     assert out[3].startswith("FAIL: fails at 1, 2 ranks (0 of 2 cases, ")
+    assert main(["lab", "check", "1", "chatty.py", "--exercises", "course"]) == 1  # on simulated ranks: the same
+    simulated = capsys.readouterr().out.splitlines()
+    assert simulated[4:] == out[4:], simulated
 
 
 def test_mpiexec_not_installed_is_refused_not_a_fail_of_the_submission(course, monkeypatch, capsys):

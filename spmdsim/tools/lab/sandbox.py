@@ -263,6 +263,14 @@ def _mpi_results(events: list, code: int, n: int, limit: float, errors: str) -> 
     return results
 
 
+def _end_line(path: str) -> None:
+    """End the last line of `path` where a job's rank left it unended (print(..., end=''), then an Abort or the
+    job's end): a line of its own, as on simulated ranks, not run into the next job's first line."""
+    with open(path, "rb+") as f:
+        if f.seek(0, os.SEEK_END) and (f.seek(-1, os.SEEK_END), f.read(1))[1] != b"\n":
+            f.write(b"\n")
+
+
 def _tail(file: Any, size: int) -> str:
     """The last `size` bytes of the open binary `file`, as text (undecodable bytes replaced)."""
     file.seek(0, os.SEEK_END)
@@ -297,6 +305,7 @@ def check_mpiexec(exercise: Exercise, path: str, ranks: Sequence[int] = (), time
                 done = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors,
                                       cwd=tmp)
                 found = _mpi_results(_events(out), done.returncode, n, limit, _tail(errors, 4000))
+            _end_line(said)
             results.extend(found)
             if any(r.status in STOPS for r in found):  # the same at every rank count
                 break
