@@ -235,7 +235,9 @@ def script(path: str, argv: Optional[Sequence[str]] = None, *, ranks: Optional[i
         runpy.run_path(path, run_name="__main__")
 
     code = run_on_ranks(n, rank, dry_run=dry_run)
-    if sys.flags.interactive and not getattr(sys.excepthook, "spmdsim_ranks_ended", False):
+    if not sys.flags.interactive:  # (IPython's %run shows a SystemExit as before: silent on 0)
+        sys.exit(code)
+    if not getattr(sys.excepthook, "spmdsim_ranks_ended", False):
         sys.excepthook = _ranks_ended_hook(sys.excepthook)
     raise RanksEnded(code)
 
