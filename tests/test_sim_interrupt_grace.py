@@ -2,7 +2,6 @@
 stopped at its next wait (or STOP_S passed), not while a rank still runs on in the background."""
 from __future__ import annotations
 
-import contextlib
 import signal
 import threading
 import time
@@ -11,20 +10,13 @@ import pytest
 
 from spmdsim import world as spmdsim_world
 from spmdsim.runtime.sim import simulate
+from test_sim_rank_sleep import interrupted_after
 
 
-@contextlib.contextmanager
-def signalled_after(seconds: float):
-    """A real SIGINT to the main thread after `seconds`, so that it lands inside the lock a join waits on (as a
-    terminal's Ctrl-C does), with Python's own SIGINT handler meanwhile (a background job ignores SIGINT)."""
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)
-    timer = threading.Timer(seconds, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
-    timer.start()
-    try:
-        yield
-    finally:
-        timer.cancel()
-        signal.signal(signal.SIGINT, before)
+def _sigint_to_main() -> None:
+    """A real SIGINT to the main thread, so that it lands inside the lock a join waits on (as a terminal's
+    Ctrl-C does)."""
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
 
 def test_ctrl_c_waits_for_a_computing_rank_to_reach_its_next_wait():
@@ -45,6 +37,6 @@ def test_ctrl_c_waits_for_a_computing_rank_to_reach_its_next_wait():
         finally:
             left.append(me)
 
-    with signalled_after(0.3), pytest.raises(KeyboardInterrupt):
+    with interrupted_after(0.3, _sigint_to_main), pytest.raises(KeyboardInterrupt):
         simulate(2, rank)
     assert (sorted(left), ran_on) == ([0, 1], [])  # both stopped at the Barrier before simulate raised

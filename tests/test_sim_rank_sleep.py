@@ -119,11 +119,12 @@ def test_ctrl_c_in_the_caller_ends_the_ranks_sleeps():
 
 
 @contextlib.contextmanager
-def interrupted_after(seconds: float):
-    """Ctrl-C in the main thread after `seconds`, with Python's own SIGINT handler meanwhile: a background job
-    (`pytest ... &`) starts with SIGINT ignored, and `_thread.interrupt_main` does nothing then."""
+def interrupted_after(seconds: float, deliver=_thread.interrupt_main):
+    """Ctrl-C in the main thread after `seconds` (`deliver`: how it comes), with Python's own SIGINT handler
+    meanwhile: a background job (`pytest ... &`) starts with SIGINT ignored, and `_thread.interrupt_main` does
+    nothing then."""
     before = signal.signal(signal.SIGINT, signal.default_int_handler)
-    timer = threading.Timer(seconds, _thread.interrupt_main)
+    timer = threading.Timer(seconds, deliver)
     timer.start()
     try:
         yield
