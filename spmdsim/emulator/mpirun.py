@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import os
 import runpy
+import shlex
 import signal
 import sys
 import threading
@@ -92,7 +93,6 @@ def _program(kind: str, what: str) -> int:
             try:
                 name, spec, code = runpy._get_module_details(what, _NotRunnable)
             except _NotRunnable as exc:
-                import shlex
 
                 raise _NotRunnable(f"python -m {shlex.quote(what)}: {exc}") from None
             scope.update(__name__="__main__", __file__=spec.origin, __cached__=spec.cached, __doc__=None,

@@ -14,6 +14,7 @@ topologies' shared errors (`_error`, `_detailed`) and copy check (`_copyable`).
 """
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 from ..base.validate import dtype_name
@@ -166,7 +167,6 @@ class Neighbourhood:
         return self._exchange_objects("neighbor_alltoall(obj)", sendobj, lambda j: sendobj[j])
 
     def _exchange_objects(self, op: str, sendobj: Any, pick: Any) -> list:
-        import pickle
 
         null = special("PROC_NULL")
         sources, destinations = self._inout()

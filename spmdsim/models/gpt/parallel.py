@@ -19,6 +19,7 @@ softmax, dropout), so the model is written as on one device plus layouts.
 """
 from __future__ import annotations
 
+import zlib
 from functools import partial
 from typing import Any, Optional
 
@@ -359,7 +360,6 @@ class GPT(_Block):
         planning that chose its numpy calls and collectives (MoE layers too: their routing, packing and
         exchanges are replay kernels, so each window routes anew).
         """
-        import zlib
 
         n = sampling(n, temperature)  # every rank alike, before the first forward's collectives
         if self.context is not None:  # (the mesh's: alike on every rank)

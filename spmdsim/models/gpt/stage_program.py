@@ -2,7 +2,7 @@
 activations and gradients between stages as point-to-point messages, and the tied table's exchange."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional, Sequence
 from itertools import repeat as repeat_
 from time import perf_counter
@@ -346,7 +346,6 @@ def _added(main: np.ndarray, theirs: np.ndarray) -> None:
 def _on_mesh(run: PipelineRun, stats: list) -> tuple:
     """A stage's MoEStats with their ranks on the whole mesh (a stage's ranks follow its first: pp is the
     major axis)."""
-    from dataclasses import replace
 
     first = run.stage * run.stage_mesh.size
     return tuple(replace(s, rank=first + s.rank, group=tuple(first + r for r in s.group)) for s in stats)
@@ -355,7 +354,6 @@ def _on_mesh(run: PipelineRun, stats: list) -> tuple:
 def _largest(stats: tuple) -> tuple:
     """One MoEStats per MoE layer whose dispatch buffers are the largest any microbatch's forward made (the
     ledger counts one forward's buffers; with a capacity every microbatch's are the same size)."""
-    from dataclasses import replace
 
     most: dict = {}
     for s in stats:

@@ -2,6 +2,8 @@
 the looks at what a rank holds during a step, and the MoE layers' bytes."""
 from __future__ import annotations
 
+import os
+from dataclasses import replace
 from itertools import chain, repeat
 from typing import Any, Optional
 from ...base.buffers import owned_bytes, owner
@@ -31,7 +33,6 @@ def step_memory_problem(cfg: GPTConfig, comm: Any, dp: int, tp: int, *, ep: int 
     (spmdsim.runtime.budget's agreed figure per rank) less the share of the memory the stop keeps free
     (`LOW_FRACTION` of the total, at least `LOW_FLOOR`); SPMDSIM_MEMORY (bytes per rank) sets it instead, and
     SPMDSIM_MEMORY=off, a dry run (no block is written) or a machine that does not say skips the check."""
-    import os
 
     budget = agreed_budget(comm)
     if budget is None:
@@ -164,7 +165,6 @@ _NOT_MOMENTS = ("kept", "walk")
 
 
 def _restep(report: MemoryReport, step: int) -> MemoryReport:
-    from dataclasses import replace
 
     return report if report.step == step else replace(report, step=step)
 

@@ -10,6 +10,7 @@ shows every label.
 from __future__ import annotations
 
 import os
+import textwrap
 from dataclasses import dataclass
 from typing import Any, Sequence, Union
 
@@ -150,7 +151,6 @@ def _rect(x: float, y: float, w: float, h: float, colour: Any, summed: bool) -> 
 
 
 def _wrap(text: str, width: int) -> str:
-    import textwrap
 
     return "\n".join(textwrap.wrap(text, width))
 

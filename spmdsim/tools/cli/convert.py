@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import textwrap
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -224,7 +225,6 @@ def convert_layout(tl: TensorLayout, shape: tuple[int, ...]) -> tuple[Form, ...]
 
 def _command(command: str, lead: str, width: int = 100) -> list[str]:
     """A shell command within `width` columns, cut at spaces with `` \\`` continuations."""
-    import textwrap
 
     lines = textwrap.wrap(command, width - len(lead) - 2, break_long_words=False,
                           break_on_hyphens=False)

@@ -3,6 +3,7 @@ ranks, the error against the reference and PASS or FAIL (or one JSON record).
 """
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Sequence
 
@@ -79,7 +80,6 @@ def fold_rank_lines(job: Any, out: Any, rank_lines: Sequence[Sequence[str]]) -> 
 def report(job: Any, result: Any, rank_lines: list, as_json: bool = False,
            calls: Sequence[str] | None = None, explain: bool = False) -> str:
     """The text (or JSON) rank 0 prints for one run (`calls`: every rank's, folded; else rank 0's)."""
-    import json
 
     v, stats = result.verdict, result.stats
     if as_json:
