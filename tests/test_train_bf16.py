@@ -145,9 +145,9 @@ def test_a_reference_that_ignores_the_policy_is_caught_by_the_loss(monkeypatch):
     real = module._mixed_step
 
     def float64_reference(start, x, y, cfg, step, policy, grads, microbatches=1, routes=None, kept="graph",
-                          laid=None, fp8=None, ring=False):
+                          laid=None, fp8=None, ring=False, watch=None):
         _, ref_grads, updated = real(start, x, y, cfg, step, policy, grads, microbatches, routes, kept, laid, fp8,
-                                     ring)
+                                     ring, watch)
         loss, grads64 = reference.loss_and_grads(start["params"], x, y, cfg, step)
         return loss, grads64, updated
 

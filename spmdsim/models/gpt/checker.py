@@ -13,7 +13,7 @@ from ...runtime.shared_reference import shared_once
 from ...runtime.sim import once
 from .buckets import anchored_start, anchored_updates
 from .reference_step import _checked_mixed, _checked_reference, _resumed_moments, _zero_moments
-from .step_check import _summed_grads, resolved_errors, step_errors
+from .step_check import QUIET, _summed_grads, resolved_errors, step_errors
 from .tolerances import flip_tolerance, rounding_tolerance
 from .wholes import Regions
 
@@ -55,6 +55,7 @@ class StepChecker:
         self.flip = flip_tolerance(policy, cfg)  # FP8's flips (step_check.flip_ratio)
         self.rounding = rounding_tolerance(policy, cfg)  # each gradient's own (step_check.rounding_ratio)
         self.moments = None  # the reference's moments, whole
+        self.overflow: Optional[str] = None  # where the last step's reference first overflowed (reference_step)
         if not self.low and first:  # the run's at the checkpoint (collective)
             self.moments = shared_once(mesh, ("gpt-resumed", cfg, microbatches, first), _resumed_moments, where,
                                        where.used(self.rows(optimizer_start(optimizer, self.tensors()),
@@ -106,7 +107,9 @@ class StepChecker:
                 self.mesh, ("gpt-reference", cfg, microbatches, step + 1), _checked_reference, where, self.begun,
                 self.moments, x, y, cfg, step, microbatches, routes, self.laid)
             masters = None
-        own = None if self.own is None else anchored_updates(self.own, tensors, cfg, optimizer)
+        self.overflow = top.get("overflow")  # said by the check's lines (spmdsim.models.gpt.options.check_lines)
+        with np.errstate(**QUIET):  # the reference's AdamW again, on this rank's inputs: it overflows alike
+            own = None if self.own is None else anchored_updates(self.own, tensors, cfg, optimizer)
         mine = step_errors(value, ref_loss, grads, updated, tensors, optimizer if self.zero else None, masters, top,
                            self.slices, own, self.flip, self.rounding)
         layout = self.mesh.layout

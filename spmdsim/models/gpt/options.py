@@ -176,6 +176,10 @@ def check_lines(results: list, cfg: GPTConfig, precision: str) -> list[str]:
     failed, flipped = failed_steps(results)
     out = [f"check: {counted(len(results), 'step')} vs one numpy process (loss, {len(param_specs(cfg))} gradients and "
            f"parameters each): {'PASS' if not failed else f'FAILED at {failed} steps'}"]
+    overflowed = next((r for r in results if r.overflow), None)
+    if overflowed is not None:  # numpy's warnings would have printed its source lines (reference_step.Overflows)
+        out.append(f"overflow: step {overflowed.step}'s {overflowed.overflow} in one numpy process (the run "
+                   "computes the same values)")
     if flipped and not failed:
         out += [f"  {counted(flipped, 'step')} passed as an FP8 flip: over the gradients' tolerance, each value within "
                 "one", '  e5m2 step more (docs/explanation/tolerances.md, "FP8")']

@@ -151,7 +151,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
         result = StepResult(step, value, tuple(errors), totals["calls"], totals["bytes_sent"],
                             st.memory_report(watch, step, replay and step > 0), dispatch, ledger,
                             mixed_tolerances(policy, cfg), _norm(optimizer if zero else None, st.norms), flip,
-                            rounding)
+                            rounding, None if checker is None else checker.overflow)
         results.append(result)
         if on_step is not None:
             on_step(result)

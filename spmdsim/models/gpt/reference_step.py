@@ -2,7 +2,8 @@
 numpy process, at float64 or under the run's precision policy, microbatch by microbatch."""
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional
 import numpy as np
 from .config import GPTConfig
 from .params import decays, param_specs
@@ -18,9 +19,31 @@ from ..moe.fold import fold_of
 _FP32 = precision("fp32")
 
 
+class Overflows:
+    """The first floating-point overflow (or NaN made of finite numbers) numpy meets in one numpy process's step,
+    said by where it happened ("forward and backward at float32 overflowed"): np.errstate's "call" mode
+    records it where numpy's warnings would print its own source lines above the run's verdict. Each
+    `at(where)` watches a part of the step; code that sets its own np.errstate inside keeps it."""
+
+    def __init__(self) -> None:
+        self.first: Optional[str] = None
+        self.where = "step"
+
+    def __call__(self, kind: str, flag: int) -> None:
+        if self.first is None:
+            self.first = f"{self.where} {'overflowed' if kind == 'overflow' else 'made a NaN'}"
+
+    @contextmanager
+    def at(self, where: str) -> Iterator[None]:
+        self.where = where
+        with np.errstate(over="call", invalid="call", call=self):
+            yield
+
+
 def _mixed_step(start: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, step: int, policy: Any,
                 grads: dict, microbatches: int = 1, routes: Optional[dict] = None, kept: str = "graph",
-                laid: Optional[tuple] = None, fp8: Optional[dict] = None, ring: bool = False) -> tuple:
+                laid: Optional[tuple] = None, fp8: Optional[dict] = None, ring: bool = False,
+                watch: Optional[Overflows] = None) -> tuple:
     """The references of a step under a low-precision policy (spmdsim.models.gpt.mixed): (loss, gradients) of the
     same policy from the run's parameters at the step's start (its master copies), and the updated master
     copies of AdamW in float32 on the run's own gradients `grads` and moments (`start`: "params", "m", "v",
@@ -29,36 +52,44 @@ def _mixed_step(start: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, step:
     the gradients in float32). `routes`: the ranks' experts (`_routes`), followed at near-ties. `kept`: the
     model's kept set (the rounding points of Megatron's fused kernels under "megatron": spmdsim.models.gpt.mixed).
     `fp8`: under an FP8 policy the run's scales at the step's start (spmdsim.models.gpt.mixed_fp8). `ring`: the
-    run's attention core is ring attention (its rounding points: spmdsim.models.gpt.mixed.loss_and_grads)."""
-    loss, ref_grads = _policy_grads(start["params"], x, y, cfg, step, policy, microbatches, routes, kept, laid, fp8,
-                                    ring)
+    run's attention core is ring attention (its rounding points: spmdsim.models.gpt.mixed.loss_and_grads).
+    `watch`: records the step's first overflow (`Overflows`)."""
+    watch = watch or Overflows()
+    with watch.at(f"forward and backward at {policy.activation}"):
+        loss, ref_grads = _policy_grads(start["params"], x, y, cfg, step, policy, microbatches, routes, kept, laid,
+                                        fp8, ring)
     state = policy.dtype("optimizer")
     updated = {}
     for spec in param_specs(cfg):
         name = spec.name
         p, m, v = (start[k][name].astype(state) for k in ("params", "m", "v"))
-        adamw_update(p, grads[name].astype(state), m, v, step + 1, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                     weight_decay=cfg.weight_decay if decays(spec) else 0.0)
+        with watch.at(f"AdamW update of {name!r} at {np.dtype(state).name}"):
+            adamw_update(p, grads[name].astype(state), m, v, step + 1, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                         weight_decay=cfg.weight_decay if decays(spec) else 0.0)
         updated[name] = p
     return loss, ref_grads, updated
 
 
 def _reference_step(moments: dict, params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig,
                     step: int, microbatches: int = 1, routes: Optional[dict] = None,
-                    laid: Optional[tuple] = None) -> tuple:
+                    laid: Optional[tuple] = None, watch: Optional[Overflows] = None) -> tuple:
     """(new moments, loss, grads, updated params) of one reference step; nothing given is changed in place.
 
     `microbatches` > 1: the batch's rows in that many equal microbatches, each with its own dropout masks
     (spmdsim.models.gpt.params.dropout_seed), their losses and gradients averaged: gradient accumulation.
     `routes`: MoE layer -> the ranks' (B, T, k) experts (`_routes`), which the reference follows at near-ties.
+    `watch`: records the step's first overflow (`Overflows`).
     """
-    loss, grads = _float64_grads(params, x, y, cfg, step, microbatches, routes, laid)
+    watch = watch or Overflows()
+    with watch.at("forward and backward at float64"):
+        loss, grads = _float64_grads(params, x, y, cfg, step, microbatches, routes, laid)
     new_moments, updated = {"m": {}, "v": {}}, {}
     for spec in param_specs(cfg):
         name = spec.name
         p, m, v = params[name].copy(), moments["m"][name].copy(), moments["v"][name].copy()
-        adamw_update(p, grads[name], m, v, step + 1, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                     weight_decay=cfg.weight_decay if decays(spec) else 0.0)
+        with watch.at(f"AdamW update of {name!r} at float64"):
+            adamw_update(p, grads[name], m, v, step + 1, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                         weight_decay=cfg.weight_decay if decays(spec) else 0.0)
         new_moments["m"][name], new_moments["v"][name], updated[name] = m, v, p
     return new_moments, loss, grads, updated
 
@@ -137,10 +168,12 @@ def _checked_reference(where: Regions, start: np.ndarray, moments: dict, x: np.n
                        laid: Optional[tuple] = None) -> tuple:
     """`_reference_step` from the step's start as gathered (`_table`'s rows that `where.used` keeps), and the peaks
     (spmdsim.models.gpt.wholes.peaks) of its gradients and updated parameters: the work the ranks share
-    (spmdsim.runtime.shared_once; spmdsim.models.gpt.pipeline's too, with its `microbatches`)."""
+    (spmdsim.runtime.shared_once; spmdsim.models.gpt.pipeline's too, with its `microbatches`); the peaks' "overflow":
+    where the step first overflowed (`Overflows`), or None."""
+    watch = Overflows()
     moments, loss, grads, updated = _reference_step(moments, assemble(where, start)[0], x, y, cfg, step, microbatches,
-                                                    routes, laid)
-    return moments, loss, grads, updated, {"grads": peaks(grads), "updated": peaks(updated)}
+                                                    routes, laid, watch)
+    return moments, loss, grads, updated, {"grads": peaks(grads), "updated": peaks(updated), "overflow": watch.first}
 
 
 def _checked_mixed(where: Regions, start: np.ndarray, grads: np.ndarray, x: np.ndarray, y: np.ndarray,
@@ -149,13 +182,17 @@ def _checked_mixed(where: Regions, start: np.ndarray, grads: np.ndarray, x: np.n
                    fp8: Optional[dict] = None, ring: bool = False) -> tuple:
     """`_mixed_step` from the step's start and the run's gradients as gathered (`_run_start`'s and `_table`'s rows
     that `where.used` keeps), and the peaks of its gradients and updated master copies: the work the ranks share
-    (spmdsim.models.gpt.pipeline's too, with its `microbatches`)."""
+    (spmdsim.models.gpt.pipeline's too, with its `microbatches`); the peaks' "overflow": where the step first
+    overflowed (`Overflows`), or None."""
     start_wholes = dict(zip(("params", "m", "v"), assemble(where, start, 3)))
+    watch = Overflows()
     loss, ref_grads, updated = _mixed_step(start_wholes, x, y, cfg, step, policy, assemble(where, grads)[0],
-                                           microbatches, routes, kept=kept, laid=laid, fp8=fp8, ring=ring)
-    wider = _wider_grads(start_wholes["params"], x, y, cfg, step, policy, microbatches, routes, kept, laid, ring)
-    rounding = {name: float(np.max(np.abs(g - wider[name]), initial=0.0)) for name, g in ref_grads.items()}
-    return loss, ref_grads, updated, {"grads": peaks(ref_grads), "updated": peaks(updated), "rounding": rounding}
+                                           microbatches, routes, kept=kept, laid=laid, fp8=fp8, ring=ring, watch=watch)
+    with watch.at("forward and backward one precision wider"):
+        wider = _wider_grads(start_wholes["params"], x, y, cfg, step, policy, microbatches, routes, kept, laid, ring)
+        rounding = {name: float(np.max(np.abs(g - wider[name]), initial=0.0)) for name, g in ref_grads.items()}
+    return loss, ref_grads, updated, {"grads": peaks(ref_grads), "updated": peaks(updated), "rounding": rounding,
+                                      "overflow": watch.first}
 
 
 def _wider_grads(params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, step: int, policy: Any,

@@ -103,6 +103,9 @@ class StepResult:
     # under a low-precision policy: each gradient's largest difference relative to what its own rounding allows
     # (spmdsim.models.gpt.step_check.rounding_ratio: <= 1 within); None at float64
     rounding: Optional[float] = None
+    # checked: where one numpy process's step first overflowed ("AdamW update of 'wte' at float64 overflowed";
+    # spmdsim.models.gpt.reference_step.Overflows), which the run computes alike; None where nothing did
+    overflow: Optional[str] = None
 
     @property
     def passed(self) -> bool:
@@ -235,7 +238,8 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
             if cfg.moe is not None else None
         result = StepResult(step, value, tuple(errors), totals["calls"], totals["bytes_sent"],
                             None if report is None else _restep(report, step), tuple(model.moe_stats), ledger,
-                            tolerances, _norm(optimizer if zero else None, run.norms), flip, rounding)
+                            tolerances, _norm(optimizer if zero else None, run.norms), flip, rounding,
+                            None if checker is None else checker.overflow)
         results.append(result)
         if on_step is not None:
             on_step(result)
