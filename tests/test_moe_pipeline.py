@@ -4,6 +4,9 @@ summed over dp alone, a dry run's ledger against a real step's, and the refusals
 from __future__ import annotations
 
 import dataclasses
+import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -12,6 +15,8 @@ from spmdsim.errors import SpmdsimError
 from spmdsim.models.gpt import GPTConfig, encode, load_text
 from spmdsim.models.gpt.pipeline import train_pipelined
 from spmdsim.models.gpt.train import TOLERANCE
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 TEXT = encode(load_text(20_000))
 SMALL = dict(layers=4, d_model=32, heads=2, seq=16, batch=8, dropout=0.1)
@@ -95,3 +100,26 @@ def test_pipelined_moe_refusals_are_one_line_on_every_rank(kwargs, message):
     said = spmdsim.simulate(4, main)
     assert len(set(said)) == 1 and message in said[0] and "pp 2 x dp 1 x ep 2 x tp 1" in said[0], said
     assert "\n" not in said[0]
+
+
+@pytest.mark.parametrize("example, args, said", [
+    ("train_moe_gpt", ["--ranks", "8", "--ep", "2", "--pp", "2"],
+     "a microbatch of 2 samples is not divisible by dp 2 x ep 2 = 4: expected --microbatches 2 (microbatches of 4 "
+     "samples), or --batch 16 (--microbatches 4: the default, 2 x pp)"),
+    ("train_moe_gpt", ["--ranks", "16", "--ep", "8", "--pp", "2", "--microbatches", "4"],
+     "not divisible by dp 1 x ep 8 = 8: expected --microbatches 1 (one microbatch of 8 samples), or --batch 32"),
+    ("train_moe_gpt", ["--ranks", "8", "--pp", "2"],  # each split alike: the way out said once
+     "ep 1: a microbatch of 2 samples is not divisible by dp 4): expected --microbatches 2 (microbatches of 4 "
+     "samples), or --batch 16 (--microbatches 4: the default, 2 x pp); it runs on 2 or 4 ranks"),
+    ("train_gpt", ["--ranks", "8", "--pp", "4", "--dp", "2", "--tp", "1", "--schedule", "interleaved", "--batch", "4",
+                   "--microbatches", "4", "--layers", "8"],
+     "a microbatch of 1 samples is not divisible by dp 2: expected --batch 8: no --microbatches (a multiple of pp 4) "
+     "splits batch 4 into microbatches of a multiple of 2")])
+def test_a_microbatch_the_ranks_cannot_split_names_the_flags_that_fix_it(example, args, said) -> None:
+    """`train_moe_gpt.py --ranks 8 --ep 2 --pp 2` refused "a microbatch of 2 samples is not divisible by dp 2 x
+    ep 2 = 4", naming neither --microbatches nor --batch (the 2 x pp default microbatches were never written)."""
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / f"{example}.py"), *args, "--steps", "1"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stdout.count("\n") <= 1, out.stdout
+    error = " ".join(out.stderr.split())
+    assert error.count("spmdsim: error:") == 1 and said in error, error

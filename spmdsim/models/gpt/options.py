@@ -281,6 +281,8 @@ def default_split(rest: int, problem_of: Any, ranks: int, axis: str = TENSOR, mo
     runs = "no world size up to 64 runs it as configured" if not fits else \
         f"it runs on {fits[0]} ranks" if len(fits) == 1 else \
         f"it runs on {', '.join(map(str, fits[:-1]))} or {fits[-1]} ranks"
-    each = "; ".join(f"{axis} {n}: {problem}" for n, problem in tried)
-    return rest, 1, (f"no dp x {axis} of {counted(rest, 'rank')}{of} runs it ({each}); {runs} (or set --dp and "
-                     f"--{axis}, or the model's sizes)")
+    ways = {problem.partition(": expected ")[2] for _, problem in tried}  # the same way out of each: said once
+    common = f": expected {ways.pop()}" if len(ways) == 1 and "" not in ways else ""
+    each = "; ".join(f"{axis} {n}: {problem.partition(': expected ')[0] if common else problem}" for n, problem in tried)
+    return rest, 1, (f"no dp x {axis} of {counted(rest, 'rank')}{of} runs it ({each}){common}; {runs} (or set --dp "
+                     f"and --{axis}, or the model's sizes)")

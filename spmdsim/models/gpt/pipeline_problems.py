@@ -43,13 +43,40 @@ def pipeline_layout_problem(cfg: GPTConfig, pp: int, dp: int, tp: int, sp: bool,
         return problem
     if cfg.batch % microbatches:
         return f"batch {cfg.batch} is not divisible by {microbatches} microbatches"
-    micro = cfg.batch // microbatches
-    problem = mesh_problem(cfg, dp, tp, sp, ep)
-    # folded experts with a capacity (spmdsim.models.moe.fold): each tp rank outside etp routes its share of the rows
-    by_tp = folded_by(cfg, tp) if cfg.moe is not None and not cfg.moe.dropless else 1
-    if problem is None and micro % (dp * ep * by_tp):
-        problem = f"a microbatch of {micro} samples is not divisible by {batch_split(dp, ep, by_tp, tp // by_tp)}"
+    problem = mesh_problem(cfg, dp, tp, sp, ep) or _microbatch_problem(cfg, dp, tp, ep, microbatches)
     return problem or pipeline_problem(cfg, pp * virtual, split)
+
+
+def _rows_split(cfg: GPTConfig, dp: int, tp: int, ep: int) -> int:
+    """How many ranks a microbatch's samples split over: dp x ep, and with folded experts with a capacity
+    (spmdsim.models.moe.fold) the tp ranks outside etp, each routing its own share of the rows."""
+    return dp * ep * (folded_by(cfg, tp) if cfg.moe is not None and not cfg.moe.dropless else 1)
+
+
+def _microbatch_problem(cfg: GPTConfig, dp: int, tp: int, ep: int, microbatches: int) -> Optional[str]:
+    """Why a microbatch (`microbatches` of them dividing the batch) does not split over its ranks, or None."""
+    micro, by_tp = cfg.batch // microbatches, _rows_split(cfg, dp, tp, ep) // (dp * ep)
+    if micro % (dp * ep * by_tp):
+        return f"a microbatch of {micro} samples is not divisible by {batch_split(dp, ep, by_tp, tp // by_tp)}"
+    return None
+
+
+def _microbatch_flags(args: Any, batch: int, rows: int) -> str:
+    """The command line's ways out of a microbatch that does not split over `rows` ranks: the most
+    ``--microbatches`` that do (a multiple of pp under the interleaved schedule), and the smallest ``--batch``
+    from the batch up that the microbatches asked for split."""
+    m, pp = microbatches(args), args.pp
+    fits = [k for k in range(batch, 0, -1) if batch % k == 0 and (batch // k) % rows == 0
+            and (args.schedule != "interleaved" or k % pp == 0)]
+    bigger = -(-batch // (m * rows)) * m * rows
+    default = "" if args.microbatches is not None else \
+        f" (--microbatches {m}: the default{', 2 x pp' if pp > 1 else ''})"
+    batch_way = f"--batch {bigger}{default}"
+    if not fits:
+        count = f"--microbatches (a multiple of pp {pp})" if args.schedule == "interleaved" else "--microbatches"
+        return f"expected {batch_way}: no {count} splits batch {batch} into microbatches of a multiple of {rows}"
+    each = "one microbatch" if fits[0] == 1 else "microbatches"
+    return f"expected --microbatches {fits[0]} ({each} of {batch // fits[0]} samples), or {batch_way}"
 
 
 def refuse_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps: int, text_ids: np.ndarray,
@@ -90,6 +117,8 @@ def stage_problem(args: Any, cfg: GPTConfig, dp: int, tp: int, layers: Optional[
         problem = default_virtual_problem(args) or default_microbatches_problem(args, cfg.batch)
         problem = problem or pipeline_layout_problem(cfg, pp, dp, tp, args.sp, m, v, layers, ep=ep,
                                                      schedule=args.schedule)
+        if problem is not None and problem == _microbatch_problem(cfg, dp, tp, ep, m):  # which flag to change
+            problem += f": {_microbatch_flags(args, cfg.batch, _rows_split(cfg, dp, tp, ep))}"
     else:
         problem = mesh_problem(cfg, dp, tp, args.sp, ep)
     return problem or context_problem(cfg, cp, tp, args.sp, context_of(args))
