@@ -77,3 +77,20 @@ def test_a_programs_own_error_comes_with_one_frame_of_simulate(dry_run):
     frames = traceback.extract_tb(info.value.__traceback__)
     assert [f.name for f in frames if f.filename.startswith(PACKAGE)] == ["simulate"], frames
     assert frames[-1].name == "_raises_on" and frames[-1].line == "raise ValueError(\"the program's own\")"
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_a_programs_own_error_in_ipython_shows_the_cell_then_the_program(dry_run):
+    # Between the cell's call and the rank's function IPython showed simulate's re-raise with its code
+    # ("raise exc.with_traceback(_programs_frames(exc.__traceback__))"); simulate's frame is hidden as IPython
+    # hides its own (__tracebackhide__), in its default modes.
+    pytest.importorskip("IPython", reason="IPython is not installed")
+    cells = ["import spmdsim", "def f():\n    if spmdsim.world().Get_rank() == 0:\n        raise ValueError('rank 0')"
+             "\n    spmdsim.world().barrier()", f"spmdsim.simulate(4, f, dry_run={dry_run})", "print('next')"]
+    run = subprocess.run([sys.executable, "-c", _RUN.format(cells=cells)], capture_output=True, text=True,
+                         timeout=120)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0 and out.rstrip().endswith("next"), out
+    assert PACKAGE not in out and "_programs_frames" not in out, out
+    call, raised = out.index(f"spmdsim.simulate(4, f, dry_run={dry_run})"), out.index("raise ValueError('rank 0')")
+    assert call < raised < out.index("ValueError: rank 0"), out

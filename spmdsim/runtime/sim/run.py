@@ -87,13 +87,13 @@ def simulate(n: int, fn: Callable[..., Any], *args: Any, dry_run: bool = False, 
     except BaseException as exc:
         if getattr(exc, "simulated_ranks", None) is None:  # not the ranks' (Ctrl-C in the caller): as it is
             raise
+        __tracebackhide__ = True  # noqa: F841 - the caller's frame, then the program's (_programs_frames)
         raise exc.with_traceback(_programs_frames(exc.__traceback__))
 
 
 def _programs_frames(tb: Any) -> Any:
-    """A rank's traceback from the program's first frame: this module's frames before it (simulate's,
-    the rank's thread's body) left out, so that a notebook shows the cell, simulate and the program; the whole
-    traceback where every frame is this module's."""
+    """A rank's traceback from the program's first frame (all of it where every frame is this module's): a notebook
+    shows the cell, then the program (simulate's raise hidden by its __tracebackhide__, as IPython and pytest do)."""
     first = tb
     while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
         tb = tb.tb_next
