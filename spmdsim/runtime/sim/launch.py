@@ -11,13 +11,14 @@ raised, whatever each one's text or class, else 1 with the failing rank named.
 """
 from __future__ import annotations
 
+import builtins
 import contextlib
 import io
 import os
 import runpy
 import sys
 import traceback
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, NoReturn, Optional, Sequence
 
 from ...base.interrupts import keep_ctrl_c
 from ...base.malloc import keep_freed_buffers_unless_set
@@ -218,7 +219,7 @@ def script(path: str, argv: Optional[Sequence[str]] = None, *, ranks: Optional[i
         if "--dry-run" in args:  # a dry run asked for and a real run given would be a silent surprise
             if launcher_rank() == 0:  # under mpiexec every rank refuses; one says so
                 print(fold_message(f"spmdsim: error: {DRY_RUN_NEEDS_RANKS}"), file=sys.stderr)
-            sys.exit(2)
+            _end(2)
         _guard_mpi_ranks()
         if ranks is not None and ranks > 1:
             try:  # no MPI library: the script's spmdsim.world() ends it with that line alone (ways on included)
@@ -234,23 +235,40 @@ def script(path: str, argv: Optional[Sequence[str]] = None, *, ranks: Optional[i
     def rank() -> Any:
         runpy.run_path(path, run_name="__main__")
 
-    code = run_on_ranks(n, rank, dry_run=dry_run)
-    if not sys.flags.interactive:  # (IPython's %run shows a SystemExit as before: silent on 0)
+    _end(run_on_ranks(n, rank, dry_run=dry_run))
+
+
+def _end(code: int) -> NoReturn:
+    """`script`'s end with exit status `code`, its output and any error line printed: sys.exit(code) in a plain
+    run (and in IPython, whose %run shows a SystemExit as before: silent on 0); under ``python -i``'s script
+    RanksEnded; at an interactive prompt (the REPL, python -i's), where any SystemExit ends the session,
+    PromptRanksEnded: the caller's statement ends, the session goes on. Both are shown as nothing."""
+    prompt = hasattr(sys, "ps1") and not getattr(builtins, "__IPYTHON__", False)
+    if not (sys.flags.interactive or prompt):
         sys.exit(code)
     if not getattr(sys.excepthook, "spmdsim_ranks_ended", False):
         sys.excepthook = _ranks_ended_hook(sys.excepthook)
-    raise RanksEnded(code)
+    raise PromptRanksEnded(code) if prompt else RanksEnded(code)
 
 
 class RanksEnded(SystemExit):
-    """`script`'s exit once the ranks ran (the rest of the file is the ranks' alone). Under ``python -i`` Python
-    shows an uncaught SystemExit as a traceback and opens its prompt: this one is shown as nothing
+    """`script`'s exit once the ranks ran (the rest of the file is the ranks' alone) or it refused. Under ``python -i``
+    Python shows an uncaught SystemExit as a traceback and opens its prompt: this one is shown as nothing
     (`_ranks_ended_hook`), the ranks' output and any error line already printed."""
+
+
+class PromptRanksEnded(BaseException):
+    """`script`'s end at an interactive prompt, as RanksEnded's under ``python -i`` (the rest of the statement or
+    the exec'd file is the ranks' alone), but no SystemExit: the REPL would end the session. `code`: the ranks'."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
 
 
 def _ranks_ended_hook(previous: Callable) -> Callable:
     def hook(exc_type: Any, exc: BaseException, tb: Any) -> None:
-        if not isinstance(exc, RanksEnded):
+        if not isinstance(exc, (RanksEnded, PromptRanksEnded)):
             previous(exc_type, exc, tb)
 
     hook.spmdsim_ranks_ended = True  # type: ignore[attr-defined]
@@ -302,6 +320,6 @@ def _take_ranks(args: list, path: str) -> Optional[int]:
             problem = ranks_problem(count, "--dry-run" in args)
             if problem:
                 print(fold_message(f"spmdsim: error: {problem}"), file=sys.stderr)
-                sys.exit(2)
+                _end(2)
             return count
     return None
