@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import _thread
 import contextlib
+import inspect
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 
 from spmdsim import world as spmdsim_world
 from spmdsim.runtime.sim import simulate
+from spmdsim.runtime.sim import rank_sleep
 from spmdsim.runtime.sim.engine import run_slots
 from testkit import MPICH
 
@@ -152,3 +154,13 @@ def test_ctrl_c_in_the_caller_keeps_the_ranks_in_line_from_beginning():
         if thread.name.startswith("spmdsim rank"):
             thread.join(30)
     assert len(began) <= run_slots(n) < n, began  # those holding a slot at the Ctrl-C, at most
+
+
+def test_the_modules_docstring_is_filled_to_its_width():
+    """rank_sleep's docstring broke lines at 78, 114 and 47 columns mid-paragraph: each line now takes as many
+    words as fit within the paragraph's longest line (the next line's first word would not fit)."""
+    paragraphs = inspect.getdoc(rank_sleep).split("\n\n")
+    for lines in (p.splitlines() for p in paragraphs):
+        width = max(map(len, lines))
+        roomy = [line for line, after in zip(lines, lines[1:]) if len(line) + 1 + len(after.split()[0]) <= width]
+        assert not roomy and width <= 110, (width, roomy)
