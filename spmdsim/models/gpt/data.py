@@ -23,7 +23,7 @@ from ...base.validate import as_int
 from .config import GPTConfig
 
 __all__ = ["MODULES", "SHIPPED_TEXT", "SHIPPED_CHARS", "load_text", "encode", "decode", "show_sample", "batch",
-           "text_problem", "MAX_SAMPLE", "sample_problem"]
+           "text_problem", "MAX_SAMPLE", "sample_problem", "next_id"]
 
 #: The most characters a ``--sample`` flag draws (each one a forward pass, with nothing printed until the last).
 MAX_SAMPLE = 2_000
@@ -113,6 +113,22 @@ def decode(ids: Any) -> str:
     arr = np.asarray(ids, dtype=np.int64).ravel()
     printable = ((arr >= 32) & (arr < 127)) | (arr == 10) | (arr == 9)
     return np.where(printable, arr, ord("?")).astype(np.uint8).tobytes().decode("ascii")
+
+
+def next_id(rng: Any, logits: np.ndarray, temperature: float) -> int:
+    """The id drawn from the last position's `logits` (one per id): their argmax at temperature 0, else drawn by
+    `rng` from softmax(logits / temperature); one line where they are not finite (the parameters diverged:
+    numpy's choice raised "Probabilities contain NaN" with its traceback), or the temperature makes them so."""
+    with np.errstate(over="ignore"):
+        z = logits if temperature == 0 else logits / temperature
+    if not np.isfinite(z).all():
+        raise SpmdsimError(f"generate: the next token's logits are not finite (the parameters diverged in training)"
+                           if not np.isfinite(logits).all() else f"generate: temperature {temperature!r} takes the "
+                           f"logits (up to {np.abs(logits).max():.3g}) past float range; expected a larger one")
+    if temperature == 0:
+        return int(np.argmax(z))
+    p = np.exp(z - z.max())
+    return int(rng.choice(z.size, p=p / p.sum()))
 
 
 def show_sample(prompt: bytes, sample: np.ndarray) -> None:

@@ -47,7 +47,7 @@ from ...nn.fsdp import fully_shard, on_mesh, shard_axes, shard_group, sharded_la
 from ...runtime.dtensor import DTensor
 from ...runtime.replay import capture
 from ...runtime.sim import dry_run_active
-from .data import encode
+from .data import encode, next_id
 from .reference import sampling
 from .parallel_block import _Block, _with_losses
 
@@ -377,7 +377,7 @@ class GPT(_Block):
             return ops.argmax(z, -1) if temperature == 0 else redistribute(z, mesh.layout(self.batch, None))
 
         graph = None  # the first character's forward, captured; each later one replays it
-        with no_grad():
+        with no_grad(), np.errstate(over="ignore", invalid="ignore"):  # diverged parameters: next_id's one line
             for _ in range(n):
                 context = ids[-cfg.seq:]
                 window = np.array([[pad] * (cfg.seq - len(context)) + context] * dp, dtype=np.int64)
@@ -392,7 +392,5 @@ class GPT(_Block):
                 if temperature == 0:  # every row holds the same window: this rank's first row answers
                     ids.append(int(out.local[0]))
                 else:
-                    last = wide(out.local[0][:cfg.vocab])  # bfloat16 logits drawn from in float32
-                    e = np.exp(last / temperature - (last / temperature).max())
-                    ids.append(int(rng.choice(cfg.vocab, p=e / e.sum())))
+                    ids.append(next_id(rng, wide(out.local[0][:cfg.vocab]), temperature))  # bfloat16's in float32
         return np.array(ids[len(ids) - n:], dtype=np.int64)

@@ -28,7 +28,7 @@ from ...base.validate import as_int
 from . import _blocks as blk
 from ...base.typed_numbers import add_noted, flag_float, said_fields, typed
 from .config import GPTConfig, said_as
-from .data import batch, decode, encode, load_text, sample_problem
+from .data import batch, decode, encode, load_text, next_id, sample_problem
 from .params import (decays, dropout_sites, dropout_tensor, initial_value, padded_params, param_specs,
                      unpadded_params)
 
@@ -231,13 +231,9 @@ def generate(params: Params, cfg: GPTConfig, prompt_ids: Any, n: int, temperatur
     for _ in range(count):
         context = ids[-T:]
         window = np.array([[pad] * (T - len(context)) + context], dtype=np.int64)
-        last = _forward(params, window, cfg, None, False, need_cache=False)[0][-1]
-        if temperature == 0:
-            ids.append(int(np.argmax(last)))
-        else:
-            z = last / temperature
-            p = np.exp(z - z.max())
-            ids.append(int(rng.choice(cfg.vocab, p=p / p.sum())))
+        with np.errstate(over="ignore", invalid="ignore"):  # diverged parameters: next_id's one line
+            last = _forward(params, window, cfg, None, False, need_cache=False)[0][-1]
+        ids.append(next_id(rng, last, temperature))
     return np.array(ids[len(ids) - count:], dtype=np.int64)
 
 
