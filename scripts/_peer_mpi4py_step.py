@@ -48,13 +48,10 @@ __all__ = ["Comms", "Dropout", "Replica", "split_dim", "shard"]
 
 _GELU_C = math.sqrt(2.0 / math.pi)
 # spmdsim.runtime.engines.wait's polite wait: sched_yield between Test() polls for _YIELD_S, then sleeps
-# growing from _SLEEP_MIN_S to _SLEEP_MAX_S, then to _SLEEP_SHARE of the time waited, at most _SLEEP_LONG_S
-# (tests/test_peer_mpi4py_gpt.py keeps them equal).
+# growing from _SLEEP_MIN_S to _SLEEP_MAX_S (tests/test_peer_mpi4py_gpt.py keeps them equal).
 _YIELD_S = 1000e-6
 _SLEEP_MIN_S = 20e-6
 _SLEEP_MAX_S = 100e-6
-_SLEEP_SHARE = 0.05
-_SLEEP_LONG_S = 2e-3
 
 
 def _polite(request: Any) -> None:
@@ -63,11 +60,10 @@ def _polite(request: Any) -> None:
     deadline = clock() + _YIELD_S
     while not test():
         if clock() > deadline:
-            delay, began = _SLEEP_MIN_S, deadline - _YIELD_S
+            delay = _SLEEP_MIN_S
             while not test():
                 time.sleep(delay)
-                delay = (min(2.0 * delay, _SLEEP_MAX_S) if delay < _SLEEP_MAX_S else
-                         min(max(_SLEEP_MAX_S, _SLEEP_SHARE * (clock() - began)), _SLEEP_LONG_S))
+                delay = min(2.0 * delay, _SLEEP_MAX_S)
             return
         os.sched_yield()
 

@@ -5,7 +5,6 @@ import json
 import os
 import sys
 import time
-from itertools import accumulate
 
 import pytest
 
@@ -64,21 +63,6 @@ def test_polite_wait_polls_until_done():
     request = Request()
     wait.polite_wait(request)
     assert request.calls == 200
-
-
-def test_a_long_wait_sleeps_a_twentieth_of_its_time_so_far_and_wakes_seldom():
-    """Short waits keep their 20-100 us sleeps; a wait behind another rank's work sleeps longer as it lasts (at most
-    a twentieth of it, at most 2 ms), so a second of waiting is some 560 polls, not 10,000."""
-    delays, waited, delay = [], 0.0, wait._SLEEP_MIN_S
-    while waited < 1.0:
-        waited += delay
-        delays.append(delay)
-        delay = wait._next_delay(delay, waited)
-    assert delays[:4] == [20e-6, 40e-6, 80e-6, 100e-6]
-    assert max(delays) == wait._SLEEP_LONG_S == 2e-3
-    assert all(d <= max(wait._SLEEP_MAX_S, wait._SLEEP_SHARE * w) for d, w in zip(delays[1:], accumulate(delays)))
-    assert sum(d == wait._SLEEP_MAX_S for d in delays) == 19  # until 2 ms are waited: sleeps of 100 us
-    assert 500 < len(delays) < 600
 
 
 def test_trace_collects_nested_and_skips_when_closed():

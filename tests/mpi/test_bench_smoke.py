@@ -19,7 +19,6 @@ _BENCH = Path(__file__).resolve().parents[2] / "scripts" / "bench.py"
 _BENCH_COLLECTIVES = _BENCH.with_name("bench_collectives.py")
 _BENCH_PLACEMENT = _BENCH.with_name("bench_placement.py")
 _BENCH_HUGEPAGES = _BENCH.with_name("bench_hugepages.py")
-_BENCH_POLITE_WAIT = _BENCH.with_name("bench_polite_wait.py")
 
 
 @pytest.fixture
@@ -199,19 +198,3 @@ def test_calibrate_fits_and_saves(shared_dir, capsys):
     assert model.predict("allreduce", comm.size, 1 << 20) > 0
     assert model.source.startswith("spmdsim calibrate")
     assert model.copy_s_per_byte > 0  # the packing copy was timed too
-
-
-def test_bench_polite_wait_times_both_waits_and_rank_0_reports():
-    """bench_polite_wait: each wait's waiting CPU and wall a round on rank 0, nothing on the others; its table."""
-    from mpi4py import MPI
-
-    bw = _bench_module(_BENCH_POLITE_WAIT, "spmdsim_bench_polite_wait_script")
-    spent = bw.bench(0.02, 2)
-    if MPI.COMM_WORLD.rank != 0:
-        assert spent == {}
-        return
-    assert list(spent) == list(bw.WAITS) == ["spmdsim polite wait", "peer: 100 us sleeps"]
-    assert all(cpu >= 0 and wall >= 0.02 for cpu, wall in spent.values()), spent
-    lines = bw._table(spent, MPI.COMM_WORLD.size, 0.02, 2).splitlines()
-    assert lines[0].startswith(f"{MPI.COMM_WORLD.size} ranks on ") and len(lines) == 5
-    assert lines[-1].startswith("waiting CPU, polite / peer: ") or lines[-1] == "the peer spent no CPU"

@@ -29,11 +29,6 @@ WAIT_MODES = ("busy", "polite", "auto")
 _YIELD_S = 1000e-6
 _SLEEP_MAX_S = 100e-6
 _SLEEP_MIN_S = 20e-6
-# A wait that has lasted t (another rank computing) then sleeps up to _SLEEP_SHARE x t, at most _SLEEP_LONG_S:
-# it sees the completion at most a twentieth of its wait late, and wakes ~500 times a second instead of
-# 10,000. Seven ranks waiting 1 s for one rank's work on 2 cores spent 0.6-0.85 CPU-s polling, 0.17 with it.
-_SLEEP_SHARE = 0.05
-_SLEEP_LONG_S = 2e-3
 
 
 def local_ranks(comm: Any) -> int:
@@ -79,8 +74,7 @@ def _tight_timer_slack() -> None:
 
 
 def polite_wait(request: Any) -> None:
-    """Complete `request` by polling Test(): yielding the core between polls, then sleeping with backoff
-    (`_next_delay`)."""
+    """Complete `request` by polling Test(): yielding the core between polls, then sleeping with backoff."""
     test = request.Test
     if test():
         return
@@ -93,20 +87,12 @@ def polite_wait(request: Any) -> None:
         if test():
             return
         yield_()
-    began = deadline - _YIELD_S
     delay = _SLEEP_MIN_S
     sleep = time.sleep
     while not test():
         sleep(delay)
-        delay = _next_delay(delay, clock() - began)
-
-
-def _next_delay(delay: float, waited: float) -> float:
-    """The polite wait's next sleep after one of `delay` s, `waited` s into the wait: doubling up to _SLEEP_MAX_S,
-    then _SLEEP_SHARE of the time waited, at most _SLEEP_LONG_S."""
-    if delay < _SLEEP_MAX_S:
-        return min(2.0 * delay, _SLEEP_MAX_S)
-    return min(max(_SLEEP_MAX_S, _SLEEP_SHARE * waited), _SLEEP_LONG_S)
+        if delay < _SLEEP_MAX_S:
+            delay = min(2.0 * delay, _SLEEP_MAX_S)
 
 
 def wait_until(request: Any, deadline: float, polite: bool) -> bool:
@@ -120,8 +106,7 @@ def wait_until(request: Any, deadline: float, polite: bool) -> bool:
     if polite and not _SLACK_SET:
         _tight_timer_slack()
     clock = time.monotonic
-    began = clock()
-    yield_until = began + _YIELD_S
+    yield_until = clock() + _YIELD_S
     delay = _SLEEP_MIN_S
     while not test():
         now = clock()
@@ -132,6 +117,6 @@ def wait_until(request: Any, deadline: float, polite: bool) -> bool:
         if now < yield_until:
             os.sched_yield()
         else:
-            time.sleep(min(delay, max(deadline - now, 0.0)))
-            delay = _next_delay(delay, now - began)
+            time.sleep(delay)
+            delay = min(2.0 * delay, _SLEEP_MAX_S)
     return True
