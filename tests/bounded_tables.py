@@ -46,6 +46,7 @@ TABLES = (
     ("spmdsim.tools.autoshard.candidates", "_CACHE", 256),
     ("spmdsim.base.flops", "_SIZED", 4096),
     ("spmdsim.base.flops", "_GEMMS", 4096),
+    ("spmdsim.base.flops", "_UNHELD", 4096),
     ("spmdsim.base.flops", "_SWEEPS", 4096),
     ("spmdsim.base.precision", "_PRODUCT_DTYPES", 256),
     ("spmdsim.programs.infer.reshape", "_RESHAPES", 1024),

@@ -122,10 +122,11 @@ def _ref(a: Any) -> Any:
         return None
 
 
-def _record(counters: list, what: Any, phase: str, blocks: Any, sized: Optional[tuple] = None) -> None:
+def _record(counters: list, what: Any, phase: str, blocks: Any, sized: Optional[tuple] = None,
+            entries: Optional[tuple] = None) -> None:
     """Add one call's blocks to the counters that record them; `sized`: each block's (elements, floating,
-    itemsize) where the caller has them (`_sweep`'s), else worked out here."""
-    entries = None
+    itemsize) where the caller has them (`_sweep`'s), else worked out here; `entries`: the call's `_entries`
+    where the caller has them (`blocks` then unread)."""
     for counter in counters:
         if counter.calls is not None:
             if entries is None:
@@ -203,13 +204,28 @@ def gemm(a_shape: tuple, b_shape: tuple, dtype: Any, blocks: Optional[tuple] = N
     if context.flops:
         g = _count(context.flops, a_shape, b_shape, dtype, context.phase, kernel, share)
         if _BLOCKS:
-            if blocks is None:
-                blocks = (((g.batch * g.m * g.k,), dtype), ((g.batch * g.k * g.n,), dtype),
-                          ((g.batch * g.m * g.n,), dtype))
-            _record(context.flops, g, g.phase, blocks)
+            if blocks is None:  # three blocks of its shapes, held by nothing: the same entries every call
+                _record(context.flops, g, g.phase, None, entries=_unheld(g, dtype))
+            else:
+                _record(context.flops, g, g.phase, blocks)
 
 
 _GEMMS: dict = {}  # (a_shape, b_shape, dtype, phase) -> its Gemm: a step runs the same few products
+_UNHELD: dict = {}  # (Gemm, dtype) -> `_unheld`'s entries
+
+
+def _unheld(g: Gemm, dtype: Any) -> tuple:
+    """`_entries` of the blocks of product `g` given as (shape, dtype) pairs, held by nothing: a function of the
+    product alone (a pair has no identity), worked out once (a ring attention's chunk pairs count ~100,000)."""
+    key = (g, dtype)
+    entries = _UNHELD.get(key)
+    if entries is None:
+        entries = _entries((((g.batch * g.m * g.k,), dtype), ((g.batch * g.k * g.n,), dtype),
+                            ((g.batch * g.m * g.n,), dtype)))
+        if len(_UNHELD) >= 4096:  # a long run over many shapes: start over
+            _UNHELD.clear()
+        _UNHELD[key] = entries
+    return entries
 
 
 def _count(counters: list, a_shape: tuple, b_shape: tuple, dtype: Any, phase: str, kernel: str = "",
