@@ -57,8 +57,8 @@ class _Capture(threading.local):
 CAPTURE = _Capture()
 
 __all__ = ["PAGE", "PAGE_OFFSET", "MIN_BYTES", "HUGE_MIN", "empty", "kept_empty", "full", "zeros", "ones",
-           "page_offset", "placed_copy", "use_huge_pages", "lazy_zeros", "is_lazy", "owner", "owned_bytes", "LAZY_BYTES",
-           "fresh", "as_array", "converted",
+           "page_offset", "placed_copy", "use_huge_pages", "lazy_zeros", "is_lazy", "owner", "owned_bytes", "owners_of",
+           "LAZY_BYTES", "fresh", "as_array", "converted",
            "contiguous", "stacked", "into", "broadcast_zero"]
 
 PAGE = mmap.PAGESIZE
@@ -212,6 +212,11 @@ def owner(a: np.ndarray) -> np.ndarray:
 
 def owned_bytes(arrays: Any) -> int:
     """The bytes of these arrays' memory, each owner counted once (a view counts its owner's)."""
+    return sum(owners_of(arrays).values())
+
+
+def owners_of(arrays: Any) -> dict:
+    """{id(owner): its bytes} of the memory these arrays view (`owner`: each owner once)."""
     owners: dict = {}
     for a in arrays:
         base = a.base  # `owner(a)`, inline: a memory look walks every parameter's blocks at each bucket
@@ -219,7 +224,7 @@ def owned_bytes(arrays: Any) -> int:
             a = base
             base = a.base
         owners[id(a)] = a.nbytes
-    return sum(owners.values())
+    return owners
 
 
 def is_lazy(a: np.ndarray) -> bool:

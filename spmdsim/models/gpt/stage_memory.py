@@ -23,6 +23,7 @@ class _Most:
 
     def __init__(self, optimizer: Any, params: list, sums: Any = None, copies: Any = None) -> None:
         self.optimizer, self.params, self.grad_sums = optimizer, params, sums  # (ZeRO-0's GradBuffer, or None)
+        self.buffer_owners: list = [None]  # the walk's looks' gradient buffers' owners (step_looks._look_walk)
         # chunk -> its weights' e4m3 copies (an FP8 step's: cast by its first microbatch, held once for the step,
         # spmdsim.nn.ops.fp8_linear.cast), or None
         self.copies = copies
@@ -88,7 +89,7 @@ class _Most:
     def walk(self, grads: dict) -> None:
         """A backward's look at a stop of its walk: ZeRO-2's before it reduces a bucket, ZeRO-1's and ZeRO-0's as
         gradients go into the buffer, ZeRO-0's before each bucket's Allreduce (spmdsim.models.gpt.step_looks._look_walk)."""
-        _look_walk(self.moments, self.optimizer, self.params, grads, self.grad_sums)
+        _look_walk(self.moments, self.optimizer, self.params, grads, self.grad_sums, self.buffer_owners)
 
     def sums(self, blocks: list) -> None:
         """A ZeRO-0 step's look as `reduce_grads` sums a bucket or a leaf alone, where the gradients are not all

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 from itertools import chain, repeat
+from operator import is_
 from typing import Any, Optional
-from ...base.buffers import owned_bytes, owner
+from ...base.buffers import owned_bytes, owner, owners_of
 from .config import GPTConfig
 from .memory import MemoryReport
 from .params import is_expert
@@ -102,21 +103,34 @@ def _look(moments: dict, moment: str, optimizer: Any, params: list, kept: Option
         moments["kept"] = kept
 
 
-def _look_walk(moments: dict, optimizer: Any, params: list, grads: dict, sums: Any = None) -> None:
+def _look_walk(moments: dict, optimizer: Any, params: list, grads: dict, sums: Any = None,
+               kept: Optional[list] = None) -> None:
     """A backward's look at a stop of its walk (DistributedAdamW.watch: ZeRO-2's before it reduces a bucket,
     ZeRO-1's as gradients go into its buffer; ZeRO-0's GradBuffer.watch, `sums`, the same and before each bucket's
     sum; `grads`: the walk's gradients then): the most bytes of gradients held so far in the step's backwards,
     under "walk" in `moments`: the parameters' gradients in the walk and in ``.grad``, the optimizer's summed
-    slices and the gradient buffers, each buffer once."""
+    slices and the gradient buffers, each buffer once. `kept`: the caller's ``[None]``, where the look keeps
+    the gradient buffers' owners from one stop to the next (`_buffer_owners`)."""
     nodes = [p._ag for p in params]  # each parameter's ``.grad`` is its node's (DTensor.grad), read once here
     arrays = [g.local for g in map(grads.get, nodes) if g is not None]
     arrays += [g.local for g in map(getattr, nodes, repeat("grad"), repeat(None)) if g is not None]
-    arrays += getattr(optimizer, "gradient_buffers", tuple)()
+    buffers = getattr(optimizer, "gradient_buffers", tuple)()
     if sums is not None:
-        arrays += sums.gradient_buffers()
-    held = owned_bytes(arrays)
+        buffers += sums.gradient_buffers()
+    owners, total = _buffer_owners(buffers, [None] if kept is None else kept)
+    held = total + sum(n for i, n in owners_of(arrays).items() if i not in owners)
     if held > moments.get("walk", 0):
         moments["walk"] = held
+
+
+def _buffer_owners(buffers: tuple, kept: list) -> tuple:
+    """(`owners_of` the gradient buffers, their bytes), from ``kept[0]`` while they are the same arrays as at the
+    last look: a walk stops at every bucket, and a ZeRO buffer's ~200 blocks are the same at each stop."""
+    last = kept[0]
+    if last is None or len(buffers) != len(last[0]) or not all(map(is_, buffers, last[0])):
+        owners = owners_of(buffers)
+        last = kept[0] = (buffers, owners, sum(owners.values()))
+    return last[1], last[2]
 
 
 def _look_blocks(moments: dict, params: list, blocks: list, sums: Any) -> None:

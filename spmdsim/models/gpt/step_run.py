@@ -41,17 +41,17 @@ class _StepRun:
         self.graph: Any = None  # with replay: the captured first step
         self.captured: dict = {}  # with replay and `memory`: the captured step's moments, kept
         self.last_report: Any = None
-        moments = self.moments
+        moments, kept = self.moments, [None]  # (kept: the walk's looks' gradient buffers' owners, _look_walk's)
         if memory and zero:  # a look in the backward: ZeRO-2's before each bucket's Reduce_scatter frees its
             # gradients, ZeRO-1's as each parameter's gradient goes into its main gradient
-            optimizer.watch = lambda grads: _look_walk(moments, optimizer, params, grads)
+            optimizer.watch = lambda grads: _look_walk(moments, optimizer, params, grads, None, kept)
         # ZeRO-0's gradient buffer (Megatron DDP's): each bucket's gradients in one flat block the walk writes them
         # into, summed there in place; its look in the backward at each stop of the walk and before each Allreduce
         # (FSDP's gradients arrive reduce-scattered onto the shards: no buffer, nothing left pending)
         self.fsdp = fsdp
         self.sums = sums = None if zero or fsdp else GradBuffer(params, dp_bucket(params, mesh))
         if memory and sums is not None:
-            sums.watch = lambda grads: _look_walk(moments, optimizer, params, grads, sums)
+            sums.watch = lambda grads: _look_walk(moments, optimizer, params, grads, sums, kept)
             sums.watch_blocks = lambda blocks: _look_blocks(moments, params, blocks, sums)
 
     def look(self, moment: str, kept: Optional[dict] = None) -> None:
