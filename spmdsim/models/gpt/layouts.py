@@ -163,8 +163,17 @@ def _megatron_layouts(cfg: GPTConfig, layout: Layout, sp: bool) -> dict[str, Ten
     out = {}
     for s in param_specs(cfg):
         entries = _entries(_role(s.name, sp), len(s.shape), tuple(layout.alias_name), folded)
-        out[s.name] = layout(*(e if e is None or isinstance(e, tuple) or e in names else None for e in entries))
+        out[s.name] = _tensor_layout(layout, tuple(e if e is None or isinstance(e, tuple) or e in names else None
+                                                   for e in entries))
     return out
+
+
+@functools.lru_cache(maxsize=256)
+def _tensor_layout(layout: Layout, entries: tuple) -> TensorLayout:
+    """``layout(*entries)``, one object for equal arguments: every layer's parameters of one role share it, and
+    a search's dry runs (models of other depths on the same meshes) find it again with what it worked out (its
+    shards' shapes and bounds, its plans), where a new one works each out again at its first use."""
+    return layout(*entries)
 
 
 #: Megatron's plan as each dialect writes it on the (dp, tp) mesh: per role, a parameter's text.
