@@ -52,7 +52,23 @@ def _derived(spec: Any) -> Any:
     if datatype == mpi.DATATYPE_NULL or datatype.extent <= 0 or buf is None \
             or (isinstance(count, int) and count < 0) or (isinstance(displ, int) and displ < 0):
         return None  # refused by the plain path, with mpi4py's ValueError
-    return None if _plain_type(datatype) else datatype
+    return None if _plain_type(datatype) else _committed(datatype)
+
+
+def _committed(datatype: Any) -> Any:
+    """`datatype`; a datatype not committed refused as MPI refuses its message (MPI.ERR_TYPE), in the program's
+    words, not as the error stack of a packing call it never made. Asked by packing none of it: Open MPI's
+    Pack_size reads a type not committed and crashes the process, where Pack refuses it in both MPIs."""
+    mpi = mpi_module()
+    none = np.empty(0, np.uint8)
+    try:
+        datatype.Pack(none, none, 0, _self())
+        return datatype
+    except mpi.Exception as exc:
+        if exc.Get_error_class() != mpi.ERR_TYPE:
+            raise
+    raise mpi_error(mpi, mpi.ERR_TYPE, "the message's datatype has not been committed: call its .Commit() "
+                                       "before a message uses it (t = MPI.DOUBLE.Create_vector(...).Commit())")
 
 
 def _bytes(spec: Any, datatype: Any, writable: bool) -> np.ndarray:
@@ -70,19 +86,6 @@ def _self() -> Any:
     return real("COMM_SELF")
 
 
-def _pack_size(datatype: Any, count: int, comm: Any) -> int:
-    """`datatype`'s packed bytes for `count` items; a datatype not committed refused as MPI refuses it
-    (MPI.ERR_TYPE), in the program's words, not as the error stack of the packing call it never made."""
-    mpi = mpi_module()
-    try:
-        return datatype.Pack_size(count, comm)
-    except mpi.Exception as exc:
-        if exc.Get_error_class() != mpi.ERR_TYPE:
-            raise
-    raise mpi_error(mpi, mpi.ERR_TYPE, "the message's datatype has not been committed: call its .Commit() "
-                                       "before a message uses it (t = MPI.DOUBLE.Create_vector(...).Commit())")
-
-
 def packed(spec: Any) -> Any:
     """`spec`, or for a message of a derived datatype its packed bytes as ``[bytes, MPI.BYTE]``."""
     datatype = _derived(spec)
@@ -90,7 +93,7 @@ def packed(spec: Any) -> Any:
         return spec
     comm = _self()
     values = _bytes(spec, datatype, writable=False)
-    out = np.empty(_pack_size(datatype, values.size // datatype.extent, comm), np.uint8)
+    out = np.empty(datatype.Pack_size(values.size // datatype.extent, comm), np.uint8)
     end = datatype.Pack(values, out, 0, comm)
     return [out[:end], mpi_module().BYTE]
 
@@ -104,7 +107,7 @@ def unpacking(spec: Any) -> tuple[Any, Optional[Callable[[int], None]]]:
     comm = _self()
     values = _bytes(spec, datatype, writable=True)
     whole = values.size // datatype.extent
-    space = np.empty(_pack_size(datatype, whole, comm), np.uint8)
+    space = np.empty(datatype.Pack_size(whole, comm), np.uint8)
 
     def unpack(nbytes: int) -> None:
         size, extent = datatype.size, datatype.extent
