@@ -306,6 +306,37 @@ def test_a_right_but_slow_submission_is_called_slow_not_an_endless_loop(tiny, tm
     assert "s of it: too slow, or an endless loop in this case" in out and "no rank sends" not in out, out
 
 
+#: A sitecustomize making this process's MPI slow to start: the first import of mpi4py.MPI waits 4 s.
+SLOW_MPI = """import sys
+import time
+
+
+class SlowMPI:
+    def find_spec(self, name, path=None, target=None):
+        if name == "mpi4py.MPI":
+            sys.meta_path.remove(self)
+            time.sleep(4)
+
+
+sys.meta_path.insert(0, SlowMPI())
+"""
+
+
+def test_the_start_of_mpi_is_not_a_cases_time(tiny, tmp_path, capsys, monkeypatch):
+    """The child started this process's MPI in its first case, after the time limit's clock began: Open MPI's
+    start as a singleton takes a second (a submission sleeping 2.5 s a case was said to take 3.6 s in its first
+    one). Here an MPI that takes 4 s to start, a limit of 3 s, and a right submission: it passes."""
+    (tmp_path / "slow_mpi").mkdir()
+    (tmp_path / "slow_mpi" / "sitecustomize.py").write_text(SLOW_MPI)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path / "slow_mpi"),
+                                                                   os.environ.get("PYTHONPATH")])))
+    path = tmp_path / "right.py"
+    path.write_text(SUBMISSIONS["right.py"])
+    code = main(["lab", "check", "1", str(path), "--exercises", tiny, "--time-limit", "3"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == 0 and "1 rank : pass (1 case) 2 ranks: pass (1 case)" in out, out
+
+
 #: Prints 2 MB at each rank of every case, its first case taking over half of a 4 s limit, then ends its second
 #: case by `TAIL`.
 LOUD_SLOW = """import time
