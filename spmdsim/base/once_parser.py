@@ -12,7 +12,7 @@ from typing import IO, Any
 
 from .output import output_error, quiet_stdout
 from .suggest import did_you_mean, did_you_mean_each
-from .threads import launcher_rank
+from .threads import after_rank0_says, launcher_rank
 from ..errors import fold_message
 
 #: The namespace attribute where a parse keeps which single-valued options it has seen (dest -> (flag, value));
@@ -176,6 +176,12 @@ class OnceParser(argparse.ArgumentParser):
         the flags are listed, so the error is not the last line of a screenful."""
         self._print_message(self.short_usage(), sys.stderr)
         self.exit(2, fold_message(f"{self.prog}: error: {message}") + "\n")
+
+    def exit(self, status: int = 0, message: str | None = None):  # type: ignore[override]
+        """argparse's, an error's exit on a rank other than 0 held till rank 0 has said it (after_rank0_says)."""
+        if message:
+            self._print_message(message, sys.stderr)
+        sys.exit(after_rank0_says(status))
 
     #: The most lines of argparse's usage an error prints whole.
     USAGE_LINES = 4

@@ -15,6 +15,7 @@ import contextlib
 import ctypes
 import os
 import re
+import time
 from typing import Any, Iterator
 
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -40,6 +41,21 @@ def launcher_rank() -> int:
         if value.isdigit():
             return int(value)
     return 0
+
+
+#: The longest a rank other than 0 waits under Open MPI's launcher for rank 0 to print an error every rank met.
+SAY_WAIT_S = 10.0
+
+
+def after_rank0_says(code: int) -> int:
+    """`code`, returned once rank 0 may have printed the error every process of the job met (each checked the
+    same command line; rank 0 alone says it). Open MPI's launcher ends the whole job as soon as a process
+    exits non-zero, so a rank that exited first cut rank 0's line (bench.py's usage error: none in 4 runs of
+    6, only the launcher's banner): under it a rank other than 0 waits, till the launcher kills it as rank 0
+    exits, SAY_WAIT_S at most. MPICH's waits for every process, so no rank waits there."""
+    if code and launcher_rank() != 0 and os.environ.get("OMPI_COMM_WORLD_RANK", "").isdigit():
+        time.sleep(SAY_WAIT_S)
+    return code
 
 
 def launcher_size() -> int:

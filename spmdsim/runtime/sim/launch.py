@@ -25,7 +25,7 @@ from ...base.malloc import keep_freed_buffers_unless_set
 from ...base.output import is_output_failure, output_error, quiet_stdout
 from ...base.ranks import is_ranks_flag
 from ...base.sizes import out_of_memory
-from ...base.threads import launched, launcher_rank, launcher_size
+from ...base.threads import after_rank0_says, launched, launcher_rank, launcher_size
 from ...errors import SpmdsimError, exception_text, fold_message
 from ...base import context as _local
 from ..engines import ways_out
@@ -74,7 +74,7 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
         problem = (f"--ranks {n} simulates the ranks in one process, but mpiexec started {launched}; "
                    f"leave out --ranks under mpiexec (mpiexec -n {n} ...), or run without mpiexec")
         if launcher_rank() != 0:  # every process refuses; one says so
-            return 2
+            return after_rank0_says(2)
     if problem:
         print(fold_message(f"spmdsim: error: {problem}"), file=sys.stderr)
         return 2
@@ -219,7 +219,7 @@ def script(path: str, argv: Optional[Sequence[str]] = None, *, ranks: Optional[i
         if "--dry-run" in args:  # a dry run asked for and a real run given would be a silent surprise
             if launcher_rank() == 0:  # under mpiexec every rank refuses; one says so
                 print(fold_message(f"spmdsim: error: {DRY_RUN_NEEDS_RANKS}"), file=sys.stderr)
-            _end(2)
+            _end(after_rank0_says(2))
         _guard_mpi_ranks()
         if ranks is not None and ranks > 1:
             try:  # no MPI library: the script's spmdsim.world() ends it with that line alone (ways on included)

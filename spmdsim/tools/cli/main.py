@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 
 from ...base.once_parser import OnceParser
 from ...base.output import output_error, quiet_stdout
-from ...base.threads import launcher_rank
+from ...base.threads import after_rank0_says, launcher_rank
 from ...errors import SpmdsimError, fold_message
 from .helptext import GROUPS, add_examples, command_list
 from ... import __version__
@@ -87,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # of an mpiexec job checked the same command line, so rank 0 says it once, as OnceParser does.
         if launcher_rank() == 0:
             print(fold_message(f"spmdsim: error: {exc}"), file=sys.stderr)
-        return 2
+        return after_rank0_says(2)
     except OSError as exc:
         return _output_failed(exc)
 
