@@ -36,6 +36,17 @@ def test_bad_watchdog_value_is_one_line_on_every_rank():
     assert "Traceback" not in out.stdout + out.stderr
 
 
+def test_a_jobs_lines_are_without_the_launchers_own():
+    """Open MPI's prterun printed its PMIx server's error about a process that had exited beside the one line
+    of spmdsim's error (the test above failed under it); that line, its banner and libevent's are the
+    launcher's. What else a rank prints still counts, a PMIX line of another form too."""
+    pmix = ("[vm:29978] PMIX ERROR: PMIX_ERR_UNREACH in file /openmpi-5.0.11/3rd-party/openpmix/src/server/"
+            "pmix_server.c at line 3146")
+    banner = "-" * 74 + "\nprterun detected that one or more processes exited with non-zero status,\n" + "-" * 74
+    assert program_lines(f"spmdsim: error: x\n{pmix}\n{banner}\n[warn] epoll\n\n[vm:1] PMIX ERROR: mine\n") == [
+        "spmdsim: error: x", "[vm:1] PMIX ERROR: mine"]
+
+
 def test_launch_exports_debug_settings_to_every_rank(tmp_path):
     # Each rank writes its own file: the launcher forwards concurrent stdout in
     # chunks that can split a line, so printed tokens may run together.

@@ -206,8 +206,10 @@ def program_lines(stderr: str) -> list[str]:
 
     MPICH's mpiexec adds nothing when a job exits non-zero; Open MPI's prterun
     adds a block between lines of dashes that names itself ("prterun detected
-    that one or more processes exited with non-zero status ...") and libevent
-    "[warn]" lines. Only such blocks are dropped, so anything spmdsim prints counts.
+    that one or more processes exited with non-zero status ..."), libevent
+    "[warn]" lines, and now and then a line of its PMIx server's about a process
+    that exited ("[host:pid] PMIX ERROR: PMIX_ERR_UNREACH in file .../server/pmix_server.c
+    at line 3146"). Only such lines are dropped, so anything spmdsim prints counts.
     """
     lines, out, i = stderr.splitlines(), [], 0
     while i < len(lines):
@@ -218,10 +220,14 @@ def program_lines(stderr: str) -> list[str]:
             if end is not None and ("prterun" in block or "mpirun" in block or "Open MPI" in block):
                 i = end + 1
                 continue
-        if line.strip() and not line.startswith("[warn] "):
+        if line.strip() and not line.startswith("[warn] ") and not _PMIX_SERVER.match(line):
             out.append(line)
         i += 1
     return out
+
+
+#: A line of Open MPI's launcher's PMIx server (its host and pid, then the error and its source file).
+_PMIX_SERVER = re.compile(r"\[[\w.-]+:\d+\] PMIX ERROR: \w+ in file \S*/server/\S+ at line \d+$")
 
 
 def _is_rule(line: str) -> bool:
