@@ -93,7 +93,6 @@ def _program(kind: str, what: str) -> int:
             try:
                 name, spec, code = runpy._get_module_details(what, _NotRunnable)
             except _NotRunnable as exc:
-
                 raise _NotRunnable(f"python -m {shlex.quote(what)}: {exc}") from None
             scope.update(__name__="__main__", __file__=spec.origin, __cached__=spec.cached, __doc__=None,
                          __loader__=spec.loader, __package__=name.rpartition(".")[0], __spec__=spec,

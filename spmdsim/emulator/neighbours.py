@@ -167,7 +167,6 @@ class Neighbourhood:
         return self._exchange_objects("neighbor_alltoall(obj)", sendobj, lambda j: sendobj[j])
 
     def _exchange_objects(self, op: str, sendobj: Any, pick: Any) -> list:
-
         null = special("PROC_NULL")
         sources, destinations = self._inout()
         received: list = []

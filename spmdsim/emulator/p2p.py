@@ -229,7 +229,6 @@ class PointToPoint:
     def recv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG,
              status: Any = None) -> Any:
         if buf is not None:  # as mpi4py warns; the message is unpickled from its own bytes
-
             warnings.warn("the 'buf' argument is deprecated", UserWarning, stacklevel=2)
         return post_recv(self._group, self._me, _any(source, "source"), _any(tag, "tag"), None).wait(status)
 

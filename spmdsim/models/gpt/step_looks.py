@@ -179,7 +179,6 @@ _NOT_MOMENTS = ("kept", "walk")
 
 
 def _restep(report: MemoryReport, step: int) -> MemoryReport:
-
     return report if report.step == step else replace(report, step=step)
 
 

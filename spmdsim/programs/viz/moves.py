@@ -151,7 +151,6 @@ def _rect(x: float, y: float, w: float, h: float, colour: Any, summed: bool) -> 
 
 
 def _wrap(text: str, width: int) -> str:
-
     return "\n".join(textwrap.wrap(text, width))
 
 
