@@ -55,8 +55,9 @@ def _rows_split(cfg: GPTConfig, dp: int, tp: int, ep: int) -> int:
 
 def _microbatch_problem(cfg: GPTConfig, dp: int, tp: int, ep: int, microbatches: int) -> Optional[str]:
     """Why a microbatch (`microbatches` of them dividing the batch) does not split over its ranks, or None."""
-    micro, by_tp = cfg.batch // microbatches, _rows_split(cfg, dp, tp, ep) // (dp * ep)
-    if micro % (dp * ep * by_tp):
+    micro, rows = cfg.batch // microbatches, _rows_split(cfg, dp, tp, ep)
+    if micro % rows:
+        by_tp = rows // (dp * ep)
         return f"a microbatch of {micro} samples is not divisible by {batch_split(dp, ep, by_tp, tp // by_tp)}"
     return None
 
