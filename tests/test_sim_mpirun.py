@@ -537,17 +537,23 @@ def test_ranks_failing_otherwise_are_named_and_a_chdir_moves_no_later_ranks_scri
 @pytest.mark.parametrize("message", [
     "if comm.rank == 0:\n    comm.Send([np.arange(4.0), 1, t], dest=1)\n"
     "else:\n    comm.Recv([np.zeros(4), 1, t], source=0)\n",
-    "comm.Scatter([np.arange(8.0), 1, t], [np.zeros(4), 1, t], root=0)\n"], ids=["Send", "Scatter"])
+    "comm.Scatter([np.arange(8.0), 1, t], [np.zeros(4), 1, t], root=0)\n",
+    "t = MPI.DOUBLE.Create_contiguous(2)\nif comm.rank == 0:\n    comm.Send([np.arange(4.0), 1, t], dest=1)\n"
+    "else:\n    comm.Recv(np.zeros(2), source=0)\n",
+    "buf = np.zeros(8)\nwin = MPI.Win.Create(buf, disp_unit=8, comm=comm)\nwin.Fence()\n"
+    "if comm.rank == 0:\n    win.Put([np.arange(4.0), 1, t], 1)\nwin.Fence()\n"],
+    ids=["Send", "Scatter", "contiguous", "Put"])
 def test_a_datatype_not_committed_is_refused_at_the_programs_line(tmp_path, capsys, message):
-    """MPI refuses a message of a derived datatype never committed (MPI.ERR_TYPE); the report named the
-    packing call MPI_Pack_size_c (a Scatter's: MPI_Pack_c) on MPI_COMM_SELF, which the program never made, and
-    showed spmdsim's frames. Under Open MPI, whose Pack_size reads a type not committed, the process crashed."""
+    """MPI refuses a message or a one-sided operation of a derived datatype never committed (MPI.ERR_TYPE),
+    a contiguous one too; the report named the packing call MPI_Pack_size_c (a Scatter's: MPI_Pack_c) on
+    MPI_COMM_SELF, which the program never made, and showed spmdsim's frames; a contiguous type's Send and
+    a Put went through. Under Open MPI, whose Pack_size reads a type not committed, the process crashed."""
     prog = tmp_path / "nocommit.py"
     prog.write_text("import numpy as np\nfrom mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
                     "t = MPI.DOUBLE.Create_vector(2, 1, 2)\n" + message)
     assert main(["mpirun", "-n", "2", "python", str(prog)]) == 1
     err = capsys.readouterr().err
-    assert "the message's datatype has not been committed: call its .Commit()" in err
+    assert "datatype has not been committed: call its .Commit()" in err
     assert "Pack" not in err and "spmdsim/emulator" not in err, err
 
 

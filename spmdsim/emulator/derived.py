@@ -29,7 +29,7 @@ from .real import real
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
-__all__ = ["packed", "unpacking", "may_be_derived", "blocks", "wblocks", "wmessage", "laid_out"]
+__all__ = ["committed", "packed", "unpacking", "may_be_derived", "blocks", "wblocks", "wmessage", "laid_out"]
 
 
 def may_be_derived(spec: Any) -> bool:
@@ -52,13 +52,15 @@ def _derived(spec: Any) -> Any:
     if datatype == mpi.DATATYPE_NULL or datatype.extent <= 0 or buf is None \
             or (isinstance(count, int) and count < 0) or (isinstance(displ, int) and displ < 0):
         return None  # refused by the plain path, with mpi4py's ValueError
-    return None if _plain_type(datatype) else _committed(datatype)
+    committed(datatype, "the message's datatype")  # a contiguous one too, as MPI refuses it
+    return None if _plain_type(datatype) else datatype
 
 
-def _committed(datatype: Any) -> Any:
-    """`datatype`; a datatype not committed refused as MPI refuses its message (MPI.ERR_TYPE), in the program's
-    words, not as the error stack of a packing call it never made. Asked by packing none of it: Open MPI's
-    Pack_size reads a type not committed and crashes the process, where Pack refuses it in both MPIs."""
+def committed(datatype: Any, whose: str) -> Any:
+    """`datatype`; a derived datatype not committed refused as MPI refuses its message or one-sided operation
+    (MPI.ERR_TYPE), in the program's words, not as the error stack of a packing call it never made. Asked by
+    packing none of it: Open MPI's Pack_size reads a type not committed and crashes the process, where Pack
+    refuses it in both MPIs."""
     mpi = mpi_module()
     none = np.empty(0, np.uint8)
     try:
@@ -67,8 +69,8 @@ def _committed(datatype: Any) -> Any:
     except mpi.Exception as exc:
         if exc.Get_error_class() != mpi.ERR_TYPE:
             raise
-    raise mpi_error(mpi, mpi.ERR_TYPE, "the message's datatype has not been committed: call its .Commit() "
-                                       "before a message uses it (t = MPI.DOUBLE.Create_vector(...).Commit())")
+    raise mpi_error(mpi, mpi.ERR_TYPE, f"{whose} has not been committed: call its .Commit() before a message "
+                                       "or a one-sided operation uses it (t = MPI.DOUBLE.Create_vector(...).Commit())")
 
 
 def _bytes(spec: Any, datatype: Any, writable: bool) -> np.ndarray:

@@ -16,7 +16,7 @@ from ..runtime.sim._mpi import mpi_error
 from ..runtime.sim._reductions import fold, reduction
 from .._lazy import numpy_on_first_use
 from .typemap import mapped
-from .derived import _self
+from .derived import _self, committed
 from .window_state import _mpi
 
 np = numpy_on_first_use(globals())
@@ -199,6 +199,7 @@ def _positions(datatype: Any, count: int) -> tuple:
         raise mpi_error(mpi, mpi.ERR_COUNT, f"negative count {count}")
     if datatype.is_predefined:
         return count * datatype.Get_size(), count * datatype.Get_size(), datatype
+    committed(datatype, "a one-sided operation's datatype")
     basic = _basic(datatype)
     lb, extent = datatype.Get_extent()
     true_lb, true_extent = datatype.Get_true_extent()
