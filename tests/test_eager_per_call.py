@@ -12,6 +12,7 @@ import spmdsim
 from spmdsim import DTensor, Layout, Mesh
 from spmdsim.references import contraction
 from spmdsim.references.contraction import pair, pair_plain
+from spmdsim.runtime.dtensor_methods import _FOREIGN_BY_NAME
 from spmdsim.models.gpt import GPTConfig, batch, encode, load_text
 from spmdsim.models.gpt.parallel import GPT
 from spmdsim.models.gpt.params import param_specs
@@ -242,3 +243,17 @@ def test_a_repeated_einsum_bias_keeps_its_biased_product_as_a_block():
 
     for first, second in spmdsim.simulate(2, body):
         assert first[0] is second[0] is np.ndarray and first[1:] == second[1:]
+
+
+def test_no_class_of_a_dtensor_defines_getattr():
+    """A DTensor's attributes are read thousands of times an eager step (``x._local``, ``x._layout`` ...): where its
+    class or a base defines ``__getattr__``, CPython specializes none of those reads (each takes the generic lookup,
+    about nine times as long). Other frameworks' names are descriptors of the class (the porting page's lines,
+    tests/test_porting.py), and any other missing name is Python's own AttributeError."""
+    assert [k.__name__ for k in DTensor.__mro__ if "__getattr__" in vars(k)] == []
+    assert DTensor.__getattribute__ is object.__getattribute__
+    x = object.__new__(DTensor)
+    for name in _FOREIGN_BY_NAME:
+        assert not hasattr(x, name) and not hasattr(DTensor, name), name
+    with pytest.raises(AttributeError, match="^'DTensor' object has no attribute 'no_such_name'$"):
+        x.no_such_name
