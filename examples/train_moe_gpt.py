@@ -379,8 +379,8 @@ def report_results(args, run, results):
         print(saved_line(args, run.comm.size))
     trend, falling = loss_trend([r.loss for r in results], first=first_loss(args.resume))
     failed = failed_steps(results)[0]  # (a few FP8 flips pass: docs/explanation/tolerances.md)
-    if run.check and rank0:
-        print("\n".join(check_lines(results, run.cfg, args.precision)))
+    if rank0 and (lines := check_lines(results, run.cfg, args.precision, run.check)):  # unchecked: its overflow
+        print("\n".join(lines))
     if rank0:
         print(trend)
     mine = results[-1].experts if results else None

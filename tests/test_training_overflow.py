@@ -1,6 +1,7 @@
 """A training whose values outgrow their dtype (a huge learning rate or router-loss weight) says where one numpy
 process's step first overflowed in one line of the check's, and prints none of numpy's RuntimeWarnings (their
-source file paths and code lines); the run ends as it did (the verdict and the exit code). A sample drawn from
+source file paths and code lines); the run ends as it did (the verdict and the exit code), the run's own steps saying
+it where nothing is checked. An optimizer state past float range stops the run in one line. A sample drawn from
 parameters that diverged is refused in one line."""
 from __future__ import annotations
 
@@ -21,11 +22,7 @@ SMALL = ["--d-model", "16", "--seq", "8"]
 @pytest.mark.parametrize("example, args, said, code", [
     ("train_gpt", ["--ranks", "8", "--dp", "2", "--tp", "4", "--lr", "1e6", "--precision", "fp32", "--steps", "3",
                    "--sample", "0", "--layers", "1"],
-     "overflow: step 1's forward and backward at float32 overflowed in one numpy process", 1),
-    ("train_moe_gpt", ["--ranks", "4", "--z-loss-coeff", "1e300", "--steps", "2", "--layers", "2"],
-     "overflow: step 0's AdamW update of 'wte' at float64 overflowed in one numpy process", 0),
-    ("train_moe_gpt", ["--ranks", "4", "--z-loss-coeff", "1e300", "--steps", "2", "--layers", "2", "--pp", "2"],
-     "overflow: step 0's AdamW update of 'wte' at float64 overflowed in one numpy process", 0)])
+     "overflow: step 1's forward and backward at float32 overflowed in one numpy process", 1)])
 def test_an_overflow_is_one_line_not_numpys_warnings(example: str, args: list, said: str, code: int) -> None:
     """`train_gpt.py --lr 1e6 --precision fp32` and `train_moe_gpt.py --z-loss-coeff 1e300` printed numpy's
     "RuntimeWarning: overflow encountered in multiply" with spmdsim's source lines above the verdict."""
@@ -35,6 +32,46 @@ def test_an_overflow_is_one_line_not_numpys_warnings(example: str, args: list, s
     assert "Warning" not in out.stderr and "encountered" not in out.stderr, out.stderr
     assert out.stdout.count("overflow:") == 1 and said in out.stdout, out.stdout
     assert "check:" in out.stdout and "nan" not in out.stdout
+
+
+GPT_FP32 = ["--lr", "1e6", "--precision", "fp32", "--steps", "3", "--sample", "0", "--no-check", "--layers", "2"]
+
+
+@pytest.mark.parametrize("mesh", [["--dp", "2", "--tp", "4"], ["--pp", "2", "--dp", "2", "--tp", "2"]])
+def test_an_unchecked_run_says_its_own_steps_overflowed_in_one_line(mesh: list) -> None:
+    """Without the check the line came from nowhere (the reference says it): the run's own steps watch for an
+    overflow (np.errstate's call mode), and rank 0 says the first step any rank met one, ending as the checked run
+    does (NOT falling, exit 1)."""
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "train_gpt.py"), "--ranks", "8", *mesh, *GPT_FP32,
+                          *SMALL], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "Warning" not in out.stderr, out.stderr
+    said = [line for line in out.stdout.splitlines() if line.startswith("overflow:")]
+    assert said == ["overflow: step 1 overflowed (fp32) on 8 of 8 ranks; unchecked, its loss and parameters are not "
+                    "to be trusted"], out.stdout
+    assert "(NOT falling)" in out.stdout
+
+
+def test_a_healthy_unchecked_run_says_no_overflow() -> None:
+    args = ["--ranks", "4", "--steps", "2", "--sample", "0", "--no-check", "--layers", "1"]
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "train_gpt.py"), *args, *SMALL],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "overflow" not in out.stdout + out.stderr, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("more", [[], ["--no-check"], ["--pp", "2"]])
+def test_an_optimizer_state_past_float_range_stops_the_run_in_one_line(more: list) -> None:
+    """`--z-loss-coeff 1e300` ended "falling", exit 0, with AdamW's second moments infinite from step 0 (its
+    parameters stopped moving; the check agreed): the run stops at that step, checked or not, in one line."""
+    args = ["--ranks", "4", "--z-loss-coeff", "1e300", "--steps", "2", "--layers", "2", *more]
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "train_moe_gpt.py"), *args, *SMALL],
+                         capture_output=True, text=True, timeout=120)
+    error = " ".join(out.stderr.split())
+    assert out.returncode == 2 and "Traceback" not in error and "Warning" not in error, out.stderr
+    assert error.startswith("spmdsim: error: step 0: AdamW's second moment of 'wte' is not finite after the update "
+                            "(loss "), error
+    assert error.endswith("): training diverged, the parameters stop moving; expected a finite optimizer state: a "
+                          "lower learning rate than 0.003, or clipping, or lower router-loss weights (aux 0.01, z "
+                          "1e+300)"), error
 
 
 def test_a_sample_from_diverged_parameters_is_one_line_not_a_traceback() -> None:

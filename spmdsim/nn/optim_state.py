@@ -6,7 +6,7 @@ ZeRO-1's slices), copied both ways; a resumed run steps as the uninterrupted one
 from __future__ import annotations
 
 import numbers
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -102,6 +102,20 @@ class _Checkpoints:
             setattr(self, h, value)
         self.steps = steps
         self._load(entries)
+
+    def nonfinite_state(self) -> Optional[tuple]:
+        """(key, field) of the first of this rank's state arrays holding an inf or a NaN, as `state_dict` keys
+        them (a parameter's index, DistributedAdamW's bucket; "exp_avg_sq": AdamW's second moment, which a
+        gradient's square past its dtype's range makes inf), or None (a dry run's: None). No copies, no
+        collective: a trainer asks it after each step (a diverged run's parameters stop moving)."""
+        if current().dry_run or getattr(self, "_dry", False):
+            return None
+        for key, entry in self._state_items().items():
+            for field, value in entry.items():
+                if isinstance(value, np.ndarray) and value.size and not np.isfinite(
+                        value.astype(np.float32) if value.dtype.kind == "V" else value).all():
+                    return key, field
+        return None
 
     def _refuse_state(self, what: str) -> None:
         """state_dict / load_state_dict: not inside a captured step (the replays would not run it), not in a

@@ -67,7 +67,7 @@ from .checkpoint import load, save as save_checkpoint, with_first_loss
 from .fp8_block import settle
 from .tolerances import tolerances as mixed_tolerances
 from .stage_program import _Clock, _run_program, _tie_embedding, PipelineRun
-from .step_check import QUIET, UNCHECKED, _norm, stop_if_diverged
+from .step_check import UNCHECKED, StepOverflows, _norm, agreed_overflow, router_weights, stop_if_diverged
 from .buckets import _zero_axes, dp_bucket, zero_options
 from .step_looks import _expert_bytes
 from .stage_check import _PipelineChecker, _stage_regions, _table
@@ -126,7 +126,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     checker = _PipelineChecker(st, cfg, policy, zero, kept, microbatches, first) if check else None
     replay = replay and not dry_run_active()  # a dry run's steps count bytes: nothing to replay
     results: list = []
-    graph = None
+    graph, overflows = None, StepOverflows()
     for step in range(first, steps):
         if mesh.engine.dry:  # shapes only: the ids' values are never read (each representative would
             x = y = buffers.lazy_zeros((cfg.batch, cfg.seq), np.int64)  # gather a 50 MB batch at 1T)
@@ -135,7 +135,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
         if checker is not None:
             checker.start()
         given = st.begin(x, y, replay, graph is None)
-        with collect_trace() as trace, np.errstate(**QUIET):
+        with collect_trace() as trace, overflows.watching(step):  # an overflow: one line, not numpy's warnings
             if not replay:
                 losses = st.step(step)
             elif graph is None:  # the same step as eager, recorded
@@ -145,7 +145,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
                 losses = graph(step, *given)
             losses = [float(ops.resolved(loss).local) for loss in losses]
         value, watch = st.finish(trace, losses), st.ran["watch"]
-        stop_if_diverged(step, value, params, cfg.lr)
+        stop_if_diverged(step, value, params, cfg.lr, optimizer=optimizer, weights=router_weights(cfg))
         *errors, flip, rounding = UNCHECKED if checker is None else checker.errors(value, x, y, step)
         totals, (dispatch, ledger) = trace.totals(), st.experts(trace)
         result = StepResult(step, value, tuple(errors), totals["calls"], totals["bytes_sent"],
@@ -157,7 +157,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
             on_step(result)
         if save is not None and (step + 1 == steps or save_every and (step + 1) % save_every == 0):
             save_checkpoint(save, with_first_loss(meta, resume, results), step + 1, mesh, params, optimizer, st.scales)
-    return run, results
+    return run, results if checker is not None else agreed_overflow(mesh.comm, overflows, results, policy)
 
 
 class _Pipelined:

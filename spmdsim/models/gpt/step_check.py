@@ -3,10 +3,14 @@ differences from the reference step, and the gradient norm the run clipped by.""
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, Iterator, Optional
 import numpy as np
 from ...base.precision import is_low
 from ...errors import SpmdsimError
+from ...base.validate import counted
+from ...runtime.door import all_gather_object
 from ...runtime.sim import dry_run_active
 from .tolerances import FP8_FLIP, ROUNDING
 from .wholes import peaks
@@ -159,17 +163,85 @@ def _grad_blocks(tensors: dict, grads: dict, zero: Any, top: Optional[dict] = No
 QUIET = {"over": "ignore", "invalid": "ignore"}
 
 
-def stop_if_diverged(step: int, loss: float, params: dict, lr: float, clipping: bool = True, what: str = "") -> None:
+def stop_if_diverged(step: int, loss: float, params: dict, lr: float, clipping: bool = True, what: str = "",
+                     optimizer: Any = None, weights: str = "") -> None:
     """Raise SpmdsimError naming `step` (after `what`, the network's name, where given) when its loss (alike on
     every rank) or a block of `params` (name -> DTensor) this rank holds after the step's update is not finite:
     training diverged, where the check's differences came out NaN and it said PASS (`train_gpt.py --lr 1e300`).
-    `clipping`: the trainer can clip its gradients (said beside the lower learning rate). Not in a dry run."""
+    With `optimizer`, its state too (AdamW's second moment past float range: the parameters stop moving while
+    the loss still looks fine, `train_moe_gpt.py --z-loss-coeff 1e300`). `clipping`: the trainer can clip its
+    gradients (said beside the lower learning rate); `weights`: other weights to lower ("--z-loss-coeff 1e+300").
+    Not in a dry run."""
     if dry_run_active():
         return
     lower = f"expected a finite loss and parameters: a lower learning rate than {lr:g}{', or clipping' * clipping}"
+    lower += f", or lower {weights}" if weights else ""
     if not math.isfinite(loss):
         raise SpmdsimError(f"{what}step {step}: the loss is {loss} (not finite): training diverged; {lower}")
     bad = next((name for name, t in params.items() if not np.isfinite(t.local).all()), None)
     if bad is not None:
         raise SpmdsimError(f"{what}step {step}: parameter {bad!r} is not finite after the update (loss {loss:.6g}): "
                            f"training diverged; {lower}")
+    found = None if optimizer is None else optimizer.nonfinite_state()
+    if found is not None:
+        key, field = found
+        names = {id(t): name for name, t in params.items()}
+        held = optimizer.params[key] if isinstance(key, int) and key < len(optimizer.params) else None
+        of = f" of {names[id(held)]!r}" if _keyed_by_parameter(optimizer) and id(held) in names else ""
+        raise SpmdsimError(f"{what}step {step}: {type(optimizer).__name__}'s {_FIELDS.get(field, field)}{of} is not "
+                           f"finite after the update (loss {loss:.6g}): training diverged, the parameters stop "
+                           f"moving; {lower.replace('loss and parameters', 'optimizer state')}")
+
+
+def router_weights(cfg: Any) -> str:
+    """The router losses' weights of `cfg`'s MoE layers, as stop_if_diverged names them (none without)."""
+    moe = getattr(cfg, "moe", None)
+    return "" if moe is None else f"router-loss weights (aux {moe.aux_loss_coeff:g}, z {moe.z_loss_coeff:g})"
+
+
+#: What an optimizer's state arrays are, by their state_dict field.
+_FIELDS = {"exp_avg": "first moment", "exp_avg_sq": "second moment", "master": "master copy",
+           "momentum_buffer": "momentum"}
+
+
+def _keyed_by_parameter(optimizer: Any) -> bool:
+    """Whether `optimizer`'s state is keyed by its parameters' indices (not DistributedAdamW's buckets)."""
+    return getattr(optimizer, "_unit", "parameter") == "parameter"
+
+
+class StepOverflows:
+    """This rank's floating-point overflows (or NaNs made of finite numbers) in its own training steps, met by
+    np.errstate's "call" mode in place of QUIET (nothing printed, nothing paid while none happens): `first`, the
+    first step that met one (None: none), and `kind`, "overflowed" or "made a NaN". A run that is not checked
+    says it in one line (`agreed_overflow`), as a checked one says its reference's."""
+
+    def __init__(self) -> None:
+        self.first: Optional[int] = None
+        self.kind = ""
+        self._step = 0
+
+    def __call__(self, kind: str, flag: int) -> None:
+        if self.first is None:
+            self.first, self.kind = self._step, "overflowed" if kind == "overflow" else "made a NaN"
+
+    @contextmanager
+    def watching(self, step: int) -> Iterator[None]:
+        self._step = step
+        with np.errstate(over="call", invalid="call", call=self):
+            yield
+
+
+def agreed_overflow(comm: Any, watch: StepOverflows, results: list, policy: Any) -> list:
+    """`results` with the first step any rank's own step overflowed (`watch`, this rank's) said in the last one's
+    `overflow`: one Allgather of one small object over `comm` (collective; an unchecked run's, not a dry run's,
+    whose reference says none). `policy`: the run's precision policy, named in the line."""
+    if dry_run_active() or not results:
+        return results
+    firsts = [f for f in all_gather_object(comm, (watch.first, watch.kind)) if f[0] is not None]
+    if not firsts:
+        return results
+    step, kind = min(firsts)
+    on = sum(f[0] == step for f in firsts)
+    said = (f"step {step} {kind} ({policy.name}) on {on} of {counted(comm.Get_size(), 'rank')}; unchecked, its "
+            "loss and parameters are not to be trusted")
+    return results[:-1] + [replace(results[-1], overflow=said, own_overflow=True)]

@@ -68,7 +68,7 @@ from .mesh import model_mesh
 from .context import Context, checked_order, ring_core
 from .reference import generate
 from .step_looks import _expert_bytes, _restep, step_memory_problem
-from .step_check import QUIET, UNCHECKED, _norm, stop_if_diverged
+from .step_check import UNCHECKED, StepOverflows, _norm, agreed_overflow, router_weights, stop_if_diverged
 from .reference_step import _routes
 from .step_run import _StepRun, _optimizer
 from .checker import StepChecker
@@ -106,6 +106,9 @@ class StepResult:
     # checked: where one numpy process's step first overflowed ("AdamW update of 'wte' at float64 overflowed";
     # spmdsim.models.gpt.reference_step.Overflows), which the run computes alike; None where nothing did
     overflow: Optional[str] = None
+    # not checked: `overflow` says where the run's own steps first overflowed on some rank, in the last step's
+    # result (spmdsim.models.gpt.step_check.agreed_overflow)
+    own_overflow: bool = False
 
     @property
     def passed(self) -> bool:
@@ -221,16 +224,16 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
         if check and not dry_run_active() else None  # a dry run has shapes, not values
     tolerances = mixed_tolerances(policy, cfg)
     ids_layout, laid = model.ids, model.laid
-    results = []
+    results, watch = [], StepOverflows()
     for step in range(first, steps):
         x, y = batch(text_ids, cfg, step)  # the sequences as the model lays them out (context parallelism's order)
         xd, yd = (DTensor.from_global(mesh, a[laid], ids_layout, verify=False) for a in (x, y))
         if checker is not None:  # the step's start, every rank's blocks: the reference step starts from it, whole
             checker.start()
-        with collect_trace() as trace, np.errstate(**QUIET):
+        with collect_trace() as trace, watch.watching(step):  # an overflow: one line, not numpy's warnings
             loss = run.step(xd, yd, step, replay)
         value = float(ops.resolved(loss).local)
-        stop_if_diverged(step, value, tensors, cfg.lr)
+        stop_if_diverged(step, value, tensors, cfg.lr, optimizer=optimizer, weights=router_weights(cfg))
         report = run.report(step, replay)
         *errors, flip, rounding = UNCHECKED if checker is None else checker.errors(value, x, y, step)
         totals = trace.totals()
@@ -245,7 +248,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
             on_step(result)
         if save is not None and (step + 1 == steps or save_every and (step + 1) % save_every == 0):
             save_checkpoint(save, with_first_loss(meta, resume, results), step + 1, mesh, tensors, optimizer, scales)
-    return model, results
+    return model, results if checker is not None else agreed_overflow(mesh.comm, watch, results, policy)
 
 
 def _fsdp_options(zero: int, reshard_after_forward: Any, prefetch: Any) -> tuple[Optional[dict], int]:
