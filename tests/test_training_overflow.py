@@ -2,7 +2,7 @@
 process's step first overflowed in one line of the check's, and prints none of numpy's RuntimeWarnings (their
 source file paths and code lines); the run ends as it did (the verdict and the exit code), the run's own steps saying
 it where nothing is checked. An optimizer state past float range stops the run in one line. A sample drawn from
-parameters that diverged is refused in one line."""
+parameters that diverged is refused in one line, greedy too."""
 from __future__ import annotations
 
 import pathlib
@@ -85,6 +85,19 @@ def test_a_sample_from_diverged_parameters_is_one_line_not_a_traceback() -> None
     assert error == "spmdsim: error: generate: the next token's logits are not finite (the parameters diverged in " \
                     "training)", error
     assert "(NOT falling)" in out.stdout
+
+
+def test_a_greedy_sample_from_diverged_parameters_is_one_line_not_question_marks() -> None:
+    """At temperature 0 the argmax runs in the replayed graph, never seeing the logits: the sample printed
+    `def ?????` as if meaningful. Each rank notes whether its logits were finite; one Allreduce a sample agrees."""
+    args = ["--ranks", "8", "--dp", "2", "--tp", "4", "--lr", "1e6", "--precision", "fp32", "--steps", "3",
+            "--layers", "1", "--sample", "5", "--temperature", "0"]
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "train_gpt.py"), *args, *SMALL],
+                         capture_output=True, text=True, timeout=120)
+    error = " ".join(out.stderr.split())
+    assert out.returncode == 2 and "?????" not in out.stdout, out.stdout + out.stderr
+    assert error == "spmdsim: error: generate: the next token's logits are not finite (the parameters diverged in " \
+                    "training)", error
 
 
 def test_a_temperature_that_takes_the_logits_past_float_range_is_refused_in_one_line() -> None:

@@ -19,11 +19,12 @@ from typing import Any, Optional
 import numpy as np
 
 from ...errors import SpmdsimError
+from ...runtime.door import all_reduce_object
 from ...base.validate import as_int
 from .config import GPTConfig
 
 __all__ = ["MODULES", "SHIPPED_TEXT", "SHIPPED_CHARS", "load_text", "encode", "decode", "show_sample", "batch",
-           "text_problem", "MAX_SAMPLE", "sample_problem", "next_id"]
+           "text_problem", "MAX_SAMPLE", "sample_problem", "next_id", "logits_finite", "agree_finite"]
 
 #: The most characters a ``--sample`` flag draws (each one a forward pass, with nothing printed until the last).
 MAX_SAMPLE = 2_000
@@ -115,6 +116,10 @@ def decode(ids: Any) -> str:
     return np.where(printable, arr, ord("?")).astype(np.uint8).tobytes().decode("ascii")
 
 
+#: A sample's refusal where the logits are not finite (`next_id`, `agree_finite`).
+NOT_FINITE = "generate: the next token's logits are not finite (the parameters diverged in training)"
+
+
 def next_id(rng: Any, logits: np.ndarray, temperature: float) -> int:
     """The id drawn from the last position's `logits` (one per id): their argmax at temperature 0, else drawn by
     `rng` from softmax(logits / temperature); one line where they are not finite (the parameters diverged:
@@ -122,13 +127,25 @@ def next_id(rng: Any, logits: np.ndarray, temperature: float) -> int:
     with np.errstate(over="ignore"):
         z = logits if temperature == 0 else logits / temperature
     if not np.isfinite(z).all():
-        raise SpmdsimError(f"generate: the next token's logits are not finite (the parameters diverged in training)"
-                           if not np.isfinite(logits).all() else f"generate: temperature {temperature!r} takes the "
-                           f"logits (up to {np.abs(logits).max():.3g}) past float range; expected a larger one")
+        raise SpmdsimError(NOT_FINITE if not np.isfinite(logits).all() else f"generate: temperature {temperature!r} "
+                           f"takes the logits (up to {np.abs(logits).max():.3g}) past float range; expected a larger one")
     if temperature == 0:
         return int(np.argmax(z))
     p = np.exp(z - z.max())
     return int(rng.choice(z.size, p=p / p.sum()))
+
+
+def logits_finite(block: np.ndarray) -> bool:
+    """Whether a block of logits holds no NaN and no +inf (-inf: a masked entry, a padded vocabulary's)."""
+    return not (np.isnan(block).any() or (block == np.inf).any())
+
+
+def agree_finite(comm: Any, finite: bool) -> None:
+    """Refuse in `next_id`'s line, alike on every rank of `comm`, a greedy sample whose logits were not finite on
+    some rank (`finite`: this rank's, `logits_finite`): its argmax runs in a replayed graph and printed
+    ``def ????`` as if meaningful. One Allreduce of one number a sample, not a token."""
+    if not all_reduce_object(comm, int(finite), "min"):
+        raise SpmdsimError(NOT_FINITE)
 
 
 def show_sample(prompt: bytes, sample: np.ndarray) -> None:

@@ -47,7 +47,7 @@ from ...nn.fsdp import fully_shard, on_mesh, shard_axes, shard_group, sharded_la
 from ...runtime.dtensor import DTensor
 from ...runtime.replay import capture
 from ...runtime.sim import dry_run_active
-from .data import encode, next_id
+from .data import agree_finite, encode, logits_finite, next_id
 from .reference import sampling
 from .parallel_block import _Block, _with_losses
 
@@ -374,9 +374,9 @@ class GPT(_Block):
 
         def next_logits(x: Any) -> Any:  # greedy: the argmax's ids; else the last position's logits, whole
             z = self.logits(x, last=True)[:, -1]
-            return ops.argmax(z, -1) if temperature == 0 else redistribute(z, mesh.layout(self.batch, None))
+            return (ops.argmax(z, -1), z) if temperature == 0 else redistribute(z, mesh.layout(self.batch, None))
 
-        graph = None  # the first character's forward, captured; each later one replays it
+        graph, finite = None, True  # the first character's forward, captured; each later one replays it
         with no_grad(), np.errstate(over="ignore", invalid="ignore"):  # diverged parameters: next_id's one line
             for _ in range(n):
                 context = ids[-cfg.seq:]
@@ -390,7 +390,10 @@ class GPT(_Block):
                 else:  # one character: nothing to replay
                     out = next_logits(x)
                 if temperature == 0:  # every row holds the same window: this rank's first row answers
-                    ids.append(int(out.local[0]))
+                    ids.append(int(out[0].local[0]))
+                    finite = finite and logits_finite(wide(out[1].local))  # this rank's vocabulary's
                 else:
                     ids.append(next_id(rng, wide(out.local[0][:cfg.vocab]), temperature))  # bfloat16's in float32
+        if temperature == 0:  # the argmax saw logits that were not finite on some rank: one line on every rank
+            agree_finite(mesh.comm, finite)
         return np.array(ids[len(ids) - n:], dtype=np.int64)
