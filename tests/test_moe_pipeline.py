@@ -85,7 +85,7 @@ def test_a_pipelined_dry_runs_expert_bytes_equal_a_real_steps():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(microbatches=8), "a microbatch of 1 samples is not divisible by dp 1 x ep 2 = 2"),
+    (dict(microbatches=8), "a microbatch of 1 sample is not divisible by dp 1 x ep 2 = 2"),
 ])
 def test_pipelined_moe_refusals_are_one_line_on_every_rank(kwargs, message):
     cfg = GPTConfig(**SMALL, moe=_moe())
@@ -113,7 +113,7 @@ def test_pipelined_moe_refusals_are_one_line_on_every_rank(kwargs, message):
      "samples), or --batch 16 (--microbatches 4: the default, 2 x pp); it runs on 2 or 4 ranks"),
     ("train_gpt", ["--ranks", "8", "--pp", "4", "--dp", "2", "--tp", "1", "--schedule", "interleaved", "--batch", "4",
                    "--microbatches", "4", "--layers", "8"],
-     "a microbatch of 1 samples is not divisible by dp 2: expected --batch 8: no --microbatches (a multiple of pp 4) "
+     "a microbatch of 1 sample is not divisible by dp 2: expected --batch 8: no --microbatches (a multiple of pp 4) "
      "splits batch 4 into microbatches of a multiple of 2")])
 def test_a_microbatch_the_ranks_cannot_split_names_the_flags_that_fix_it(example, args, said) -> None:
     """`train_moe_gpt.py --ranks 8 --ep 2 --pp 2` refused "a microbatch of 2 samples is not divisible by dp 2 x

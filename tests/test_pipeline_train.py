@@ -188,7 +188,7 @@ def test_executed_bubble_and_held_activations_follow_the_formulas(schedule, p):
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(microbatches=3), "batch 8 is not divisible by 3 microbatches"),
-    (dict(microbatches=8), "a microbatch of 1 samples is not divisible by dp 2"),
+    (dict(microbatches=8), "a microbatch of 1 sample is not divisible by dp 2"),
     (dict(pp=4, virtual=2, microbatches=4, schedule="interleaved"), "4 layers cannot fill 8 pipeline chunks"),
     # the schedule's own refusals (build's), before any mesh is made
     (dict(virtual=2, microbatches=4), "the 1f1b schedule holds one chunk per stage, got virtual stages 2"),

@@ -7,6 +7,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from .fp8_block import policy_problem
+from ...base.validate import counted
 from ...errors import SpmdsimError
 from ...nn.autograd.kept import kept_problem
 from ...programs.pipeline.options import (default_microbatches_problem, default_virtual_problem, microbatches,
@@ -58,7 +59,8 @@ def _microbatch_problem(cfg: GPTConfig, dp: int, tp: int, ep: int, microbatches:
     micro, rows = cfg.batch // microbatches, _rows_split(cfg, dp, tp, ep)
     if micro % rows:
         by_tp = rows // (dp * ep)
-        return f"a microbatch of {micro} samples is not divisible by {batch_split(dp, ep, by_tp, tp // by_tp)}"
+        over = batch_split(dp, ep, by_tp, tp // by_tp)
+        return f"a microbatch of {counted(micro, 'sample')} is not divisible by {over}"
     return None
 
 
@@ -77,7 +79,7 @@ def _microbatch_flags(args: Any, batch: int, rows: int) -> str:
         count = f"--microbatches (a multiple of pp {pp})" if args.schedule == "interleaved" else "--microbatches"
         return f"expected {batch_way}: no {count} splits batch {batch} into microbatches of a multiple of {rows}"
     each = "one microbatch" if fits[0] == 1 else "microbatches"
-    return f"expected --microbatches {fits[0]} ({each} of {batch // fits[0]} samples), or {batch_way}"
+    return f"expected --microbatches {fits[0]} ({each} of {counted(batch // fits[0], 'sample')}), or {batch_way}"
 
 
 def refuse_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps: int, text_ids: np.ndarray,
