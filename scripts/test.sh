@@ -11,12 +11,14 @@ cd "$(dirname "$0")/.."
 unset PYTHONDONTWRITEBYTECODE
 export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/spmdsim/pycache}
 # The fault tests abort MPICH jobs on purpose, and an aborted MPICH job leaves
-# its ~8 MB shared-memory segment in /dev/shm. Remove the ones this run made.
+# its ~8 MB shared-memory segment in /dev/shm. Remove those made since this run
+# started that no process holds open or mapped (MPICH's mpich_shm_*; Open MPI's
+# sm_segment.*, left by aborted jobs and singletons alike), as `spmdsim launch`
+# does: a segment another job started meanwhile still maps is kept. Standard
+# library only, from this tree (python -m from the repository root).
 started=$(mktemp)
 cleanup() {
-    # MPICH's segments; Open MPI's (sm_segment.*) are left by aborted jobs and singletons alike.
-    find /dev/shm -maxdepth 1 \( -name 'mpich_shm_*' -o -name 'sm_segment.*' \) -user "$(id -u)" \
-        -newer "$started" -delete 2>/dev/null || true
+    python -m spmdsim.tools.cli.segments --newer "$started" 2>/dev/null || true
     rm -f "$started"
 }
 trap cleanup EXIT

@@ -3,13 +3,18 @@ from __future__ import annotations
 
 import mmap
 import os
+import pathlib
+import shlex
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
 from testkit import MPICH, MPIEXEC
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 # Rank 0 notes the /dev/shm files it maps (MPI's segment and a decoy made before the
 # launch), waits so the launcher sees them, then dies by SIGKILL: MPI cannot clean up.
@@ -147,3 +152,42 @@ def test_the_removal_note_counts_its_segments_in_the_singular_and_plural(monkeyp
     assert capsys.readouterr().err.splitlines() == [
         "spmdsim: removed 1 shared-memory segment the job left: mpich_shm_a",
         "spmdsim: removed 2 shared-memory segments the job left: mpich_shm_a, sm_segment.b"]
+
+
+def _test_sh_cleanup(started: str) -> subprocess.CompletedProcess:
+    """scripts/test.sh's `cleanup` function, as the script defines it, run with its `started` file."""
+    text = (ROOT / "scripts" / "test.sh").read_text()
+    body = text[text.index("cleanup() {"):]
+    body = body[:body.index("\n}\n") + 3]
+    return subprocess.run(["bash", "-c", f"set -euo pipefail\ncd {shlex.quote(str(ROOT))}\n{body}\n"
+                           f"started={shlex.quote(started)}\ncleanup"], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.skipif(not (os.path.isdir("/proc/self/fd") and os.path.isdir("/dev/shm")),
+                    reason="needs Linux /proc and /dev/shm")
+def test_the_test_scripts_cleanup_keeps_a_segment_another_live_job_maps(tmp_path):
+    """scripts/test.sh removed every MPI segment of the user's newer than its start: a job started meanwhile (another
+    terminal's) lost its live segment. It removes, as `spmdsim launch` does, only those no process holds."""
+    tag = f"spmdsim_testsh_{os.getpid()}"
+    older, orphan, held, other = (f"/dev/shm/{name}" for name in (
+        f"mpich_shm_{tag}_older", f"mpich_shm_{tag}_orphan", f"sm_segment.{tag}_held", f"{tag}_not_mpi"))
+    started = tmp_path / "started"
+    try:
+        with open(older, "wb") as fh:
+            fh.write(b"\0" * 4096)
+        time.sleep(0.05)
+        started.write_text("")
+        time.sleep(0.05)
+        for path in (orphan, held, other):
+            with open(path, "wb") as fh:
+                fh.write(b"\0" * 4096)
+        with open(held, "r+b") as fh, mmap.mmap(fh.fileno(), 4096):
+            done = _test_sh_cleanup(str(started))
+            assert done.returncode == 0 and done.stdout == "" and done.stderr == "", done
+            assert os.path.exists(held), "a live job's segment was removed"
+        assert not os.path.exists(orphan) and all(map(os.path.exists, (older, other)))
+        assert not started.exists()  # the run's marker goes too
+    finally:
+        for path in (older, orphan, held, other):
+            if os.path.exists(path):
+                os.unlink(path)

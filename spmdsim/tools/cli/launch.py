@@ -44,6 +44,7 @@ from ...errors import RuntimeMismatchError, SpmdsimError, fold_message
 from ...runtime.debug import add_cli_arguments, watchdog_setting
 from ...base.validate import counted
 from ...base.typed_numbers import flag_float, typed
+from .segments import MPI_SEGMENT_PREFIXES, SHM, held
 
 __all__ = ["register", "run", "launch_env", "find_mpiexec", "build_command"]
 
@@ -283,13 +284,9 @@ def _exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-_SHM = "/dev/shm"
 #: How often the job's maps are read: MPI creates its segment at MPI_Init and
 #: keeps it mapped for the job's life, so a job alive this long is seen.
 _WATCH_INTERVAL_S = 0.2
-#: The names MPI gives its node segments (MPICH's, Open MPI's): the files launch may remove without having
-#: seen its job map them (`_SegmentWatch.orphans`).
-_MPI_SEGMENT_PREFIXES = ("mpich_shm_", "sm_segment.")
 
 
 class _SegmentWatch:
@@ -302,7 +299,7 @@ class _SegmentWatch:
     @staticmethod
     def _names() -> set[str]:
         try:
-            return set(os.listdir(_SHM))
+            return set(os.listdir(SHM))
         except OSError:
             return set()
 
@@ -312,9 +309,9 @@ class _SegmentWatch:
             try:
                 with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as fh:
                     for line in fh:
-                        at = line.find(_SHM + "/")
+                        at = line.find(SHM + "/")
                         if at >= 0:
-                            name = line[at + len(_SHM) + 1:].split()[0]
+                            name = line[at + len(SHM) + 1:].split()[0]
                             if "/" not in name and name not in self.before:
                                 self.seen.add(name)
             except OSError:
@@ -329,14 +326,14 @@ class _SegmentWatch:
         by name only while its creator maps it), so removing it takes nothing from a live job.
         """
         new = {name for name in self._names() - self.before - self.seen
-               if name.startswith(_MPI_SEGMENT_PREFIXES)}
-        return new - _held(new) if new else set()
+               if name.startswith(MPI_SEGMENT_PREFIXES)}
+        return new - held(new) if new else set()
 
     def remove_left(self) -> list[str]:
         """Remove the noted files and the orphaned new MPI segments that still exist and are this user's."""
         removed = []
         for name in sorted(self.seen | self.orphans()):
-            path = os.path.join(_SHM, name)
+            path = os.path.join(SHM, name)
             try:
                 if os.stat(path).st_uid == os.getuid():
                     os.unlink(path)
@@ -344,34 +341,6 @@ class _SegmentWatch:
             except OSError:
                 continue  # gone already: the job ended normally and removed it
         return removed
-
-
-def _held(names: set[str]) -> set[str]:
-    """Those of `names` (in /dev/shm) that some process has open or mapped (/proc/PID/fd and maps)."""
-    paths = {os.path.join(_SHM, name): name for name in names}
-    held: set[str] = set()
-    try:
-        pids = [pid for pid in os.listdir("/proc") if pid.isdigit()]
-    except OSError:
-        return set(names)  # cannot tell: keep them all
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as fh:
-                for line in fh:
-                    at = line.find(_SHM + "/")
-                    if at >= 0 and line[at:].split()[0] in paths:
-                        held.add(paths[line[at:].split()[0]])
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue  # ended meanwhile, or another user's process (its files are not ours to remove)
-        for fd in fds:
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue  # closed meanwhile
-            if target in paths:
-                held.add(paths[target])
-    return held
 
 
 def _descendants(root: int) -> list[int]:
