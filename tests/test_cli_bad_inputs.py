@@ -831,8 +831,13 @@ HUGE_SEED = str(2 ** 63 - 1)
     (["collective", "binomial-bcast", "--root", "9", "--ranks", "4"], "--root 9 must be a rank (0 <= root < 4)"),
     (["collective", "ring-allgather", "--size", "3", "--ranks", "4"], "--size '3': 3 bytes are not a whole"),
     (["run", "matmul", "--shape", "16,16", "--ranks", "4"], "--shape '16,16' has 2 sizes; expected M,K,N"),
+    # the way out named, as --device-matrix's is ("expected --ranks 8"): a new user's --ranks 4 said none
     (["run", "matmul", "--strategy", "((2,1),(1,4))", "--shape", "16,16,16", "--ranks", "4"],
-     "matmul strategy ((2, 1), (1, 4)) needs 8 devices but the world size is 4"),
+     "matmul strategy ((2, 1), (1, 4)) needs 8 devices but the world size is 4; the product of the slice counts "
+     "must not exceed the number of ranks; expected --ranks 8"),
+    (["run", "matmul", "--strategy", "((3,1),(1,1))", "--shape", "6,16,16", "--ranks", "4"],
+     "matmul strategy ((3, 1), (1, 1)) uses 3 devices, which does not divide the world size 4; the product of the "
+     "slice counts must divide the number of ranks; expected --ranks 3 or a multiple of it"),
     # "has 1 batch dims" (and "has 0 batch dims" for the other way round), with no word of the shape expected
     (["run", "matmul", "--strategy", "((2,1),(1,4))", "--shape", "4,16,32,64", "--ranks", "8"],
      "matmul shape (4, 16, 32, 64) has 1 batch dim but strategy ((2, 1), (1, 4)) gives x 2 dims (no batch dim); "

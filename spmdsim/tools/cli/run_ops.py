@@ -24,7 +24,7 @@ from ..demo.jobs import mp_layout
 from ..demo.registry import explain_lines, rank_line, run_job
 from .case_checks import check_device_count, checked_axis_names, mesh_sizes, parse_int_list
 from .common import check_ranks, check_seed, check_trace_out, check_watchdog
-from .run_report import report, with_ways_out
+from .run_report import report, with_ranks_wanted, with_ways_out
 
 __all__ = ["check_op", "run_op"]
 
@@ -33,7 +33,10 @@ def check_op(args: argparse.Namespace, ranks: int) -> None:
     """With --ranks `ranks`: every check of the command line that needs no communicator, before the banner."""
     check_watchdog(args)
     check_trace_out(args)
-    _job_maker(args, ranks)
+    try:
+        _job_maker(args, ranks)
+    except SpmdsimError as exc:
+        raise with_ranks_wanted(exc) from None
 
 
 def _shape(args: argparse.Namespace) -> tuple[int, ...]:

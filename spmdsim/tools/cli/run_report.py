@@ -15,7 +15,7 @@ from ...runtime.ranked import fold_ranked, trace_lines
 from ...runtime.sim.launch import ways_out
 from ..demo.registry import explain_notes, group_text
 
-__all__ = ["report", "fold_rank_lines", "with_ways_out"]
+__all__ = ["report", "fold_rank_lines", "with_ways_out", "with_ranks_wanted"]
 
 
 def with_ways_out(exc: SpmdsimError, comm: Any) -> SpmdsimError:
@@ -24,6 +24,17 @@ def with_ways_out(exc: SpmdsimError, comm: Any) -> SpmdsimError:
     if comm.Get_size() != 1 or found is None or "--ranks" in str(exc):
         return exc
     return type(exc)(f"{exc}{ways_out(int(found.group(1)))}")
+
+
+def with_ranks_wanted(exc: SpmdsimError) -> SpmdsimError:
+    """Under --ranks, an error about a strategy's device count also names the --ranks it fits, as
+    common.check_ranks does a --device-matrix's ("expected --ranks 8")."""
+    more = re.search(r"needs (\d+) devices but the world size", str(exc))
+    other = re.search(r"uses (\d+) devices, which does not divide the world size", str(exc))
+    if "--ranks" in str(exc) or not (more or other):
+        return exc
+    wanted = f"{more.group(1)}" if more else f"{other.group(1)} or a multiple of it"
+    return type(exc)(f"{exc}; expected --ranks {wanted}")
 
 
 #: Ranks whose lines a run past FOLD_RANKS ranks prints (then "...", the last rank, and the rule that
