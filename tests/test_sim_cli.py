@@ -93,6 +93,18 @@ def test_script_quotes_a_bad_ranks_count_as_the_training_examples_do(capsys):
             assert err == f"spmdsim: error: {ranks_problem(int(value))}\n"
 
 
+def test_script_refuses_two_ranks_counts_as_the_examples_parsers_do(capsys):
+    """`python my_matmul.py --ranks 8 --ranks 4` (the README's program, no parser of its own) ran on 8 ranks and
+    left `--ranks 4` unread; the examples' parsers refuse a flag given twice with two values."""
+    from spmdsim.runtime.sim.launch import script
+
+    for argv, said in ((["--ranks", "8", "--ranks", "4"], "8 then 4"), (["--ranks=8", "--rank", "x"], "8 then 'x'")):
+        with pytest.raises(SystemExit) as exc:
+            script("unused.py", argv)
+        assert exc.value.code == 2
+        assert unfold(capsys.readouterr().err) == f"spmdsim: error: --ranks given twice, {said}; expected it once\n"
+
+
 def test_an_examples_refusal_is_printed_by_the_first_launched_rank_alone(monkeypatch, capsys):
     # mpiexec -n 4 python examples/train_gpt.py --steps 0: refuse() printed the line on every rank (run_main).
     import argparse

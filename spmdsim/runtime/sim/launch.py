@@ -309,17 +309,25 @@ def _one_line_hook(previous: Callable) -> Callable:
 
 
 def _take_ranks(args: list, path: str) -> Optional[int]:
-    for i, arg in enumerate(args):
-        if is_ranks_flag(arg):  # a prefix counts, as argparse reads the CLI's
-            value = arg.partition("=")[2] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
-            del args[i:i + (1 if "=" in arg else 2)]
-            try:  # read as argparse's type=int reads the training examples' --ranks: -1 is -1, not '-1'
-                count: Any = int(value)
-            except ValueError:  # not a number ('x', '1.5'): quoted as typed
-                count = value
-            problem = ranks_problem(count, "--dry-run" in args)
-            if problem:
-                print(fold_message(f"spmdsim: error: {problem}"), file=sys.stderr)
-                _end(2)
-            return count
-    return None
+    """The --ranks count `args` give (taken out of them), None where none; one line and exit 2 for a bad count or
+    two counts that differ (`--ranks 8 --ranks 4`, as the examples' parsers refuse a flag given twice)."""
+    counts = []
+    while True:
+        i = next((i for i, arg in enumerate(args) if is_ranks_flag(arg)), None)  # a prefix counts, as argparse's
+        if i is None:
+            break
+        arg = args[i]
+        value = arg.partition("=")[2] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
+        del args[i:i + (1 if "=" in arg else 2)]
+        try:  # read as argparse's type=int reads the training examples' --ranks: -1 is -1, not '-1'
+            counts.append(int(value))
+        except ValueError:  # not a number ('x', '1.5'): quoted as typed
+            counts.append(value)
+    if not counts:
+        return None
+    problem = next((f"--ranks given twice, {counts[0]!r} then {c!r}; expected it once" for c in counts[1:]
+                    if c != counts[0]), None) or ranks_problem(counts[0], "--dry-run" in args)
+    if problem:
+        print(fold_message(f"spmdsim: error: {problem}"), file=sys.stderr)
+        _end(2)
+    return counts[0]
