@@ -231,6 +231,9 @@ def test_the_other_trainings_stop_a_divergence_in_one_line_without_numpys_warnin
      "divisible by tp 3 (heads are split over tp); tp 2: batch 8 is not divisible by dp 3; tp 1: batch 8 is not "
      "divisible by dp 6); it runs on 1, 2, 4, 8, 16 or 32 ranks (or set --dp and --tp, or the model's sizes)"),
     (["--ranks", "6", "--pp", "2"], "no dp x tp of 3 ranks (world size 6 / pp 2) runs it (tp 3: heads 4"),
+    # one split to try (tp 1 alone divides 5 ranks): its problem, and now the worlds that run too
+    (["--ranks", "5"], "the GPT cannot run on 5 ranks: batch 8 is not divisible by dp 5; it runs on 1, 2, 4, 8, 16 or "
+     "32 ranks (or set --dp and --tp, or the model's sizes)"),
     (["--ranks", "8", "--heads", "2"], None), (["--ranks", "12", "--batch", "12"], None)])
 def test_the_default_split_takes_the_largest_tp_that_runs_or_says_which_worlds_do(extra, said) -> None:
     """`mpiexec -n 6 python examples/train_gpt.py` said "dp 1 x tp 4 must multiply to the world size 6" (the default

@@ -276,14 +276,16 @@ def default_split(rest: int, problem_of: Any, ranks: int, axis: str = TENSOR, mo
             if problem is None:
                 return rest // n, n, None
             tried.append((n, problem))
-    if len({problem for _, problem in tried}) == 1:
-        return rest // tried[0][0], tried[0][0], tried[0][1]
     per = ranks // rest
     fits = [k * per for k in range(1, 64 // per + 1)
             if any(k % n == 0 and problem_of(k // n, n) is None for n in range(1, min(k, most or k) + 1))]
     runs = "no world size up to 64 runs it as configured" if not fits else \
         f"it runs on {fits[0]} ranks" if len(fits) == 1 else \
         f"it runs on {', '.join(map(str, fits[:-1]))} or {fits[-1]} ranks"
+    if len({problem for _, problem in tried}) == 1:  # (5 ranks: tp 1 alone to try) the worlds that run, where any
+        more = f"; {runs} (or set --dp and --{axis}, or the model's sizes)" if fits and "; it runs on" not in \
+            tried[0][1] else ""
+        return rest // tried[0][0], tried[0][0], tried[0][1] + more
     ways = {problem.partition(": expected ")[2] for _, problem in tried}  # the same way out of each: said once
     common = f": expected {ways.pop()}" if len(ways) == 1 and "" not in ways else ""
     each = "; ".join(f"{axis} {n}: {problem.partition(': expected ')[0] if common else problem}" for n, problem in tried)
