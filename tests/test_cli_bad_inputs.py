@@ -914,3 +914,30 @@ def test_autoshard_progress_counts_one_device():
     args = _args(["autoshard", "--network", "mlp", "--devices", "1"])
     assert still_working(args, 1).what == "mlp on 1 device"
     assert still_working(args, 8).what == "mlp on 8 devices"
+
+
+class _MpiWorld:
+    """A communicator of `size` MPI ranks as with_ways_out reads one (no spmdsim engine: MPI's)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def Get_size(self) -> int:
+        return self.size
+
+
+@pytest.mark.parametrize("size, said, way", [
+    (4, "matmul strategy ((2, 4), (4, 1)) needs 8 devices but the world size is 4", "launch 8 ranks with "
+     "`mpiexec -n 8 ...`, or simulate them in one process with `--ranks 8` / spmdsim.simulate(8, main)"),
+    (9, "matmul strategy ((2, 4), (4, 1)) uses 8 devices, which does not divide the world size 9", "launch 8 "
+     "ranks with `mpiexec -n 8 ...`, or simulate them in one process with `--ranks 8` / spmdsim.simulate(8, main)"),
+    (1, "matmul strategy ((2, 4), (4, 1)) needs 8 devices but the world size is 1", "one process: launch 8 ranks "
+     "with `mpiexec -n 8 ...`, or simulate them in this process with `--ranks 8` / spmdsim.simulate(8, main)")])
+def test_a_strategy_for_other_ranks_under_mpiexec_says_how_to_get_them(size, said, way):
+    """`mpiexec -n 4 spmdsim run matmul --strategy "((2,4),(4,1))"` said the strategy needs 8 devices with no way
+    out (one process got one, and a --device-matrix's Mesh says it under mpiexec too); -n 9 likewise."""
+    from spmdsim.errors import DialectError
+    from spmdsim.tools.cli.run_report import with_ways_out
+
+    got = with_ways_out(DialectError(f"{said}; the product of the slice counts must ..."), _MpiWorld(size))
+    assert isinstance(got, DialectError) and str(got) == f"{said}; the product of the slice counts must ... ({way})"

@@ -11,6 +11,7 @@ from ...errors import SpmdsimError
 from ...layouts.holdings import _layout_and_shape
 from ...programs.plan.summary import FOLD_RANKS, block_rule
 from ...programs.viz.table import nbytes, wrap_lines
+from ...runtime.engines import engine_of
 from ...runtime.ranked import fold_ranked, trace_lines
 from ...runtime.sim.launch import ways_out
 from ..demo.registry import explain_notes, group_text
@@ -19,11 +20,12 @@ __all__ = ["report", "fold_rank_lines", "with_ways_out", "with_ranks_wanted"]
 
 
 def with_ways_out(exc: SpmdsimError, comm: Any) -> SpmdsimError:
-    """In one process, an error about too few ranks also says how to get them (mpiexec or --ranks)."""
-    found = re.search(r"needs (\d+) (?:devices|ranks)", str(exc))
-    if comm.Get_size() != 1 or found is None or "--ranks" in str(exc):
+    """An error about a rank count the run lacks (too few, or one it does not divide: `mpiexec -n 9`) also says
+    how to get it (mpiexec or --ranks), as a Mesh's does; one process's too."""
+    found = re.search(r"(?:needs|uses) (\d+) (?:devices|ranks)", str(exc))
+    if found is None or "--ranks" in str(exc) or int(found.group(1)) == comm.Get_size():
         return exc
-    return type(exc)(f"{exc}{ways_out(int(found.group(1)))}")
+    return type(exc)(f"{exc}{ways_out(int(found.group(1)), comm.Get_size(), engine_of(comm).simulated)}")
 
 
 def with_ranks_wanted(exc: SpmdsimError) -> SpmdsimError:
