@@ -159,6 +159,18 @@ def test_exit_codes_errors_and_module_form(tmp_path, capsys):
                                                      for r in range(3))
 
 
+def test_a_spmdsim_program_on_too_few_ranks_of_mpirun_is_told_mpiruns_flag(tmp_path, capsys):
+    """`spmdsim mpirun -n 4 my_matmul.py` (the README's program, 8 ranks) said "simulate 8 ranks with `--ranks 8` /
+    spmdsim.simulate(8, main)", which mpirun does not read, in a line of 180 columns: now mpirun's -n, folded."""
+    prog = tmp_path / "prog.py"
+    prog.write_text("from spmdsim import Layout, Mesh\nMesh(Layout((2, 4), ('dp', 'mp')))\n")
+    assert main(["mpirun", "-n", "4", "python", str(prog)]) == 1
+    err = capsys.readouterr().err
+    assert max(map(len, err.splitlines())) <= 100, err
+    assert unfold(err) == ("spmdsim mpirun: error: device matrix (2, 4) needs 8 ranks but the communicator has 4 "
+                           "(run 8 ranks: spmdsim mpirun -n 8 ..., or mpiexec -n 8 ...)\n"), err
+
+
 def test_spmdsim_mpirun_takes_the_module_and_code_forms_its_help_offers(tmp_path, capsys, monkeypatch):
     # `--help` offers "[python] -m module": `spmdsim mpirun -n 2 -m mod` said "unrecognized arguments: -m"
     # (argparse took the program's -m, and -c, for mpirun's own flags); `python -m mod` alone worked.
