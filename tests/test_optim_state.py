@@ -306,3 +306,28 @@ def test_the_docs_checkpoint_example_runs():
     assert re.fullmatch(r"AdamW.load_state_dict: parameter 0's block on this rank is \[0:5\] of \(10,\), the "
                         r"state_dict's \[5:10\]: a state_dict holds one rank's shards; load into each rank the state "
                         r"it saved, on ranks laid out alike", quoted[2])
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adamw", "zero"])
+def test_nonfinite_state_names_a_second_moment_past_float_range(kind):
+    """A gradient whose square overflows made AdamW's second moment inf with every parameter finite (the
+    parameters then stopped moving: `train_moe_gpt.py --z-loss-coeff 1e300` said its loss was falling);
+    nonfinite_state finds it, naming the parameter where the state is per parameter (a bucket's: None)."""
+
+    def body():
+        mesh = _mesh()
+        params, opt = _make(kind, mesh, 0)
+        _train(kind, mesh, params, opt, range(2))
+        before = opt.nonfinite_state()
+        for p in params:  # the next gradients' squares past float64's range (SGD's momentum stays finite)
+            p.local[...] *= 1e160
+        with np.errstate(over="ignore", invalid="ignore"):  # (the loss's sum of squares: inf - inf)
+            _train(kind, mesh, params, opt, [2])
+        after = opt.nonfinite_state()
+        if after is not None and after[1] is not None:
+            after = (after[0], [i for i, p in enumerate(params) if p is after[1]])
+        return before, after, all(np.isfinite(p.local).all() for p in params)
+
+    for before, after, finite in spmdsim.simulate(4, body):
+        assert before is None and finite
+        assert after == {"sgd": None, "adamw": ("exp_avg_sq", [0]), "zero": ("exp_avg_sq", None)}[kind], after

@@ -103,18 +103,20 @@ class _Checkpoints:
         self.steps = steps
         self._load(entries)
 
-    def nonfinite_state(self) -> Optional[tuple]:
-        """(key, field) of the first of this rank's state arrays holding an inf or a NaN, as `state_dict` keys
-        them (a parameter's index, DistributedAdamW's bucket; "exp_avg_sq": AdamW's second moment, which a
-        gradient's square past its dtype's range makes inf), or None (a dry run's: None). No copies, no
+    def nonfinite_state(self, fields: tuple = ("exp_avg_sq", "momentum_buffer")) -> Optional[tuple]:
+        """(field, parameter) of the first of this rank's state arrays of `fields` (state_dict's names: AdamW's
+        second moment, which a gradient's square past its dtype's range makes inf, and any NaN or inf in the
+        first moment makes so too; SGD's momentum) that holds an inf or a NaN; the parameter None where the
+        state is per bucket (DistributedAdamW's). None where all are finite, or in a dry run. No copies, no
         collective: a trainer asks it after each step (a diverged run's parameters stop moving)."""
         if current().dry_run or getattr(self, "_dry", False):
             return None
         for key, entry in self._state_items().items():
-            for field, value in entry.items():
+            for field in fields:
+                value = entry.get(field)
                 if isinstance(value, np.ndarray) and value.size and not np.isfinite(
                         value.astype(np.float32) if value.dtype.kind == "V" else value).all():
-                    return key, field
+                    return field, self.params[key] if self._unit == "parameter" else None
         return None
 
     def _refuse_state(self, what: str) -> None:

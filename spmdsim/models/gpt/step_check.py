@@ -170,7 +170,8 @@ def stop_if_diverged(step: int, loss: float, params: dict, lr: float, clipping: 
     training diverged, where the check's differences came out NaN and it said PASS (`train_gpt.py --lr 1e300`).
     With `optimizer`, its state too (AdamW's second moment past float range: the parameters stop moving while
     the loss still looks fine, `train_moe_gpt.py --z-loss-coeff 1e300`). `clipping`: the trainer can clip its
-    gradients (said beside the lower learning rate); `weights`: other weights to lower ("--z-loss-coeff 1e+300").
+    gradients (said beside the lower learning rate); `weights`: other weights to lower ("router-loss weights
+    (aux 0.01, z 1e+300)": `router_weights`).
     Not in a dry run."""
     if dry_run_active():
         return
@@ -184,10 +185,9 @@ def stop_if_diverged(step: int, loss: float, params: dict, lr: float, clipping: 
                            f"training diverged; {lower}")
     found = None if optimizer is None else optimizer.nonfinite_state()
     if found is not None:
-        key, field = found
-        names = {id(t): name for name, t in params.items()}
-        held = optimizer.params[key] if isinstance(key, int) and key < len(optimizer.params) else None
-        of = f" of {names[id(held)]!r}" if _keyed_by_parameter(optimizer) and id(held) in names else ""
+        field, held = found
+        name = next((name for name, t in params.items() if t is held), None)
+        of = "" if name is None else f" of {name!r}"
         raise SpmdsimError(f"{what}step {step}: {type(optimizer).__name__}'s {_FIELDS.get(field, field)}{of} is not "
                            f"finite after the update (loss {loss:.6g}): training diverged, the parameters stop "
                            f"moving; {lower.replace('loss and parameters', 'optimizer state')}")
@@ -199,14 +199,8 @@ def router_weights(cfg: Any) -> str:
     return "" if moe is None else f"router-loss weights (aux {moe.aux_loss_coeff:g}, z {moe.z_loss_coeff:g})"
 
 
-#: What an optimizer's state arrays are, by their state_dict field.
-_FIELDS = {"exp_avg": "first moment", "exp_avg_sq": "second moment", "master": "master copy",
-           "momentum_buffer": "momentum"}
-
-
-def _keyed_by_parameter(optimizer: Any) -> bool:
-    """Whether `optimizer`'s state is keyed by its parameters' indices (not DistributedAdamW's buckets)."""
-    return getattr(optimizer, "_unit", "parameter") == "parameter"
+#: What an optimizer's state arrays are, by their state_dict field (those `nonfinite_state` looks at).
+_FIELDS = {"exp_avg_sq": "second moment", "momentum_buffer": "momentum"}
 
 
 class StepOverflows:
