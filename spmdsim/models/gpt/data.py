@@ -19,12 +19,11 @@ from typing import Any, Optional
 import numpy as np
 
 from ...errors import SpmdsimError
-from ...runtime.door import all_reduce_object
 from ...base.validate import as_int
 from .config import GPTConfig
 
 __all__ = ["MODULES", "SHIPPED_TEXT", "SHIPPED_CHARS", "load_text", "encode", "decode", "show_sample", "batch",
-           "text_problem", "MAX_SAMPLE", "sample_problem", "next_id", "logits_finite", "agree_finite"]
+           "text_problem", "MAX_SAMPLE", "sample_problem", "next_id", "logits_finite", "NOT_FINITE"]
 
 #: The most characters a ``--sample`` flag draws (each one a forward pass, with nothing printed until the last).
 MAX_SAMPLE = 2_000
@@ -116,7 +115,7 @@ def decode(ids: Any) -> str:
     return np.where(printable, arr, ord("?")).astype(np.uint8).tobytes().decode("ascii")
 
 
-#: A sample's refusal where the logits are not finite (`next_id`, `agree_finite`).
+#: A sample's refusal where the logits are not finite (`next_id`; a greedy one's: spmdsim.models.gpt.parallel's).
 NOT_FINITE = "generate: the next token's logits are not finite (the parameters diverged in training)"
 
 
@@ -138,14 +137,6 @@ def next_id(rng: Any, logits: np.ndarray, temperature: float) -> int:
 def logits_finite(block: np.ndarray) -> bool:
     """Whether a block of logits holds no NaN and no +inf (-inf: a masked entry, a padded vocabulary's)."""
     return not (np.isnan(block).any() or (block == np.inf).any())
-
-
-def agree_finite(comm: Any, finite: bool) -> None:
-    """Refuse in `next_id`'s line, alike on every rank of `comm`, a greedy sample whose logits were not finite on
-    some rank (`finite`: this rank's, `logits_finite`): its argmax runs in a replayed graph and printed
-    ``def ????`` as if meaningful. One Allreduce of one number a sample, not a token."""
-    if not all_reduce_object(comm, int(finite), "min"):
-        raise SpmdsimError(NOT_FINITE)
 
 
 def show_sample(prompt: bytes, sample: np.ndarray) -> None:

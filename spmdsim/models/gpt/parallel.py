@@ -44,10 +44,11 @@ from .context import Context, position_ids
 from .mesh import mesh_checked
 from ...nn.autograd import no_grad
 from ...nn.fsdp import fully_shard, on_mesh, shard_axes, shard_group, sharded_layout
+from ...runtime.door import all_reduce_object
 from ...runtime.dtensor import DTensor
 from ...runtime.replay import capture
 from ...runtime.sim import dry_run_active
-from .data import agree_finite, encode, logits_finite, next_id
+from .data import NOT_FINITE, encode, logits_finite, next_id
 from .reference import sampling
 from .parallel_block import _Block, _with_losses
 
@@ -394,6 +395,6 @@ class GPT(_Block):
                     finite = finite and logits_finite(wide(out[1].local))  # this rank's vocabulary's
                 else:
                     ids.append(next_id(rng, wide(out.local[0][:cfg.vocab]), temperature))  # bfloat16's in float32
-        if temperature == 0:  # the argmax saw logits that were not finite on some rank: one line on every rank
-            agree_finite(mesh.comm, finite)
+        if temperature == 0 and not all_reduce_object(mesh.comm, int(finite), "min"):  # the argmax ran on logits
+            raise SpmdsimError(NOT_FINITE)  # not finite on some rank (`def ????` shown as meaningful): on every rank
         return np.array(ids[len(ids) - n:], dtype=np.int64)
