@@ -51,6 +51,18 @@ def test_a_mistyped_subcommand_and_choice_name_the_one_meant(capsys):
         "'start', 'check', 'grade')")
 
 
+@pytest.mark.parametrize("network, said", [
+    ("llama", "Llama's architecture is the GPT's options: spmdsim estimate gpt --ffn N --kv-heads N --norm rms "
+              "--mlp swiglu --untied --rope --no-bias"),
+    ("mixtral", "Mixtral's experts are the GPT's options: spmdsim estimate gpt --experts N --top-k 2 (with "
+                "Llama's: --ffn N --kv-heads N --norm rms --mlp swiglu --untied --rope --no-bias)")])
+def test_estimate_of_a_llama_names_the_gpts_options_that_make_one(capsys, network, said):
+    """`spmdsim estimate llama` (a network docs/explanation/estimate-h100.md prices) said only "(choose from
+    'gpt')": Llama's and Mixtral's architectures are flags of the GPT."""
+    assert _parser_error(capsys, ["estimate", network])[-1] == (
+        f"spmdsim estimate: error: argument network: invalid choice: {network!r}; {said} (choose from 'gpt')")
+
+
 SHOW = ["--alias", "dp,mp", "--tensor-map", "mp,None", "--shape", "8,6"]
 
 

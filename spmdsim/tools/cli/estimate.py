@@ -62,7 +62,8 @@ def register(subparsers: Any) -> None:
                      "slowest and the fullest), what one rank holds (priced at --precision), the FLOPs it "
                      "executes, the bytes it sends by kind and link level, and the step time predicted on "
                      "--machine (docs/howto/estimate.md)."))
-    parser.add_argument("network", choices=("gpt",), help="the network (the GPT of spmdsim.models.gpt)")
+    parser.add_argument("network", choices=Choices(("gpt",), NETWORK_NOTES),
+                        help="the network (the GPT of spmdsim.models.gpt; Llama's and Mixtral's are its options)")
     # The defaults are a toy GPT (it runs in a second): say so, so that a user sizing a real model sets each one.
     for name, default, what in (
             ("layers", 4, "transformer blocks"), ("hidden", 128, "the model width (d_model)"),
@@ -152,6 +153,12 @@ _FUSION_HELP = ("price the weight gradients as Megatron's --gradient-accumulatio
 
 #: The options `--json` writes under "config", each by its argparse name (after `_config` filled the MoE
 #: defaults): named here, so that an attribute argparse or main() adds (func, ...) stays out.
+#: The networks a user may name that are the GPT's options (`spmdsim estimate llama`).
+_LLAMA = "--ffn N --kv-heads N --norm rms --mlp swiglu --untied --rope --no-bias"
+NETWORK_NOTES = {
+    "llama": f"Llama's architecture is the GPT's options: spmdsim estimate gpt {_LLAMA}",
+    "mixtral": f"Mixtral's experts are the GPT's options: spmdsim estimate gpt --experts N --top-k 2 (with Llama's: "
+               f"{_LLAMA})"}
 CONFIG_FIELDS = ("network", "layers", "hidden", "heads", "seq", "vocab", "micro_batch", "global_batch", TENSOR,
                  PIPELINE, DATA, "virtual_stages", "pad_vocab_to", "schedule", "sp", "recompute", "zero",
                  "prefetch", "kept", "experts",
