@@ -63,6 +63,19 @@ def test_estimate_of_a_llama_names_the_gpts_options_that_make_one(capsys, networ
         f"spmdsim estimate: error: argument network: invalid choice: {network!r}; {said} (choose from 'gpt')")
 
 
+@pytest.mark.parametrize("network, said", [
+    ("llama", "Llama's architecture is the GPT's options: --network gpt --ffn N --kv-heads N --norm rms --mlp swiglu "
+              "--untied --rope --no-bias"),
+    ("mixtral", "Mixtral's experts are the GPT's options: --network gpt --gpt experts=N,top_k=2 (with Llama's: --ffn "
+                "N --kv-heads N --norm rms --mlp swiglu --untied --rope --no-bias)")])
+def test_autoshard_of_a_llama_names_the_gpts_options_that_make_one(capsys, network, said):
+    """`spmdsim autoshard --network llama` listed ten networks, none of them Llama's: its architecture is the
+    GPT's flags (--ffn, --kv-heads, ...)."""
+    line = _parser_error(capsys, ["autoshard", "--network", network, "--devices", "8"])[-1]
+    assert line.startswith(f"spmdsim autoshard: error: argument --network: invalid choice: {network!r}; {said} "
+                           "(choose from 'net_mindspore_tutorial'"), line
+
+
 SHOW = ["--alias", "dp,mp", "--tensor-map", "mp,None", "--shape", "8,6"]
 
 

@@ -40,6 +40,14 @@ from .plan import MAX_PLAN_DEVICES
 __all__ = ["register", "run"]
 
 
+#: The networks a user may name that are the GPT's options (`spmdsim autoshard --network llama`).
+_LLAMA = "--ffn N --kv-heads N --norm rms --mlp swiglu --untied --rope --no-bias"
+_NETWORK_NOTES = {
+    "llama": f"Llama's architecture is the GPT's options: --network gpt {_LLAMA}",
+    "mixtral": f"Mixtral's experts are the GPT's options: --network gpt --gpt experts=N,top_k=2 (with Llama's: "
+               f"{_LLAMA})"}
+
+
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "autoshard", help="choose every operator's strategy by least communication",
@@ -48,7 +56,7 @@ def register(subparsers: Any) -> None:
                     "and trees, branch and bound otherwise) or by propagation from the fixed "
                     "operators. Compares the total with the network's hand-written strategies.",
     )
-    parser.add_argument("--network", required=True, choices=tuple(NAMES), metavar="NAME",
+    parser.add_argument("--network", required=True, choices=Choices(tuple(NAMES), _NETWORK_NOTES), metavar="NAME",
                         help=f"one of {', '.join(NAMES)}")
     parser.add_argument("--gpt", metavar="KEY=VALUE,...",
                         help="--network gpt / gpt_sp: the model's size, e.g. 'layers=2,d_model=64' "
