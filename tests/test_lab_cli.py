@@ -147,6 +147,18 @@ def test_bad_input_is_one_line_naming_the_value(argv, message, capsys):
     assert message in joined and "Traceback" not in err and len(joined.splitlines()) == 1
 
 
+def test_a_check_of_the_folder_start_wrote_names_the_file_in_it(tmp_path, capsys):
+    """`spmdsim lab start 5 work` then `spmdsim lab check 5 work` (the folder, as start took it) said only
+    "submission 'work' is not a file"; it now names the file start wrote there."""
+    assert main(["lab", "start", "5", str(tmp_path)]) == 0
+    capsys.readouterr()
+    assert main(["lab", "check", "5", str(tmp_path)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert err == (f"spmdsim: error: submission {str(tmp_path)!r} is a folder; expected the file to check, "
+                   f"such as {str(tmp_path / 'ring_allreduce.py')!r} (spmdsim lab check 5 "
+                   f"{tmp_path / 'ring_allreduce.py'})"), err
+
+
 def test_a_start_the_system_refuses_is_one_line_and_leaves_no_half(tmp_path, capsys):
     """A starter the folder refuses (a link left where it goes) is named, and the statement already written is
     removed: a second start, once the folder is fixed, is not refused for a file that exists."""

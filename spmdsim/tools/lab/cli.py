@@ -15,7 +15,7 @@ import re
 import shlex
 import sys
 import threading
-from typing import Optional
+from typing import Any, Optional
 
 from ...base.typed_numbers import flag_float, shown  # a refusal names the value as typed: "0", not "0.0"
 from ...base.validate import counted
@@ -167,7 +167,7 @@ def _check(args: argparse.Namespace) -> int:
 
     exercise, path, counts = _check_inputs(args)
     if not os.path.isfile(path):
-        raise LabError(f"submission {path!r} is not a file")
+        raise LabError(_not_a_file(path, exercise))
     ranks = tuple(dict.fromkeys(counts or exercise.ranks))  # each once: `--ranks 2 2` checks 2 ranks
     bad = [n for n in ranks if n not in exercise.ranks]
     if bad:
@@ -184,6 +184,15 @@ def _check(args: argparse.Namespace) -> int:
         verdict = check(exercise, path, ranks, **limits)
     print("\n".join(verdict_lines(exercise, verdict)))
     return 0 if verdict_word(verdict) == "PASS" else 1
+
+
+def _not_a_file(path: str, exercise: Any) -> str:
+    """Why `path` cannot be checked: not a file; a folder (`lab start`'s, whose file it names)."""
+    if not os.path.isdir(path):
+        return f"submission {path!r} is not a file"
+    mine = os.path.join(path, f"{exercise.name}.py")
+    return (f"submission {path!r} is a folder; expected the file to check, such as {mine!r} (spmdsim lab check "
+            f"{exercise.number} {mine})")
 
 
 def _grade(args: argparse.Namespace) -> int:
