@@ -354,14 +354,14 @@ class GPT(_Block):
         Each step: one forward of the last T tokens (left-padded with spaces) on the mesh, the head on the
         last position only (with sp, only that position's rows move to the rest of tp), then greedy
         (temperature 0: ``ops.argmax`` over the vocabulary-split logits of the last position, two
-        Allreduces of one number per row, no logits gathered) or a draw from softmax(logits /
-        temperature) with the reference's generator (the last position's logits gathered over tp; every
-        rank draws alike). Every character's forward is the same program on a new window: the first is
-        captured (spmdsim.runtime.replay) and the others replay it, without the layout inference and
-        planning that chose its numpy calls and collectives (MoE layers too: their routing, packing and
+        Allreduces of one number per row, no logits gathered; after the last character one more agrees
+        that every rank's logits were finite) or a draw from softmax(logits / temperature) with the
+        reference's generator (the last position's logits gathered over tp; every rank draws alike).
+        Every character's forward is the same program on a new window: the first is captured
+        (spmdsim.runtime.replay) and the others replay it, without the layout inference and planning
+        that chose its numpy calls and collectives (MoE layers too: their routing, packing and
         exchanges are replay kernels, so each window routes anew).
         """
-
         n = sampling(n, temperature)  # every rank alike, before the first forward's collectives
         if self.context is not None:  # (the mesh's: alike on every rank)
             raise SpmdsimError("generate: a window of one new token does not split over the context-parallel "
