@@ -211,6 +211,16 @@ def shown(doc: str) -> list[Quote]:
     return [q for q in quotes(doc) if any(a <= q.line < b for a, b in spans)]
 
 
+def page_quoting(quote: Quote) -> Optional[str]:
+    """The DOCS page whose commands tests/test_classroom_docs.py runs (`shown`) that quotes `quote`'s command with its
+    output too, or None: that test checks its one run against both quotes (README.md's 16-device MoE search, 2-3
+    CPU-s, ran in it and in tests/test_readme.py)."""
+    if quote.output is None:
+        return None
+    return next((doc for doc in DOCS for q in shown(doc) if q.command == quote.command and q.output is not None),
+                None)
+
+
 def section(doc: str, heading: str) -> list[Quote]:
     """The quotes of `doc` under the heading line `heading` (to the next "## " heading)."""
     text = (ROOT / doc).read_text()

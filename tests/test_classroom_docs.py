@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from docs_commands import DOCS, ROOT, in_process, mismatch, quotes, run_here, shown
+from docs_commands import DOCS, ROOT, in_process, mismatch, page_quoting, quotes, run_here, shown
 
 _BIN = pathlib.Path(sys.executable).parent
 # Commands a test here does not run, and why (each must still be quoted as written).
@@ -47,10 +47,10 @@ def _run_by_test_sim_cli(command: str) -> bool:
 
 def _run_by_test_readme(quote) -> bool:
     """A `spmdsim` command quoted here without output that README.md quotes with its output: tests/test_readme.py runs
-    it (in process) and checks its exit code, that output and its widths (docs/howto/choose-configuration.md's
-    16-device MoE search, 2-3 CPU-s, ran in both)."""
+    it (in process) and checks its exit code, that output and its widths (but a command a page here quotes with its
+    output too, docs_commands.page_quoting: it runs here, once)."""
     return quote.output is None and quote.command.startswith("spmdsim ") and quote.command in {
-        q.command for q in quotes("README.md") if q.output is not None}
+        q.command for q in quotes("README.md") if q.output is not None and not page_quoting(q)}
 
 
 #: The steps a training example the docs quote without output runs here when the command leaves them to its default,
@@ -135,6 +135,20 @@ def test_every_pure_command_runs_and_prints_what_the_doc_quotes(doc, ran):
     least = {"docs/tutorials/lab.md": 10, "docs/tutorials/lab-part2.md": 5, "docs/tutorials/walkthrough.md": 10}
     assert len(ran[doc]) >= least.get(doc, 1)  # every page listed quotes commands; the lab pages many
     # quote many
+
+
+def test_a_command_readme_quotes_too_prints_what_readme_quotes(ran):
+    """A command README.md quotes with its output that a page here quotes with its output too
+    (docs_commands.page_quoting: the 16-device MoE search of docs/howto/choose-configuration.md) runs once, here:
+    its output matches README's quote as well, within 100 columns (tests/test_readme.py leaves it to this test)."""
+    shared = [q for q in quotes("README.md") if page_quoting(q)]
+    assert [q.command.split()[:2] for q in shared] == [["spmdsim", "autoshard"]]
+    for quote in shared:
+        (code, out, err), = {done for q, done in ran[page_quoting(quote)] if q.command == quote.command}
+        assert code == 0, f"{quote.where()}\n{err}"
+        why = mismatch(quote.output, out)
+        assert why is None, f"{quote.where()}: {why}\n{out}"
+        assert max((len(line) for line in out.splitlines()), default=0) <= 100, quote.where()
 
 
 def _pixels(path: pathlib.Path):
