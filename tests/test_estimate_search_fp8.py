@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+import spmdsim.tools.estimate.ledger as ledger
 from spmdsim.errors import SpmdsimError
 from spmdsim.models.gpt import GPTConfig
 from spmdsim.tools.cli.main import main
@@ -83,16 +84,25 @@ def test_what_the_fp8_step_does_not_run_is_refused_in_one_line(capsys, extra, me
         search(SMALL, 8, load_machine(extra[1]), 1 << 40, precision="fp8")
 
 
-def test_an_fp8_search_with_workers_chooses_as_alone(capsys):
+def test_an_fp8_search_with_workers_chooses_as_alone(capsys, monkeypatch):
     """With --jobs the workers run the FP8 dry runs, and this process, which ran none, prices the cells' e4m3
     copies: their width resolved through ml_dtypes though no dry run here loaded it (it raised "data type
-    'float8_e4m3fn' not understood")."""
+    'float8_e4m3fn' not understood"). The table of finished dry runs starts empty for each search (else the
+    second found every dry run the first made, and no worker ran one)."""
     argv = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=64,heads=4,seq=64,vocab=128,batch=4",
             "--devices", "4", "--machine", "h100-dgx", "--precision", "fp8", "--fix", "cp=1", "--json"]
+    here: list = []
+    real = ledger._dry_ledger
+    monkeypatch.setattr(ledger, "_dry_ledger", lambda *key: here.append(key) or real(*key))
+    monkeypatch.setattr(ledger, "_LEDGERS", {})
     assert main(argv) == 0
     alone = json.loads(capsys.readouterr().out)
+    assert here, "the search alone ran its dry runs in this process"
+    here.clear()
+    monkeypatch.setattr(ledger, "_LEDGERS", {})
     assert main(argv + ["--jobs", "2"]) == 0
     ahead = json.loads(capsys.readouterr().out)
+    assert here == []  # every dry run a worker's
     assert ahead["estimate_command"] == alone["estimate_command"]  # the same choice
     assert [(c["config"], c["step_s"], c["verdict"]) for c in ahead["candidates"]] == \
         [(c["config"], c["step_s"], c["verdict"]) for c in alone["candidates"]]  # (bounds: sums in another order)
