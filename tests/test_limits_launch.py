@@ -64,9 +64,12 @@ def test_launch_removes_the_segments_of_a_killed_job_and_nothing_else(tmp_path):
             pytest.skip(f"this MPI's launcher removed its killed job's segments itself (mapped: {mapped}): none were "
                         "left for spmdsim launch to remove")
         assert len(note) == 1, done.stderr
-        # Some mapped files (UCX's) are unlinked while in use; the note names what was left.
-        named = note[0].split(": ")[-1].split(", ")
-        assert set(named) <= {os.path.basename(p) for p in segments}, (note, mapped)
+        # Some mapped files (UCX's) are unlinked while in use; the note names what was left. It may also name
+        # another job's MPI segment that no process held, made while this one ran (an aborted job of a test
+        # on another worker): removed by design; a file of any other kind never.
+        named = set(note[0].split(": ")[-1].split(", "))
+        others = named - {os.path.basename(p) for p in segments}
+        assert others < named and all(n.startswith(("mpich_shm_", "sm_segment.")) for n in others), (note, mapped)
     finally:
         os.unlink(decoy)
 
