@@ -26,6 +26,9 @@ import mpi4py_suite
 
 #: A number with a decimal point or an exponent: a time or a rate a demo measures.
 _MEASURED = re.compile(r"\d+\.\d*(e[+-]?\d+)?|\d+e[+-]?\d+")
+#: A line MPICH's launcher (hydra) prints about its own sockets, now and then, when a rank aborts the job:
+#: "[mpiexec@host] HYDU_sock_write (.../sock.c:250): write error (Bad file descriptor)". Not the program's.
+_LAUNCHERS = re.compile(r"^\[mpiexec@[^\]]*\] .*\n?", re.M)
 
 
 @dataclass(frozen=True)
@@ -132,9 +135,10 @@ def normalize(run: Run, out: str) -> list:
 
 
 def stderr_text(err: str) -> str:
-    """What a run printed to stderr, times masked, as its sorted characters but spaces: the ranks' unittest
-    reports come at once, and MPICH may join one rank's words into another's line."""
-    return "".join(sorted("".join(_MEASURED.sub("#", err).split())))
+    """What a run printed to stderr, times masked and the launcher's own lines about its sockets dropped, as its
+    sorted characters but spaces: the ranks' unittest reports come at once, and MPICH may join one rank's words
+    into another's line."""
+    return "".join(sorted("".join(_MEASURED.sub("#", _LAUNCHERS.sub("", err)).split())))
 
 
 def launch(demo_dir: Path, run: Run, simulated: bool, timeout: int = 300) -> tuple:
