@@ -67,7 +67,8 @@ from .checkpoint import load, save as save_checkpoint, with_first_loss
 from .fp8_block import settle
 from .tolerances import tolerances as mixed_tolerances
 from .stage_program import _Clock, _run_program, _tie_embedding, PipelineRun
-from .step_check import UNCHECKED, StepOverflows, _norm, agreed_overflow, router_weights, stop_if_diverged
+from .reference_step import Overflows
+from .step_check import UNCHECKED, _norm, agreed_overflow, router_weights, stop_if_diverged
 from .buckets import _zero_axes, dp_bucket, zero_options
 from .step_looks import _expert_bytes
 from .stage_check import _PipelineChecker, _stage_regions, _table
@@ -126,7 +127,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     checker = _PipelineChecker(st, cfg, policy, zero, kept, microbatches, first) if check else None
     replay = replay and not dry_run_active()  # a dry run's steps count bytes: nothing to replay
     results: list = []
-    graph, overflows = None, StepOverflows()
+    graph, overflows = None, Overflows()
     for step in range(first, steps):
         if mesh.engine.dry:  # shapes only: the ids' values are never read (each representative would
             x = y = buffers.lazy_zeros((cfg.batch, cfg.seq), np.int64)  # gather a 50 MB batch at 1T)
@@ -135,7 +136,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
         if checker is not None:
             checker.start()
         given = st.begin(x, y, replay, graph is None)
-        with collect_trace() as trace, overflows.watching(step):  # an overflow: one line, not numpy's warnings
+        with collect_trace() as trace, overflows.at(step):  # an overflow: one line, not numpy's warnings
             if not replay:
                 losses = st.step(step)
             elif graph is None:  # the same step as eager, recorded

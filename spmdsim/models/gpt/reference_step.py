@@ -20,21 +20,28 @@ _FP32 = precision("fp32")
 
 
 class Overflows:
-    """The first floating-point overflow (or NaN made of finite numbers) numpy meets in one numpy process's step,
-    said by where it happened ("forward and backward at float32 overflowed"): np.errstate's "call" mode
-    records it where numpy's warnings would print its own source lines above the run's verdict. Each
-    `at(where)` watches a part of the step; code that sets its own np.errstate inside keeps it."""
+    """The first floating-point overflow (or NaN made of finite numbers) numpy meets in a step: `first`, where it
+    happened (the `at` it met it in: a part of one numpy process's step, or a run's own step number), and
+    `kind`, "overflowed" or "made a NaN"; `said()` in words ("forward and backward at float32 overflowed").
+    np.errstate's "call" mode records it where numpy's warnings would print its own source lines above the run's
+    verdict, nothing paid while none happens. Each `at(where)` watches a part; code that sets its own
+    np.errstate inside keeps it."""
 
     def __init__(self) -> None:
-        self.first: Optional[str] = None
-        self.where = "step"
+        self.first: Any = None
+        self.kind = ""
+        self.where: Any = "step"
 
     def __call__(self, kind: str, flag: int) -> None:
         if self.first is None:
-            self.first = f"{self.where} {'overflowed' if kind == 'overflow' else 'made a NaN'}"
+            self.first, self.kind = self.where, "overflowed" if kind == "overflow" else "made a NaN"
+
+    def said(self) -> Optional[str]:
+        """Where the first overflow happened and what it did, in words; None where none happened."""
+        return None if self.first is None else f"{self.first} {self.kind}"
 
     @contextmanager
-    def at(self, where: str) -> Iterator[None]:
+    def at(self, where: Any) -> Iterator[None]:
         self.where = where
         with np.errstate(over="call", invalid="call", call=self):
             yield
@@ -173,7 +180,7 @@ def _checked_reference(where: Regions, start: np.ndarray, moments: dict, x: np.n
     watch = Overflows()
     moments, loss, grads, updated = _reference_step(moments, assemble(where, start)[0], x, y, cfg, step, microbatches,
                                                     routes, laid, watch)
-    return moments, loss, grads, updated, {"grads": peaks(grads), "updated": peaks(updated), "overflow": watch.first}
+    return moments, loss, grads, updated, {"grads": peaks(grads), "updated": peaks(updated), "overflow": watch.said()}
 
 
 def _checked_mixed(where: Regions, start: np.ndarray, grads: np.ndarray, x: np.ndarray, y: np.ndarray,
@@ -192,7 +199,7 @@ def _checked_mixed(where: Regions, start: np.ndarray, grads: np.ndarray, x: np.n
         wider = _wider_grads(start_wholes["params"], x, y, cfg, step, policy, microbatches, routes, kept, laid, ring)
         rounding = {name: float(np.max(np.abs(g - wider[name]), initial=0.0)) for name, g in ref_grads.items()}
     return loss, ref_grads, updated, {"grads": peaks(ref_grads), "updated": peaks(updated), "rounding": rounding,
-                                      "overflow": watch.first}
+                                      "overflow": watch.said()}
 
 
 def _wider_grads(params: dict, x: np.ndarray, y: np.ndarray, cfg: GPTConfig, step: int, policy: Any,

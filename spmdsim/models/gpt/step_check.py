@@ -3,7 +3,6 @@ differences from the reference step, and the gradient norm the run clipped by.""
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, Iterator, Optional
 import numpy as np
@@ -12,6 +11,7 @@ from ...errors import SpmdsimError
 from ...base.validate import counted
 from ...runtime.door import all_gather_object
 from ...runtime.sim import dry_run_active
+from .reference_step import Overflows
 from .tolerances import FP8_FLIP, ROUNDING
 from .wholes import peaks
 
@@ -203,32 +203,11 @@ def router_weights(cfg: Any) -> str:
 _FIELDS = {"exp_avg_sq": "second moment", "momentum_buffer": "momentum"}
 
 
-class StepOverflows:
-    """This rank's floating-point overflows (or NaNs made of finite numbers) in its own training steps, met by
-    np.errstate's "call" mode in place of QUIET (nothing printed, nothing paid while none happens): `first`, the
-    first step that met one (None: none), and `kind`, "overflowed" or "made a NaN". A run that is not checked
-    says it in one line (`agreed_overflow`), as a checked one says its reference's."""
-
-    def __init__(self) -> None:
-        self.first: Optional[int] = None
-        self.kind = ""
-        self._step = 0
-
-    def __call__(self, kind: str, flag: int) -> None:
-        if self.first is None:
-            self.first, self.kind = self._step, "overflowed" if kind == "overflow" else "made a NaN"
-
-    @contextmanager
-    def watching(self, step: int) -> Iterator[None]:
-        self._step = step
-        with np.errstate(over="call", invalid="call", call=self):
-            yield
-
-
-def agreed_overflow(comm: Any, watch: StepOverflows, results: list, policy: Any) -> list:
-    """`results` with the first step any rank's own step overflowed (`watch`, this rank's) said in the last one's
-    `overflow`: one Allgather of one small object over `comm` (collective; an unchecked run's, not a dry run's,
-    whose reference says none). `policy`: the run's precision policy, named in the line."""
+def agreed_overflow(comm: Any, watch: Overflows, results: list, policy: Any) -> list:
+    """`results` with the first step any rank's own step overflowed (`watch`, this rank's, watching each step `at`
+    its number in place of QUIET) said in the last one's `overflow`: one Allgather of one small object over
+    `comm` (collective; an unchecked run's, not a dry run's, whose reference says none). `policy`: the run's
+    precision policy, named in the line."""
     if dry_run_active() or not results:
         return results
     firsts = [f for f in all_gather_object(comm, (watch.first, watch.kind)) if f[0] is not None]

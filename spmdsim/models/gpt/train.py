@@ -68,8 +68,8 @@ from .mesh import model_mesh
 from .context import Context, checked_order, ring_core
 from .reference import generate
 from .step_looks import _expert_bytes, _restep, step_memory_problem
-from .step_check import UNCHECKED, StepOverflows, _norm, agreed_overflow, router_weights, stop_if_diverged
-from .reference_step import _routes
+from .step_check import UNCHECKED, _norm, agreed_overflow, router_weights, stop_if_diverged
+from .reference_step import Overflows, _routes
 from .step_run import _StepRun, _optimizer
 from .checker import StepChecker
 
@@ -224,13 +224,13 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
         if check and not dry_run_active() else None  # a dry run has shapes, not values
     tolerances = mixed_tolerances(policy, cfg)
     ids_layout, laid = model.ids, model.laid
-    results, watch = [], StepOverflows()
+    results, watch = [], Overflows()
     for step in range(first, steps):
         x, y = batch(text_ids, cfg, step)  # the sequences as the model lays them out (context parallelism's order)
         xd, yd = (DTensor.from_global(mesh, a[laid], ids_layout, verify=False) for a in (x, y))
         if checker is not None:  # the step's start, every rank's blocks: the reference step starts from it, whole
             checker.start()
-        with collect_trace() as trace, watch.watching(step):  # an overflow: one line, not numpy's warnings
+        with collect_trace() as trace, watch.at(step):  # an overflow: one line, not numpy's warnings
             loss = run.step(xd, yd, step, replay)
         value = float(ops.resolved(loss).local)
         stop_if_diverged(step, value, tensors, cfg.lr, optimizer=optimizer, weights=router_weights(cfg))
