@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 __all__ = ["architecture_arguments", "architecture_problem", "architecture_fields", "architecture_flags",
-           "architecture_words", "NORMS", "MLPS", "ATTENTIONS", "ARCHITECTURE_SAID"]
+           "architecture_words", "NORMS", "MLPS", "ATTENTIONS", "ARCHITECTURE_SAID", "LLAMA_FLAGS"]
 
 #: --norm's and --mlp's values, the first the default (spmdsim.models.gpt.config.CHOICES' "norm" and "mlp").
 NORMS = ("layer", "rms")
@@ -26,6 +26,8 @@ ATTENTIONS = ("unfused", "flash")
 #: flag typed (spmdsim.models.gpt.config.said_as): "--rope needs an even head_dim", not "GPTConfig positions 'rope' ...".
 ARCHITECTURE_SAID = {"ffn": "--ffn", "kv_heads": "--kv-heads", "norm": "--norm", "mlp": "--mlp",
                      "positions": "--rope", "attention": "--attention"}
+#: `architecture_arguments`' flags that make a Llama, as a refusal of a network named "llama" spells them.
+LLAMA_FLAGS = "--ffn N --kv-heads N --norm rms --mlp swiglu --untied --rope --no-bias"
 
 
 def architecture_arguments(parser: Any, width: str = "--d-model") -> None:

@@ -27,7 +27,7 @@ from ...errors import SpmdsimError
 from ...runtime.engines import engine_of
 from ...base.typed_numbers import flag_float, typed
 from .autoshard_common import gpt_config, still_working
-from ...models.gpt.flags import architecture_arguments, architecture_fields, architecture_flags
+from ...models.gpt.flags import LLAMA_FLAGS, architecture_arguments, architecture_fields, architecture_flags
 from ..autoshard import METHODS, NAMES, OBJECTIVES, autoshard
 from ..autoshard.choose import _parse_fix
 from ..autoshard.cost import measure_flops_rate
@@ -41,11 +41,10 @@ __all__ = ["register", "run"]
 
 
 #: The networks a user may name that are the GPT's options (`spmdsim autoshard --network llama`).
-_LLAMA = "--ffn N --kv-heads N --norm rms --mlp swiglu --untied --rope --no-bias"
 _NETWORK_NOTES = {
-    "llama": f"Llama's architecture is the GPT's options: --network gpt {_LLAMA}",
+    "llama": f"Llama's architecture is the GPT's options: --network gpt {LLAMA_FLAGS}",
     "mixtral": f"Mixtral's experts are the GPT's options: --network gpt --gpt experts=N,top_k=2 (with Llama's: "
-               f"{_LLAMA})"}
+               f"{LLAMA_FLAGS})"}
 
 
 def register(subparsers: Any) -> None:

@@ -18,7 +18,8 @@ from ...base.typed_numbers import add_noted, flag_float, said_fields, typed
 from ...models.gpt.config import GPTConfig, said_as
 from ...models.gpt.memory import sharded_problem
 from ...models.gpt.options import capacity_problem
-from ...models.gpt.flags import ARCHITECTURE_SAID, architecture_arguments, architecture_fields, architecture_problem
+from ...models.gpt.flags import (ARCHITECTURE_SAID, LLAMA_FLAGS, architecture_arguments, architecture_fields,
+                                 architecture_problem)
 from ...models.moe.config import MoEConfig
 from ...models.moe.fold import fold_problem, mesh_ep
 from ..estimate.machine import machines
@@ -151,14 +152,13 @@ _FUSION_HELP = ("price the weight gradients as Megatron's --gradient-accumulatio
                 "microbatch)")
 
 
+#: The networks a user may name that are the GPT's options (`spmdsim estimate llama`).
+NETWORK_NOTES = {
+    "llama": f"Llama's architecture is the GPT's options: spmdsim estimate gpt {LLAMA_FLAGS}",
+    "mixtral": f"Mixtral's experts are the GPT's options: spmdsim estimate gpt --experts N --top-k 2 (with Llama's: "
+               f"{LLAMA_FLAGS})"}
 #: The options `--json` writes under "config", each by its argparse name (after `_config` filled the MoE
 #: defaults): named here, so that an attribute argparse or main() adds (func, ...) stays out.
-#: The networks a user may name that are the GPT's options (`spmdsim estimate llama`).
-_LLAMA = "--ffn N --kv-heads N --norm rms --mlp swiglu --untied --rope --no-bias"
-NETWORK_NOTES = {
-    "llama": f"Llama's architecture is the GPT's options: spmdsim estimate gpt {_LLAMA}",
-    "mixtral": f"Mixtral's experts are the GPT's options: spmdsim estimate gpt --experts N --top-k 2 (with Llama's: "
-               f"{_LLAMA})"}
 CONFIG_FIELDS = ("network", "layers", "hidden", "heads", "seq", "vocab", "micro_batch", "global_batch", TENSOR,
                  PIPELINE, DATA, "virtual_stages", "pad_vocab_to", "schedule", "sp", "recompute", "zero",
                  "prefetch", "kept", "experts",
