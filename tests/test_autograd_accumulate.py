@@ -166,7 +166,7 @@ def test_backward_kept_is_backward_with_keep_pending():
 def test_the_walk_notes_a_tensor_s_layout_only_where_its_gradient_takes_another():
     """The walk keeps a gradient laid out by its tensor's very layout object without noting that layout (most
     gradients: the sum of such addends keeps the object), and notes it where an addend came in another (a
-    replicated leaf's, pending over dp): the leaves' ``.grad`` come out alike either way (issue 58: a store
+    replicated leaf's, pending over dp): the leaves' ``.grad`` come out alike either way (a store
     fewer per gradient)."""
     from spmdsim.nn.autograd import engine
 

@@ -1,4 +1,4 @@
-"""Issue 55: bounds checked before work, no negative savings, output errors in one line.
+"""Bounds checked before work, no negative savings, output errors in one line.
 
 Each case calls the CLI in-process (`main([...])`, no MPI) and asserts the one
 `spmdsim: error:` line (exit 2) it prints, and that it prints it at once.

@@ -1,5 +1,4 @@
-"""Issue 55 items 9-11: synopsis lines are not shown as commands, hints say what is true,
-usage errors print once under a launcher."""
+"""Synopsis lines are not shown as commands, hints say what is true, usage errors print once under a launcher."""
 from __future__ import annotations
 
 import ast

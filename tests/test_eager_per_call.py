@@ -1,4 +1,4 @@
-"""What an eager step's operators decide once per call signature and keep (issue 58, docs/explanation/performance.md): a
+"""What an eager step's operators decide once per call signature and keep (docs/explanation/performance.md): a
 repeated fused piece's product and an einsum rule's kept products run the recipe's function without its test of
 a dry run and bfloat16 (`spmdsim.references.contraction.pair_plain`), with `pair`'s bits."""
 from __future__ import annotations

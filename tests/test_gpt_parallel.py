@@ -425,7 +425,7 @@ def test_general_operator_examples_pass(script):
                                             bias=False, tied=False)])
 def test_a_block_reads_its_names_and_sizes_made_once_a_model(extra):
     """A block's parameter and dropout-site names and the config's sizes are made at its first forward and
-    read again by the next (issue 58: ~20 strings a block a forward); each name of a parameter is one the
+    read again by the next (~20 strings a block a forward); each name of a parameter is one the
     model holds, or an optional bias it has none of; the forwards' losses are the same values."""
     from spmdsim import DTensor, Layout, Mesh
     from spmdsim.models.gpt import batch

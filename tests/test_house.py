@@ -11,6 +11,7 @@ package (examples/*.py) and the scripts that measure it (scripts/*.py) alike.
 from __future__ import annotations
 
 import ast
+import re
 from functools import lru_cache
 
 import importkit
@@ -189,6 +190,24 @@ def test_code_is_spaced_as_pep_8_spaces_it():
     assert not found, "at most two blank lines between definitions, none at a file's end:\n" + "\n".join(found)
     assert loose_spacing("a = 1\n\n\n\nb = 2\n") == ["line 2: three or more blank lines"]
     assert loose_spacing("a = 1\n\n") == ["blank lines at the end"] and loose_spacing("a = 1\n\n\nb = 2\n") == []
+
+
+#: "issue 58" in a comment: our tracker's numbers mean nothing to a reader of the code (git keeps them); another
+#: project's issue, named with it ("Megatron-LM issue 1754"), stays.
+OUR_ISSUE = re.compile(r"(?<!Megatron-LM )(?<!nccl-tests )\b(?:issue #?\d+\b|issues #?\d+(?:,| and| or|\)))", re.I)
+
+
+def test_the_code_names_none_of_our_issues():
+    found = [f"  {path.relative_to(importkit.ROOT)}:{number}: {line.strip()}"
+             for folder in PYTHON_FOLDERS for path in sorted((importkit.ROOT / folder).rglob("*.py"))
+             if path.name not in ("test_docs_style.py", "test_house.py")
+             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             if OUR_ISSUE.search(line)]
+    assert not found, "say what the code does and why, not which issue asked for it:\n" + "\n".join(found)
+    assert OUR_ISSUE.search("a node a call: issue 58") and OUR_ISSUE.search("(issues 52 and 53)")
+    assert OUR_ISSUE.search("Issue 55: bounds")
+    assert not OUR_ISSUE.search("Megatron-LM issue 1754") and not OUR_ISSUE.search("NVIDIA/nccl-tests issues 319 and 267")
+    assert not OUR_ISSUE.search("a step issues 41 sends")
 
 
 def test_the_rules_see_the_package():

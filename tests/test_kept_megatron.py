@@ -1,4 +1,4 @@
-"""The GPT with Megatron's kept set (``kept="megatron"``, issue 53): Korthikanti et al.'s count, measured.
+"""The GPT with Megatron's kept set (``kept="megatron"``): Korthikanti et al.'s count, measured.
 
 Per layer and tensor-parallel rank the blocks keep exactly the bytes of Korthikanti et al. 2022 (section
 4.1, table 2) at spmdsim's widths, float64 values and 1-byte boolean masks

@@ -1,4 +1,4 @@
-"""Issue 103, items 1-7: what a new user met from outside (tracebacks, unbounded work, a PASS on NaN, long
+"""What a new user met from outside (tracebacks, unbounded work, a PASS on NaN, long
 lines, an unproven choice, "1e+03 KiB"), each as the one-line answer or the bound it should be."""
 from __future__ import annotations
 

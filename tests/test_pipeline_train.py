@@ -452,7 +452,7 @@ def test_simulated_ranks_share_one_gathered_table_in_the_pipelined_check(monkeyp
 def test_a_gradient_a_stage_receives_takes_its_outputs_layout_object(monkeypatch, tp, sp):
     """A gradient a stage receives comes laid out by its chunk's output's very layout object (the one the
     output's node wants), not by an equal one of the model's: the backward's layout tests stop at `is`, as
-    between the layers of one chunk (issue 58: an equal object cost comparisons and moves each microbatch).
+    between the layers of one chunk (an equal object cost comparisons and moves each microbatch).
     Every step checked against one process; without sp at tp 2 the boundaries scatter and gather over tp."""
     from spmdsim.nn.autograd import engine
 
@@ -478,7 +478,7 @@ def test_a_gradient_a_stage_receives_takes_its_outputs_layout_object(monkeypatch
 
 def test_a_step_checks_the_parameters_its_microbatches_keep_pending_once(monkeypatch):
     """Every microbatch's backward keeps the stage's parameters pending; a step checks them once
-    (engine.kept_leaves), not once per microbatch (issue 58), and still agrees with one process."""
+    (engine.kept_leaves), not once per microbatch, and still agrees with one process."""
     from spmdsim.nn.autograd import engine
 
     checked = []

@@ -31,7 +31,7 @@ def test_a_dry_demo_says_when_too_few_scenarios_ran_at_any_rank_count(capsys, ra
     run's check past 1365 ranks came back failed (its verdict table is too large for the dry communicator to fill;
     nothing is compared in a dry run), and the demo stopped at "a scenario failed" before its word on coverage,
     the exit code a dry run does not pass on. A dry run's verdicts say nothing: the coverage line comes alike, and
-    its exit code 3 as without --dry-run (issue 103: a dry run exited 0 while every scenario was skipped)."""
+    its exit code 3 as without --dry-run (a dry run must not exit 0 when every scenario was skipped)."""
     assert main(["demo", "--ranks", ranks, "--dry-run", "--only", "matmul_2x1_1x4", "linear_row", "mlp"]) == 3
     err = unfold(capsys.readouterr().err)
     assert err == (f"spmdsim demo: fewer than half the scenarios ran (1 of 3 ran on {ranks} ranks); 8 run them all "

@@ -1,4 +1,4 @@
-"""Tolerances follow the magnitudes that entered a result, not its size (issue 55, item 1).
+"""Tolerances follow the magnitudes that entered a result, not its size.
 
 A sum whose terms are far larger than the result (a gradient near a minimum, a
 cancelling sum) rounds by up to k eps x the sum of |terms|; a check scaled by
@@ -287,7 +287,7 @@ def test_documented_adam_command_passes_all_100_steps():
 
 
 def test_cross_entropy_resolves_pending_logits_as_softmax_does():
-    """Issue 55, item 13: logits that are still a pending sum are added up first (one Allreduce)."""
+    """Logits that are still a pending sum are added up first (one Allreduce)."""
     from spmdsim.references import backward as rg
     from spmdsim.nn.ops import cross_entropy
     from spmdsim.runtime import DTensor, Mesh

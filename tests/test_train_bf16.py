@@ -1,4 +1,4 @@
-"""Mixed precision (issue 52, item 3; docs/howto/bf16.md) on simulated ranks.
+"""Mixed precision (docs/howto/bf16.md) on simulated ranks.
 
 A bf16-mixed run is checked each step against one numpy process under the same policy
 (spmdsim.models.gpt.mixed): the loss and the gradients within the policy's tolerances, the optimizer

@@ -1,4 +1,4 @@
-"""Memory-saving training (issue 52) on simulated ranks: activation recomputation, ZeRO-1, the memory tracker.
+"""Memory-saving training on simulated ranks: activation recomputation, ZeRO-1, the memory tracker.
 
 Recomputation must give the gradients of the run without it (the same dropout masks, drawn again from
 their seeds); ZeRO-1 must give AdamW's parameters with 1/dp of its states; the tracker's figures are

@@ -285,7 +285,7 @@ class TensorLayout(TensorShards):
 
     # The tensor layout (an object) whose gradient, laid out by this object, the backward walk keeps as it is
     # (spmdsim.nn.autograd.engine.grad_layout moves it nowhere): noted on this object by the walk, so a parameter's
-    # pending gradient is routed by one attribute read (issue 58). Not a field: no part of the value.
+    # pending gradient is routed by one attribute read. Not a field: no part of the value.
     _grad_of = None  # (no annotation: a class attribute, not a dataclass field)
 
     def __getstate__(self) -> dict:

@@ -45,7 +45,7 @@ def _with_losses(h: Any, losses: Any) -> Any:
 
 class _Layer:
     """What `GPT._block` reads of block `layer` beside its tensors, worked out once a model: its parameters' and
-    dropout sites' names (each a string made once, where the block made ~20 a forward: issue 58), the
+    dropout sites' names (each a string made once, where the block made ~20 a forward), the
     config's sizes and choices for it (a frozen GPTConfig's: they never change), and the `kept_as` contexts
     its parts enter, one object a kind (entered one after another, never one inside itself: a model is one
     rank's, its blocks run one at a time)."""

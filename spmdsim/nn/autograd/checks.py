@@ -108,7 +108,7 @@ def _topological(root: Any) -> list:
     # each node as it comes, before the next slot is read: every node is in `order` before its inputs are read,
     # and the search ends when the slots of the last one are read). A node is new where `first.setdefault` answers
     # its own place in the stream of slots (a count in step). No Python per node or input, and no round per
-    # depth (issue 58: a pipeline stage walks a graph each microbatch).
+    # depth (a pipeline stage walks a graph each microbatch).
     order = [root]
     first = {root: -1}
     found = filter(_IS_NODE, map(getattr, chain.from_iterable(map(_INPUTS, iter(order))), _AG, _NONE))

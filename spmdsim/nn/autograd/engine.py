@@ -98,7 +98,7 @@ def backward(loss: Any, explain: Optional[list] = None, bucket: Any = False, gra
 def backward_kept(loss: Any, gradient: Any, kept: set, reduce_with: Any = None) -> None:
     """``backward(loss, gradient=gradient, keep_pending=params)`` where `kept` is ``kept_leaves(params)``, made
     once for many backwards: a pipeline stage's microbatches (spmdsim.models.gpt.pipeline) keep the same parameters
-    pending every microbatch, so their entries are checked once a step, not once a microbatch (issue 58).
+    pending every microbatch, so their entries are checked once a step, not once a microbatch.
     `reduce_with` as `backward`'s (a stage's last microbatch's backward of a chunk under ZeRO-2)."""
     context = current()
     was, context.phase = context.phase, "backward"  # the rules' products, for spmdsim.base.flops
@@ -157,7 +157,7 @@ def _walk(order: list, grads: dict, owners: dict, explain: Optional[list] = None
         want = node.want
         if node.low is not None or want is not None and (dy._layout is not want or want.partial):
             dy = _prepared(node, dy, run, inputs)  # else (most nodes) `dy` as it is: _prepared's answer
-        # `_take`, written out here without its frame and its counter's test per input (a node a call: issue 58)
+        # `_take`, written out here without its frame and its counter's test per input (a node a call)
         for tensor, g in zip(inputs, run(dy)):
             if g is None or tensor is None:
                 continue

@@ -161,7 +161,7 @@ class _Recorded:
         two layouts, not the tensors: a closure over `out` made a cycle (out -> its node -> the name -> out)
         that kept both blocks, about 6 MiB a GPT step's rank, until the garbage collector ran. `name` and
         `reads`: `move_name`'s and the two layouts, where the caller keeps them per move (the executor)."""
-        # `record`'s node, its read layouts (x's and out's) given: no gathering them (a move a call: issue 58);
+        # `record`'s node, its read layouts (x's and out's) given: no gathering them (a move a call);
         # `attach` written out (a move's node, 18 a GPT step), as it sets the fields
         if _Mode.enabled is not True:  # inside no_grad()
             return out

@@ -38,8 +38,8 @@ def _resolve_leaves(leaves: list, grads: dict, owners: dict, kept: Any, cap: flo
 
 def _into_grads(kl: list, kg: list, layouts: list, counting: bool) -> None:
     """Add the gradients `kg` into the ``.grad`` of the leaves `kl` (`layouts`: the layout each sum takes,
-    `add_grads`'): a microbatch's backward under ``keep_pending`` adds ~17 a pipeline stage's microbatch
-    (issue 58). Each into its ``.grad``'s block in place where `_added_into`'s conditions hold: here tested for
+    `add_grads`'): a microbatch's backward under ``keep_pending`` adds ~17 a pipeline stage's microbatch.
+    Each into its ``.grad``'s block in place where `_added_into`'s conditions hold: here tested for
     all of them at once in C (a map per condition, no Python per leaf), the leaves whose blocks own their
     memory; the others (a placed or viewed block, a ``.grad`` held elsewhere) as `_added_into` decides one by
     one, else `add_grads`. The first backward after ``zero_grad`` sets each ``.grad`` to its gradient. A leaf with

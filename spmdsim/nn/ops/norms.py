@@ -132,7 +132,7 @@ def _eps(eps: Any, op: str) -> float:
 def _check_affine(op: str, x: Any, d: int, weight: Optional[Any], bias: Optional[Any] = None) -> None:
     """Refuse a weight or bias that is not a DTensor of shape (n,), n the size of x's normalized dim, as
     PyTorch does (a numpy array, or another shape, would fail inside the kernel or broadcast silently).
-    Every step's norms ask: a DTensor of that shape is let through by one comparison (issue 58)."""
+    Every step's norms ask: a DTensor of that shape is let through by one comparison."""
     n = x.global_shape[d]
     for name, t in (("weight", weight), ("bias", bias)):
         if t is None or getattr(t, "_shape", None) == (n,) and hasattr(t, "_ag"):  # a DTensor's own fields

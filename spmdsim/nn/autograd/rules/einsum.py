@@ -66,7 +66,7 @@ class EinsumGrads:
             if fns is not None and d.dtype.kind != "V" and not dy._mesh.engine.dry:
                 # Most products (no block bfloat16, no dry run, an even cut: every rank's blocks shaped alike):
                 # each gradient the kept function `pair_plain` runs for its two blocks' words and shapes
-                # (contraction.pair_function's), called without pair_plain's frame and look-up (issue 58). For
+                # (contraction.pair_function's), called without pair_plain's frame and look-up. For
                 # ndarray blocks it returns an ndarray in C order (contraction's `_compiled`): only its class,
                 # dtype and shape are checked.
                 a_fn, a_layout, b_fn, b_layout = fns
