@@ -13,7 +13,7 @@ import importlib
 from typing import Any
 
 from .errors import (CheckFailed, DialectError, DTypeError, LayoutError, OperatorError,
-                     PlanError, RankError, RuntimeMismatchError, ShapeError, SpmdsimError)
+                     PlanError, RankCountError, RankError, RuntimeMismatchError, ShapeError, SpmdsimError)
 
 __version__ = "0.1.0"
 
@@ -45,7 +45,7 @@ _LAZY = {
 __all__ = [
     *_LAZY,
     "SpmdsimError", "LayoutError", "ShapeError", "DTypeError", "RankError", "DialectError",
-    "OperatorError", "PlanError", "RuntimeMismatchError", "CheckFailed",
+    "OperatorError", "PlanError", "RuntimeMismatchError", "RankCountError", "CheckFailed",
 ]
 
 

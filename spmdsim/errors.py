@@ -8,7 +8,7 @@ import traceback
 
 __all__ = ["fold_message", "exception_text", "same_class", "SpmdsimError", "LayoutError", "ShapeError", "DTypeError",
            "RankError", "DialectError", "OperatorError", "PlanError", "PipelineError", "RuntimeMismatchError",
-           "CheckFailed", "ResourceError"]
+           "RankCountError", "MeshSizeError", "StrategySizeError", "CheckFailed", "ResourceError"]
 
 
 #: Columns of a printed error line (spmdsim.programs.viz.table.WIDTH: every default output).
@@ -121,6 +121,37 @@ class PipelineError(SpmdsimError, ValueError):
 
 class RuntimeMismatchError(SpmdsimError, RuntimeError):
     """The MPI world does not match what the program needs (size, divergence)."""
+
+
+class RankCountError(SpmdsimError):
+    """A program needs another number of ranks than it runs on: `needed` (or, with `divides`, a multiple of it)
+    where it has `size`.
+
+    The numbers are attributes, so that whoever knows how the ranks were launched says how to get those
+    (spmdsim.runtime.engines.ways_out; `spmdsim run`'s "expected --ranks 8") from them, never from the text;
+    `ways` is that advice where the message already ends with it, else "". Mesh raises MeshSizeError (a
+    RuntimeMismatchError), a strategy StrategySizeError (a DialectError): an ``except`` of either still catches it.
+    """
+
+    def __init__(self, text: str = "", needed: int = 0, size: int = 0, divides: bool = False, ways: str = "") -> None:
+        super().__init__(text)
+        self.needed, self.size, self.divides, self.ways = needed, size, divides, ways
+
+    def with_ways(self, ways: str) -> RankCountError:
+        """The same error (its class and numbers) with `ways`, how to get the ranks, after its message."""
+        return type(self)(f"{self}{ways}", self.needed, self.size, self.divides, self.ways + ways)
+
+    def wanted(self) -> str:
+        """The rank counts that fit, as a flag's value reads: "8", or "3 or a multiple of it"."""
+        return f"{self.needed} or a multiple of it" if self.divides else f"{self.needed}"
+
+
+class MeshSizeError(RankCountError, RuntimeMismatchError):
+    """A Mesh's device matrix has another number of devices than its communicator has ranks."""
+
+
+class StrategySizeError(RankCountError, DialectError):
+    """A strategy uses more devices than the world has ranks, or a number that does not divide it."""
 
 
 class CheckFailed(SpmdsimError, AssertionError):

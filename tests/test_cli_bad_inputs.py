@@ -917,7 +917,7 @@ def test_autoshard_progress_counts_one_device():
 
 
 class _MpiWorld:
-    """A communicator of `size` MPI ranks as with_ways_out reads one (no spmdsim engine: MPI's)."""
+    """A communicator of `size` MPI ranks as run_op reads one before its job (no spmdsim engine: MPI's)."""
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -935,9 +935,14 @@ class _MpiWorld:
      "with `mpiexec -n 8 ...`, or simulate them in this process with `--ranks 8` / spmdsim.simulate(8, main)")])
 def test_a_strategy_for_other_ranks_under_mpiexec_says_how_to_get_them(size, said, way):
     """`mpiexec -n 4 spmdsim run matmul --strategy "((2,4),(4,1))"` said the strategy needs 8 devices with no way
-    out (one process got one, and a --device-matrix's Mesh says it under mpiexec too); -n 9 likewise."""
-    from spmdsim.errors import DialectError
-    from spmdsim.tools.cli.run_report import with_ways_out
+    out (one process got one, and a --device-matrix's Mesh says it under mpiexec too); -n 9 likewise. The error
+    keeps its class and its numbers."""
+    from spmdsim.errors import DialectError, RankCountError
 
-    got = with_ways_out(DialectError(f"{said}; the product of the slice counts must ..."), _MpiWorld(size))
-    assert isinstance(got, DialectError) and str(got) == f"{said}; the product of the slice counts must ... ({way})"
+    args = _args(["run", "matmul", "--strategy", "((2,4),(4,1))", "--shape", "16,16,16"])
+    with pytest.raises(DialectError) as raised:
+        run_cli.run_op(args, _MpiWorld(size))
+    got = raised.value
+    tail = "must not exceed" if size < 8 else "must divide"
+    assert str(got) == f"{said}; the product of the slice counts {tail} the number of ranks ({way})"
+    assert isinstance(got, RankCountError) and (got.needed, got.size, got.divides) == (8, size, size > 8)

@@ -171,6 +171,30 @@ def test_a_spmdsim_program_on_too_few_ranks_of_mpirun_is_told_mpiruns_flag(tmp_p
                            "(run 8 ranks: spmdsim mpirun -n 8 ..., or mpiexec -n 8 ...)\n"), err
 
 
+def test_a_mesh_error_a_program_catches_under_mpirun_says_mpiruns_ways(tmp_path, capsys):
+    """The error's own text says mpirun's -n where mpirun started the world: a program that caught it and printed
+    it said "simulate 8 ranks with `--ranks 8` / spmdsim.simulate(8, main)" (mpirun's report alone rewrote it)."""
+    prog = tmp_path / "prog.py"
+    prog.write_text("from spmdsim import Layout, Mesh, RuntimeMismatchError\n"
+                    "try:\n    Mesh(Layout((2, 4), ('dp', 'mp')))\n"
+                    "except RuntimeMismatchError as exc:\n"
+                    "    print(getattr(exc, 'needed', None), getattr(exc, 'size', None), exc)\n")
+    assert main(["mpirun", "-n", "2", "python", str(prog)]) == 0
+    assert capsys.readouterr().out == 2 * ("8 2 device matrix (2, 4) needs 8 ranks but the communicator has 2 "
+                                           "(run 8 ranks: spmdsim mpirun -n 8 ..., or mpiexec -n 8 ...)\n")
+
+
+def test_spmdsim_run_under_mpirun_says_mpiruns_ways_to_a_strategys_ranks(capsys):
+    """`spmdsim mpirun -n 2 python -m spmdsim run matmul --strategy ((2,4),(4,1))` was told to "simulate 8 ranks
+    with `--ranks 8`", which mpirun does not read: the ways were guessed from the communicator, not its launcher."""
+    argv = ["run", "matmul", "--strategy", "((2,4),(4,1))", "--shape", "16,16,16"]
+    assert main(["mpirun", "-n", "2", "python", "-m", "spmdsim", *argv]) == 2
+    said = ("spmdsim: error: matmul strategy ((2, 4), (4, 1)) needs 8 devices but the world size is 2; the product "
+            "of the slice counts must not exceed the number of ranks (run 8 ranks: spmdsim mpirun -n 8 ..., or "
+            "mpiexec -n 8 ...)")
+    assert unfold(capsys.readouterr().err).splitlines() == [said, said]  # (each rank says it)
+
+
 def test_spmdsim_mpirun_takes_the_module_and_code_forms_its_help_offers(tmp_path, capsys, monkeypatch):
     # `--help` offers "[python] -m module": `spmdsim mpirun -n 2 -m mod` said "unrecognized arguments: -m"
     # (argparse took the program's -m, and -c, for mpirun's own flags); `python -m mod` alone worked.

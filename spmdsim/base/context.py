@@ -16,18 +16,23 @@ from __future__ import annotations
 import threading
 from typing import Any, Optional
 
-__all__ = ["RankContext", "PROCESS", "current", "simulated", "enter", "leave"]
+__all__ = ["RankContext", "PROCESS", "current", "simulated", "enter", "leave", "SIMULATE", "MPIRUN", "MPIEXEC",
+           "ONE_PROCESS"]
+
+#: How a world was started (`RankContext.launcher`; spmdsim.runtime.engines.launcher): simulated ranks of
+#: spmdsim.simulate or --ranks, or of `spmdsim mpirun`; MPI processes of mpiexec, or one plain process.
+SIMULATE, MPIRUN, MPIEXEC, ONE_PROCESS = "simulate", "spmdsim mpirun", "mpiexec", "one process"
 
 
 class RankContext:
     """One rank's own state: who it is, its world communicator and engine, its traces, counter and settings."""
 
     __slots__ = ("rank", "size", "comm", "engine", "traces", "seq", "hooks", "meter", "shared", "self_comm", "world_comm",
-                 "dry_run", "flops", "phase", "streams", "__weakref__")
+                 "dry_run", "launcher", "flops", "phase", "streams", "__weakref__")
 
     def __init__(self, rank: Optional[int] = None, size: Optional[int] = None, comm: Any = None,
                  engine: Any = None, dry_run: bool = False, shared: Optional[dict] = None,
-                 hooks: Any = None) -> None:
+                 hooks: Any = None, launcher: Optional[str] = None) -> None:
         self.rank, self.size = rank, size
         self.comm = comm  # the world communicator (None in PROCESS: mpi4py's COMM_WORLD)
         self.engine = engine  # the engine this rank's meshes run on (None in PROCESS: MPI)
@@ -37,6 +42,9 @@ class RankContext:
         # simulated rank a copy of PROCESS's when simulate() starts; hot paths read `hooks.quiet`
         self.hooks = hooks
         self.dry_run = dry_run
+        # How this rank's world was started: SIMULATE or MPIRUN (`spmdsim mpirun` sets it as each rank starts);
+        # None in PROCESS, an MPI process: mpiexec's, or one plain process (its world's size says which)
+        self.launcher = launcher
         self.meter: Any = None  # a dry run's byte meter (spmdsim.runtime.sim.dry_meter.Meter)
         self.shared = {} if shared is None else shared  # spmdsim.base.once's results, one table per run
         self.self_comm: Any = None  # MPI.COMM_SELF of a simulated rank, made on first use

@@ -128,6 +128,7 @@ def _rank(kind: str, what: str, exits: dict, failures: list, notice: FailureNoti
     (sys.exit(3))'); return the rank's exit status as the OS reports a process's: the code's low 8 bits
     (sys.exit(-1) is 255 under mpiexec; the largest of a negative code and the others' 0 was 0)."""
     adopt()  # a process of its own: its own random and numpy.random generators
+    _local.current().launcher = _local.MPIRUN  # how its world started: its errors' ways to more ranks say mpirun's
     try:
         code = _program(kind, what)
     except _OsExit as exc:  # os._exit(code): the rank ends at once (no finally of its own runs further up)

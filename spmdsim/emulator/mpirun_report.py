@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import os
 import pickle
-import re
 import sys
 import threading
 
-from ..errors import exception_text, fold_message, RuntimeMismatchError, same_class, SpmdsimError
-from ..runtime.engines import ways_out
+from ..errors import exception_text, fold_message, RankCountError, RuntimeMismatchError, same_class, SpmdsimError
 from ..runtime.engines.memory import DRY_RUN_HINT, MemoryLimitError
 from ..runtime.sim.thread_limits import ThreadLimitError
 from ..runtime.sim.waiting import ranks_text
@@ -22,17 +20,6 @@ __all__ = ["REAL_COMM_ONLY", "REAL_COMM_HINT", "program_hook"]
 class _NotRunnable(ValueError):
     """A program Python itself refuses once it has started (`python -m no_such_mod`, a folder without
     __main__.py): one line in Python's words, and Python's exit status, 1 (not the launcher's 2)."""
-
-
-def _with_mpiruns_ways(text: str) -> str:
-    """`text` as is, or, where it ends in a Mesh's ways to get the ranks it needs on simulated ranks (--ranks,
-    spmdsim.simulate: not mpirun's), with mpirun's own, folded to 100 columns."""
-    found = re.search(r"needs (\d+) ranks but the communicator has (\d+)", text)
-    theirs = found and ways_out(int(found.group(1)), int(found.group(2)), True)
-    if not theirs or not text.endswith(theirs):
-        return text
-    n = found.group(1)
-    return fold_message(f"{text[:-len(theirs)]} (run {n} ranks: spmdsim mpirun -n {n} ..., or mpiexec -n {n} ...)")
 
 
 def _report(exc: BaseException, exits: dict) -> int:
@@ -53,7 +40,8 @@ def _report(exc: BaseException, exits: dict) -> int:
         print(f"spmdsim mpirun: error: {exc}", file=sys.stderr)
         return 1
     if isinstance(exc, RuntimeMismatchError):  # a deadlock, collectives that differ, a Mesh of another size
-        print(_with_mpiruns_ways(f"spmdsim mpirun: error: {exc}"), file=sys.stderr)
+        text = f"spmdsim mpirun: error: {exc}"  # a Mesh's ways to its ranks (mpirun's own): folded to 100 columns
+        print(fold_message(text) if isinstance(exc, RankCountError) else text, file=sys.stderr)
         return max([1, *exits.values()])
     code = getattr(exc, "abort_code", None)
     if code is not None:  # comm.Abort(code): MPI ends the job with that code

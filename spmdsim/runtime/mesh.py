@@ -8,11 +8,11 @@ from typing import Any, Iterable
 import numpy as np
 
 from ..base import buffers
-from ..errors import LayoutError, RuntimeMismatchError
+from ..errors import LayoutError, MeshSizeError, RuntimeMismatchError
 from ..layouts.layout import Layout
 from ..base.context import current
 from .axes import normalize_axes
-from .engines import engine_of, ways_out, world
+from .engines import engine_of, launcher, ways_out, world
 from .engines.wait import resolve_wait_mode
 from .compiled import PROGRAMS  # Mesh.close drops its compiled redistributions
 from ..programs.algorithms import check_choices
@@ -40,7 +40,7 @@ class Mesh:
     """``Mesh(layout, comm=None)``: the device matrix of `layout` over `comm` (default `spmdsim.world()`).
 
     Every rank checks ``prod(device_matrix) == comm.size`` before any collective
-    (the same RuntimeMismatchError otherwise). Attributes: ``layout``, ``comm``,
+    (the same MeshSizeError, a RuntimeMismatchError, otherwise). Attributes: ``layout``, ``comm``,
     ``rank``, ``size``, ``coords`` (``coord("tp")``: one axis's), ``wait_mode`` ("busy" or "polite"; ``polite``),
     ``algorithms`` (``{"allreduce": "ring", ...}``: run step by step over
     point-to-point messages, docs/explanation/algorithms.md; None: MPI's own collectives),
@@ -66,11 +66,13 @@ class Mesh:
             _check_mpi_comm(comm)
         size = comm.Get_size()
         if layout.num_devices != size:
-            # The whole world too few or too many: how to get as many (a sub-communicator's size is the program's)
-            whole = size == 1 or size == world().Get_size()
-            raise RuntimeMismatchError(f"device matrix {layout.device_matrix!r} needs {layout.num_devices} ranks "
-                                       f"but the communicator has {size}"
-                                       + (ways_out(layout.num_devices, size, simulated) if whole else ""))
+            error = MeshSizeError(f"device matrix {layout.device_matrix!r} needs {layout.num_devices} ranks but the "
+                                  f"communicator has {size}", layout.num_devices, size)
+            # The whole world too few or too many (or one rank): how to get as many, as this world was started;
+            # a sub-communicator's size is the program's own
+            if size == 1 or size == world().Get_size():
+                raise error.with_ways(ways_out(layout.num_devices, size, launcher(size)))
+            raise error
         if simulated:
             # Simulated ranks are threads of one process and share the planners' caches: their meshes
             # share one Layout per device matrix, so that the layouts of a plan one rank made hold the

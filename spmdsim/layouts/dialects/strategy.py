@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
-from ...errors import DialectError
+from ...errors import DialectError, StrategySizeError
 from ..layout import Layout, TensorLayout
 from ...base.validate import counted
 from ._common import (as_flag, as_int, as_items, axis_names, mesh_of, positive_int, refuse_mesh_as_count,
@@ -118,14 +118,14 @@ def _device_layout(
     world = positive_int(world_size, "world_size")
     used = math.prod(matrix)
     if used > world:
-        raise DialectError(
+        raise StrategySizeError(
             f"{what} needs {used} devices but the world size is {world}; "
-            "the product of the slice counts must not exceed the number of ranks"
+            "the product of the slice counts must not exceed the number of ranks", used, world
         )
     if world % used != 0:
-        raise DialectError(
+        raise StrategySizeError(
             f"{what} uses {used} devices, which does not divide the world size {world}; "
-            "the product of the slice counts must divide the number of ranks"
+            "the product of the slice counts must divide the number of ranks", used, world, divides=True
         )
     repeats = world // used
     if repeats > 1 or not matrix:

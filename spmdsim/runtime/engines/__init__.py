@@ -21,31 +21,44 @@ trace, the step kinds' byte formulas; never the runtime or spmdsim.runtime.sim.
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from ..._lazy import modules_by_name
 from .base import DONE, DRY_VALUES_BYTES, Engine, SimulationError
 from .mpi import MPI, MpiEngine
-from ...base.context import PROCESS, RankContext, current, enter, leave, simulated
+from ...base.context import MPIEXEC, MPIRUN, ONE_PROCESS, PROCESS, SIMULATE, RankContext, current, enter, leave
+from ...base.context import simulated
 from ...base.context import _THREAD  # the running thread's context (current()'s read, without its call)
 from ...base.once import once
 from ...base.ranks import is_ranks_flag
 
 __all__ = ["Engine", "MpiEngine", "MPI", "DONE", "SimulationError", "engine_of", "RankContext", "PROCESS", "current", "simulated",
-           "enter", "leave", "local", "c_order", "matmul", "once", "world", "ways_out"]
+           "enter", "leave", "local", "c_order", "matmul", "once", "world", "launcher", "ways_out"]
 
 
-def ways_out(n: int, size: int = 1, simulated: bool = False) -> str:
-    """What a run of `size` ranks (default one process) that needs `n` says after its error: the launcher, or
-    --ranks; the way it ran first (`simulated`: simulated ranks, --ranks; else MPI's, mpiexec)."""
-    if size == 1 and not simulated and _ranks_given():  # `python prog.py --ranks 8` with no script(__file__)
+def launcher(size: int) -> str:
+    """How the running rank's world, of `size` ranks, was started: its simulation's (SIMULATE, MPIRUN), else an MPI
+    process's: MPIEXEC, or ONE_PROCESS where the world is one rank (spmdsim.base.context)."""
+    started = _THREAD.context.launcher
+    return started if started is not None else MPIEXEC if size > 1 else ONE_PROCESS
+
+
+def ways_out(n: int, size: int = 1, started: Optional[str] = None) -> str:
+    """What a run of `size` ranks (default one process) that needs `n` says after its error: how to get `n`.
+
+    `started`: how the run was started (launcher(size), by default), whose way comes first: simulated ranks'
+    --ranks, `spmdsim mpirun -n`'s, or mpiexec's."""
+    started = launcher(size) if started is None else started
+    if started == MPIRUN:  # mpirun reads neither --ranks nor spmdsim.simulate
+        return f" (run {n} ranks: spmdsim mpirun -n {n} ..., or mpiexec -n {n} ...)"
+    if started == ONE_PROCESS and _ranks_given():  # `python prog.py --ranks 8` with no script(__file__)
         return (f" (one process: --ranks is read by spmdsim.script(__file__), which this program does not call "
                 f"before its work; call it first under `if __name__ == \"__main__\":`, or launch {n} ranks with "
                 f"`mpiexec -n {n} ...`)")
     if size == 1:
         return (f" (one process: launch {n} ranks with `mpiexec -n {n} ...`, or simulate them in this "
                 f"process with `--ranks {n}` / spmdsim.simulate({n}, main))")
-    if simulated:
+    if started == SIMULATE:
         return (f" (simulate {n} ranks with `--ranks {n}` / spmdsim.simulate({n}, main), or launch them with "
                 f"`mpiexec -n {n} ...`)")
     return (f" (launch {n} ranks with `mpiexec -n {n} ...`, or simulate them in one process with `--ranks {n}` / "

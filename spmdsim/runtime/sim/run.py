@@ -9,7 +9,7 @@ import time
 from typing import Any, Callable, Optional
 
 from ...base import context as _local
-from ...base.context import RankContext
+from ...base.context import SIMULATE, RankContext
 from ..engines import memory
 from ...errors import SpmdsimError, exception_text, same_class
 from ...base.validate import as_int
@@ -159,7 +159,7 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict, eager_lim
     def body(rank: int) -> None:
         hooks = Hooks(settings)
         hooks.world = engine  # configure() on the rank may turn its watchdog on
-        _local.enter(RankContext(rank, size, Member(engine.root, rank), THREADS, shared=shared, hooks=hooks))
+        _local.enter(RankContext(rank, size, Member(engine.root, rank), THREADS, shared=shared, hooks=hooks, launcher=SIMULATE))
         try:
             engine.start(rank)  # a run slot: at most engine.slots ranks compute at once
             if engine.watched:  # a bad setting is every rank's error now, not the one that waits first's
@@ -257,7 +257,7 @@ def _dry_run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> li
     from . import dry, dry_meter, dry_report  # (numpy: a simulation of programs without it does not load it)
 
     def one(rank: int, stands_for: Any) -> tuple:
-        context = RankContext(rank, size, dry.DryComm(size, rank), dry.DRY, dry_run=True, hooks=Hooks(HOOKS))
+        context = RankContext(rank, size, dry.DryComm(size, rank), dry.DRY, dry_run=True, hooks=Hooks(HOOKS), launcher=SIMULATE)
         context.meter = dry_meter.Meter()
         context.meter.stands_for = stands_for
         context.traces.append(Trace())  # every collective of the run, for the report

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from ...base.threads import launcher_size
 from ...base.validate import counted
-from ...errors import SpmdsimError
+from ...errors import RankCountError, SpmdsimError
 from ...layouts.layout import Layout
 from ...runtime.debug import add_cli_arguments, configure_from_args, watchdog_setting
 from ...runtime.engines import world
@@ -18,7 +18,7 @@ from ...runtime.sim.launch import DRY_RUN_NEEDS_RANKS, ranks_argument, ranks_pro
 from .paths import check_output_file
 
 __all__ = ["add_common_arguments", "on_world", "guarded", "add_trace_out", "check_trace_out", "check_watchdog",
-           "check_seed", "check_ranks", "SEED_LIMIT", "DRY_RUN_EXPLAINS_NOTHING"]
+           "check_seed", "check_ranks", "with_expected_ranks", "SEED_LIMIT", "DRY_RUN_EXPLAINS_NOTHING"]
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
@@ -121,5 +121,10 @@ def check_seed(args: argparse.Namespace) -> None:
 def check_ranks(layout: Layout, what: str, ranks: int | None) -> None:
     """Refuse a device matrix (`what`: its flag and value) of another device count than --ranks `ranks`."""
     if ranks is not None and layout.num_devices != ranks:
-        raise SpmdsimError(f"{what} has {counted(layout.num_devices, 'device')} but --ranks is {ranks}; "
-                           f"expected --ranks {layout.num_devices}")
+        said = f"{what} has {counted(layout.num_devices, 'device')} but --ranks is {ranks}"
+        raise with_expected_ranks(RankCountError(said, layout.num_devices, ranks))
+
+
+def with_expected_ranks(exc: RankCountError) -> RankCountError:
+    """`exc`, a rank count other than --ranks gives, naming the --ranks its numbers fit ("expected --ranks 8")."""
+    return exc.with_ways(f"; expected --ranks {exc.wanted()}")

@@ -9,22 +9,22 @@ from typing import Any, Callable, Sequence
 
 from ...base.suggest import word_list
 from ...base.validate import counted
-from ...errors import SpmdsimError
+from ...errors import RankCountError, SpmdsimError
 from ...layouts.dialects._common import parse_name_list, parse_tensor_map
 from ...layouts.dialects.paddle import split_layouts
 from ...layouts.dialects.sbp import sbp_to_layout
 from ...layouts.dialects.strategy import matmul_layouts, parse_strategy
 from ...layouts.layout import Layout, TensorLayout
 from ...programs.infer import infer_matmul, matmul_shape, out_layout_from_strategy
-from ...runtime.engines import engine_of
+from ...runtime.engines import engine_of, launcher, ways_out
 from ...runtime.ranked import gather_ranked, trace_lines
 from ...runtime.trace_export import write_chrome_trace
 from ..demo import jobs
 from ..demo.jobs import mp_layout
 from ..demo.registry import explain_lines, rank_line, run_job
 from .case_checks import check_device_count, checked_axis_names, mesh_sizes, parse_int_list
-from .common import check_ranks, check_seed, check_trace_out, check_watchdog
-from .run_report import report, with_ranks_wanted, with_ways_out
+from .common import check_ranks, check_seed, check_trace_out, check_watchdog, with_expected_ranks
+from .run_report import report
 
 __all__ = ["check_op", "run_op"]
 
@@ -35,8 +35,8 @@ def check_op(args: argparse.Namespace, ranks: int) -> None:
     check_trace_out(args)
     try:
         _job_maker(args, ranks)
-    except SpmdsimError as exc:
-        raise with_ranks_wanted(exc) from None
+    except RankCountError as exc:  # a strategy's device count: the --ranks it fits, from its numbers
+        raise (exc if exc.ways else with_expected_ranks(exc)) from None
 
 
 def _shape(args: argparse.Namespace) -> tuple[int, ...]:
@@ -283,8 +283,9 @@ def run_op(args: argparse.Namespace, comm: Any) -> int:
     check_trace_out(args)
     try:
         job = _build(args, comm)
-    except SpmdsimError as exc:
-        raise with_ways_out(exc, comm) from None
+    except RankCountError as exc:  # a strategy's device count (too many, or not a divisor): how to get them
+        size = comm.Get_size()
+        raise (exc if exc.ways else exc.with_ways(ways_out(exc.needed, size, launcher(size)))) from None
     explained = explain_lines(job) if args.explain else []
     result = run_job(job, comm)
     lines = engine_of(comm).gather_object(comm, [rank_line(job, result.out)] + explained, 0)

@@ -7,36 +7,13 @@ import json
 import re
 from typing import Any, Sequence
 
-from ...errors import SpmdsimError
 from ...layouts.holdings import _layout_and_shape
 from ...programs.plan.summary import FOLD_RANKS, block_rule
 from ...programs.viz.table import nbytes, wrap_lines
-from ...runtime.engines import engine_of
 from ...runtime.ranked import fold_ranked, trace_lines
-from ...runtime.sim.launch import ways_out
 from ..demo.registry import explain_notes, group_text
 
-__all__ = ["report", "fold_rank_lines", "with_ways_out", "with_ranks_wanted"]
-
-
-def with_ways_out(exc: SpmdsimError, comm: Any) -> SpmdsimError:
-    """An error about a rank count the run lacks (too few, or one it does not divide: `mpiexec -n 9`) also says
-    how to get it (mpiexec or --ranks), as a Mesh's does; one process's too."""
-    found = re.search(r"(?:needs|uses) (\d+) (?:devices|ranks)", str(exc))
-    if found is None or "--ranks" in str(exc) or int(found.group(1)) == comm.Get_size():
-        return exc
-    return type(exc)(f"{exc}{ways_out(int(found.group(1)), comm.Get_size(), engine_of(comm).simulated)}")
-
-
-def with_ranks_wanted(exc: SpmdsimError) -> SpmdsimError:
-    """Under --ranks, an error about a strategy's device count also names the --ranks it fits, as
-    common.check_ranks does a --device-matrix's ("expected --ranks 8")."""
-    more = re.search(r"needs (\d+) devices but the world size", str(exc))
-    other = re.search(r"uses (\d+) devices, which does not divide the world size", str(exc))
-    if "--ranks" in str(exc) or not (more or other):
-        return exc
-    wanted = f"{more.group(1)}" if more else f"{other.group(1)} or a multiple of it"
-    return type(exc)(f"{exc}; expected --ranks {wanted}")
+__all__ = ["report", "fold_rank_lines"]
 
 
 #: Ranks whose lines a run past FOLD_RANKS ranks prints (then "...", the last rank, and the rule that

@@ -1,0 +1,98 @@
+"""A rank count a program does not run on: the error carries its numbers (RankCountError's `needed`, `size`,
+`divides`, `ways`), and its ways to those ranks are the launcher's that started the world (spmdsim.base.context),
+not patched into its text afterwards."""
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+import spmdsim
+from spmdsim import Layout, Mesh
+from spmdsim.base.context import MPIEXEC, MPIRUN, ONE_PROCESS, SIMULATE
+from spmdsim.errors import (DialectError, MeshSizeError, RankCountError, RuntimeMismatchError, SpmdsimError,
+                            StrategySizeError)
+from spmdsim.layouts.dialects import strategy_to_layout
+from spmdsim.runtime.engines import launcher, ways_out
+
+SIMULATED_WAYS = " (simulate 8 ranks with `--ranks 8` / spmdsim.simulate(8, main), or launch them with `mpiexec -n 8 ...`)"
+
+
+def _mesh_2x4(color_of=None):
+    comm = spmdsim.world()
+    if color_of is not None:
+        comm = comm.Split(color_of(comm.Get_rank()))
+    Mesh(Layout((2, 4), ("dp", "mp")), comm)
+
+
+def test_a_mesh_of_another_size_carries_its_numbers_and_its_worlds_ways():
+    with pytest.raises(MeshSizeError) as raised:
+        spmdsim.simulate(4, _mesh_2x4)
+    got = raised.value
+    assert isinstance(got, RuntimeMismatchError) and isinstance(got, RankCountError)
+    assert (got.needed, got.size, got.divides, got.ways) == (8, 4, False, SIMULATED_WAYS)
+    assert str(got) == f"device matrix (2, 4) needs 8 ranks but the communicator has 4{SIMULATED_WAYS}"
+    copy = pickle.loads(pickle.dumps(got))  # (an error sent between processes keeps its numbers)
+    assert (type(copy), str(copy), copy.needed, copy.size, copy.ways) == (MeshSizeError, str(got), 8, 4, got.ways)
+
+
+def test_a_mesh_over_part_of_the_world_says_no_way_to_more_ranks():
+    """A sub-communicator's size is the program's own choice: the numbers, no launcher's ways."""
+    with pytest.raises(MeshSizeError) as raised:
+        spmdsim.simulate(4, _mesh_2x4, lambda rank: rank // 2)
+    got = raised.value
+    assert (got.needed, got.size, got.ways) == (8, 2, "")
+    assert str(got) == "device matrix (2, 4) needs 8 ranks but the communicator has 2"
+
+
+@pytest.mark.parametrize("strategy, world, needed, divides", [((4, 4), 8, 16, False), ((3, 1), 8, 3, True),
+                                                             ((2, 3), 8, 6, True)])
+def test_a_strategy_for_other_ranks_carries_its_numbers(strategy, world, needed, divides):
+    with pytest.raises(StrategySizeError) as raised:
+        strategy_to_layout(strategy, world)
+    got = raised.value
+    assert isinstance(got, DialectError) and isinstance(got, RankCountError)
+    assert (got.needed, got.size, got.divides, got.ways) == (needed, world, divides, "")
+    assert got.wanted() == (f"{needed} or a multiple of it" if divides else f"{needed}")
+
+
+def test_ways_out_are_the_launchers_that_started_the_world():
+    assert launcher(4) == MPIEXEC and launcher(1) == ONE_PROCESS  # an MPI process: its world's size says which
+    assert spmdsim.simulate(2, launcher, 2) == [SIMULATE, SIMULATE]
+    assert ways_out(8, 4, SIMULATE) == SIMULATED_WAYS
+    assert ways_out(8, 4, MPIRUN) == ways_out(8, 1, MPIRUN) == (" (run 8 ranks: spmdsim mpirun -n 8 ..., or "
+                                                                "mpiexec -n 8 ...)")
+    assert ways_out(8, 4, MPIEXEC) == (" (launch 8 ranks with `mpiexec -n 8 ...`, or simulate them in one process "
+                                       "with `--ranks 8` / spmdsim.simulate(8, main))")
+    assert ways_out(8, 4) == ways_out(8, 4, MPIEXEC)  # by default, as the running rank's world was started
+
+
+def test_a_rank_count_error_made_again_from_its_text_keeps_its_class_and_numbers():
+    """`type(exc)(text)`, as the CLI's flag checks remake an error with their flag in front, still works."""
+    bare = StrategySizeError("plain")
+    assert (str(bare), bare.needed, bare.size, bare.ways) == ("plain", 0, 0, "")
+    more = StrategySizeError("x", 3, 8, divides=True).with_ways("; y")
+    assert (type(more), str(more), more.needed, more.size, more.divides, more.ways) == (
+        StrategySizeError, "x; y", 3, 8, True, "; y")
+    assert issubclass(RankCountError, SpmdsimError) and spmdsim.RankCountError is RankCountError
+
+
+def test_spmdsim_runs_expected_ranks_come_from_the_errors_numbers():
+    """`spmdsim run ... --ranks 4`: the --ranks a strategy or a --device-matrix fits, from the error's numbers."""
+    from spmdsim.tools.cli import run_ops
+    from spmdsim.tools.cli.main import build_parser
+
+    args = build_parser().parse_args(["run", "matmul", "--strategy", "((3,1),(1,1))", "--shape", "6,16,16",
+                                      "--ranks", "4"])
+    with pytest.raises(StrategySizeError) as raised:
+        run_ops.check_op(args, 4)
+    got = raised.value
+    assert (got.needed, got.size, got.divides, got.ways) == (3, 4, True, "; expected --ranks 3 or a multiple of it")
+    assert str(got).endswith("must divide the number of ranks; expected --ranks 3 or a multiple of it")
+    args = build_parser().parse_args(["run", "matmul", "--device-matrix", "2,4", "--alias", "a,b", "--x-map", "a,b",
+                                      "--w-map", "b,None", "--shape", "8,8,8", "--ranks", "4"])
+    with pytest.raises(RankCountError) as raised:
+        run_ops.check_op(args, 4)
+    got = raised.value
+    assert (got.needed, got.size, got.ways) == (8, 4, "; expected --ranks 8")
+    assert str(got) == "--device-matrix '2,4' has 8 devices but --ranks is 4; expected --ranks 8"
