@@ -8,14 +8,17 @@ hundredths of a second.
 from __future__ import annotations
 
 import copy
+import inspect
 
 import numpy as np
 import pytest
 
 import spmdsim
 from spmdsim import DTensor, Layout, Mesh, OperatorError
+from spmdsim.models.gpt import step_check
 from spmdsim.nn import ops
 from spmdsim.nn.optim import SGD, Adam, AdamW, DistributedAdamW
+from spmdsim.nn.optim_state import STATE_WORDS, _Checkpoints
 from spmdsim.runtime.replay import ReplayError, capture
 
 SHAPES = [(10,), (6,), (3, 4), (4, 6)]
@@ -331,3 +334,12 @@ def test_nonfinite_state_names_a_second_moment_past_float_range(kind):
     for before, after, finite in spmdsim.simulate(4, body):
         assert before is None and finite
         assert after == {"sgd": None, "adamw": ("exp_avg_sq", [0]), "zero": ("exp_avg_sq", None)}[kind], after
+
+
+def test_the_state_nonfinite_state_looks_at_and_its_words_have_one_owner():
+    """The fields nonfinite_state looks at and the words stop_if_diverged names them by were two lists, one in
+    spmdsim.nn.optim_state and one in spmdsim.models.gpt.step_check: one owner now, the optimizer state's module."""
+    fields = inspect.signature(_Checkpoints.nonfinite_state).parameters["fields"].default
+    assert fields == tuple(STATE_WORDS) == ("exp_avg_sq", "momentum_buffer")
+    assert STATE_WORDS == {"exp_avg_sq": "second moment", "momentum_buffer": "momentum"}
+    assert not hasattr(step_check, "_FIELDS") and step_check.STATE_WORDS is STATE_WORDS

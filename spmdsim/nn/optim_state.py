@@ -16,6 +16,11 @@ from .optim_checks import _SETTINGS, _capturing, _count
 from ..runtime.replay import ReplayError
 from ..base.validate import describe
 
+__all__ = ["STATE_WORDS"]
+
+#: The state arrays `nonfinite_state` looks at, by their state_dict field, and what a refusal calls each.
+STATE_WORDS = {"exp_avg_sq": "second moment", "momentum_buffer": "momentum"}
+
 
 class _Checkpoints:
     """The optimizers' checkpoints: state_dict / load_state_dict (torch.optim's names), this rank's state
@@ -103,12 +108,13 @@ class _Checkpoints:
         self.steps = steps
         self._load(entries)
 
-    def nonfinite_state(self, fields: tuple = ("exp_avg_sq", "momentum_buffer")) -> Optional[tuple]:
-        """(field, parameter) of the first of this rank's state arrays of `fields` (state_dict's names: AdamW's
-        second moment, which a gradient's square past its dtype's range makes inf, and any NaN or inf in the
-        first moment makes so too; SGD's momentum) that holds an inf or a NaN; the parameter None where the
-        state is per bucket (DistributedAdamW's). None where all are finite, or in a dry run. No copies, no
-        collective: a trainer asks it after each step (a diverged run's parameters stop moving)."""
+    def nonfinite_state(self, fields: tuple = tuple(STATE_WORDS)) -> Optional[tuple]:
+        """(field, parameter) of the first of this rank's state arrays of `fields` (state_dict's names, those of
+        `STATE_WORDS` by default: AdamW's second moment, which a gradient's square past its dtype's range makes
+        inf, and any NaN or inf in the first moment makes so too; SGD's momentum) that holds an inf or a NaN;
+        the parameter None where the state is per bucket (DistributedAdamW's). None where all are finite, or in
+        a dry run. No copies, no collective: a trainer asks it after each step (a diverged run's parameters stop
+        moving), and names the field in `STATE_WORDS`' words."""
         if current().dry_run or getattr(self, "_dry", False):
             return None
         for key, entry in self._state_items().items():

@@ -8,6 +8,7 @@ from typing import Any, Iterator, Optional
 import numpy as np
 from ...base.precision import is_low
 from ...errors import SpmdsimError
+from ...nn.optim_state import STATE_WORDS
 from ...base.validate import counted
 from ...runtime.door import all_gather_object
 from ...runtime.sim import dry_run_active
@@ -188,7 +189,7 @@ def stop_if_diverged(step: int, loss: float, params: dict, lr: float, clipping: 
         field, held = found
         name = next((name for name, t in params.items() if t is held), None)
         of = "" if name is None else f" of {name!r}"
-        raise SpmdsimError(f"{what}step {step}: {type(optimizer).__name__}'s {_FIELDS.get(field, field)}{of} is not "
+        raise SpmdsimError(f"{what}step {step}: {type(optimizer).__name__}'s {STATE_WORDS.get(field, field)}{of} is not "
                            f"finite after the update (loss {loss:.6g}): training diverged, the parameters stop "
                            f"moving; {lower.replace('loss and parameters', 'optimizer state')}")
 
@@ -197,10 +198,6 @@ def router_weights(cfg: Any) -> str:
     """The router losses' weights of `cfg`'s MoE layers, as stop_if_diverged names them (none without)."""
     moe = getattr(cfg, "moe", None)
     return "" if moe is None else f"router-loss weights (aux {moe.aux_loss_coeff:g}, z {moe.z_loss_coeff:g})"
-
-
-#: What an optimizer's state arrays are, by their state_dict field (those `nonfinite_state` looks at).
-_FIELDS = {"exp_avg_sq": "second moment", "momentum_buffer": "momentum"}
 
 
 def agreed_overflow(comm: Any, watch: Overflows, results: list, policy: Any) -> list:
