@@ -12,8 +12,11 @@ import sys
 import numpy as np
 import pytest
 
+import spmdsim
 from spmdsim.errors import SpmdsimError
 from spmdsim.models.gpt.data import next_id
+from spmdsim.models.nets import seeds
+from spmdsim.models.nets.train import NetworkTrainer
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SMALL = ["--d-model", "16", "--seq", "8"]
@@ -106,3 +109,55 @@ def test_a_temperature_that_takes_the_logits_past_float_range_is_refused_in_one_
     assert str(info.value) == ("generate: temperature 1e-310 takes the logits (up to 2.5) past float range; expected "
                                "a larger one")
     assert next_id(np.random.default_rng(0), np.array([1.0, -2.5]), 0.0) == 0
+
+
+def _seed_network_error(optimizer: str, lr: float, momentum: float = 0.0) -> str:
+    """The one line a seed network (Paddle's, 4 simulated ranks) trained 4 steps by NetworkTrainer stops with."""
+
+    def body():
+        comm = spmdsim.world()
+        net = seeds.paddle_tp(comm.size, dtype="float64")
+        x = net.source.full()
+        labels = np.random.default_rng(1).integers(0, net.out_shape[-1], int(np.prod(net.out_shape[:-1])))
+        trainer = NetworkTrainer(net, comm, optimizer=optimizer, lr=lr, momentum=momentum)
+        try:
+            for _ in range(4):
+                trainer.step(x, labels)
+        finally:
+            trainer.close()
+
+    with pytest.raises(SpmdsimError) as caught:
+        spmdsim.simulate(4, body)
+    return str(caught.value)
+
+
+def test_a_seed_networks_optimizer_state_past_float_range_stops_the_run() -> None:
+    """NetworkTrainer (the seed networks' and the MindSpore tutorial's trainer) asked the loss and the parameters
+    after each step, not the optimizer's state as the GPT trainers do: Adam's second moment went inf at step 1
+    (a gradient's square past float64), the parameters stopped moving, and the run went on to its check."""
+    error = _seed_network_error("adam", 1e100)
+    assert error.startswith("Paddle split: Embedding -> column Linear -> row Linear: step 1: Adam's second moment of "
+                            "'Embedding.w' is not finite after the update (loss "), error
+    assert error.endswith("): training diverged, the parameters stop moving; expected a finite optimizer state: a "
+                          "lower learning rate than 1e+100"), error
+
+
+def test_sgds_momentum_past_float_range_is_its_parameters_too() -> None:
+    """SGD's momentum cannot overflow alone: the step that makes it inf or NaN moves the parameter by lr x it
+    (0 x inf is NaN too), so the parameter's line (or the next loss's) comes first, naming the learning rate."""
+    error = _seed_network_error("sgd", 1e300, momentum=0.9)
+    assert error == ("Paddle split: Embedding -> column Linear -> row Linear: step 1: the loss is nan (not finite): "
+                     "training diverged; expected a finite loss and parameters: a lower learning rate than 1e+300")
+
+
+def test_the_mindspore_tutorials_adam_past_float_range_is_one_line() -> None:
+    """`train_mindspore_tutorial.py --optimizer adam --lr 1e100` ran on past Adam's infinite second moment: numpy's
+    RuntimeWarnings from the reference, then "FAILED (16 of 35)", exit 1. It stops at that step in one line."""
+    args = ["--ranks", "8", "--synthetic", "--optimizer", "adam", "--lr", "1e100", "--steps", "3"]
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "train_mindspore_tutorial.py"), *args],
+                         capture_output=True, text=True, timeout=120)
+    error = " ".join(out.stderr.split())
+    assert out.returncode == 2 and "Warning" not in error and error.count("spmdsim: error:") == 1, out.stderr
+    assert error.startswith("spmdsim: error: MindSpore operator-parallel tutorial network: step 1: Adam's second "
+                            "moment of 'MatMul1.w' is not finite after the update (loss "), error
+    assert "check:" not in out.stdout, out.stdout

@@ -169,7 +169,7 @@ class NetworkTrainer:
         named = {f"{stage.name}.{p.name}": t for stage, ts in zip(net.stages, self.params)
                  for p, t in zip(stage.params, ts)}
         stop_if_diverged(self.steps, float(loss.local), named, self.optimizer.lr, clipping=False,
-                         what=f"{net.title}: ")  # (none in a dry run)
+                         what=f"{net.title}: ", optimizer=self.optimizer)  # its state too (none in a dry run)
         self.steps += 1
         return StepResult(loss, traces, None if start is None else self._anchor(start))
 
