@@ -281,5 +281,30 @@ def test_a_layout_cut_otherwise_than_its_mesh_names_the_mesh_to_make():
     with pytest.raises(spmdsim.ShapeError) as caught:  # DTensor's placements of a dim the shards do not divide
         simulate(8, main, lambda mesh: placements_to_layout("R, S(0)", mesh, 2))
     assert str(caught.value) == ("tensor (6, 8): dim 0 of size 6 is not divisible by 4 shards over ('tp',); a mesh of "
-                                 "Layout((2, 4), ('dp', 'tp'), cut='chunk') cuts it unevenly, as DTensor's "
-                                 "torch.chunk does")
+                                 "Layout((2, 4), ('dp', 'tp'), cut='balanced') cuts it unevenly (shards differing "
+                                 "by at most one), or of cut='chunk' as DTensor's torch.chunk does")
+
+
+@pytest.mark.parametrize("make", ["from_global", "from_seeded", "full", "zeros"])
+def test_a_size_an_even_mesh_cannot_cut_names_the_cuts_that_can(make):
+    """Distributing a (10, 4) tensor with Shard(0) over 4 ranks: from_seeded, full, zeros and ones named no way
+    out ("... is not divisible by 4 shards over ('dp',)"), from_global only DTensor's torch.chunk rule. Each
+    names the mesh's Layout call with cut="balanced" (the pieces 3, 3, 2, 2), and "chunk", the call that cuts it."""
+    from spmdsim import DTensor, Mesh, SeededTensor, ShapeError
+    from spmdsim.layouts.dialects import Shard, placements_to_layout
+
+    def body(cut):
+        mesh = Mesh(Layout((4,), ("dp",), cut=cut), spmdsim.world())
+        layout = placements_to_layout([Shard(0)], mesh, 2)
+        return {"from_global": lambda: DTensor.from_global(mesh, np.zeros((10, 4)), layout),
+                "from_seeded": lambda: DTensor.from_seeded(mesh, layout, SeededTensor((10, 4), "float64", 1)),
+                "full": lambda: DTensor.full(mesh, layout, (10, 4), 1.0),
+                "zeros": lambda: DTensor.zeros(mesh, layout, (10, 4))}[make]().local.shape
+
+    with pytest.raises(ShapeError) as caught:
+        spmdsim.simulate(4, lambda: body("even"))
+    assert str(caught.value) == ("tensor (10, 4): dim 0 of size 10 is not divisible by 4 shards over ('dp',); a mesh "
+                                 "of Layout((4,), ('dp',), cut='balanced') cuts it unevenly (shards differing by at "
+                                 "most one), or of cut='chunk' as DTensor's torch.chunk does")
+    assert spmdsim.simulate(4, lambda: body("balanced")) == [(3, 4), (3, 4), (2, 4), (2, 4)]
+    assert spmdsim.simulate(4, lambda: body("chunk")) == [(3, 4), (3, 4), (3, 4), (1, 4)]

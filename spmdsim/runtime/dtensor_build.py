@@ -72,7 +72,7 @@ class _Constructors:
         if not isinstance(seeded, SeededTensor):
             raise ShapeError(f"from_seeded needs a SeededTensor, got {type(seeded).__name__}"
                              f"{_shape_note(seeded)}; use DTensor.from_global for an array")
-        shape = layout.check_shape(seeded.shape)
+        shape = _cuttable_shape(layout, seeded.shape)
         check_seeded(mesh.comm, layout, seeded)  # before the shard exists, on every rank alike
         if _holds_value(mesh, layout):
             local = seeded.region(layout.slices(mesh.rank, shape))
@@ -92,7 +92,7 @@ class _Constructors:
             value = value.item()
         _check_fill(value, kind, name)
         seeded = SeededTensor(tuple(shape), name if name in _SEEDABLE else "float64")
-        shape = layout.check_shape(seeded.shape)
+        shape = _cuttable_shape(layout, seeded.shape)
         check_seeded(mesh.comm, layout, seeded)  # the same limits as a generated tensor, on every rank alike
         local = buffers.zeros(layout.local_shape(shape, mesh.rank), kind)
         # A dry run's large block (lazy zeros) is not written: its values are not results, and a fill would touch
@@ -125,15 +125,7 @@ class _Constructors:
         dtype_arg(array.dtype, "array dtype")
         if verify and mesh.comm.Get_size() > 1:
             _check_same(mesh.comm, array)
-        try:
-            shape = layout.check_shape(array.shape)
-        except ShapeError as exc:
-            uneven = layout.layout.cut == "even" and array.ndim == layout.ndim and any(
-                n % k for n, k in zip(array.shape, layout.shards_per_dim))
-            if not uneven:
-                raise
-            raise ShapeError(f"{exc}; a mesh of {_layout_call(layout.layout, 'chunk')} cuts it unevenly, as "
-                             "DTensor's torch.chunk does") from None
+        shape = _cuttable_shape(layout, array.shape)
         if _holds_value(mesh, layout):
             local = buffers.placed_copy(array[layout.slices(mesh.rank, shape)])
         else:
@@ -197,6 +189,21 @@ def _check_placement(mesh: Any, layout: Any) -> None:
             fix = (f"; a mesh cuts its tensors one way: make it Mesh({_layout_call(layout.layout, cut)}) to cut "
                    f"by {cut!r}")
         raise LayoutError(f"tensor layout is over {layout.layout} but the mesh is {mesh.layout}{fix}")
+
+
+def _cuttable_shape(layout: TensorLayout, shape: tuple) -> tuple:
+    """``layout.check_shape(shape)`` (`shape` a tuple of ints), a size the even cut cannot split refused naming
+    the cuts that can, as the mesh's Layout takes them (cut="balanced" or "chunk": every constructor cuts by
+    either; docs/explanation/semantics.md, "Uneven shards")."""
+    try:
+        return layout.check_shape(shape)
+    except ShapeError as exc:
+        uneven = layout.layout.cut == "even" and len(shape) == layout.ndim and any(
+            n % k for n, k in zip(shape, layout.shards_per_dim))
+        if not uneven:
+            raise
+        raise ShapeError(f"{exc}; a mesh of {_layout_call(layout.layout, 'balanced')} cuts it unevenly (shards "
+                         "differing by at most one), or of cut='chunk' as DTensor's torch.chunk does") from None
 
 
 def _layout_call(layout: Layout, cut: str) -> str:
