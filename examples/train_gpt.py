@@ -49,7 +49,8 @@ from spmdsim.models.gpt.mesh import zero_cut
 from spmdsim.models.gpt.parallel import DIALECTS, dialect_layouts
 from spmdsim.models.gpt.pipeline import gathered_stages, train_pipelined
 from spmdsim.models.gpt.pipeline_problems import stage_problem
-from spmdsim.models.gpt.memory import recompute_problem, reshard_problem, shard_group_problem, zero_problem
+from spmdsim.models.gpt.memory import (memory_line, recompute_problem, reshard_problem, shard_group_problem,
+                                       zero_problem)
 from spmdsim.models.gpt.options import (architecture_words, check_lines, checkpoint_arguments, context_arguments,
                                         context_line, context_of, default_split, model_arguments, model_config,
                                         padding_line, saved_line, sizes_problem, step_header, step_row,
@@ -163,7 +164,8 @@ class Run(NamedTuple):
 
 def main(args):
     """One rank's run (MPI or simulated): check, train, report; the exit code every rank agrees on."""
-    run = checked_run(args, spmdsim.world())
+    comm = spmdsim.world()
+    run = checked_run(args, comm.size)._replace(comm=comm)
     if run.comm.rank == 0:
         print_header(args, run)
     model, results = train_steps(args, run)
@@ -175,8 +177,9 @@ def main(args):
     return 0 if ok else 1
 
 
-def checked_run(args, comm):
-    """The Run the command line asks for, or its refusal in one line (exit 2) on every rank alike."""
+def checked_run(args, size):
+    """The Run the command line asks for on `size` ranks (comm None: main's), or its refusal in one line (exit 2)
+    on every rank alike; run_main asks it first, before the banner of --ranks N."""
     problem = sizes_problem(args) or unused_flags_problem(args)  # --cp-method without --cp, --save-every without --save
     if problem:  # every rank alike, before any collective
         raise spmdsim.SpmdsimError(problem)
@@ -184,9 +187,9 @@ def checked_run(args, comm):
     layers, problem = layer_split(args, cfg.layers, args.pp, virtual_stages(args))  # None: balanced
     if problem:  # every rank alike, before any collective
         raise spmdsim.SpmdsimError(problem)
-    shape, problem = split(comm.size, cfg, layers)
+    shape, problem = split(size, cfg, layers)
     if problem:  # every rank alike, before any collective
-        raise spmdsim.SpmdsimError(f"the GPT cannot run on {counted(comm.size, 'rank')}: {problem}")
+        raise spmdsim.SpmdsimError(f"the GPT cannot run on {counted(size, 'rank')}: {problem}")
     zero = int(args.zero) if args.zero.lstrip("-").isdigit() else args.zero
     problem = options_problem(args, cfg, zero, shape[0])
     text = load_text()
@@ -202,13 +205,13 @@ def checked_run(args, comm):
         # Each rank reads the same metadata file: alike on every rank, before any collective.
         pipeline = {"pp": args.pp, "schedule": args.schedule, "microbatches": microbatches(args),
                     "virtual": virtual_stages(args), "split": layers} if pipelined(args) else None
-        problem = checkpoint_problem(cfg, comm.size, dp, tp, args.steps, sp=args.sp, layouts=layouts,
+        problem = checkpoint_problem(cfg, size, dp, tp, args.steps, sp=args.sp, layouts=layouts,
                                      precision=args.precision, zero=zero, save=args.save, cp=args.cp,
                                      save_every=args.save_every, resume=args.resume, pipeline=pipeline)
         if problem:
             raise spmdsim.SpmdsimError(problem)
     check = not args.no_check and not dry_run_active()
-    return Run(comm, cfg, dp, tp, layers, zero, text, ids, layouts, check)
+    return Run(None, cfg, dp, tp, layers, zero, text, ids, layouts, check)
 
 
 def options_problem(args, cfg, zero, dp):
@@ -277,17 +280,6 @@ def print_header(args, run):
     if args.resume is not None:
         print(f"resuming from {args.resume} at step {read_meta(args.resume)[0]['step']}")
     print(step_header(run.check))
-
-
-def memory_line(args, zero, alone=False):
-    """The header's line on memory: the recomputation, ZeRO's stage (a no-op where dp is 1: `alone`), the kept set."""
-    gathered = ("each layer gathered again for its backward" if args.reshard_after_forward == "true" else
-                "each layer kept gathered until its backward")
-    stage = {1: "; ZeRO-1 (states and master copy sharded over dp", 2: "; ZeRO-2 (states, master copy and "
-             "gradients sharded over dp", 3: f"; ZeRO-3 (all sharded over dp; {gathered}"}.get(zero, "")
-    stage += (": a no-op, dp 1 shards nothing)" if alone else ")") if zero else ""
-    none = " (as none: flash keeps no scores)" if (args.recompute, args.attention) == ("selective", "flash") else ""
-    return f"memory: recompute {args.recompute}{none}{stage}" + ("; Megatron's kept set" if args.kept == "megatron" else "")
 
 
 def train_steps(args, run):
@@ -397,4 +389,5 @@ def draw_sample(args, run, model):
     return agree
 
 
-sys.exit(run_main(main, args, args.ranks))  # simulated ranks with --ranks, else MPI
+# Simulated ranks with --ranks, else MPI; the command line refused before anything starts.
+sys.exit(run_main(main, args, args.ranks, checks=lambda size: checked_run(args, size)))

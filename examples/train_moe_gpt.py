@@ -61,8 +61,8 @@ from spmdsim.models.moe.report import dispatch_lines
 from spmdsim.models.nets.train import loss_trend, run_main
 from spmdsim.models.gpt.options import (architecture_words, check_lines, checkpoint_arguments, context_arguments,
                                         context_line, context_of, default_split, model_arguments, model_config,
-                                        moe_problem, padding_line, saved_line, sizes_problem, step_header, step_row,
-                                        unused_flags_problem)
+                                        moe_problem, padding_line, routing_problem, saved_line, sizes_problem,
+                                        step_header, step_row, unused_flags_problem)
 from spmdsim.programs.pipeline.options import (layer_split, microbatches, pipeline_arguments,
                                       pipelined, split_words, virtual_stages)
 from spmdsim.runtime.door import gather_object
@@ -212,7 +212,11 @@ class Run(NamedTuple):
 
 def main(args):
     """One rank's run (MPI or simulated): check, train, report; the exit code every rank agrees on."""
-    run = checked_run(args, spmdsim.world())
+    comm = spmdsim.world()
+    run = checked_run(args, comm.size)
+    layout = spmdsim.Layout(*stage_mesh(run.dp, run.ep, run.tp), zero_cut(run.zero))  # (a pipeline: each stage's)
+    mesh = None if pipelined(args) else spmdsim.Mesh(layout, comm, algorithms=run.algorithms)
+    run = run._replace(comm=comm, mesh=mesh)
     if run.comm.rank == 0:
         print_header(args, run)
     model, results = train_steps(args, run)
@@ -223,20 +227,9 @@ def main(args):
 
 def checked_config(args):
     """The MoE GPT's GPTConfig, or the refusal of its flags in one line (exit 2) on every rank alike."""
-    if args.routing and not dry_run_active():
-        raise spmdsim.SpmdsimError(f"--routing {args.routing} sets a dry run's routing (--ranks N --dry-run); "
-                                   "a run with values routes by its router")
-    if dry_run_active() and args.dropless and not args.routing:
-        raise spmdsim.SpmdsimError("--dry-run with --dropless needs --routing balanced or --routing worst: "
-                                   "the dry run has no values to route by, and the bytes depend on it")
-    problem = sizes_problem(args) or moe_problem(args) or unused_flags_problem(args)
-    if problem:
+    problem = routing_problem(args) or sizes_problem(args) or moe_problem(args) or unused_flags_problem(args)
+    if problem:  # (--moe-every past --layers among them: a dense GPT, printing experts it does not have)
         raise spmdsim.SpmdsimError(problem)
-    if 1 <= args.layers < args.moe_every:  # a dense GPT, printing experts it does not have (GPTConfig refuses it)
-        none = "no MoE layer of the only block" if args.layers == 1 else \
-            f"none of the {args.layers} blocks an MoE layer"
-        raise spmdsim.SpmdsimError(f"--moe-every {args.moe_every} makes {none} (the first would be "
-                                   f"h{args.moe_every - 1}); expected at most --layers {args.layers}")
     moe = MoEConfig(experts=args.experts, top_k=args.top_k, every=args.moe_every,
                     capacity_factor=args.capacity_factor, dropless=args.dropless,
                     aux_loss_coeff=args.aux_loss_coeff, z_loss_coeff=args.z_loss_coeff,
@@ -244,21 +237,22 @@ def checked_config(args):
     return model_config(args, moe=moe)
 
 
-def checked_run(args, comm):
-    """The Run the command line asks for, or its refusal in one line (exit 2) on every rank alike."""
+def checked_run(args, size):
+    """The Run the command line asks for on `size` ranks (comm and mesh None: main's), or its refusal in one line
+    (exit 2) on every rank alike; run_main asks it first, before the banner of --ranks N."""
     cfg = checked_config(args)
     layers, problem = layer_split(args, cfg.layers, args.pp, virtual_stages(args))  # None: balanced
     if problem:  # every rank alike, before any collective
         raise spmdsim.SpmdsimError(problem)
     zero = int(args.zero) if args.zero.lstrip("-").isdigit() else args.zero
-    shape, problem = split(comm.size, cfg, layers)  # (with its mesh's, pipeline's and --cp's problem)
+    shape, problem = split(size, cfg, layers)  # (with its mesh's, pipeline's and --cp's problem)
     if not problem and args.replay:
         problem = replay_problem(cfg)
     ids = encode(load_text())
     problem = problem or kept_problem(args.kept, "--kept") or policy_problem(args.precision, args.replay) \
         or text_problem(ids, cfg)  # FP8's options too: refused before the header, not by the trainer
     if problem:
-        raise spmdsim.SpmdsimError(f"the MoE GPT cannot run on {counted(comm.size, 'rank')}: {problem}")
+        raise spmdsim.SpmdsimError(f"the MoE GPT cannot run on {counted(size, 'rank')}: {problem}")
     problem = zero_problem(zero, "--zero")
     if problem:  # (as train refuses it, but before the header is printed)
         raise spmdsim.SpmdsimError(problem)
@@ -270,7 +264,7 @@ def checked_run(args, comm):
         # Each rank reads the same metadata file: alike on every rank, before any collective.
         pipeline = {"pp": args.pp, "schedule": args.schedule, "microbatches": microbatches(args),
                     "virtual": virtual_stages(args), "split": layers} if pipelined(args) else None
-        problem = checkpoint_problem(cfg, comm.size, dp, tp, args.steps, sp=args.sp, layouts=layouts,
+        problem = checkpoint_problem(cfg, size, dp, tp, args.steps, sp=args.sp, layouts=layouts,
                                      precision=args.precision, zero=zero, ep=ep, save=args.save, cp=args.cp,
                                      save_every=args.save_every, resume=args.resume, pipeline=pipeline)
         if problem:
@@ -278,10 +272,8 @@ def checked_run(args, comm):
     algorithms = {"alltoall": args.algorithm} if args.algorithm else None
     if args.algorithm == "pairwise":  # the only emulated Alltoallv (spmdsim.programs.algorithms.VARIABLE)
         algorithms["alltoallv"] = "pairwise"
-    mesh = None if pipelined(args) else spmdsim.Mesh(spmdsim.Layout(*stage_mesh(dp, ep, tp), zero_cut(zero)), comm,
-                                                     algorithms=algorithms)
     moe_layers = [f"h{i}" for i in range(cfg.layers) if cfg.is_moe(i)]
-    return Run(comm, cfg, dp, ep, tp, layers, zero, ids, layouts, algorithms, mesh, not args.no_check, moe_layers)
+    return Run(None, cfg, dp, ep, tp, layers, zero, ids, layouts, algorithms, None, not args.no_check, moe_layers)
 
 
 def print_header(args, run):
@@ -397,4 +389,5 @@ def report_results(args, run, results):
     return not failed and falling
 
 
-sys.exit(run_main(main, args, args.ranks))  # simulated ranks with --ranks, else MPI
+# Simulated ranks with --ranks, else MPI; the command line refused before anything starts.
+sys.exit(run_main(main, args, args.ranks, checks=lambda size: checked_run(args, size)))

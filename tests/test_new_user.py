@@ -269,6 +269,44 @@ def test_the_moe_default_split_takes_the_largest_ep_that_runs_or_says_which_worl
         assert out.returncode == 0 and "mesh dp 1 x ep 4 x tp 1:" in out.stdout and ": PASS" in out.stdout, out
 
 
+@pytest.mark.parametrize("example, flags, said", [
+    ("train_gpt", ["--seq", "0"], "--seq 0 must be an integer >= 1"),
+    ("train_gpt", ["--dropout", "1"], "--dropout 1 must be a finite number in [0, 1)"),
+    ("train_gpt", ["--tp", "3"], "the GPT cannot run on 8 ranks: --tp 3 must divide the world size 8"),
+    ("train_gpt", ["--trace-out", "t.json"], "--trace-out writes a pipeline's last step; give --pp (or "
+     "--microbatches) with it"),
+    ("train_moe_gpt", ["--top-k", "9"], "--top-k 9 must be 1 or 2 (experts per token)"),
+    ("train_moe_gpt", ["--seq", "0"], "--seq 0 must be an integer >= 1"),
+    ("train_moe_gpt", ["--dropout", "1"], "--dropout 1 must be a finite number in [0, 1)"),
+    ("train_moe_gpt", ["--tp", "3"], "the MoE GPT cannot run on 8 ranks: --tp 3 must divide the world size 8"),
+    ("train_moe_gpt", ["--moe-every", "3", "--layers", "2"], "--moe-every 3 makes none of the 2 blocks an MoE layer "
+     "(the first would be h2); expected at most --layers 2"),
+    ("train_moe_gpt", ["--routing", "worst"], "--routing worst sets a dry run's routing (--ranks N --dry-run); a run "
+     "with values routes by its router"),
+    ("train_moe_gpt", ["--dry-run", "--dropless"], "--dry-run with --dropless needs --routing balanced or --routing "
+     "worst: the dry run has no values to route by, and the bytes depend on it")])
+def test_a_gpt_examples_bad_flag_is_refused_before_the_banner(example: str, flags: list, said: str) -> None:
+    """The GPT examples checked their flags inside the run, after "spmdsim: running on 8 simulated ranks": a bad
+    value (or a size the world cannot split) came after a banner that said the run had started. run_main now asks
+    the example's checks at the world size --ranks gives before anything starts, as it does --lr's."""
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / f"{example}.py"), "--ranks", "8", "--steps", "1",
+                          *flags], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stdout == "", (out.stdout, out.stderr)
+    assert unfold(out.stderr) == f"spmdsim: error: {said}\n", out.stderr
+
+
+@pytest.mark.parametrize("example, flags", [
+    ("train_moe_gpt", ["--ranks", "64", "--dry-run", "--ep", "8", "--tp", "2", "--dropless", "--routing", "worst",
+                       "--batch", "32"]),
+    ("train_gpt", ["--ranks", "16", "--dry-run", "--tp", "8", "--sp", "--heads", "8"])])
+def test_a_dry_runs_flags_pass_the_checks_before_the_banner(example: str, flags: list) -> None:
+    """The checks before the banner read a dry run from --dry-run (the run's own context says it only once the
+    ranks run): a dry run's --routing passes them, and its report follows the banner."""
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / f"{example}.py"), *flags, "--steps", "1"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.startswith("spmdsim: a dry run (shapes only) on "), (out.stdout, out.stderr)
+
+
 @pytest.mark.parametrize("width", ["80", "100"])
 def test_show_keeps_a_long_name_within_the_width(capsys, width: str) -> None:
     """A 5,000-character --name printed a 5,006-column title (and the heading over 63 lines)."""

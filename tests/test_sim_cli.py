@@ -140,6 +140,32 @@ def test_an_examples_unbounded_work_is_refused_before_it_starts(capsys, given, l
     assert exc.value.code == 2 and unfold(capsys.readouterr().err) == f"spmdsim: error: {line}\n"
 
 
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_an_examples_checks_run_before_the_banner_and_see_a_dry_run(capsys, dry_run):
+    """run_main's `checks(world size)` (the GPT examples' checked_run): its SpmdsimError is the one line, exit 2,
+    before "spmdsim: running on 4 simulated ranks" (the examples raised it on every rank, after the banner); a dry
+    run's checks ask dry_run_active() as its ranks will (a checkpoint refuses a dry run by it)."""
+    import argparse
+
+    from spmdsim import SpmdsimError
+    from spmdsim.models.nets.train import run_main
+    from spmdsim.runtime.sim import dry_run_active
+
+    def checks(size):
+        raise SpmdsimError(f"--tp 3 must divide the world size {size} (dry run: {dry_run_active()})")
+
+    with pytest.raises(SystemExit) as exc:
+        run_main(lambda args: pytest.fail("ran"), argparse.Namespace(steps=1, dry_run=dry_run), 4, checks=checks)
+    out, err = capsys.readouterr()
+    assert exc.value.code == 2 and out == "", out
+    assert unfold(err) == f"spmdsim: error: --tp 3 must divide the world size 4 (dry run: {dry_run})\n"
+    assert not dry_run_active()  # (the check's context left)
+    ran = []
+    run_main(lambda args: ran.append(dry_run_active()), argparse.Namespace(steps=1, dry_run=dry_run), 4,
+             checks=lambda size: None)
+    assert ran and set(ran) == {dry_run}  # checks that pass: the ranks run (a dry run's representative alone)
+
+
 @pytest.mark.parametrize("exits, code", [("sys.exit(-1)", 255), ("raise SystemExit(-3)", 253),
                                          ("sys.exit(300)", 44), ("sys.exit('bye')", 1)])
 def test_a_scripts_exit_code_on_simulated_ranks_is_its_status_as_mpiexec_reports_it(exits, code):

@@ -1,15 +1,15 @@
 """The GPT's memory-saving choices and one rank's memory figures per step: pure values and their text.
 
 `RECOMPUTE` and `ZERO` are the choices (spmdsim.models.gpt.parallel.GPT's `recompute`, the trainer's `zero`),
-each with its one-line refusal. `MemoryReport` is what the trainer measured on one rank at one step
-(spmdsim.models.gpt.train, ``memory=True``): the bytes the autograd graph kept for backward after the forward,
-by kind (spmdsim.nn.autograd.kept_bytes), the parameters, gradients, master copy, optimizer states and
-buffers, and the largest total of the three moments it looked (after the forward, the backward, the
-step). `korthikanti_bytes` is the closed formula those measurements are compared with (Korthikanti et
-al. 2022, "Reducing Activation Recomputation in Large Transformer Models", section 4 and table 2), at
-spmdsim's dtypes. `step_need` is the shape-only count of what a rank of a step holds at least, the check
-before a training run (spmdsim.models.gpt.step_looks.step_memory_problem). Pure: no mpi4py; numpy only where
-`step_need` asks a precision its dtypes' widths.
+each with its one-line refusal; `memory_line` says a run's choices (examples/train_gpt.py's header).
+`MemoryReport` is what the trainer measured on one rank at one step (spmdsim.models.gpt.train, ``memory=True``):
+the bytes the autograd graph kept for backward after the forward, by kind (spmdsim.nn.autograd.kept_bytes), the
+parameters, gradients, master copy, optimizer states and buffers, and the largest total of the three moments it
+looked (after the forward, the backward, the step). `korthikanti_bytes` is the closed formula those measurements
+are compared with (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
+section 4 and table 2), at spmdsim's dtypes. `step_need` is the shape-only count of what a rank of a step holds at
+least, the check before a training run (spmdsim.models.gpt.step_looks.step_memory_problem). Pure: no mpi4py; numpy
+only where `step_need` asks a precision its dtypes' widths.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from typing import Any, Optional
 from ...base.precision import precision as policy_of
 
 __all__ = ["RECOMPUTE", "ZERO", "recompute_problem", "zero_problem", "shard_group_problem", "reshard_problem",
-           "sharded_problem", "MemoryReport", "BLOCK_KINDS", "MASKS",
+           "memory_line", "sharded_problem", "MemoryReport", "BLOCK_KINDS", "MASKS",
            "korthikanti_bytes", "per_layer_units", "StepNeed", "step_need"]
 
 #: Activation recomputation: none, the attention core (selective), each whole block (full).
@@ -72,6 +72,19 @@ def reshard_problem(value: Any, zero: Any, typed: bool = True) -> Optional[str]:
     if typed and zero != 3:
         return f"--reshard-after-forward {value} is for ZeRO-3's gathered parameters: give --zero 3 with it"
     return None
+
+
+def memory_line(args: Any, zero: int, alone: bool = False) -> str:
+    """examples/train_gpt.py's header line on memory, from its flags (--recompute, --attention,
+    --reshard-after-forward, --kept) and ZeRO's stage `zero` (a no-op where dp is 1: `alone`)."""
+    gathered = ("each layer gathered again for its backward" if args.reshard_after_forward == "true" else
+                "each layer kept gathered until its backward")
+    stage = {1: "; ZeRO-1 (states and master copy sharded over dp", 2: "; ZeRO-2 (states, master copy and "
+             "gradients sharded over dp", 3: f"; ZeRO-3 (all sharded over dp; {gathered}"}.get(zero, "")
+    stage += (": a no-op, dp 1 shards nothing)" if alone else ")") if zero else ""
+    none = " (as none: flash keeps no scores)" if (args.recompute, args.attention) == ("selective", "flash") else ""
+    kept = "; Megatron's kept set" if args.kept == "megatron" else ""
+    return f"memory: recompute {args.recompute}{none}{stage}{kept}"
 
 
 def sharded_problem(pp: int, microbatches: int, ep: int = 1, virtual: int = 1) -> Optional[str]:

@@ -7,7 +7,9 @@ they say (``more``: the example's own fields, such as ``clip`` or ``moe``); ``pa
 says how the vocabulary is padded and cut over tp (None without padding); ``check_lines(results, cfg,
 precision)`` the check's verdict and its largest differences against the precision's tolerances;
 ``sizes_problem(args)`` why a mesh or pipeline size given on the command line cannot be, ``moe_problem(args)`` why
-the experts' flags (examples/train_moe_gpt.py's) cannot be;
+the experts' flags (examples/train_moe_gpt.py's) cannot be, ``routing_problem(args)`` why its ``--routing`` cannot
+be, ``printing_problem(args)`` why a training example's ``--every``, ``--sample``, ``--temperature`` or ``--lr``
+cannot be (spmdsim.models.nets.train.run_main asks it);
 ``checkpoint_arguments(parser)`` adds ``--save``, ``--save-every`` and ``--resume`` (spmdsim.models.gpt.checkpoint);
 ``context_arguments(parser)`` adds ``--cp``, ``--cp-method`` and ``--cp-split``, and ``context_of(args)`` is the
 Context they say (spmdsim.models.gpt.context; None without ``--cp``), ``context_line(args)`` the header's line on it;
@@ -25,12 +27,13 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-from ...base.typed_numbers import add_noted, fixed, flag_float, given_flags, said_fields, typed
+from ...base.typed_numbers import add_noted, fixed, flag_float, given_flags, said_fields, shown, typed
 from ...base.validate import counted
 from .flags import (ARCHITECTURE_SAID, architecture_arguments, architecture_fields, architecture_flags,
                          architecture_problem, architecture_words)
 from .config import GPTConfig, said_as
 from .context import Context
+from .data import sample_problem
 from ..axes import CONTEXT, DATA, EXPERT, PIPELINE, TENSOR
 from ...programs.context import METHODS, SPLITS
 from ...errors import SpmdsimError
@@ -39,7 +42,7 @@ from .tolerances import failed_steps
 from ..moe.fold import fold_problem
 
 __all__ = ["model_arguments", "model_config", "padding_line", "check_lines", "sizes_problem", "moe_problem",
-           "capacity_problem",
+           "capacity_problem", "routing_problem", "printing_problem",
            "checkpoint_arguments", "context_arguments", "context_of", "context_line", "step_header", "step_row",
            "saved_line", "unused_flags_problem",
            "architecture_arguments", "architecture_problem", "architecture_fields", "architecture_flags",
@@ -223,6 +226,25 @@ def sizes_problem(args: Any) -> Optional[str]:
     return None
 
 
+def printing_problem(args: Any) -> Optional[str]:
+    """Why a training example's ``--every``, ``--sample``, ``--temperature`` or ``--lr`` (those it has and was given)
+    cannot be, or None: checked before the first step, not when the last one prints or samples, nor by the
+    optimizer, which names its argument ("lr -1.0") where the user typed a flag ("--lr -1")."""
+    every = getattr(args, "every", None)
+    if every is not None and every < 1:
+        return f"--every {every!r} must be at least 1 (print every N steps)"
+    problem = sample_problem(getattr(args, "sample", None))
+    if problem:
+        return problem
+    temperature = getattr(args, "temperature", None)
+    if temperature is not None and not (math.isfinite(temperature) and temperature >= 0):
+        return f"--temperature {shown(temperature)} must be a finite number >= 0 (0: greedy)"
+    lr = getattr(args, "lr", None)  # None: the example's default
+    if lr is not None and not (math.isfinite(lr) and lr >= 0):  # as torch.optim, spmdsim.nn.optim and GPTConfig
+        return f"--lr {shown(lr)} must be a finite number >= 0"
+    return None
+
+
 def capacity_problem(dropless: bool, factor: float, typed_here: bool) -> Optional[str]:
     """Why ``--capacity-factor`` `factor` (`typed_here`: the command line gave it) cannot be beside ``--dropless``
     or not, or None: dropless has no capacity, so a factor typed beside it is refused; else it is a finite
@@ -240,7 +262,7 @@ def moe_problem(args: Any) -> Optional[str]:
     ``--aux-loss-coeff``, ``--z-loss-coeff``: those of examples/train_moe_gpt.py) cannot be, naming the flag as
     typed (MoEConfig's own refusals name its fields: "MoEConfig top_k 3 ..."), or None; pure: every rank alike,
     before any collective. ``--capacity-factor`` typed beside ``--dropless``, which has no capacity, is refused
-    (its default is not)."""
+    (its default is not), nor ``--moe-every`` past ``--layers`` (no block an MoE layer)."""
     if args.experts < 1 or args.moe_every < 1:
         flag, value = ("--experts", args.experts) if args.experts < 1 else ("--moe-every", args.moe_every)
         return f"{flag} {value} must be at least 1"
@@ -258,6 +280,25 @@ def moe_problem(args: Any) -> Optional[str]:
     for flag, value in (("--aux-loss-coeff", args.aux_loss_coeff), ("--z-loss-coeff", args.z_loss_coeff)):
         if not (math.isfinite(value) and value >= 0):
             return f"{flag} {typed(value)} must be a finite number >= 0"
+    if 1 <= args.layers < args.moe_every:  # a dense GPT, printing experts it does not have (GPTConfig refuses it)
+        none = "no MoE layer of the only block" if args.layers == 1 else \
+            f"none of the {args.layers} blocks an MoE layer"
+        return (f"--moe-every {args.moe_every} makes {none} (the first would be h{args.moe_every - 1}); expected at "
+                f"most --layers {args.layers}")
+    return None
+
+
+def routing_problem(args: Any) -> Optional[str]:
+    """Why examples/train_moe_gpt.py's ``--routing`` cannot be beside ``--dry-run`` or without it, or None: a dry
+    run's routing (it has no values to route by), needed with ``--dropless``; a run with values routes by its
+    router. Read from the flags (``--dry-run`` is a dry run: run_main refuses it without ``--ranks``)."""
+    dry = bool(getattr(args, "dry_run", False))
+    if args.routing and not dry:
+        return (f"--routing {args.routing} sets a dry run's routing (--ranks N --dry-run); a run with values routes "
+                "by its router")
+    if dry and args.dropless and not args.routing:
+        return ("--dry-run with --dropless needs --routing balanced or --routing worst: the dry run has no values to "
+                "route by, and the bytes depend on it")
     return None
 
 

@@ -15,7 +15,6 @@ their sums drift apart under Adam, whichever is right (docs/howto/train.md).
 """
 from __future__ import annotations
 
-import math
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, NoReturn, Optional
@@ -25,9 +24,9 @@ import numpy as np
 from ...errors import OperatorError, fold_message
 from ...layouts.layout import Layout, TensorLayout
 from .model import Hop, Network, schedule
-from ...base.context import current
+from ...base.context import PROCESS, RankContext, current, enter, leave
 from ...base.threads import launcher_rank
-from ...base.typed_numbers import fixed, shown
+from ...base.typed_numbers import fixed
 from ...errors import SpmdsimError
 from ...nn import ops, optim
 from ...nn.ops import cross_entropy, reshape
@@ -38,7 +37,7 @@ from ...runtime.mesh import Mesh
 from ...runtime.mpi_library import load_mpi
 from ...runtime.sim.launch import DRY_RUN_NEEDS_RANKS, ranks_problem, run_on_ranks
 from ...runtime.trace import collect_trace
-from ..gpt.data import sample_problem
+from ..gpt.options import printing_problem
 from ..gpt.step_check import QUIET, stop_if_diverged
 from ..gpt.train import all_rows
 from ..gpt.wholes import regions
@@ -304,25 +303,6 @@ def refuse(text: str) -> NoReturn:
     sys.exit(2)
 
 
-def _printing_problem(args: Any) -> Optional[str]:
-    """Why an example's ``--every``, ``--sample``, ``--temperature`` or ``--lr`` (those it has and was given)
-    cannot be, or None: checked before the first step, not when the last one prints or samples, nor by the
-    optimizer, which names its argument ("lr -1.0") where the user typed a flag ("--lr -1")."""
-    every = getattr(args, "every", None)
-    if every is not None and every < 1:
-        return f"--every {every!r} must be at least 1 (print every N steps)"
-    problem = sample_problem(getattr(args, "sample", None))
-    if problem:
-        return problem
-    temperature = getattr(args, "temperature", None)
-    if temperature is not None and not (math.isfinite(temperature) and temperature >= 0):
-        return f"--temperature {shown(temperature)} must be a finite number >= 0 (0: greedy)"
-    lr = getattr(args, "lr", None)  # None: the example's default
-    if lr is not None and not (math.isfinite(lr) and lr >= 0):  # as torch.optim, spmdsim.nn.optim and GPTConfig
-        return f"--lr {shown(lr)} must be a finite number >= 0"
-    return None
-
-
 def world_size(ranks: Optional[int], dry_run: bool = False) -> int:
     """The rank count a run will have: `ranks` simulated ranks (None: the MPI world's size)."""
     if ranks is not None:
@@ -351,8 +331,23 @@ def loss_trend(losses: Any, first: Optional[float] = None) -> tuple[str, bool]:
             f"({'falling' if falling else 'NOT falling'})"), falling
 
 
-def run_main(main: Any, args: Any, ranks: Optional[int],
-             needs: Optional[Callable[[int], Optional[str]]] = None, fits: str = "--ranks 8 or mpiexec -n 8") -> int:
+def _check_first(checks: Callable[[int], Any], size: int, dry_run: bool) -> None:
+    """``checks(size)`` before the simulated ranks start, its SpmdsimError refused in one line; in a dry run under a
+    context of this thread's that says so (PROCESS's but for `dry_run`), so that a check asking dry_run_active()
+    answers as it will on the ranks (a checkpoint's refusal of a dry run, a dry run's --routing)."""
+    if dry_run:
+        enter(RankContext(size=size, dry_run=True, hooks=PROCESS.hooks))
+    try:
+        checks(size)
+    except SpmdsimError as e:
+        refuse(str(e))
+    finally:
+        if dry_run:
+            leave()
+
+
+def run_main(main: Any, args: Any, ranks: Optional[int], needs: Optional[Callable[[int], Optional[str]]] = None,
+             fits: str = "--ranks 8 or mpiexec -n 8", checks: Optional[Callable[[int], Any]] = None) -> int:
     """``main(args)`` on `ranks` simulated ranks, or on this MPI rank (`ranks` None); the exit code.
 
     First, on inputs every rank shares: ``--steps`` at least 1 (and, where the example has them, ``--every``
@@ -360,8 +355,9 @@ def run_main(main: Any, args: Any, ranks: Optional[int],
     typed), a valid ``--ranks``,
     ``--dry-run`` only beside ``--ranks`` (then the run is a dry run: shapes only,
     the report of each rank's bytes instead of the output; docs/howto/simulate.md),
-    and ``needs(world size)`` (why the network cannot run at that size, or None; the line ends "use `fits`"),
-    each refused in one line with exit 2. Simulated ranks go through the same
+    ``needs(world size)`` (why the network cannot run at that size, or None; the line ends "use `fits`"),
+    and ``checks(world size)`` (the example's own checks of its flags, pure: the SpmdsimError it raises is the
+    line), each refused in one line with exit 2, before the banner. Simulated ranks go through the same
     launcher as every example's ``--ranks N`` (spmdsim.runtime.sim.launch: the
     one-process banner first, errors named by rank, the largest rank's exit
     code). Under MPI an exception on some ranks ends the whole job instead of
@@ -370,7 +366,7 @@ def run_main(main: Any, args: Any, ranks: Optional[int],
     steps = getattr(args, "steps", 1)
     if steps < 1:
         refuse(f"--steps {steps!r} must be at least 1")
-    problem = _printing_problem(args)
+    problem = printing_problem(args)
     if problem:
         refuse(problem)
     dry_run = bool(getattr(args, "dry_run", False))
@@ -384,12 +380,14 @@ def run_main(main: Any, args: Any, ranks: Optional[int],
         problem = needs(size) if needs is not None else None
         if problem:
             refuse(f"{problem}: use {fits}")
-
+        if checks is not None:  # the flags' values, the world's split of them: before "running on N simulated ranks"
+            _check_first(checks, size, dry_run)
         return run_on_ranks(ranks, lambda: main(args), dry_run=dry_run)
     MPI = load_mpi()  # no MPI library: one line naming --ranks N, not a 30-line traceback
-
     install_excepthook(MPI.COMM_WORLD)
     problem = needs(MPI.COMM_WORLD.Get_size()) if needs is not None else None
     if problem:  # raised on every rank alike: the excepthook prints it once and exits 2
         raise SpmdsimError(f"{problem}: use {fits}")
+    if checks is not None:  # (raised alike too)
+        checks(MPI.COMM_WORLD.Get_size())
     return main(args)
