@@ -285,12 +285,12 @@ def test_a_layout_cut_otherwise_than_its_mesh_names_the_mesh_to_make():
                                  "by at most one), or of cut='chunk' as DTensor's torch.chunk does")
 
 
-@pytest.mark.parametrize("make", ["from_global", "from_seeded", "full", "zeros"])
+@pytest.mark.parametrize("make", ["from_global", "from_seeded", "full", "zeros", "redistribute"])
 def test_a_size_an_even_mesh_cannot_cut_names_the_cuts_that_can(make):
-    """Distributing a (10, 4) tensor with Shard(0) over 4 ranks: from_seeded, full, zeros and ones named no way
-    out ("... is not divisible by 4 shards over ('dp',)"), from_global only DTensor's torch.chunk rule. Each
-    names the mesh's Layout call with cut="balanced" (the pieces 3, 3, 2, 2), and "chunk", the call that cuts it."""
-    from spmdsim import DTensor, Mesh, SeededTensor, ShapeError
+    """Distributing a (10, 4) tensor with Shard(0) over 4 ranks: from_seeded, full, zeros, ones and redistribute
+    named no way out ("... is not divisible by 4 shards over ('dp',)"), from_global only DTensor's torch.chunk
+    rule. Each names the mesh's Layout call with cut="balanced" (the pieces 3, 3, 2, 2), and "chunk"."""
+    from spmdsim import DTensor, Mesh, SeededTensor, ShapeError, redistribute
     from spmdsim.layouts.dialects import Shard, placements_to_layout
 
     def body(cut):
@@ -299,7 +299,9 @@ def test_a_size_an_even_mesh_cannot_cut_names_the_cuts_that_can(make):
         return {"from_global": lambda: DTensor.from_global(mesh, np.zeros((10, 4)), layout),
                 "from_seeded": lambda: DTensor.from_seeded(mesh, layout, SeededTensor((10, 4), "float64", 1)),
                 "full": lambda: DTensor.full(mesh, layout, (10, 4), 1.0),
-                "zeros": lambda: DTensor.zeros(mesh, layout, (10, 4))}[make]().local.shape
+                "zeros": lambda: DTensor.zeros(mesh, layout, (10, 4)),
+                "redistribute": lambda: redistribute(DTensor.zeros(mesh, mesh.layout(None, None), (10, 4)), layout),
+                }[make]().local.shape
 
     with pytest.raises(ShapeError) as caught:
         spmdsim.simulate(4, lambda: body("even"))
