@@ -45,6 +45,21 @@ def test_a_mesh_over_part_of_the_world_says_no_way_to_more_ranks():
     assert str(got) == "device matrix (2, 4) needs 8 ranks but the communicator has 2"
 
 
+def test_a_mesh_over_one_rank_of_a_bigger_world_says_no_way_to_more_ranks():
+    """A one-rank sub-communicator (world.Split(rank)) of 4 ranks was told "one process: launch 8 ranks ...";
+    one plain process, whose world is that one rank, still is."""
+    with pytest.raises(MeshSizeError) as raised:
+        spmdsim.simulate(4, _mesh_2x4, lambda rank: rank)
+    got = raised.value
+    assert (got.needed, got.size, got.ways) == (8, 1, "")
+    assert str(got) == "device matrix (2, 4) needs 8 ranks but the communicator has 1"
+    with pytest.raises(MeshSizeError) as raised:
+        _mesh_2x4()
+    assert raised.value.ways == ways_out(8, 1, ONE_PROCESS) != ""
+    assert str(raised.value).endswith(" (one process: launch 8 ranks with `mpiexec -n 8 ...`, or simulate them in "
+                                      "this process with `--ranks 8` / spmdsim.simulate(8, main))")
+
+
 @pytest.mark.parametrize("strategy, world, needed, divides", [((4, 4), 8, 16, False), ((3, 1), 8, 3, True),
                                                              ((2, 3), 8, 6, True)])
 def test_a_strategy_for_other_ranks_carries_its_numbers(strategy, world, needed, divides):

@@ -68,9 +68,9 @@ class Mesh:
         if layout.num_devices != size:
             error = MeshSizeError(f"device matrix {layout.device_matrix!r} needs {layout.num_devices} ranks but the "
                                   f"communicator has {size}", layout.num_devices, size)
-            # The whole world too few or too many (or one rank): how to get as many, as this world was started;
-            # a sub-communicator's size is the program's own
-            if size == 1 or size == world().Get_size():
+            # The whole world too few or too many (one plain process's too): how to get as many, as this world was
+            # started; a sub-communicator's size is the program's own, one rank's of a bigger world too
+            if size == world().Get_size():
                 raise error.with_ways(ways_out(layout.num_devices, size, launcher(size)))
             raise error
         if simulated:
