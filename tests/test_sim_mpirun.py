@@ -188,11 +188,24 @@ def test_spmdsim_run_under_mpirun_says_mpiruns_ways_to_a_strategys_ranks(capsys)
     """`spmdsim mpirun -n 2 python -m spmdsim run matmul --strategy ((2,4),(4,1))` was told to "simulate 8 ranks
     with `--ranks 8`", which mpirun does not read: the ways were guessed from the communicator, not its launcher."""
     argv = ["run", "matmul", "--strategy", "((2,4),(4,1))", "--shape", "16,16,16"]
-    assert main(["mpirun", "-n", "2", "python", "-m", "spmdsim", *argv]) == 2
-    said = ("spmdsim: error: matmul strategy ((2, 4), (4, 1)) needs 8 devices but the world size is 2; the product "
+    assert main(["mpirun", "-n", "4", "python", "-m", "spmdsim", *argv]) == 2
+    said = ("spmdsim: error: matmul strategy ((2, 4), (4, 1)) needs 8 devices but the world size is 4; the product "
             "of the slice counts must not exceed the number of ranks (run 8 ranks: spmdsim mpirun -n 8 ..., or "
             "mpiexec -n 8 ...)")
-    assert unfold(capsys.readouterr().err).splitlines() == [said, said]  # (each rank says it)
+    # Said once, as under mpiexec (its rank 0 says what every rank met): each of the 4 simulated ranks said it
+    assert unfold(capsys.readouterr().err).splitlines() == [said]
+
+
+def test_a_cli_error_only_some_mpirun_ranks_meet_is_said_once_too(tmp_path, capsys):
+    """Ranks of `spmdsim mpirun` that meet the same error say it once; one that meets another still says its own."""
+    prog = tmp_path / "prog.py"
+    prog.write_text("import sys\nfrom mpi4py import MPI\nfrom spmdsim.tools.cli.main import main\n"
+                    "shape = '1' if MPI.COMM_WORLD.Get_rank() == 1 else '1,2'\n"
+                    "sys.exit(main(['run', 'matmul', '--shape', shape]))\n")
+    assert main(["mpirun", "-n", "3", "python", str(prog)]) == 2
+    assert sorted(capsys.readouterr().err.splitlines()) == [
+        "spmdsim: error: --shape '1' has 1 size; expected M,K,N (or B,...,M,K,N)",
+        "spmdsim: error: --shape '1,2' has 2 sizes; expected M,K,N (or B,...,M,K,N)"]
 
 
 def test_spmdsim_mpirun_takes_the_module_and_code_forms_its_help_offers(tmp_path, capsys, monkeypatch):

@@ -12,6 +12,8 @@ import importlib
 import sys
 from typing import Any, Callable, Sequence
 
+from ...base.context import MPIRUN, current
+from ...base.once import once
 from ...base.once_parser import OnceParser
 from ...base.output import output_error, quiet_stdout
 from ...base.threads import after_rank0_says, launcher_rank
@@ -83,13 +85,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()  # a full disk under `> file` shows here, not as a traceback at exit
         return code
     except SpmdsimError as exc:
-        # Here only an error raised before any MPI call (the guarded commands report their own): each process
-        # of an mpiexec job checked the same command line, so rank 0 says it once, as OnceParser does.
-        if launcher_rank() == 0:
-            print(fold_message(f"spmdsim: error: {exc}"), file=sys.stderr)
+        # Under mpiexec only an error raised before any MPI call (the guarded commands report their own): each
+        # process of the job checked the same command line, so rank 0 says it once, as OnceParser does.
+        _say_once(fold_message(f"spmdsim: error: {exc}"))
         return after_rank0_says(2)
     except OSError as exc:
         return _output_failed(exc)
+
+
+def _say_once(text: str) -> None:
+    """Print an error every rank of the job may meet once: on rank 0 of mpiexec's; on simulated ranks of
+    `spmdsim mpirun`, whose guard lets a command's errors pass (all share the launcher's rank, 0), by the first
+    rank that meets it (spmdsim.base.once: a text only some ranks meet is still said)."""
+    if current().launcher == MPIRUN:
+        once("spmdsim: error", _say, text)
+    elif launcher_rank() == 0:
+        _say(text)
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr)
 
 
 def _output_failed(exc: OSError) -> int:
