@@ -111,3 +111,23 @@ def test_spmdsim_runs_expected_ranks_come_from_the_errors_numbers():
     got = raised.value
     assert (got.needed, got.size, got.ways) == (8, 4, "; expected --ranks 8")
     assert str(got) == "--device-matrix '2,4' has 8 devices but --ranks is 4; expected --ranks 8"
+
+
+def test_autoshards_devices_other_than_the_launchs_say_how_to_launch_as_many(capsys):
+    """`spmdsim mpirun -n 4 python -m spmdsim autoshard --run --devices 8` was told "launch with mpiexec -n 8" (the
+    launcher guessed from --ranks' absence); --ranks' own words stay, and the error carries its numbers."""
+    from spmdsim.tools.cli import autoshard
+    from spmdsim.tools.cli.main import build_parser, main
+    from testkit import unfold
+
+    argv = ["autoshard", "--network", "net_paddle_tp", "--run", "--devices", "8"]
+    assert main(["mpirun", "-n", "4", "python", "-m", "spmdsim", *argv]) == 2
+    assert unfold(capsys.readouterr().err) == ("spmdsim: error: --run uses the 4 ranks of the launch; --devices 8 "
+                                               "differs (run 8 ranks: spmdsim mpirun -n 8 ..., or mpiexec -n 8 ...)\n")
+    args = build_parser().parse_args([*argv, "--ranks", "4"])
+    for started, ways in ((SIMULATE, " (launch with --ranks 8)"), (MPIEXEC, ways_out(8, 4, MPIEXEC))):
+        with pytest.raises(RankCountError) as raised:
+            autoshard._check_devices_match(args, 4, started)
+        got = raised.value
+        assert (got.needed, got.size, got.ways) == (8, 4, ways)
+        assert str(got) == f"--run uses the 4 ranks of the launch; --devices 8 differs{ways}"

@@ -23,8 +23,9 @@ import json
 import math
 from typing import Any
 
-from ...errors import SpmdsimError
-from ...runtime.engines import engine_of
+from ...base.context import SIMULATE
+from ...errors import RankCountError, SpmdsimError
+from ...runtime.engines import engine_of, launcher, ways_out
 from ...base.typed_numbers import flag_float, typed
 from .autoshard_common import gpt_config, still_working
 from ...models.gpt.flags import LLAMA_FLAGS, architecture_arguments, architecture_fields, architecture_flags
@@ -232,19 +233,21 @@ def _run_mpi(args: argparse.Namespace) -> int:
     from .common import guarded, on_world
 
     if args.ranks is not None:  # --devices checked before the banner too: the only line when it differs
-        return on_world(args, lambda comm: _run_choice(args, comm), lambda n: _check_devices_match(args, n))
+        return on_world(args, lambda comm: _run_choice(args, comm),
+                        lambda n: _check_devices_match(args, n, SIMULATE))
     from ...runtime.mpi_library import load_mpi
 
     comm = load_mpi().COMM_WORLD
     return guarded(lambda: _run_choice(args, comm), comm)
 
 
-def _check_devices_match(args: argparse.Namespace, size: int) -> None:
-    """Refuse a --devices other than the `size` ranks --run runs on."""
-    if args.devices not in (None, size):
-        launch = f"--ranks {args.devices}" if args.ranks is not None else f"mpiexec -n {args.devices}"
-        raise SpmdsimError(f"--run uses the {size} ranks of the launch; --devices {args.devices} "
-                           f"differs (launch with {launch})")
+def _check_devices_match(args: argparse.Namespace, size: int, started: str) -> None:
+    """Refuse a --devices other than the `size` ranks --run runs on, saying how to launch as many, as `started`
+    (spmdsim.base.context: SIMULATE, --ranks, before the ranks start; else the running rank's launcher)."""
+    n = args.devices
+    if n not in (None, size):
+        error = RankCountError(f"--run uses the {size} ranks of the launch; --devices {n} differs", n, size)
+        raise error.with_ways(f" (launch with --ranks {n})" if started == SIMULATE else ways_out(n, size, started))
 
 
 def _run_choice(args: argparse.Namespace, comm: Any) -> int:
@@ -258,7 +261,7 @@ def _run_choice(args: argparse.Namespace, comm: Any) -> int:
         n = args.devices or 8
         raise SpmdsimError(f"--run in one process would run on 1 rank: launch it with mpiexec -n {n}, "
                            f"or add --ranks {n}")
-    _check_devices_match(args, size)
+    _check_devices_match(args, size, launcher(size))
     # Every rank measures at once (they share the cores, as they will when running);
     # the slowest rate, agreed, makes every rank choose the same strategies.
     flops = args.flops or min(engine_of(comm).all_gather_object(comm, measure_flops_rate()))
