@@ -8,7 +8,8 @@ import traceback
 
 __all__ = ["fold_message", "exception_text", "same_class", "SpmdsimError", "LayoutError", "ShapeError", "DTypeError",
            "RankError", "DialectError", "OperatorError", "PlanError", "PipelineError", "RuntimeMismatchError",
-           "RankCountError", "MeshSizeError", "StrategySizeError", "CheckFailed", "ResourceError"]
+           "RankCountError", "MeshSizeError", "StrategySizeError", "PartitionCountError", "CheckFailed",
+           "ResourceError"]
 
 
 #: Columns of a printed error line (spmdsim.programs.viz.table.WIDTH: every default output).
@@ -130,7 +131,8 @@ class RankCountError(SpmdsimError):
     The numbers are attributes, so that whoever knows how the ranks were launched says how to get those
     (spmdsim.runtime.engines.ways_out; `spmdsim run`'s "expected --ranks 8") from them, never from the text;
     `ways` is that advice where the message already ends with it, else "". Mesh raises MeshSizeError (a
-    RuntimeMismatchError), a strategy StrategySizeError (a DialectError): an ``except`` of either still catches it.
+    RuntimeMismatchError), a strategy StrategySizeError (a DialectError), Paddle's num_partitions
+    PartitionCountError (an OperatorError): an ``except`` of the older class still catches it.
     """
 
     def __init__(self, text: str = "", needed: int = 0, size: int = 0, divides: bool = False, ways: str = "") -> None:
@@ -152,6 +154,10 @@ class MeshSizeError(RankCountError, RuntimeMismatchError):
 
 class StrategySizeError(RankCountError, DialectError):
     """A strategy uses more devices than the world has ranks, or a number that does not divide it."""
+
+
+class PartitionCountError(RankCountError, OperatorError):
+    """Paddle's num_partitions does not divide the number of ranks its mesh is over."""
 
 
 class CheckFailed(SpmdsimError, AssertionError):

@@ -131,3 +131,31 @@ def test_autoshards_devices_other_than_the_launchs_say_how_to_launch_as_many(cap
         got = raised.value
         assert (got.needed, got.size, got.ways) == (8, 4, ways)
         assert str(got) == f"--run uses the 4 ranks of the launch; --devices 8 differs{ways}"
+
+
+def _paddle_mesh_3(color_of=None):
+    from spmdsim.nn.ops import paddle_mesh
+
+    comm = spmdsim.world()
+    paddle_mesh(3, None if color_of is None else comm.Split(color_of(comm.Get_rank())))
+
+
+def test_paddles_num_partitions_that_do_not_divide_the_ranks_carry_their_numbers():
+    """"num_partitions=3 must divide the world size 8" had no numbers to read and, over the whole world, no way
+    to ranks it divides (a strategy's or a Mesh's has); an OperatorError still catches it."""
+    from spmdsim.errors import OperatorError, PartitionCountError
+    from spmdsim.layouts.dialects.paddle import paddle_layout
+
+    with pytest.raises(PartitionCountError) as raised:
+        paddle_layout(3, 8)
+    got = raised.value
+    assert isinstance(got, OperatorError) and isinstance(got, RankCountError)
+    assert (str(got), got.needed, got.size, got.divides, got.ways) == (
+        "num_partitions=3 must divide the world size 8", 3, 8, True, "")
+    with pytest.raises(PartitionCountError) as raised:
+        spmdsim.simulate(8, _paddle_mesh_3)
+    ways = " (simulate 3 ranks with `--ranks 3` / spmdsim.simulate(3, main), or launch them with `mpiexec -n 3 ...`)"
+    assert (str(raised.value), raised.value.ways) == (f"num_partitions=3 must divide the world size 8{ways}", ways)
+    with pytest.raises(PartitionCountError) as raised:  # half the world: the program's own choice, no ways
+        spmdsim.simulate(8, _paddle_mesh_3, lambda rank: rank // 4)
+    assert (str(raised.value), raised.value.ways) == ("num_partitions=3 must divide the world size 4", "")

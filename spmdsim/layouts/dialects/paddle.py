@@ -15,7 +15,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 
 from ..datagen import SeededTensor
-from ...errors import DialectError, OperatorError
+from ...errors import DialectError, OperatorError, PartitionCountError
 from ..layout import Layout, TensorLayout
 from ._common import as_flag, as_int, as_items, positive_int, refuse_mesh_as_count
 
@@ -184,9 +184,11 @@ def paddle_layout(num_partitions: int, world_size: int) -> Layout:
         raise OperatorError(f"world_size {world_size!r} must be a positive integer")
     if parts is None:
         raise OperatorError(f"num_partitions={num_partitions!r} must be a positive integer")
-    if parts <= 0 or world % parts:
-        raise OperatorError(f"num_partitions={num_partitions!r} must divide the world size "
-                            f"{world_size!r}")
+    if parts <= 0:
+        raise OperatorError(f"num_partitions={num_partitions!r} must divide the world size {world_size!r}")
+    if world % parts:
+        raise PartitionCountError(f"num_partitions={num_partitions!r} must divide the world size {world_size!r}",
+                                  parts, world, divides=True)
     if parts == world:
         return Layout((parts,), (MP_AXIS,))
     return Layout((world // parts, parts), ("dp", MP_AXIS))

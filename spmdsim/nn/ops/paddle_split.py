@@ -21,10 +21,10 @@ from typing import Any, Optional, Sequence
 from ...layouts.datagen import SeededTensor
 # The pure part (layouts, parameters) lives in the dialect; importable from here as before.
 from ...layouts.dialects.paddle import MP_AXIS, ParamAttr, paddle_layout, paddle_param, split_layouts
-from ...errors import DialectError, OperatorError
+from ...errors import DialectError, OperatorError, RankCountError
 from ._common import scatter_local, seeded_dtensor
 from ._operands import check_dtensor
-from ...runtime.engines import engine_of, world
+from ...runtime.engines import engine_of, launcher, ways_out, world
 from ...runtime import Mesh
 from .embedding import embedding
 from .linear import linear
@@ -40,7 +40,14 @@ def paddle_mesh(num_partitions: int, comm: Any = None) -> Any:
 
         if not isinstance(comm, MPI.Intracomm):
             raise OperatorError(f"comm {comm!r} must be an MPI intracommunicator (default COMM_WORLD)")
-    return Mesh(paddle_layout(num_partitions, comm.Get_size()), comm)
+    size = comm.Get_size()
+    try:
+        layout = paddle_layout(num_partitions, size)
+    except RankCountError as exc:  # over the whole world: how to get ranks it divides, as Mesh says its own
+        if size != world().Get_size():
+            raise
+        raise exc.with_ways(ways_out(exc.needed, size, launcher(size))) from None
+    return Mesh(layout, comm)
 
 
 def _mp_axis(mesh: Any, num_partitions: int) -> str:
