@@ -448,14 +448,30 @@ def test_a_dry_run_without_simulated_ranks_is_refused(monkeypatch, capsys):
 
 
 def test_an_example_in_one_process_names_both_ways_out(monkeypatch):
-    from spmdsim.errors import SpmdsimError
+    """The example's Mesh says it (its own "this example needs 8 ranks" check is gone), with its numbers."""
+    from spmdsim.errors import MeshSizeError
 
     path = next(p for p in EXAMPLES if p.stem == "matmul_2x4_4x1")
     monkeypatch.setattr(sys, "argv", [str(path)])
     monkeypatch.setattr(sys, "excepthook", sys.excepthook)
-    # One line (under 100 columns with its "spmdsim: error: " prefix) naming both ways.
-    with pytest.raises(SpmdsimError, match=r"^this example needs 8 ranks, not 1: use --ranks 8 or mpiexec -n 8$"):
+    with pytest.raises(MeshSizeError) as raised:
         runpy.run_path(str(path), run_name="__main__")
+    assert (raised.value.needed, raised.value.size) == (8, 1)
+    assert str(raised.value) == ("device matrix (2, 4, 1) needs 8 ranks but the communicator has 1 (one process: "
+                                 "launch 8 ranks with `mpiexec -n 8 ...`, or simulate them in this process with "
+                                 "`--ranks 8` / spmdsim.simulate(8, main))")
+
+
+@pytest.mark.parametrize("name", ["matmul_2x4_4x1", "matmul_layout_tuple"])
+def test_an_example_on_other_ranks_of_mpirun_says_mpiruns_ways_in_one_line(name, capsys):
+    """Under `spmdsim mpirun -n 4` the example's own check said "use --ranks 8 or mpiexec -n 8" (neither is mpirun's
+    -n) with a traceback; its Mesh says mpirun's way, in one line, as for any program."""
+    path = next(p for p in EXAMPLES if p.stem == name)
+    assert main(["mpirun", "-n", "4", "python", str(path)]) == 1
+    matrix = "(2, 4, 1)" if name == "matmul_2x4_4x1" else "(2, 2, 2)"
+    assert unfold(capsys.readouterr().err) == (f"spmdsim mpirun: error: device matrix {matrix} needs 8 ranks but the "
+                                               "communicator has 4 (run 8 ranks: spmdsim mpirun -n 8 ..., or "
+                                               "mpiexec -n 8 ...)\n")
 
 
 @pytest.mark.parametrize("count", ["0", "5000", "x"])
@@ -607,11 +623,22 @@ def test_an_example_alone_in_one_process_says_how_to_get_its_ranks(monkeypatch, 
 
 
 @pytest.mark.parametrize("path", [p for p in EXAMPLES if "script(__file__" in p.read_text()], ids=lambda p: p.stem)
-def test_each_example_that_runs_quietly_on_1_rank_gives_the_ranks_its_docstring_says(path):
+def test_each_example_that_runs_quietly_on_1_rank_gives_the_ranks_its_docstring_says(path, monkeypatch):
+    from spmdsim.errors import RankCountError
+
     source = path.read_text()
     launch = re.search(r"mpiexec -n (\d+)", source.split('"""')[1])
     given = WRITTEN_FOR.search(source)
-    if given is None:  # it refuses 1 rank itself, in one line naming --ranks N and mpiexec -n N
-        assert re.search(r"not \{comm\.size\}: use --ranks (\d+) or mpiexec -n \1", source), path.name
+    assert launch, path.name
+    if given is None and re.search(r"not \{comm\.size\}: use --ranks (\d+) or mpiexec -n \1", source):
+        return  # it refuses 1 rank itself, in one line naming --ranks N and mpiexec -n N
+    if given is None:  # its Mesh refuses 1 rank, naming N and both ways to it: --ranks N, mpiexec -n N
+        monkeypatch.setattr(sys, "argv", [str(path)])
+        monkeypatch.setattr(sys, "excepthook", sys.excepthook)
+        with pytest.raises(RankCountError) as raised:
+            runpy.run_path(str(path), run_name="__main__")
+        n = int(launch.group(1))
+        assert (raised.value.needed, raised.value.size) == (n, 1), path.name
+        assert f"`mpiexec -n {n} ...`" in raised.value.ways and f"`--ranks {n}`" in raised.value.ways, path.name
     else:
-        assert launch and given.group(1) == launch.group(1), path.name
+        assert given.group(1) == launch.group(1), path.name
