@@ -196,6 +196,20 @@ def test_spmdsim_run_under_mpirun_says_mpiruns_ways_to_a_strategys_ranks(capsys)
     assert unfold(capsys.readouterr().err).splitlines() == [said]
 
 
+def test_usage_errors_and_pure_commands_under_mpirun_are_said_once_as_under_mpiexec(capsys):
+    """Under mpiexec rank 0 alone prints a usage error (OnceParser), an example's refusal and a command that needs
+    no MPI (by PMI_RANK); simulated ranks of mpirun share one environment, so each printed them: 3 usages, 3 slices
+    tables. A rank of mpirun is a process of its job: launcher_rank() is its rank."""
+    assert main(["mpirun", "-n", "3", "python", "-m", "spmdsim", "run", "matmul"]) == 2
+    err = capsys.readouterr().err
+    assert (err.count("usage: "), err.count("the following arguments are required: --shape")) == (1, 1), err
+    slices = ["slices", "--device-matrix", "2,4", "--alias", "a,b", "--tensor-map", "a,None", "--shape", "8,8"]
+    assert main(["mpirun", "-n", "3", "python", "-m", "spmdsim", *slices]) == 0
+    assert capsys.readouterr().out.count('"rank_slices"') == 1
+    assert main(["mpirun", "-n", "3", "python", str(ROOT / "examples" / "train_gpt.py"), "--steps", "0"]) == 2
+    assert capsys.readouterr().err == "spmdsim: error: --steps 0 must be at least 1\n"
+
+
 def test_a_cli_error_only_some_mpirun_ranks_meet_is_said_once_too(tmp_path, capsys):
     """Ranks of `spmdsim mpirun` that meet the same error say it once; one that meets another still says its own."""
     prog = tmp_path / "prog.py"

@@ -1,4 +1,4 @@
-"""Cores, ranks per node and BLAS thread caps; standard library only.
+"""Cores, ranks per node and BLAS thread caps; standard library and the running rank's context only.
 
 A rank started by an MPI launcher should run its BLAS on its share of the
 node's cores: with numpy's default pools, 8 ranks on 2 cores ran a measured job
@@ -18,6 +18,8 @@ import re
 import time
 from typing import Any, Iterator
 
+from .context import MPIRUN, current
+
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 # Launchers that tell each rank how many ranks share its node.
@@ -35,7 +37,11 @@ def launched() -> bool:
 
 
 def launcher_rank() -> int:
-    """This process's rank as the MPI launcher set it in the environment (0 when not launched)."""
+    """This process's rank as the MPI launcher set it in the environment (0 when not launched); on a simulated
+    rank of `spmdsim mpirun`, a process of its job that shares this process's environment, that rank."""
+    context = current()
+    if context.launcher == MPIRUN:
+        return context.rank
     for name in RANK_VARIABLES:
         value = os.environ.get(name, "")
         if value.isdigit():
