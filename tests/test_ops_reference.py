@@ -125,6 +125,9 @@ def test_paddle_layout_and_params():
     assert paddle_layout(4, 8) == Layout((2, 4), ("dp", "mp"))
     with pytest.raises(OperatorError, match="num_partitions=3 must divide the world size 8"):
         paddle_layout(3, 8)
+    for parts in (0, -2):  # not "must divide the world size": no count of ranks would help
+        with pytest.raises(OperatorError, match=f"^num_partitions={parts} must be a positive integer$"):
+            paddle_layout(parts, 8)
     assert paddle_param(None, (4, 6), "float32", 0) == SeededTensor((4, 6), "float32", 0)
     assert paddle_param(7, (6,), "float64", 1).seed == 7
     assert paddle_param(False, (6,), "float64", 1) is None

@@ -182,10 +182,8 @@ def paddle_layout(num_partitions: int, world_size: int) -> Layout:
     parts, world = as_int(num_partitions), as_int(world_size)
     if world is None or world <= 0:
         raise OperatorError(f"world_size {world_size!r} must be a positive integer")
-    if parts is None:
+    if parts is None or parts <= 0:
         raise OperatorError(f"num_partitions={num_partitions!r} must be a positive integer")
-    if parts <= 0:
-        raise OperatorError(f"num_partitions={num_partitions!r} must divide the world size {world_size!r}")
     if world % parts:
         raise PartitionCountError(f"num_partitions={num_partitions!r} must divide the world size {world_size!r}",
                                   parts, world, divides=True)
