@@ -2,8 +2,8 @@
 
 The examples are run in-process (runpy) under the suite's mpiexec rather than
 one launch each, which on 2 cores would cost seconds per file. An example that
-needs another world size raises a SpmdsimError saying so, and is skipped; any
-other error fails the test.
+needs another world size raises a RankCountError (or a SpmdsimError naming the
+--ranks it needs) on every rank, and is skipped; any other error fails the test.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import sys
 import pytest
 from mpi4py import MPI
 
-from spmdsim.errors import SpmdsimError
+from spmdsim.errors import RankCountError, SpmdsimError
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -43,7 +43,7 @@ def _run_example(path: pathlib.Path, monkeypatch) -> tuple[list, str]:
         except SystemExit as exc:
             code = exc.code
         except SpmdsimError as exc:
-            if "use --ranks" not in str(exc):  # the world sizes it needs
+            if not isinstance(exc, RankCountError) and "use --ranks" not in str(exc):  # the world sizes it needs
                 raise
             code = str(exc)  # the world size it needs, on every rank alike
     # The ranks end an example at different times (rank 0 prints the verdicts): the early ones sleep
