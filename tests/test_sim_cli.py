@@ -474,6 +474,15 @@ def test_an_example_on_other_ranks_of_mpirun_says_mpiruns_ways_in_one_line(name,
                                                "mpiexec -n 8 ...)\n")
 
 
+def test_a_training_example_on_other_ranks_of_mpirun_says_mpiruns_ways(capsys):
+    """run_main's refusal of a world its networks need not ("the MindSpore tutorial's strategies need exactly 8 ranks,
+    not 2") ended "use --ranks 8 or mpiexec -n 8" under any launcher: under `spmdsim mpirun` it names mpirun's -n."""
+    path = next(p for p in TRAINING if p.stem == "train_mindspore_tutorial")
+    assert main(["mpirun", "-n", "2", "python", str(path)]) != 0
+    assert ("the MindSpore tutorial's strategies need exactly 8 ranks, not 2 (run 8 ranks: spmdsim mpirun -n 8 ..., "
+            "or mpiexec -n 8 ...)") in unfold(capsys.readouterr().err)
+
+
 @pytest.mark.parametrize("count", ["0", "5000", "x"])
 @pytest.mark.parametrize("entry", ["cli", "script", "training"])
 def test_a_rank_count_that_cannot_be_is_one_line_before_anything_else(entry, count, monkeypatch, capsys):
@@ -551,7 +560,8 @@ def test_seed_networks_bucket_their_gradient_sums(monkeypatch, capsys):
 @pytest.mark.parametrize("args, code, said", [
     # Nothing could run: it printed "skipped at 3 ranks: oneflow_2d_sbp" and exited 1, as a failed check does.
     (["--ranks", "3", "--net", "oneflow_2d_sbp"], 2,
-     "spmdsim: error: the 2 x n placement needs an even rank count, not 3: use --ranks 8 or mpiexec -n 8\n"),
+     "spmdsim: error: the 2 x n placement needs an even rank count, not 3 (simulate 8 ranks with `--ranks 8` / "
+     "spmdsim.simulate(8, main), or launch them with `mpiexec -n 8 ...`)\n"),
     # `--net` with no name ran nothing and exited 1 without a word.
     (["--ranks", "4", "--net"], 2, "error: argument --net: expected at least one argument\n"),
     # One network skipped says why, and one rank is "1 rank" ("1 ranks", and the reason went unsaid).

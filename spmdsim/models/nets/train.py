@@ -24,14 +24,15 @@ import numpy as np
 from ...errors import OperatorError, fold_message
 from ...layouts.layout import Layout, TensorLayout
 from .model import Hop, Network, schedule
-from ...base.context import PROCESS, RankContext, current, enter, leave
+from ...base.context import PROCESS, SIMULATE, RankContext, current, enter, leave
 from ...base.threads import launcher_rank
 from ...base.typed_numbers import fixed
-from ...errors import SpmdsimError
+from ...errors import RankCountError, SpmdsimError
 from ...nn import ops, optim
 from ...nn.ops import cross_entropy, reshape
 from ...runtime import install_excepthook
 from ...runtime.dtensor import DTensor
+from ...runtime.engines import ways_out
 from ...runtime.executor import redistribute
 from ...runtime.mesh import Mesh
 from ...runtime.mpi_library import load_mpi
@@ -347,7 +348,7 @@ def _check_first(checks: Callable[[int], Any], size: int, dry_run: bool) -> None
 
 
 def run_main(main: Any, args: Any, ranks: Optional[int], needs: Optional[Callable[[int], Optional[str]]] = None,
-             fits: str = "--ranks 8 or mpiexec -n 8", checks: Optional[Callable[[int], Any]] = None) -> int:
+             fits: int = 8, checks: Optional[Callable[[int], Any]] = None) -> int:
     """``main(args)`` on `ranks` simulated ranks, or on this MPI rank (`ranks` None); the exit code.
 
     First, on inputs every rank shares: ``--steps`` at least 1 (and, where the example has them, ``--every``
@@ -355,7 +356,8 @@ def run_main(main: Any, args: Any, ranks: Optional[int], needs: Optional[Callabl
     typed), a valid ``--ranks``,
     ``--dry-run`` only beside ``--ranks`` (then the run is a dry run: shapes only,
     the report of each rank's bytes instead of the output; docs/howto/simulate.md),
-    ``needs(world size)`` (why the network cannot run at that size, or None; the line ends "use `fits`"),
+    ``needs(world size)`` (why the network cannot run at that size, or None; the line ends with the ways to
+    `fits` ranks, where it runs, as this run was launched: a RankCountError),
     and ``checks(world size)`` (the example's own checks of its flags, pure: the SpmdsimError it raises is the
     line), each refused in one line with exit 2, before the banner. Simulated ranks go through the same
     launcher as every example's ``--ranks N`` (spmdsim.runtime.sim.launch: the
@@ -379,15 +381,16 @@ def run_main(main: Any, args: Any, ranks: Optional[int], needs: Optional[Callabl
         size = world_size(ranks, dry_run)  # refuses a count that cannot be
         problem = needs(size) if needs is not None else None
         if problem:
-            refuse(f"{problem}: use {fits}")
+            refuse(str(RankCountError(problem, fits, size).with_ways(ways_out(fits, size, SIMULATE))))
         if checks is not None:  # the flags' values, the world's split of them: before "running on N simulated ranks"
             _check_first(checks, size, dry_run)
         return run_on_ranks(ranks, lambda: main(args), dry_run=dry_run)
     MPI = load_mpi()  # no MPI library: one line naming --ranks N, not a 30-line traceback
     install_excepthook(MPI.COMM_WORLD)
-    problem = needs(MPI.COMM_WORLD.Get_size()) if needs is not None else None
+    size = MPI.COMM_WORLD.Get_size()
+    problem = needs(size) if needs is not None else None
     if problem:  # raised on every rank alike: the excepthook prints it once and exits 2
-        raise SpmdsimError(f"{problem}: use {fits}")
+        raise RankCountError(problem, fits, size).with_ways(ways_out(fits, size))
     if checks is not None:  # (raised alike too)
-        checks(MPI.COMM_WORLD.Get_size())
+        checks(size)
     return main(args)
