@@ -465,11 +465,12 @@ def test_an_example_in_one_process_names_both_ways_out(monkeypatch):
 @pytest.mark.parametrize("name", ["matmul_2x4_4x1", "matmul_layout_tuple"])
 def test_an_example_on_other_ranks_of_mpirun_says_mpiruns_ways_in_one_line(name, capsys):
     """Under `spmdsim mpirun -n 4` the example's own check said "use --ranks 8 or mpiexec -n 8" (neither is mpirun's
-    -n) with a traceback; its Mesh says mpirun's way, in one line, as for any program."""
+    -n) with a traceback; its Mesh says mpirun's way, in one line, and exit 2, as its excepthook ends an mpiexec
+    job with it (was 'spmdsim mpirun: error: ...', exit 1)."""
     path = next(p for p in EXAMPLES if p.stem == name)
-    assert main(["mpirun", "-n", "4", "python", str(path)]) == 1
+    assert main(["mpirun", "-n", "4", "python", str(path)]) == 2
     matrix = "(2, 4, 1)" if name == "matmul_2x4_4x1" else "(2, 2, 2)"
-    assert unfold(capsys.readouterr().err) == (f"spmdsim mpirun: error: device matrix {matrix} needs 8 ranks but the "
+    assert unfold(capsys.readouterr().err) == (f"spmdsim: error: device matrix {matrix} needs 8 ranks but the "
                                                "communicator has 4 (run 8 ranks: spmdsim mpirun -n 8 ..., or "
                                                "mpiexec -n 8 ...)\n")
 

@@ -453,6 +453,54 @@ def test_a_programs_excepthook_runs_on_the_rank_that_raised_and_its_encoding_is_
         "details\n")
 
 
+def test_an_spmdsim_error_under_spmdsims_guard_ends_the_run_as_the_guard_ends_an_mpiexec_job(tmp_path, capsys):
+    """A program that installed spmdsim's excepthook (or ran through run_guarded / abort_on_error) prints an
+    SpmdsimError every rank raised as that hook does under mpiexec: one line, exit 2 (the ranks' texts that
+    differ named, as under --ranks); raised on some ranks, that rank's line, exit 1; no traceback either way
+    (the report printed the traceback from the program down for each, exit 1). Without the guard, an error
+    not spmdsim's, or a deadlock (which the guard never sees under mpiexec: it hangs) read as before."""
+    head = "import sys\nfrom mpi4py import MPI\nimport spmdsim\nfrom spmdsim.runtime import abort_on_error, run_guarded\n"
+    programs = {
+        "every.py": "spmdsim.install_excepthook(MPI.COMM_WORLD)\nraise spmdsim.SpmdsimError('bad --tp 3')\n",
+        "some.py": "spmdsim.install_excepthook()\nif MPI.COMM_WORLD.rank == 1:\n"
+                   "    raise spmdsim.SpmdsimError('bad on rank 1')\nMPI.COMM_WORLD.Barrier()\n",
+        "run_guarded.py": "def f():\n    raise spmdsim.SpmdsimError(f'bad {MPI.COMM_WORLD.rank % 2}')\n"
+                          "sys.exit(run_guarded(f))\n",
+        "abort_on_error.py": "with abort_on_error():\n    raise spmdsim.SpmdsimError('bad in the block')\n",
+        "unguarded.py": "raise spmdsim.SpmdsimError('no guard')\n",
+        "value.py": "spmdsim.install_excepthook()\nraise ValueError('not spmdsim')\n",
+        "deadlock.py": "spmdsim.install_excepthook()\nif MPI.COMM_WORLD.rank == 0:\n    MPI.COMM_WORLD.recv(source=1)\n",
+    }
+    ended = {}
+    for name, body in programs.items():
+        (tmp_path / name).write_text(head + body)
+        code = main(["mpirun", "-n", "4", "python", str(tmp_path / name)])
+        ended[name] = (code, unfold(capsys.readouterr().err))
+    assert ended["every.py"] == (2, "spmdsim: error: bad --tp 3\n")
+    assert ended["some.py"] == (1, "spmdsim: error on simulated rank 1: bad on rank 1\n")
+    assert ended["run_guarded.py"] == (2, "spmdsim: error: bad 0 (ranks 0,2; ranks differ: ranks 1,3: bad 1)\n")
+    assert ended["abort_on_error.py"] == (2, "spmdsim: error: bad in the block\n")
+    for name, kind, text in (("unguarded.py", "SpmdsimError", "no guard"), ("value.py", "ValueError", "not spmdsim")):
+        code, err = ended[name]
+        assert code == 1 and err.startswith(f"spmdsim mpirun: error on simulated ranks 0-3: {kind}: {text}\n"
+                                            "Traceback (most recent call last):"), err
+    code, err = ended["deadlock.py"]
+    assert code == 1 and err.startswith("spmdsim mpirun: error: simulated ranks deadlock"), err
+
+
+def test_a_training_example_refusing_its_flags_under_mpirun_says_one_line_as_under_mpiexec():
+    """examples/train_gpt.py --tp 3 on 4 ranks: under mpiexec -n 4 one line and exit 2 (run_main's excepthook);
+    under spmdsim mpirun -n 4 it was the line with a traceback from the example down, exit 1."""
+    run = subprocess.run([sys.executable, "-m", "spmdsim", "mpirun", "-n", "4", str(ROOT / "examples" / "train_gpt.py"),
+                          "--tp", "3"], capture_output=True, text=True, timeout=120, env=_one_thread())
+    assert (run.returncode, run.stdout, run.stderr) == (
+        2, "", "spmdsim: error: the GPT cannot run on 4 ranks: --tp 3 must divide the world size 4\n")
+
+
+def _one_thread() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+
+
 def test_the_ranks_share_the_process_pid_environment_and_folder(tmp_path, capsys):
     """What docs/howto/simulate.md says the simulated ranks share, unlike MPI processes: one PID, one os.environ (each
     rank sets XR to its rank, then all read the last setter's value), one working folder."""

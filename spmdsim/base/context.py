@@ -28,7 +28,7 @@ class RankContext:
     """One rank's own state: who it is, its world communicator and engine, its traces, counter and settings."""
 
     __slots__ = ("rank", "size", "comm", "engine", "traces", "seq", "hooks", "meter", "shared", "self_comm", "world_comm",
-                 "dry_run", "launcher", "flops", "phase", "streams", "__weakref__")
+                 "dry_run", "launcher", "guarded", "flops", "phase", "streams", "__weakref__")
 
     def __init__(self, rank: Optional[int] = None, size: Optional[int] = None, comm: Any = None,
                  engine: Any = None, dry_run: bool = False, shared: Optional[dict] = None,
@@ -45,6 +45,9 @@ class RankContext:
         # How this rank's world was started: SIMULATE or MPIRUN (`spmdsim mpirun` sets it as each rank starts);
         # None in PROCESS, an MPI process: mpiexec's, or one plain process (its world's size says which)
         self.launcher = launcher
+        # Whether its program installed spmdsim's excepthook (spmdsim.runtime.guard.install_excepthook): under
+        # `spmdsim mpirun` its uncaught SpmdsimError then ends the run as that hook ends an mpiexec job
+        self.guarded = False
         self.meter: Any = None  # a dry run's byte meter (spmdsim.runtime.sim.dry_meter.Meter)
         self.shared = {} if shared is None else shared  # spmdsim.base.once's results, one table per run
         self.self_comm: Any = None  # MPI.COMM_SELF of a simulated rank, made on first use

@@ -18,7 +18,8 @@ statuses, each ``sys.exit`` code as the OS reports a process's (its low 8 bits: 
 spmdsim.runtime.sim.run.exit_status). Where MPI would hang or abort, one report (docs/howto/simulate.md): a
 deadlock in one line naming each waiting rank's call and program line; an
 exception on a rank stops every rank and is printed with the rank that raised
-it and its traceback from the program on (exit 1); messages never received,
+it and its traceback from the program on (exit 1; an SpmdsimError of a program under spmdsim's guard: the
+guard's one line, exit 2 where every rank raised it, as under mpiexec); messages never received,
 requests never completed (no Wait or Test) and send buffers written before their
 send completed are warnings.
 """
@@ -135,6 +136,9 @@ def _rank(kind: str, what: str, exits: dict, failures: list, notice: FailureNoti
         code, call = exc.code, "os._exit"
     except Exception as exc:  # noted for a Ctrl-C or SIGTERM that stops the others before the run reports it
         failures.append((current_rank(), exc))
+        if _local.current().guarded:  # the program installed spmdsim's excepthook: its report is the hook's
+            with contextlib.suppress(AttributeError):
+                exc.spmdsim_guarded = True
         if not isinstance(exc, SpmdsimError) and getattr(exc, "abort_code", None) is None:  # the program's own
             notice.failed()  # (a deadlock's, a mismatch's or an Abort's report comes at once anyway)
             program_hook(exc, notice.hook)
@@ -296,7 +300,7 @@ def run(n: int, command: Sequence[str], eager_limit: Optional[int] = None) -> in
         failed_before(failures)
         return _stopped(130)
     except BaseException as exc:  # noqa: BLE001 - reported as mpiexec reports a failed rank
-        return _report(exc, exits)
+        return _report(exc, exits, n)
     finally:
         notice.close()
         sys.argv[:], sys.path[:], sys.stdin, sys.excepthook = saved_argv, saved_path, saved_stdin, saved_hook

@@ -8,9 +8,12 @@ import os
 import pickle
 import sys
 import threading
+from typing import Optional
 
+from ..base.sizes import out_of_memory
 from ..errors import exception_text, fold_message, RankCountError, RuntimeMismatchError, same_class, SpmdsimError
 from ..runtime.engines.memory import DRY_RUN_HINT, MemoryLimitError
+from ..runtime.sim.launch import every_ranks_line
 from ..runtime.sim.thread_limits import ThreadLimitError
 from ..runtime.sim.waiting import ranks_text
 
@@ -22,15 +25,17 @@ class _NotRunnable(ValueError):
     __main__.py): one line in Python's words, and Python's exit status, 1 (not the launcher's 2)."""
 
 
-def _report(exc: BaseException, exits: dict) -> int:
-    """Print how the simulated ranks ended (as mpiexec reports a failed job); return the exit code.
+def _report(exc: BaseException, exits: dict, n: int) -> int:
+    """Print how the `n` simulated ranks ended (as mpiexec reports a failed job); return the exit code.
 
     A deadlock or mismatched collectives (where MPI hangs): one line naming the ranks, calls and
     program lines, exit 1 or the largest code a rank exited with. MPI_Abort: one line, its code.
-    Any other exception: the failing rank's traceback from the program down, exit 1; where it is
-    MPI's error (MPI.Exception), an object receive's (UnpicklingError), spmdsim's, or a wrong argument
-    the emulator refused (TypeError, ValueError raised in spmdsim.runtime.sim: a str to Send), without the
-    emulator's frames below the program's, as mpiexec shows no frames inside the MPI library.
+    An SpmdsimError of a program that ran under spmdsim's guard (its excepthook, run_guarded): what the guard
+    prints under mpiexec (`_guarded_line`). Any other exception: the failing rank's traceback from the
+    program down, exit 1; where it is MPI's error (MPI.Exception), an object receive's (UnpicklingError),
+    spmdsim's, or a wrong argument the emulator refused (TypeError, ValueError raised in spmdsim.runtime.sim:
+    a str to Send), without the emulator's frames below the program's, as mpiexec shows no frames inside the
+    MPI library.
     """
     import traceback  # here: the start of every run (the common case, no error) does not load it
 
@@ -39,6 +44,12 @@ def _report(exc: BaseException, exits: dict) -> int:
     if isinstance(exc, _NotRunnable):  # python -m no_such_mod: Python's one line, its exit status
         print(f"spmdsim mpirun: error: {exc}", file=sys.stderr)
         return 1
+    guarded = _guarded_line(exc, n)
+    if guarded is not None:
+        print(fold_message(guarded[0]), file=sys.stderr)
+        for line in _others(exc) if guarded[1] != 2 else ():
+            print(fold_message(line), file=sys.stderr)
+        return guarded[1]
     if isinstance(exc, RuntimeMismatchError):  # a deadlock, collectives that differ, a Mesh of another size
         text = f"spmdsim mpirun: error: {exc}"  # a Mesh's ways to its ranks (mpirun's own): folded to 100 columns
         print(fold_message(text) if isinstance(exc, RankCountError) else text, file=sys.stderr)
@@ -84,6 +95,26 @@ def _report(exc: BaseException, exits: dict) -> int:
     for line in _others(exc):
         print(fold_message(line), file=sys.stderr)
     return 1
+
+
+def _guarded_line(exc: BaseException, n: int) -> Optional[tuple]:
+    """(line, exit code) for an SpmdsimError (or numpy's MemoryError) the program raised under spmdsim's guard,
+    as the guard ends an mpiexec job with it: raised on every rank, 'spmdsim: error: ...' and 2; on some,
+    that rank's line and 1 (no traceback either way). None for any other: the simulation's own errors (a
+    deadlock, mismatched collectives, limits), the emulator's refusals, a program without the guard."""
+    if not getattr(exc, "spmdsim_guarded", False) or not isinstance(exc, (SpmdsimError, MemoryError)):
+        return None
+    if (isinstance(exc, (ThreadLimitError, MemoryLimitError)) or _raised_by_emulator(exc)
+            or getattr(exc, "abort_code", None) is not None or getattr(exc, "spmdsim_ends_run", False)
+            or (isinstance(exc, RuntimeMismatchError) and not isinstance(exc, RankCountError))):
+        return None
+    every = every_ranks_line(exc, n)
+    if every is not None:
+        return f"spmdsim: error: {every}", 2
+    ranks = getattr(exc, "simulated_ranks", ())
+    where = f"simulated {ranks_text(ranks)}" if ranks else "a simulated rank"
+    text = str(exc) if isinstance(exc, SpmdsimError) else out_of_memory(exc)
+    return f"spmdsim: error on {where}: {text}", 1
 
 
 def program_hook(exc: BaseException, before: object) -> None:

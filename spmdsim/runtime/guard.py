@@ -211,6 +211,8 @@ class abort_on_error:
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        if exc is not None and self._private is None:  # a simulated rank's: the guard's, as `spmdsim mpirun` reads it
+            _mark_guarded(exc)
         if exc is None or isinstance(exc, (_GuardExit, GeneratorExit)) or self._private is None:
             return False
         if isinstance(exc, SystemExit):
@@ -230,8 +232,13 @@ class abort_on_error:
 
 
 def install_excepthook(comm: Any = None) -> None:
-    """Make an uncaught exception end the whole job (call once, on every rank; nothing under simulate)."""
-    if _simulated() is not None:
+    """Make an uncaught exception end the whole job (call once, on every rank; nothing under simulate).
+
+    Under simulate (which ends every rank) the rank's context notes it: `spmdsim mpirun` then reports the
+    program's SpmdsimError as this hook ends an mpiexec job with it."""
+    context = _simulated()
+    if context is not None:
+        context.guarded = True
         return
     comm = _world(comm)
     private = _private(comm)
@@ -269,7 +276,11 @@ def run_guarded(fn: Callable[[], Any], comm: Any = None) -> int:
     (under spmdsim.simulate exceptions pass to simulate()).
     """
     if _simulated() is not None:
-        return int(fn() or 0)
+        try:
+            return int(fn() or 0)
+        except BaseException as exc:  # noqa: BLE001 - passed on to simulate(), noted as the guard's
+            _mark_guarded(exc)
+            raise
     comm = _world(comm)
     private = _private(comm)
     try:
@@ -283,3 +294,12 @@ def run_guarded(fn: Callable[[], Any], comm: Any = None) -> int:
         if handle_exception(exc, comm, private):
             return 2
         return 1  # not reached
+
+
+def _mark_guarded(exc: BaseException) -> None:
+    """Note on `exc`, passing a guard on a simulated rank, that the guard saw it: `spmdsim mpirun` reports an
+    SpmdsimError so as the guard ends an mpiexec job with it (one line, exit 2 where every rank raised one)."""
+    try:
+        exc.spmdsim_guarded = True  # type: ignore[attr-defined]
+    except AttributeError:  # (a class without a __dict__)
+        pass

@@ -101,7 +101,7 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
         print(fold_message(f"spmdsim: error: {exc}"), file=sys.stderr)
         return 1
     except (SpmdsimError, MemoryError) as exc:  # MemoryError: numpy's own (the estimate was off or short)
-        every = _every_ranks_line(exc, n)
+        every = every_ranks_line(exc, n)
         if every is not None:  # as the MPI guard: every rank's hook exits 2, rank 0 says why
             print(fold_message(f"spmdsim: error: {every}"), file=sys.stderr)
             return 2
@@ -122,7 +122,7 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
     return max(codes)
 
 
-def _every_ranks_line(exc: BaseException, n: int) -> Optional[str]:
+def every_ranks_line(exc: BaseException, n: int) -> Optional[str]:
     """The one line of an error every one of the `n` ranks raised, each an SpmdsimError or a MemoryError (the
     errors the MPI guard ends a job with in one line and exit 2, whatever their text or class on each rank),
     else None. Rank 0's text, as under MPI, and where the texts differ, the ranks that said it and the next
