@@ -470,6 +470,8 @@ def test_an_spmdsim_error_under_spmdsims_guard_ends_the_run_as_the_guard_ends_an
         "unguarded.py": "raise spmdsim.SpmdsimError('no guard')\n",
         "value.py": "spmdsim.install_excepthook()\nraise ValueError('not spmdsim')\n",
         "deadlock.py": "spmdsim.install_excepthook()\nif MPI.COMM_WORLD.rank == 0:\n    MPI.COMM_WORLD.recv(source=1)\n",
+        # spmdsim.script(__file__) installs the guard under mpiexec (one plain process: a one-line hook)
+        "script.py": "spmdsim.script(__file__)\nraise spmdsim.SpmdsimError('bad after script')\n",
     }
     ended = {}
     for name, body in programs.items():
@@ -480,6 +482,7 @@ def test_an_spmdsim_error_under_spmdsims_guard_ends_the_run_as_the_guard_ends_an
     assert ended["some.py"] == (1, "spmdsim: error on simulated rank 1: bad on rank 1\n")
     assert ended["run_guarded.py"] == (2, "spmdsim: error: bad 0 (ranks 0,2; ranks differ: ranks 1,3: bad 1)\n")
     assert ended["abort_on_error.py"] == (2, "spmdsim: error: bad in the block\n")
+    assert ended["script.py"] == (2, "spmdsim: error: bad after script\n")
     for name, kind, text in (("unguarded.py", "SpmdsimError", "no guard"), ("value.py", "ValueError", "not spmdsim")):
         code, err = ended[name]
         assert code == 1 and err.startswith(f"spmdsim mpirun: error on simulated ranks 0-3: {kind}: {text}\n"

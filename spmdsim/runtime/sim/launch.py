@@ -209,9 +209,12 @@ def script(path: str, argv: Optional[Sequence[str]] = None, *, ranks: Optional[i
     (under mpiexec, on its MPI rank, with `install_excepthook()`: an error ends the
     job in one line). `ranks`: the ranks the script is written for (its docstring's ``mpiexec -n N``); run as one
     process (no --ranks, no launcher or ``mpiexec -n 1``) it says on stderr how to get them (`one_rank_hint`), and
-    goes on: a 1-rank run otherwise shows no communication without a word.
+    goes on: a 1-rank run otherwise shows no communication without a word. On a simulated rank it notes that the
+    program is guarded (as under mpiexec, where it installs the guard): `spmdsim mpirun` reports its SpmdsimError so.
     """
-    if _local.simulated() is not None:
+    context = _local.simulated()
+    if context is not None:
+        context.guarded = True
         return
     args = list(sys.argv[1:] if argv is None else argv)
     n = _take_ranks(args, path)
