@@ -16,7 +16,8 @@ import sys
 import spmdsim
 from spmdsim.tools.cli.main import OnceParser  # usage and errors printed once, not by every rank
 from spmdsim.runtime.sim import script
-from spmdsim.errors import SpmdsimError
+from spmdsim.errors import RankCountError
+from spmdsim.runtime.engines import ways_out
 from spmdsim.layouts.holdings import rank_blocks
 from spmdsim.models.nets import NetworkRunner, mindspore_tutorial
 from spmdsim import install_excepthook
@@ -33,8 +34,10 @@ comm = spmdsim.world()  # MPI's COMM_WORLD, or this simulated rank's
 # An error on some ranks only ends the whole job instead of hanging the others.
 install_excepthook(comm)
 if comm.size != 8:
-    # Raised on every rank alike: the excepthook prints it once and exits 2.
-    raise SpmdsimError(f"the tutorial's strategies need 8 ranks, not {comm.size}: use --ranks 8 or mpiexec -n 8")
+    # Raised on every rank alike: the excepthook prints it once, with how to get 8 ranks as this run was
+    # launched (--ranks, spmdsim mpirun or mpiexec), and exits 2.
+    raise RankCountError(f"the tutorial's strategies need 8 ranks, not {comm.size}", 8,
+                         comm.size).with_ways(ways_out(8, comm.size))
 
 # Every operator has its own device matrix, derived from its strategy:
 #   MatMul1 (2,4,1) axes (m,k,n): rank r = 4m + k holds x[16m:16m+16, 196k:196k+196]

@@ -9,7 +9,7 @@ import argparse
 import numpy as np
 
 import spmdsim.tools.cli.main  # spmdsim, and its OnceParser: usage and errors printed once, not by every rank
-from spmdsim import DTensor, Layout, Mesh, SeededTensor, SpmdsimError, collect_trace, install_excepthook, ops, optim
+from spmdsim import DTensor, Layout, Mesh, RankCountError, SeededTensor, collect_trace, ops, optim
 from spmdsim.layouts.dialects import format_placements, placements_to_layout
 
 parser = spmdsim.tools.cli.main.OnceParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -18,9 +18,9 @@ parser.add_argument("--dry-run", action="store_true", help="with --ranks: shapes
 parser.parse_args()  # --help prints this docstring; any other argument is refused in one line, exit 2
 spmdsim.script(__file__)  # with --ranks N: N simulated ranks in this process (instead of torchrun)
 comm = spmdsim.world()    # dist.init_process_group(): MPI's COMM_WORLD, or this simulated rank's
-install_excepthook(comm)  # an error on some ranks ends the job in one line
-if comm.size % 2:  # the same on every rank: one line, exit 2
-    raise SpmdsimError(f"dp 2 x tp N/2 needs an even number of ranks, not {comm.size}: use --ranks 8 or mpiexec -n 8")
+if comm.size % 2:  # the same on every rank: one line (script's guard) with how to get 8 ranks as launched, exit 2
+    raise RankCountError(f"dp 2 x tp N/2 needs an even number of ranks, not {comm.size}", 2, comm.size, True
+                         ).with_ways(spmdsim.runtime.engines.ways_out(8, comm.size))
 mesh = Mesh(Layout((2, comm.size // 2), ("dp", "tp")), comm)  # init_device_mesh("cpu", (2, n // 2), ("dp", "tp"))
 # [Shard(0), Replicate()], [Replicate(), Shard(1)], [Replicate(), Shard(0)] on this mesh, as spmdsim layouts
 batch, cols, rows = (placements_to_layout(p, mesh, 2) for p in ("S(0), R", "R, S(1)", "R, S(0)"))

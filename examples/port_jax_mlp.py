@@ -8,7 +8,7 @@ import argparse
 import numpy as np
 
 import spmdsim.tools.cli.main  # spmdsim, and its OnceParser: usage and errors printed once, not by every rank
-from spmdsim import DTensor, Layout, Mesh, SeededTensor, SpmdsimError, collect_trace, install_excepthook, ops, dialects
+from spmdsim import DTensor, Layout, Mesh, RankCountError, SeededTensor, collect_trace, ops, dialects
 from spmdsim.nn.autograd import no_grad
 
 parser = spmdsim.tools.cli.main.OnceParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -17,9 +17,9 @@ parser.add_argument("--dry-run", action="store_true", help="with --ranks: shapes
 parser.parse_args()  # --help prints this docstring; any other argument is refused in one line, exit 2
 spmdsim.script(__file__)  # with --ranks N: N simulated devices in one process (XLA's forced host device count)
 comm = spmdsim.world()    # jax.distributed.initialize(): MPI's COMM_WORLD, or this simulated rank's
-install_excepthook(comm)  # an error on some ranks ends the job in one line
-if comm.size % 2:  # the same on every rank: one line, exit 2
-    raise SpmdsimError(f"dp 2 x tp N/2 needs an even number of ranks, not {comm.size}: use --ranks 8 or mpiexec -n 8")
+if comm.size % 2:  # the same on every rank: one line (script's guard) with how to get 8 ranks as launched, exit 2
+    raise RankCountError(f"dp 2 x tp N/2 needs an even number of ranks, not {comm.size}", 2, comm.size, True
+                         ).with_ways(spmdsim.runtime.engines.ways_out(8, comm.size))
 mesh = Mesh(Layout((2, comm.size // 2), ("dp", "tp")), comm)  # mesh = jax.make_mesh((2, n // 2), ("dp", "tp"))
 # NamedSharding(mesh, P("dp", None)), P(None, "tp"), P("tp", None): a mesh and a spec make one spmdsim TensorLayout
 batch, cols, rows = (dialects.partition_spec_to_layout(s, mesh, 2) for s in (("dp", None), (None, "tp"), ("tp", None)))

@@ -72,8 +72,9 @@ def test_bad_input_is_one_line_and_exit_2(script):
     before any rank starts, as in every example (tests/test_sim_cli.py checks --help and --bogus for all)."""
     done = _run(script, "--ranks", "3")
     assert done.returncode == 2
-    assert unfold(done.stderr) == ("spmdsim: error: dp 2 x tp N/2 needs an even number of ranks, not 3: use --ranks 8 "
-                                   "or mpiexec -n 8\n")
+    assert unfold(done.stderr) == ("spmdsim: error: dp 2 x tp N/2 needs an even number of ranks, not 3 (simulate 8 "
+                                   "ranks with `--ranks 8` / spmdsim.simulate(8, main), or launch them with `mpiexec "
+                                   "-n 8 ...`)\n")
     done = _run(script, "--ranks", "4", "--lr", "0.1")
     name = script.rsplit("/", 1)[-1]
     assert done.returncode == 2 and done.stdout == ""

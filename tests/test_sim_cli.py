@@ -484,6 +484,20 @@ def test_a_training_example_on_other_ranks_of_mpirun_says_mpiruns_ways(capsys):
             "or mpiexec -n 8 ...)") in unfold(capsys.readouterr().err)
 
 
+@pytest.mark.parametrize("name, said", [
+    ("net_mindspore_layout", "Layout((2,2,2)) and Layout((8,)) need 8 ranks, not 3"),
+    ("net_mindspore_tutorial", "the tutorial's strategies need 8 ranks, not 3"),
+    ("port_dtensor_mlp", "dp 2 x tp N/2 needs an even number of ranks, not 3"),
+    ("port_jax_mlp", "dp 2 x tp N/2 needs an even number of ranks, not 3")])
+def test_an_examples_own_rank_count_check_says_the_launchers_ways(name, said, capsys):
+    """These examples said "...: use --ranks 8 or mpiexec -n 8" whatever launched them (under spmdsim mpirun -n 3
+    neither is its way, with a traceback, exit 1): now mpirun's ways, in one line, exit 2 as under mpiexec."""
+    path = next(p for p in EXAMPLES if p.stem == name)
+    assert main(["mpirun", "-n", "3", "python", str(path)]) == 2
+    assert unfold(capsys.readouterr().err) == (f"spmdsim: error: {said} (run 8 ranks: spmdsim mpirun -n 8 ..., or "
+                                               "mpiexec -n 8 ...)\n")
+
+
 @pytest.mark.parametrize("count", ["0", "5000", "x"])
 @pytest.mark.parametrize("entry", ["cli", "script", "training"])
 def test_a_rank_count_that_cannot_be_is_one_line_before_anything_else(entry, count, monkeypatch, capsys):
@@ -641,15 +655,16 @@ def test_each_example_that_runs_quietly_on_1_rank_gives_the_ranks_its_docstring_
     launch = re.search(r"mpiexec -n (\d+)", source.split('"""')[1])
     given = WRITTEN_FOR.search(source)
     assert launch, path.name
-    if given is None and re.search(r"not \{comm\.size\}: use --ranks (\d+) or mpiexec -n \1", source):
-        return  # it refuses 1 rank itself, in one line naming --ranks N and mpiexec -n N
-    if given is None:  # its Mesh refuses 1 rank, naming N and both ways to it: --ranks N, mpiexec -n N
+    # An example's own "use --ranks 8 or mpiexec -n 8" guessed the launcher (wrong under spmdsim mpirun): its
+    # refusal is a RankCountError whose ways the launcher's (spmdsim.runtime.engines.ways_out)
+    assert not re.search(r"use --ranks \d+ or mpiexec", source), path.name
+    if given is None:  # it (or its Mesh) refuses 1 rank, naming N and both ways to it: --ranks N, mpiexec -n N
         monkeypatch.setattr(sys, "argv", [str(path)])
         monkeypatch.setattr(sys, "excepthook", sys.excepthook)
         with pytest.raises(RankCountError) as raised:
             runpy.run_path(str(path), run_name="__main__")
-        n = int(launch.group(1))
-        assert (raised.value.needed, raised.value.size) == (n, 1), path.name
+        n, error = int(launch.group(1)), raised.value
+        assert error.size == 1 and (error.needed == n or error.divides and n % error.needed == 0), path.name
         assert f"`mpiexec -n {n} ...`" in raised.value.ways and f"`--ranks {n}`" in raised.value.ways, path.name
     else:
         assert given.group(1) == launch.group(1), path.name
