@@ -4,6 +4,7 @@ not patched into its text afterwards."""
 from __future__ import annotations
 
 import pickle
+from types import SimpleNamespace
 
 import pytest
 
@@ -131,6 +132,26 @@ def test_autoshards_devices_other_than_the_launchs_say_how_to_launch_as_many(cap
         got = raised.value
         assert (got.needed, got.size, got.ways) == (8, 4, ways)
         assert str(got) == f"--run uses the 4 ranks of the launch; --devices 8 differs{ways}"
+
+
+def test_autoshards_run_on_one_rank_says_how_to_get_ranks_as_it_was_launched(capsys):
+    """`spmdsim mpirun -n 1 python -m spmdsim autoshard --run` was told "launch it with mpiexec -n 8, or add --ranks
+    8" (its launcher guessed from size 1 and no --ranks: mpirun reads no --ranks); one plain process keeps those
+    words. Either way a RankCountError with its numbers, exit 2."""
+    from spmdsim.tools.cli import autoshard
+    from spmdsim.tools.cli.main import build_parser, main
+    from testkit import unfold
+
+    argv = ["autoshard", "--network", "net_paddle_tp", "--run"]
+    assert main(["mpirun", "-n", "1", "python", "-m", "spmdsim", *argv, "--devices", "4"]) == 2
+    assert unfold(capsys.readouterr().err) == ("spmdsim: error: --run would run on 1 rank (run 4 ranks: spmdsim "
+                                               "mpirun -n 4 ..., or mpiexec -n 4 ...)\n")
+    one_process = SimpleNamespace(Get_size=lambda: 1)  # (its COMM_WORLD's size: all --run asks before it refuses)
+    with pytest.raises(RankCountError) as raised:  # one plain process (mpiexec -n 1 too): its ways
+        autoshard._run_choice(build_parser().parse_args(argv), one_process)
+    got = raised.value
+    assert (got.needed, got.size, got.ways) == (8, 1, ": launch it with mpiexec -n 8, or add --ranks 8")
+    assert str(got) == "--run in one process would run on 1 rank: launch it with mpiexec -n 8, or add --ranks 8"
 
 
 def _paddle_mesh_3(color_of=None):

@@ -23,7 +23,7 @@ import json
 import math
 from typing import Any
 
-from ...base.context import SIMULATE
+from ...base.context import ONE_PROCESS, SIMULATE
 from ...errors import RankCountError, SpmdsimError
 from ...runtime.engines import engine_of, launcher, ways_out
 from ...base.typed_numbers import flag_float, typed
@@ -256,12 +256,15 @@ def _run_choice(args: argparse.Namespace, comm: Any) -> int:
     from ..autoshard.runnable import check_runnable, is_chain
     from ...runtime.shared_reference import shared_once_on
 
-    size = comm.Get_size()
-    if size == 1 and args.ranks is None:  # one plain process: say how to get ranks, on every rank alike
+    size, started = comm.Get_size(), launcher(comm.Get_size())
+    if size == 1 and args.ranks is None:  # one rank, no --ranks: say how to get ranks as it was launched
         n = args.devices or 8
-        raise SpmdsimError(f"--run in one process would run on 1 rank: launch it with mpiexec -n {n}, "
-                           f"or add --ranks {n}")
-    _check_devices_match(args, size, launcher(size))
+        if started == ONE_PROCESS:  # (mpiexec -n 1 too)
+            ways = f": launch it with mpiexec -n {n}, or add --ranks {n}"
+            raise RankCountError(f"--run in one process would run on 1 rank{ways}", n, size, ways=ways)
+        ways = ways_out(n, size, started)  # spmdsim mpirun -n 1: mpirun's -n, not --ranks (it reads none)
+        raise RankCountError(f"--run would run on 1 rank{ways}", n, size, ways=ways)
+    _check_devices_match(args, size, started)
     # Every rank measures at once (they share the cores, as they will when running);
     # the slowest rate, agreed, makes every rank choose the same strategies.
     flops = args.flops or min(engine_of(comm).all_gather_object(comm, measure_flops_rate()))
