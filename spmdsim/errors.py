@@ -6,10 +6,10 @@ import re
 import threading
 import traceback
 
-__all__ = ["fold_message", "exception_text", "same_class", "SpmdsimError", "LayoutError", "ShapeError", "DTypeError",
-           "RankError", "DialectError", "OperatorError", "PlanError", "PipelineError", "RuntimeMismatchError",
-           "RankCountError", "MeshSizeError", "StrategySizeError", "PartitionCountError", "CheckFailed",
-           "ResourceError"]
+__all__ = ["fold_message", "exception_text", "same_class", "mark_guarded", "guarded", "SpmdsimError", "LayoutError",
+           "ShapeError", "DTypeError", "RankError", "DialectError", "OperatorError", "PlanError", "PipelineError",
+           "RuntimeMismatchError", "RankCountError", "MeshSizeError", "StrategySizeError", "PartitionCountError",
+           "CheckFailed", "ResourceError"]
 
 
 #: Columns of a printed error line (spmdsim.programs.viz.table.WIDTH: every default output).
@@ -51,6 +51,21 @@ def same_class(one: type, other: type) -> bool:
     """Whether two exception classes are one: the same object, or the same class of a module each simulated rank
     loaded for itself (a program's or a submission's own class: one object a rank)."""
     return one is other or (one.__module__, one.__qualname__) == (other.__module__, other.__qualname__)
+
+
+def mark_guarded(exc: BaseException) -> None:
+    """Note on `exc`, raised by a program on a simulated rank under spmdsim's guard (its excepthook, run_guarded,
+    abort_on_error, spmdsim.script), that the guard saw it: `spmdsim mpirun` then reports it as the guard ends an
+    mpiexec job with it (one line, exit 2 where every rank raised one). A class without a __dict__ is left as is."""
+    try:
+        exc.spmdsim_guarded = True  # type: ignore[attr-defined]
+    except AttributeError:
+        pass
+
+
+def guarded(exc: BaseException) -> bool:
+    """Whether `mark_guarded` noted `exc`."""
+    return getattr(exc, "spmdsim_guarded", False)
 
 
 def exception_text(exc: BaseException) -> str:

@@ -40,7 +40,7 @@ from ..runtime.sim.run import current_rank, exit_status, MAX_RANKS, note_exit, s
 from .rank_random import adopt, own_generators
 from ..base import context as _local
 from .rank_threads import _is_rank_thread
-from ..errors import fold_message, SpmdsimError
+from ..errors import fold_message, mark_guarded, SpmdsimError
 from .mpi4py_world import swapped
 from ..runtime.mpi_library import MPILibraryError, load_mpi
 from ..base.malloc import keep_freed_buffers_unless_set
@@ -137,8 +137,7 @@ def _rank(kind: str, what: str, exits: dict, failures: list, notice: FailureNoti
     except Exception as exc:  # noted for a Ctrl-C or SIGTERM that stops the others before the run reports it
         failures.append((current_rank(), exc))
         if _local.current().guarded:  # the program installed spmdsim's excepthook: its report is the hook's
-            with contextlib.suppress(AttributeError):
-                exc.spmdsim_guarded = True
+            mark_guarded(exc)
         if not isinstance(exc, SpmdsimError) and getattr(exc, "abort_code", None) is None:  # the program's own
             notice.failed()  # (a deadlock's, a mismatch's or an Abort's report comes at once anyway)
             program_hook(exc, notice.hook)

@@ -11,7 +11,8 @@ import threading
 from typing import Optional
 
 from ..base.sizes import out_of_memory
-from ..errors import exception_text, fold_message, RankCountError, RuntimeMismatchError, same_class, SpmdsimError
+from ..errors import (exception_text, fold_message, guarded, RankCountError, RuntimeMismatchError, same_class,
+                      SpmdsimError)
 from ..runtime.engines.memory import DRY_RUN_HINT, MemoryLimitError
 from ..runtime.sim.launch import every_ranks_line
 from ..runtime.sim.thread_limits import ThreadLimitError
@@ -44,12 +45,12 @@ def _report(exc: BaseException, exits: dict, n: int) -> int:
     if isinstance(exc, _NotRunnable):  # python -m no_such_mod: Python's one line, its exit status
         print(f"spmdsim mpirun: error: {exc}", file=sys.stderr)
         return 1
-    guarded = _guarded_line(exc, n)
-    if guarded is not None:
-        print(fold_message(guarded[0]), file=sys.stderr)
-        for line in _others(exc) if guarded[1] != 2 else ():
+    said = _guarded_line(exc, n)
+    if said is not None:
+        print(fold_message(said[0]), file=sys.stderr)
+        for line in _others(exc) if said[1] != 2 else ():
             print(fold_message(line), file=sys.stderr)
-        return guarded[1]
+        return said[1]
     if isinstance(exc, RuntimeMismatchError):  # a deadlock, collectives that differ, a Mesh of another size
         text = f"spmdsim mpirun: error: {exc}"  # a Mesh's ways to its ranks (mpirun's own): folded to 100 columns
         print(fold_message(text) if isinstance(exc, RankCountError) else text, file=sys.stderr)
@@ -102,7 +103,7 @@ def _guarded_line(exc: BaseException, n: int) -> Optional[tuple]:
     as the guard ends an mpiexec job with it: raised on every rank, 'spmdsim: error: ...' and 2; on some,
     that rank's line and 1 (no traceback either way). None for any other: the simulation's own errors (a
     deadlock, mismatched collectives, limits), the emulator's refusals, a program without the guard."""
-    if not getattr(exc, "spmdsim_guarded", False) or not isinstance(exc, (SpmdsimError, MemoryError)):
+    if not guarded(exc) or not isinstance(exc, (SpmdsimError, MemoryError)):
         return None
     if (isinstance(exc, (ThreadLimitError, MemoryLimitError)) or _raised_by_emulator(exc)
             or getattr(exc, "abort_code", None) is not None or getattr(exc, "spmdsim_ends_run", False)

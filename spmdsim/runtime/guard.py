@@ -30,7 +30,7 @@ import time
 import traceback
 from typing import Any, Callable, NoReturn
 
-from ..errors import SpmdsimError, fold_message
+from ..errors import SpmdsimError, fold_message, mark_guarded
 from ..base.context import simulated as _simulated
 from ..base.sizes import out_of_memory
 from ..base.threads import launched
@@ -212,7 +212,7 @@ class abort_on_error:
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         if exc is not None and self._private is None:  # a simulated rank's: the guard's, as `spmdsim mpirun` reads it
-            _mark_guarded(exc)
+            mark_guarded(exc)
         if exc is None or isinstance(exc, (_GuardExit, GeneratorExit)) or self._private is None:
             return False
         if isinstance(exc, SystemExit):
@@ -279,7 +279,7 @@ def run_guarded(fn: Callable[[], Any], comm: Any = None) -> int:
         try:
             return int(fn() or 0)
         except BaseException as exc:  # noqa: BLE001 - passed on to simulate(), noted as the guard's
-            _mark_guarded(exc)
+            mark_guarded(exc)
             raise
     comm = _world(comm)
     private = _private(comm)
@@ -294,12 +294,3 @@ def run_guarded(fn: Callable[[], Any], comm: Any = None) -> int:
         if handle_exception(exc, comm, private):
             return 2
         return 1  # not reached
-
-
-def _mark_guarded(exc: BaseException) -> None:
-    """Note on `exc`, passing a guard on a simulated rank, that the guard saw it: `spmdsim mpirun` reports an
-    SpmdsimError so as the guard ends an mpiexec job with it (one line, exit 2 where every rank raised one)."""
-    try:
-        exc.spmdsim_guarded = True  # type: ignore[attr-defined]
-    except AttributeError:  # (a class without a __dict__)
-        pass
