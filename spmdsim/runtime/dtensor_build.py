@@ -193,25 +193,22 @@ def _check_placement(mesh: Any, layout: Any) -> None:
 
 def _cuttable_shape(layout: TensorLayout, shape: tuple) -> tuple:
     """``layout.check_shape(shape)`` (`shape` a tuple of ints), a size the even cut cannot split refused naming
-    the cuts that can (`_cut_hint`)."""
+    the cuts that can (`_cut_hinted`)."""
     try:
         return layout.check_shape(shape)
     except ShapeError as exc:
-        hint = _cut_hint(layout, shape)
-        if not hint:
-            raise
-        raise ShapeError(f"{exc}{hint}") from None
+        raise _cut_hinted(exc, layout, shape) from None
 
 
-def _cut_hint(layout: TensorLayout, shape: tuple) -> str:
-    """Where `layout` cuts evenly a dim of `shape` (a tuple of ints of its rank) that does not divide, the cuts that
-    can, as the mesh's Layout takes them (cut="balanced" or "chunk": every constructor and redistribute cut by
-    either; docs/explanation/semantics.md, "Uneven shards"); else ""."""
+def _cut_hinted(exc: ShapeError, layout: TensorLayout, shape: tuple) -> ShapeError:
+    """`exc`, a refusal of `shape` (a tuple of ints) on `layout`, naming the cuts that can split it where `layout`
+    cuts evenly a dim that does not divide: the mesh's Layout with cut="balanced" or "chunk" (every constructor
+    and redistribute cut by either; docs/explanation/semantics.md, "Uneven shards"); else `exc` as it is."""
     if layout.layout.cut != "even" or len(shape) != layout.ndim or not any(
             n % k for n, k in zip(shape, layout.shards_per_dim)):
-        return ""
-    return (f"; a mesh of {_layout_call(layout.layout, 'balanced')} cuts it unevenly (shards differing by at most "
-            "one), or of cut='chunk' as DTensor's torch.chunk does")
+        return exc
+    return ShapeError(f"{exc}; a mesh of {_layout_call(layout.layout, 'balanced')} cuts it unevenly (shards differing "
+                      "by at most one), or of cut='chunk' as DTensor's torch.chunk does")
 
 
 def _layout_call(layout: Layout, cut: str) -> str:

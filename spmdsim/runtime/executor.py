@@ -33,7 +33,7 @@ from ..programs.plan.messages import (BlockAllgather, BlockAllreduce, BlockAllto
                                       Messages)
 from .exchange_runner import Runner, exchange_runner
 from .mesh import Mesh
-from .dtensor_build import _cut_hint, _not_a_tensor_layout
+from .dtensor_build import _cut_hinted, _not_a_tensor_layout
 from .uneven import allgatherv, alltoallv_dims, reduce_scatterv
 from .arguments import _take, _take_order
 from ..base.precision import is_low
@@ -249,9 +249,7 @@ def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None
             try:
                 plan = plan_redistribution(source, target, shape, local.dtype.name)
             except ShapeError as exc:  # a target whose even cut cannot split the shape: the cuts that can, named
-                if not _cut_hint(target, shape):
-                    raise
-                raise ShapeError(f"{exc}{_cut_hint(target, shape)}") from None
+                raise _cut_hinted(exc, target, shape) from None
             program = _compile(plan, mesh, type(dtensor))
             entry = keep_move(mesh, (id(mesh), id(source), id(target), shape, local.dtype), (
                 source, target, program, move_name(source, target), (source, target)) + _direct(
