@@ -95,8 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _say_once(text: str) -> None:
     """Print an error every rank of the job may meet once: on rank 0 of mpiexec's; on simulated ranks of
-    `spmdsim mpirun`, whose guard lets a command's errors pass (all share the launcher's rank, 0), by the first
-    rank that meets it (spmdsim.base.once: a text only some ranks meet is still said)."""
+    `spmdsim mpirun`, whose guard lets a command's errors pass to here on every rank, by the first rank that
+    meets it (spmdsim.base.once: a text only some ranks meet is still said, as each rank's own process would)."""
     if current().launcher == MPIRUN:
         once("spmdsim: error", _say, text)
     elif launcher_rank() == 0:
