@@ -14,7 +14,8 @@ from spmdsim import SeededTensor
 from spmdsim.layouts.holdings import holdings
 from spmdsim.nn.ops import paddle_mesh, split
 from spmdsim.references.forward import embedding_region
-from spmdsim.errors import SpmdsimError
+from spmdsim.errors import RankCountError
+from spmdsim.runtime.engines import ways_out
 from spmdsim import DTensor, collect_trace, install_excepthook
 from spmdsim.runtime.ranked import print_ranked, trace_lines
 
@@ -32,7 +33,8 @@ p = comm.size
 vocab, dim = 960, 48
 if vocab % p:
     # Raised on every rank alike: the excepthook prints it once and exits 2.
-    raise SpmdsimError(f"the vocabulary {vocab} does not split over {p} ranks: use --ranks 8 or another divisor")
+    raise RankCountError(f"the vocabulary {vocab} does not split over {p} ranks: run a number that divides it, "
+                         f"such as 8", 8, p).with_ways(ways_out(8, p))
 
 # A 1-D mesh ("mp",) over every rank: Paddle's model-parallel group.
 mesh = paddle_mesh(p)

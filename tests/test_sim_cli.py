@@ -485,15 +485,24 @@ def test_a_training_example_on_other_ranks_of_mpirun_says_mpiruns_ways(capsys):
 
 
 @pytest.mark.parametrize("name, said", [
-    ("net_mindspore_layout", "Layout((2,2,2)) and Layout((8,)) need 8 ranks, not 3"),
-    ("net_mindspore_tutorial", "the tutorial's strategies need 8 ranks, not 3"),
-    ("port_dtensor_mlp", "dp 2 x tp N/2 needs an even number of ranks, not 3"),
-    ("port_jax_mlp", "dp 2 x tp N/2 needs an even number of ranks, not 3")])
+    ("net_mindspore_layout", "Layout((2,2,2)) and Layout((8,)) need 8 ranks, not 7"),
+    ("net_mindspore_tutorial", "the tutorial's strategies need 8 ranks, not 7"),
+    ("port_dtensor_mlp", "dp 2 x tp N/2 needs an even number of ranks, not 7"),
+    ("port_jax_mlp", "dp 2 x tp N/2 needs an even number of ranks, not 7"),
+    ("mlp", "the inner width 480 does not split over 7 ranks: run a number that divides it, such as 8"),
+    ("embedding_vocab", "the vocabulary 960 does not split over 7 ranks: run a number that divides it, such as 8"),
+    ("linear_row", "in_features 240 does not split over 7 ranks: run a number that divides it, such as 8"),
+    ("linear_column", "out_features 240 does not split over 7 ranks: run a number that divides it, such as 8"),
+    ("mlp_sequence_parallel", "sequence 48 and inner width 480 do not split over 7 ranks: run a number that "
+                              "divides both, such as 8"),
+    ("net_paddle_tp", "vocabulary 960 and ffn width 240 do not split over 7 ranks: run a number that divides "
+                      "both, such as 8")])
 def test_an_examples_own_rank_count_check_says_the_launchers_ways(name, said, capsys):
-    """These examples said "...: use --ranks 8 or mpiexec -n 8" whatever launched them (under spmdsim mpirun -n 3
-    neither is its way, with a traceback, exit 1): now mpirun's ways, in one line, exit 2 as under mpiexec."""
+    """These examples said "...: use --ranks 8 or mpiexec -n 8" (or "use --ranks 8 or another divisor") whatever
+    launched them (under spmdsim mpirun -n 7 neither is its way): now mpirun's ways, in one line, exit 2 as under
+    mpiexec."""
     path = next(p for p in EXAMPLES if p.stem == name)
-    assert main(["mpirun", "-n", "3", "python", str(path)]) == 2
+    assert main(["mpirun", "-n", "7", "python", str(path)]) == 2
     assert unfold(capsys.readouterr().err) == (f"spmdsim: error: {said} (run 8 ranks: spmdsim mpirun -n 8 ..., or "
                                                "mpiexec -n 8 ...)\n")
 
@@ -657,7 +666,7 @@ def test_each_example_that_runs_quietly_on_1_rank_gives_the_ranks_its_docstring_
     assert launch, path.name
     # An example's own "use --ranks 8 or mpiexec -n 8" guessed the launcher (wrong under spmdsim mpirun): its
     # refusal is a RankCountError whose ways the launcher's (spmdsim.runtime.engines.ways_out)
-    assert not re.search(r"use --ranks \d+ or mpiexec", source), path.name
+    assert not re.search(r"use --ranks \d+", source), path.name
     if given is None:  # it (or its Mesh) refuses 1 rank, naming N and both ways to it: --ranks N, mpiexec -n N
         monkeypatch.setattr(sys, "argv", [str(path)])
         monkeypatch.setattr(sys, "excepthook", sys.excepthook)
