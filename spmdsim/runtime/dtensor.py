@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence, Union
 import numpy as np
 
 from ..base import buffers
+from ..base.foreign import take_foreign
 from ..layouts.datagen import SeededTensor
 from ..errors import DTypeError, OperatorError, PlanError, RankError, ShapeError
 from ..layouts.layout import TensorLayout
@@ -48,6 +49,12 @@ def _checked_shapes(layout: TensorLayout, rank: int, *global_shape: Any) -> tupl
 
 
 _new = object.__new__
+#: PyTorch's keywords of DTensor.redistribute besides (device_mesh, placements): spmdsim.base.foreign's table.
+_REDISTRIBUTE_KEYWORDS = {
+    "async_op": ((False,), "the move is done when redistribute returns (collectives run eagerly)"),
+    "forward_dtype": ((None,), "the data keeps its dtype: x.astype(dtype) before or after"),
+    "backward_dtype": ((None,), "the gradient keeps the dtype of the forward's data"),
+}
 
 
 class DTensor(_Constructors, _Methods):
@@ -135,12 +142,17 @@ class DTensor(_Constructors, _Methods):
         return (f"DTensor(shape={self._shape!r}, layout={self._layout}, dtype={self.dtype.name}, "
                 f"rank={self._mesh.rank}, local_shape={self._local.shape!r})")
 
-    def redistribute(self, target: TensorLayout, *placements: Any) -> "DTensor":
-        """This tensor re-laid out as `target` by the least-communication plan (`spmdsim.redistribute`)."""
-        if placements:  # PyTorch's redistribute(device_mesh, placements)
+    def redistribute(self, target: TensorLayout = None, *placements: Any, **foreign: Any) -> "DTensor":
+        """This tensor re-laid out as `target` by the least-communication plan (`spmdsim.redistribute`).
+
+        PyTorch's ``(device_mesh, placements)``, positional or by keyword, are refused in one line naming the
+        layout to pass; its ``async_op=False`` and dtypes of None are taken (spmdsim.base.foreign)."""
+        if placements or "device_mesh" in foreign or "placements" in foreign:
             raise PlanError("redistribute takes the target TensorLayout alone, not PyTorch's (device_mesh, "
                             "placements): x.redistribute(placements_to_layout(placements, x.mesh, x.ndim)), "
                             "from spmdsim.layouts.dialects")
+        if foreign:
+            take_foreign("redistribute", foreign, _REDISTRIBUTE_KEYWORDS)
         return redistribute(self, target)
 
     def resolved_local(self, label: str | None = None) -> np.ndarray:
