@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from spmdsim import DTensor, Layout, Mesh, OperatorError, PlanError, simulate
-from spmdsim.layouts.dialects import Replicate
+from spmdsim import DTensor, Layout, Mesh, OperatorError, PlanError, ShapeError, simulate
+from spmdsim.layouts.dialects import Replicate, Shard, placements_to_layout
 
 A = np.arange(32.0).reshape(8, 4)
 
@@ -34,3 +34,25 @@ def test_pytorchs_redistribute_keywords_are_one_line():
     moved = _on_4(lambda mesh, x: x.redistribute(mesh.layout(None, "tp"), async_op=False).gather())
     assert all(np.array_equal(m, A) for m in moved)
 
+
+def test_pytorchs_from_local_keywords_shape_and_run_check():
+    """DTensor.from_local(..., shape=(8, 4), run_check=False), PyTorch's keywords, ended in a TypeError traceback:
+    shape= is global_shape, run_check=False and stride=None are what spmdsim does, other values one line."""
+    def build(**keywords):
+        def call(mesh, x):
+            return DTensor.from_local(mesh, x.local, x.layout, **keywords).gather()
+        return _on_4(call)
+
+    for keywords in ({"shape": (8, 4)}, {"shape": [8, 4], "run_check": False, "stride": None}, {"run_check": False}):
+        assert all(np.array_equal(g, A) for g in build(**keywords)), keywords
+    with pytest.raises(OperatorError, match=r"^from_local\(run_check=True\): spmdsim does not do this; each "
+                                            r"rank's block is checked against the global shape; SPMDSIM_CHECK=1"):
+        build(run_check=True)
+    with pytest.raises(OperatorError, match=r"^from_local\(stride=\(4, 1\)\): spmdsim does not do this"):
+        build(stride=(4, 1))
+    with pytest.raises(ShapeError) as caught:
+        build(shape=(8, 4), global_shape=(8, 4))
+    assert str(caught.value) == ("from_local got shape=(8, 4) and global_shape=(8, 4); expected one: shape= is "
+                                 "PyTorch's name for global_shape")
+    with pytest.raises(ShapeError, match=r"^local shard shape \(4, 4\) does not match \(2, 4\)"):
+        build(shape=(4, 4))  # the shape is checked as global_shape is

@@ -11,6 +11,7 @@ from typing import Any, Sequence, TypeVar
 import numpy as np
 
 from ..base import buffers
+from ..base.foreign import take_foreign
 from ..layouts.datagen import SeededTensor
 from ..errors import DTypeError, LayoutError, RuntimeMismatchError, ShapeError
 from ..layouts.layout import Layout, TensorLayout
@@ -34,15 +35,19 @@ class _Constructors:
     # -- constructors ------------------------------------------------------------
     @classmethod
     def from_local(cls: type[_T], mesh: Mesh, local: Any, layout: TensorLayout,
-                   global_shape: Sequence[int] | None = None, dtype: Any = None) -> _T:
+                   global_shape: Sequence[int] | None = None, dtype: Any = None, **foreign: Any) -> _T:
         """Wrap an existing shard; its shape (and `dtype` when given) must match.
 
         `global_shape` None: each dim's block times the number of its shards (even shards, as PyTorch's
         ``DTensor.from_local`` assumes without ``shape=``). Each rank works it out from its own block, so
         blocks of different sizes give the ranks different global shapes and wrong results: pass
         `global_shape`, or run with SPMDSIM_CHECK=1, whose guard compares the shapes across the mesh here.
+        PyTorch's keywords: ``shape=`` is `global_shape`; ``run_check=False`` and ``stride=None`` are taken
+        (spmdsim.base.foreign), other values refused in one line.
         """
         _check_placement(mesh, layout)  # first: a block passed where the mesh goes is named as such
+        if foreign:
+            global_shape = _pytorch_from_local(foreign, global_shape)
         local = np.asarray(local)
         if dtype is not None:
             dtype = dtype_arg(dtype)
@@ -131,6 +136,28 @@ class _Constructors:
         else:
             local = buffers.zeros(layout.local_shape(shape, mesh.rank), array.dtype)
         return cls(mesh, local, layout, shape)
+
+
+#: PyTorch's keywords of DTensor.from_local besides ``shape=`` (spmdsim.base.foreign's table).
+_FROM_LOCAL_KEYWORDS = {
+    "run_check": ((False,), "each rank's block is checked against the global shape; SPMDSIM_CHECK=1 (--check) "
+                            "compares the ranks' shapes too, and a replicated block is never sent from the first "
+                            "rank"),
+    "stride": ((None,), "a block is a numpy array in C order, and so is the global tensor"),
+}
+
+
+def _pytorch_from_local(foreign: dict, global_shape: Any) -> Any:
+    """`global_shape` of a from_local call given PyTorch's keywords `foreign`: its ``shape=`` (refused beside
+    `global_shape`); the others taken or refused by `_FROM_LOCAL_KEYWORDS`."""
+    if "shape" in foreign:
+        if global_shape is not None:
+            raise ShapeError(f"from_local got shape={foreign['shape']!r} and global_shape={global_shape!r}; "
+                             "expected one: shape= is PyTorch's name for global_shape")
+        foreign = dict(foreign)
+        global_shape = foreign.pop("shape")
+    take_foreign("from_local", foreign, _FROM_LOCAL_KEYWORDS)
+    return global_shape
 
 
 def _digest(array: np.ndarray) -> int:
