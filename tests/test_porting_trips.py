@@ -56,3 +56,27 @@ def test_pytorchs_from_local_keywords_shape_and_run_check():
                                  "PyTorch's name for global_shape")
     with pytest.raises(ShapeError, match=r"^local shard shape \(4, 4\) does not match \(2, 4\)"):
         build(shape=(4, 4))  # the shape is checked as global_shape is
+
+
+def test_a_partition_spec_shorter_than_the_tensor_says_how_to_pad_it():
+    """JAX pads a short PartitionSpec with None; partition_spec_to_layout(("dp",), mesh) without ndim made a 1-dim
+    layout, and from_global of a 2-d array said only 'tensor map ("dp",) has 1 entry but shape (8, 4) has 2 dims'."""
+    from spmdsim.layouts.dialects import partition_spec_to_layout
+
+    pad = ("; expected one entry per dim, None where not split (mesh.layout({})): partition_spec_to_layout(spec, "
+           "mesh, 2) pads a shorter JAX PartitionSpec with None, as JAX does")
+    cases = [
+        (lambda mesh, x: DTensor.from_global(mesh, A, partition_spec_to_layout(("dp",), mesh)),
+         'tensor map ("dp",) has 1 entry but shape (8, 4) has 2 dims' + pad.format("'dp', None")),
+        (lambda mesh, x: x.redistribute(partition_spec_to_layout((("dp", "tp"),), mesh)),
+         'source ("dp", None) has 2 dims but target (("dp", "tp"),) has 1' + pad.format("('dp', 'tp'), None")),
+        (lambda mesh, x: DTensor.from_local(mesh, x.local, mesh.layout(partial=("tp",))),
+         'local shard of shape (4, 4) has 2 dims but the layout () partial (\'tp\',) maps 0'
+         + pad.format("None, None, partial=('tp',)")),
+    ]
+    for call, said in cases:
+        with pytest.raises((ShapeError, PlanError)) as caught:
+            _on_4(call)
+        assert str(caught.value) == said
+    done = _on_4(lambda mesh, x: DTensor.from_global(mesh, A, partition_spec_to_layout(("dp",), mesh, 2)).slices)
+    assert done == [(slice(0, 4), slice(0, 4))] * 2 + [(slice(4, 8), slice(0, 4))] * 2

@@ -56,7 +56,8 @@ class _Constructors:
         if global_shape is None:
             if local.ndim != layout.ndim:
                 raise ShapeError(f"local shard of shape {local.shape!r} has {counted(local.ndim, 'dim')} but the "
-                                 f"layout {layout} maps {layout.ndim}")
+                                 f"layout {layout} maps {layout.ndim}"
+                                 + (_short_map(layout, local.ndim) if local.ndim > layout.ndim else ""))
             if layout.layout.cut != "even" and layout.split_axes:
                 # Shards may differ by rank: a size worked out from this rank's alone would differ too.
                 raise ShapeError(f"from_local on a layout cut {layout.layout.cut!r} needs global_shape= "
@@ -230,12 +231,24 @@ def _cuttable_shape(layout: TensorLayout, shape: tuple) -> tuple:
 def _cut_hinted(exc: ShapeError, layout: TensorLayout, shape: tuple) -> ShapeError:
     """`exc`, a refusal of `shape` (a tuple of ints) on `layout`, naming the cuts that can split it where `layout`
     cuts evenly a dim that does not divide: the mesh's Layout with cut="balanced" or "chunk" (every constructor
-    and redistribute cut by either; docs/explanation/semantics.md, "Uneven shards"); else `exc` as it is."""
+    and redistribute cut by either; docs/explanation/semantics.md, "Uneven shards"); a map shorter than the shape
+    naming how to pad it (`_short_map`); else `exc` as it is."""
+    if len(shape) > layout.ndim:
+        return ShapeError(f"{exc}{_short_map(layout, len(shape))}")
     if layout.layout.cut != "even" or len(shape) != layout.ndim or not any(
             n % k for n, k in zip(shape, layout.shards_per_dim)):
         return exc
     return ShapeError(f"{exc}; a mesh of {_layout_call(layout.layout, 'balanced')} cuts it unevenly (shards differing "
                       "by at most one), or of cut='chunk' as DTensor's torch.chunk does")
+
+
+def _short_map(layout: TensorLayout, ndim: int) -> str:
+    """How to write `layout`, shorter than a tensor of `ndim` dims, for all of them: JAX pads a short PartitionSpec
+    with None, spmdsim's converters where told the number of dims."""
+    padded = ", ".join([*(repr(a[0]) if len(a) == 1 else repr(a) if a else "None" for a in layout.tensor_map),
+                        *["None"] * (ndim - layout.ndim)]) + (f", partial={layout.partial!r}" if layout.partial else "")
+    return (f"; expected one entry per dim, None where not split (mesh.layout({padded})): "
+            f"partition_spec_to_layout(spec, mesh, {ndim}) pads a shorter JAX PartitionSpec with None, as JAX does")
 
 
 def _layout_call(layout: Layout, cut: str) -> str:

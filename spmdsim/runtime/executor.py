@@ -33,7 +33,7 @@ from ..programs.plan.messages import (BlockAllgather, BlockAllreduce, BlockAllto
                                       Messages)
 from .exchange_runner import Runner, exchange_runner
 from .mesh import Mesh
-from .dtensor_build import _cut_hinted, _not_a_tensor_layout
+from .dtensor_build import _cut_hinted, _not_a_tensor_layout, _short_map
 from .uneven import allgatherv, alltoallv_dims, reduce_scatterv
 from .arguments import _take, _take_order
 from ..base.precision import is_low
@@ -250,6 +250,10 @@ def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None
                 plan = plan_redistribution(source, target, shape, local.dtype.name)
             except ShapeError as exc:  # a target whose even cut cannot split the shape: the cuts that can, named
                 raise _cut_hinted(exc, target, shape) from None
+            except PlanError as exc:  # a target of fewer dims (a short JAX spec): how to pad it, named
+                if len(shape) > target.ndim:
+                    raise PlanError(f"{exc}{_short_map(target, len(shape))}") from None
+                raise
             program = _compile(plan, mesh, type(dtensor))
             entry = keep_move(mesh, (id(mesh), id(source), id(target), shape, local.dtype), (
                 source, target, program, move_name(source, target), (source, target)) + _direct(
