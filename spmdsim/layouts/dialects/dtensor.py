@@ -201,12 +201,14 @@ def format_placements(placements: object) -> str:
 def placements_to_layout(
     placements: object,
     mesh_shape: Sequence[int],
-    ndim: int,
+    ndim: Optional[int] = None,
     mesh_axis_names: Optional[Sequence[str]] = None,
     cut: Optional[str] = None,
     **deprecated: object,
 ) -> TensorLayout:
     """TensorLayout of an `ndim`-dim DTensor with these placements on a mesh of `mesh_shape`.
+
+    `ndim` left out is one line saying it is needed (placements cannot tell it).
 
     Only ``Partial("sum")`` is supported: spmdsim's partial axes hold pending sums.
     Mesh dims are named ``"axis_0", "axis_1", ...`` unless `mesh_axis_names` is given
