@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from spmdsim import DTensor, Layout, Mesh, OperatorError, PlanError, ShapeError, simulate
+from spmdsim import DTensor, Layout, LayoutError, Mesh, OperatorError, PlanError, ShapeError, simulate
 from spmdsim.layouts.dialects import Replicate, Shard, placements_to_layout
 
 A = np.arange(32.0).reshape(8, 4)
@@ -93,3 +93,40 @@ def test_placements_without_ndim_is_the_documented_line():
                                  "(placements cannot tell it); pass it as the third argument, e.g. "
                                  "placements_to_layout('S(0), R', mesh, 2) for a 2-D tensor")
     assert placements_to_layout([Shard(0), Replicate()], Layout((2, 4), ("dp", "tp")), 2).tensor_map == (("dp",), ())
+
+
+def test_devicemesh_and_jax_mesh_names_on_a_mesh():
+    """mesh.size(1), mesh["tp"], mesh.get_coordinate(), mesh.shape, mesh.axis_names, ... (DeviceMesh's and JAX
+    Mesh's names) ended in "'int' object is not callable", "'Mesh' object is not subscriptable" or a bare
+    AttributeError. mesh.size still is the number of ranks, an int; called, it is PyTorch's size(mesh_dim); the
+    others are one line (an AttributeError: hasattr stays False) naming spmdsim's."""
+    from spmdsim.runtime.mesh import _FOREIGN
+
+    def main():
+        mesh = Mesh(Layout((2, 2), ("dp", "tp")))
+        said = {}
+        for spelled in _FOREIGN:
+            try:
+                getattr(mesh, spelled.rstrip("()"))
+            except OperatorError as e:
+                said[spelled] = (isinstance(e, AttributeError), hasattr(mesh, spelled.rstrip("()")), str(e))
+        try:
+            mesh["tp"]
+        except OperatorError as e:
+            said["[]"] = str(e)
+        sizes = (mesh.size, mesh.size(), mesh.size(0), mesh.size(-1), mesh.size("tp"), mesh.size == 4)
+        return said, sizes, mesh.coords
+
+    (said, sizes, coords), *_ = simulate(4, main)
+    assert sizes == (4, 4, 2, 2, 2, True) and coords == (0, 0)
+    assert len(said) == len(_FOREIGN) + 1
+    assert all(is_attribute_error and not has for is_attribute_error, has, _ in
+               (v for k, v in said.items() if k != "[]"))
+    assert said["get_coordinate()"][2] == ("mesh.get_coordinate() is PyTorch DeviceMesh's; spmdsim's is mesh.coords, "
+                                           "this rank's index along every axis (docs/tutorials/porting.md)")
+    assert said["axis_names"][2] == ("mesh.axis_names is JAX Mesh's; spmdsim's is mesh.layout.alias_name "
+                                     "(docs/tutorials/porting.md)")
+    assert said["[]"].startswith("mesh['tp'] is PyTorch DeviceMesh's sub-mesh; spmdsim has none: name the axes")
+    with pytest.raises(LayoutError, match=r"^mesh.size\(2\): expected a mesh dim, an index from -2 to 1 or a name "
+                                          r"in \('dp', 'tp'\)"):
+        simulate(4, lambda: Mesh(Layout((2, 2), ("dp", "tp"))).size(2))

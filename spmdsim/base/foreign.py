@@ -4,7 +4,8 @@ A PyTorch user passes ``use_reentrant=False`` to a checkpoint and ``fused=True``
 that asks for what spmdsim does anyway runs unchanged; a value asking for something spmdsim does not do
 is refused in one line. A function that mirrors another framework's takes ``**foreign`` and hands it to
 `take_foreign` with a table: keyword -> (the values it accepts, what spmdsim does instead). A keyword
-outside the table is Python's TypeError, as before.
+outside the table is Python's TypeError, as before. Another framework's attribute names on a class
+(``x.to_local()``) are each a `ForeignAttribute`, whose read is one line naming spmdsim's.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any, Mapping
 
 from ..errors import OperatorError
 
-__all__ = ["ANY", "ForeignKeyword", "take_foreign"]
+__all__ = ["ANY", "ForeignKeyword", "take_foreign", "ForeignName", "ForeignAttribute"]
 
 #: A table's accepted values for a keyword whose every value asks for what spmdsim does (a hint).
 ANY = "any value"
@@ -21,6 +22,27 @@ ANY = "any value"
 
 class ForeignKeyword(OperatorError, TypeError):
     """Another framework's keyword given a value spmdsim's namesake does not do: a TypeError, as Python's."""
+
+
+class ForeignName(OperatorError, AttributeError):
+    """Another framework's attribute asked of a spmdsim object: an AttributeError (``hasattr`` is False) saying
+    spmdsim's."""
+
+
+class ForeignAttribute:
+    """Another framework's attribute name on a spmdsim class (``x.to_local()``, ``mesh.get_coordinate()``): reading
+    it raises `ForeignName`, one line naming spmdsim's. A descriptor per name, not ``__getattr__``: CPython
+    specializes no attribute read of an object whose class has one, and any other missing name gets Python's own
+    AttributeError, as it did. `owner` is how the line writes the object ("x", "mesh")."""
+
+    __slots__ = ("owner", "spelled", "whose", "ours")
+
+    def __init__(self, owner: str, spelled: str, whose: str, ours: str) -> None:
+        self.owner, self.spelled, self.whose, self.ours = owner, spelled, whose, ours
+
+    def __get__(self, obj: Any, cls: Any = None) -> Any:
+        raise ForeignName(f"{self.owner}.{self.spelled} is {self.whose}; spmdsim's is {self.ours} "
+                          "(docs/tutorials/porting.md)")
 
 
 def _same(value: Any, accepted: Any) -> bool:

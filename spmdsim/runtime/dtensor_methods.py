@@ -11,6 +11,7 @@ import math
 import warnings
 from typing import Any, Callable, TypeVar
 
+from ..base.foreign import ForeignAttribute, ForeignName
 from ..errors import OperatorError
 from .replay import local_of
 
@@ -95,19 +96,10 @@ _FOREIGN = {
 _FOREIGN_BY_NAME = {spelled.rstrip("()"): (spelled, *said) for spelled, said in _FOREIGN.items()}
 
 
-class _Foreign:
-    """Another framework's attribute name on DTensor (`_FOREIGN`): reading it raises `_ForeignName`, one line naming
-    spmdsim's (an AttributeError: ``hasattr`` stays False). A descriptor per name, not ``__getattr__``: CPython
-    specializes no attribute read of an object whose class has one (a DTensor's slot read ~70 ns, not ~8; an eager
-    step reads thousands), and any other missing name gets Python's own AttributeError, as it did."""
-
-    __slots__ = ("spelled", "whose", "ours")
-
-    def __init__(self, spelled: str, whose: str, ours: str) -> None:
-        self.spelled, self.whose, self.ours = spelled, whose, ours
-
-    def __get__(self, tensor: Any, cls: Any = None) -> Any:
-        raise _ForeignName(f"x.{self.spelled} is {self.whose}; spmdsim's is {self.ours} (docs/tutorials/porting.md)")
+def _Foreign(spelled: str, whose: str, ours: str) -> ForeignAttribute:
+    """Another framework's attribute name on DTensor (`_FOREIGN`): reading it raises `_ForeignName`, one line
+    naming spmdsim's (an AttributeError: ``hasattr`` stays False); spmdsim.base.foreign.ForeignAttribute."""
+    return ForeignAttribute("x", spelled, whose, ours)
 
 
 #: The base class that holds DTensor's spellings: methods that look up their function when called, so a
@@ -144,8 +136,8 @@ def _made_by(node: Any) -> str:
     return f" made by {describe().split(':')[0]!r}" if describe is not None else ""
 
 
-class _ForeignName(OperatorError, AttributeError):
-    """Another framework's attribute asked of a DTensor: an AttributeError (``hasattr`` is False) saying spmdsim's."""
+#: Another framework's attribute asked of a DTensor: an AttributeError (``hasattr`` is False) saying spmdsim's.
+_ForeignName = ForeignName
 
 
 class _Methods(_Spellings):

@@ -8,6 +8,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from ..base import buffers
+from ..base.foreign import ForeignAttribute, ForeignName
 from ..errors import LayoutError, MeshSizeError, RuntimeMismatchError
 from ..layouts.layout import Layout
 from ..base.context import current
@@ -16,7 +17,7 @@ from .engines import engine_of, launcher, ways_out, world
 from .engines.wait import resolve_wait_mode
 from .compiled import PROGRAMS  # Mesh.close drops its compiled redistributions
 from ..programs.algorithms import check_choices
-from ..base.validate import describe
+from ..base.validate import as_int, describe
 from . import debug, debug_calls
 
 __all__ = ["Mesh", "SCRATCH_MAX_BYTES", "AXIS_ROLES"]
@@ -35,8 +36,64 @@ AXIS_ROLES = ("data", "tensor", "pipeline", "expert", "context", "shard")
 
 _SHARED_LAYOUTS: dict = {}  # Layout -> the first equal Layout a simulated rank's mesh was made with
 
+_TORCH, _JAX = "PyTorch DeviceMesh's", "JAX Mesh's"
+#: PyTorch's DeviceMesh and JAX's Mesh names for what a Mesh has (docs/tutorials/porting.md): name -> (whose,
+#: spmdsim's); each is a ForeignAttribute of Mesh's, one line naming spmdsim's.
+_FOREIGN = {
+    "get_local_rank()": (_TORCH, "mesh.coord('tp'), this rank's index along a named axis"),
+    "get_coordinate()": (_TORCH, "mesh.coords, this rank's index along every axis"),
+    "get_rank()": (_TORCH, "mesh.rank"),
+    "get_group()": (_TORCH, "mesh.group('tp'), the communicator over the named axes"),
+    "mesh_dim_names": (_TORCH, "mesh.layout.alias_name"),
+    "ndim": (_TORCH, "len(mesh.layout.device_matrix)"),
+    "mesh": (_TORCH, "mesh.layout.device_matrix, its ranks numbered row-major from 0 (mesh.group_ranks('tp') "
+                     "lists a group's)"),
+    "shape": (f"{_TORCH} and {_JAX}", "mesh.layout.device_matrix, the sizes (the names: mesh.layout.alias_name)"),
+    "axis_names": (_JAX, "mesh.layout.alias_name"),
+    "axis_sizes": (_JAX, "mesh.layout.device_matrix"),
+    "devices": (_JAX, "mesh.layout.device_matrix, its ranks numbered row-major from 0"),
+}
 
-class Mesh:
+
+class _Size(int):
+    """``mesh.size``: the number of ranks (an int, as JAX's ``mesh.size``), that PyTorch's ``mesh.size()`` and
+    ``mesh.size(mesh_dim)`` call for it or for one mesh dim's size (its index, or its name: ``mesh.size("tp")``)."""
+
+    def __new__(cls, layout: Layout) -> "_Size":
+        self = super().__new__(cls, layout.num_devices)
+        self._layout = layout
+        return self
+
+    def __call__(self, mesh_dim: Any = None) -> int:
+        if mesh_dim is None:
+            return int(self)
+        names, sizes = self._layout.alias_name, self._layout.device_matrix
+        if isinstance(mesh_dim, str) and mesh_dim in names:
+            return sizes[names.index(mesh_dim)]
+        dim = None if isinstance(mesh_dim, str) else as_int(mesh_dim)
+        if dim is None or not -len(sizes) <= dim < len(sizes):
+            raise LayoutError(f"mesh.size({mesh_dim!r}): expected a mesh dim, an index from {-len(sizes)} to "
+                              f"{len(sizes) - 1} or a name in {tuple(names)!r}")
+        return sizes[dim]
+
+    def __reduce__(self) -> tuple:
+        return int, (int(self),)  # pickled and copied as the plain int (a message, a record)
+
+
+def _sub_mesh(mesh: Any, axes: Any) -> Any:
+    """``mesh["tp"]``, PyTorch's sub-mesh: one line naming how spmdsim names axes instead."""
+    raise ForeignName(f"mesh[{axes!r}] is {_TORCH} sub-mesh; spmdsim has none: name the axes where a layout, "
+                      "a layer or a collective takes them (mesh.layout(None, 'tp'), axes='tp'), and "
+                      "mesh.group('tp') is their communicator (docs/tutorials/porting.md)")
+
+
+#: Mesh's base class: PyTorch's and JAX's names for what a Mesh has (`_FOREIGN`, and ``mesh["tp"]``), each one line.
+_ForeignNames = type("_ForeignNames", (), {
+    "__module__": __name__, "__getitem__": _sub_mesh,
+    **{spelled.rstrip("()"): ForeignAttribute("mesh", spelled, *said) for spelled, said in _FOREIGN.items()}})
+
+
+class Mesh(_ForeignNames):
     """``Mesh(layout, comm=None)``: the device matrix of `layout` over `comm` (default `spmdsim.world()`).
 
     Every rank checks ``prod(device_matrix) == comm.size`` before any collective
@@ -78,7 +135,7 @@ class Mesh:
             # share one Layout per device matrix, so that the layouts of a plan one rank made hold the
             # very Layout every rank's mesh holds, and placement checks stop at `is`.
             layout = _SHARED_LAYOUTS.setdefault(layout, layout)
-        self.layout, self.comm, self.size, self.rank = layout, comm, size, comm.Get_rank()
+        self.layout, self.comm, self.size, self.rank = layout, comm, _Size(layout), comm.Get_rank()
         #: The rank's context the mesh was made in (spmdsim.base.context: its open traces, its debug settings),
         #: read by runtime.door.point_to_point without asking which thread runs.
         self.context = current()
