@@ -2,6 +2,10 @@
 redistribute, JAX's short PartitionSpecs; each either does what the other framework does or ends in one line."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -130,3 +134,19 @@ def test_devicemesh_and_jax_mesh_names_on_a_mesh():
     with pytest.raises(LayoutError, match=r"^mesh.size\(2\): expected a mesh dim, an index from -2 to 1 or a name "
                                           r"in \('dp', 'tp'\)"):
         simulate(4, lambda: Mesh(Layout((2, 2), ("dp", "tp"))).size(2))
+
+
+def test_an_uneven_sum_is_planned_alike_in_every_process():
+    """(P, P) -> (S(0), S(0)) of 1 row on a 2 x 2 mesh cut "chunk" summed over ('b', 'a') in some processes
+    and ('a', 'b') in others (the order of a frozenset of names, which PYTHONHASHSEED sets per process):
+    under mpiexec the ranks built different groups and the program hung in MPI_Comm_create_group."""
+    code = ("from spmdsim import Layout; from spmdsim.programs.plan.planner import plan_redistribution as p; "
+            "from spmdsim.layouts.dialects import placements_to_layout as pl; "
+            "m = Layout((2, 2), ('a', 'b'), cut='chunk'); "
+            "print([s.axes for s in p(pl('P, P', m, 1), pl('S(0), S(0)', m, 1), (1,), 'float32').steps])")
+    said = set()
+    for seed in range(8):
+        env = {**os.environ, "PYTHONHASHSEED": str(seed)}
+        said.add(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                check=True).stdout.strip())
+    assert said == {"[('a', 'b'), ('a', 'b')]"}, said

@@ -261,7 +261,9 @@ def _from(src: TensorLayout, tgt: TensorLayout, sz: Sizes) -> list:
             starts.append((first[1], first[0], frozenset()))
         if src.uneven_dims(sz.shape) or tgt.uneven_dims(sz.shape):
             # Uneven shards a Reduce_scatter cannot cut: sum whole, then exchange (always fits).
-            summed = _allreduce(src, tuple(resolve), sz)
+            # In the source's order of its partial axes: a frozenset's order is the process's string hashes',
+            # which differ between MPI ranks (PYTHONHASHSEED), and so would the group every rank builds.
+            summed = _allreduce(src, tuple(a for a in src.partial if a in resolve), sz)
             starts.append((summed.after, [summed], frozenset()))
     out = []
     for start, pre, todo in starts:
