@@ -150,3 +150,21 @@ def test_an_uneven_sum_is_planned_alike_in_every_process():
         said.add(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                                 check=True).stdout.strip())
     assert said == {"[('a', 'b'), ('a', 'b')]"}, said
+
+
+def test_a_mesh_over_some_of_the_ranks_is_a_mesh_of_a_sub_communicator():
+    """docs/tutorials/porting.md: DeviceMesh("cpu", [0, 1, 2, 3]) in a world of 8 (JAX: a Mesh of some devices) is
+    Mesh(layout, spmdsim.world().Split(rank // 4, rank)); a Layout of 4 over the 8 is one line."""
+    import spmdsim
+    from spmdsim import RuntimeMismatchError
+
+    def main():
+        rank = spmdsim.world().Get_rank()
+        mesh = Mesh(Layout((2, 2), ("dp", "tp")), spmdsim.world().Split(rank // 4, rank))
+        x = DTensor.from_global(mesh, np.arange(16.0).reshape(4, 4) + 100 * (rank // 4), mesh.layout("dp", "tp"))
+        return mesh.rank, x.redistribute(mesh.layout(None, None)).local.sum()
+
+    assert simulate(8, main) == [(r % 4, 120.0 + 1600 * (r // 4)) for r in range(8)]
+    with pytest.raises(RuntimeMismatchError, match=r"^device matrix \(2, 2\) needs 4 ranks but the communicator "
+                                                   r"has 8"):
+        simulate(8, lambda: Mesh(Layout((2, 2), ("dp", "tp"))))
