@@ -168,3 +168,22 @@ def test_a_mesh_over_some_of_the_ranks_is_a_mesh_of_a_sub_communicator():
     with pytest.raises(RuntimeMismatchError, match=r"^device matrix \(2, 2\) needs 4 ranks but the communicator "
                                                    r"has 8"):
         simulate(8, lambda: Mesh(Layout((2, 2), ("dp", "tp"))))
+
+
+def test_a_placement_class_for_its_instance_names_the_call():
+    """[Shard(0), Replicate] (the class, not Replicate()) said "placement <class 'spmdsim.layouts.dialects.dtensor.
+    Replicate'> in [Shard(dim=0), <class '...'>] is not a placement"; it now names the call meant."""
+    from spmdsim import DialectError
+    from spmdsim.layouts.dialects import Partial
+
+    mesh = Layout((2, 4), ("dp", "tp"))
+    for placements, said in (
+            ([Shard(0), Replicate], "placement Replicate (the class) in [Shard(dim=0), Replicate] is not a "
+                                    "placement; expected Replicate(), an instance"),
+            ((Shard, Replicate()), "placement Shard (the class) in (Shard, Replicate()) is not a placement; "
+                                   "expected Shard(d), an instance"),
+            ([Partial, np.zeros(2)], "placement Partial (the class) in [Partial, array([0., 0.])] is not a "
+                                     "placement; expected Partial(), an instance")):
+        with pytest.raises(DialectError) as caught:
+            placements_to_layout(placements, mesh, 2)
+        assert str(caught.value) == said

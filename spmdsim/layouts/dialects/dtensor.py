@@ -99,7 +99,10 @@ _PADDLE_REDUCE = {"kRedSum": "sum", "kRedAvg": "avg", "kRedMax": "max", "kRedMin
 def _parse_one(token: object, shown: object) -> Placement:
     if isinstance(token, (Shard, Replicate, Partial)):
         return token
-    where = "" if isinstance(shown, str) and token == shown.strip() else f" in {shown!r}"
+    where = "" if isinstance(shown, str) and token == shown.strip() else f" in {_listed(shown)}"
+    if _is_class(token):  # [Shard(0), Replicate]: the class written for its instance
+        raise DialectError(f"placement {token.__name__} (the class){where} is not a placement; expected "
+                           f"{'Shard(d)' if token is Shard else token.__name__ + '()'}, an instance")
     if not isinstance(token, str):
         raise DialectError(f"placement {token!r}{where} is not a placement; {_EXPECTED}")
     text, prefix = token.strip(), ""
@@ -126,6 +129,23 @@ def _parse_one(token: object, shown: object) -> Placement:
     if match is not None:
         return Partial(match.group(1))
     raise DialectError(f"placement {token!r}{where} is not valid; {_EXPECTED}{_sbp_hint(text) or _meant(text, prefix)}")
+
+
+_CLASSES = (Shard, Replicate, Partial)
+
+
+def _is_class(token: object) -> bool:
+    """Whether `token` is one of the placement classes itself (compared by identity: a token may be an array)."""
+    return any(token is c for c in _CLASSES)
+
+
+def _listed(value: object) -> str:
+    """`value`, placements as given, for a refusal: its repr, with a placement class by its name (``Replicate``)."""
+    items = value if isinstance(value, (list, tuple)) else None
+    if items is None or not any(map(_is_class, items)):
+        return repr(value)
+    text = ", ".join(t.__name__ if _is_class(t) else repr(t) for t in items)
+    return f"[{text}]" if isinstance(value, list) else f"({text}{',' if len(items) == 1 else ''})"
 
 
 #: A mistyped placement: a name, then its argument in brackets or bare digits ('Replicat()', 'Shard0', 'Shard[0]').
