@@ -98,7 +98,8 @@ class Mesh(_ForeignNames):
 
     Every rank checks ``prod(device_matrix) == comm.size`` before any collective
     (the same MeshSizeError, a RuntimeMismatchError, otherwise). Attributes: ``layout``, ``comm``,
-    ``rank``, ``size``, ``coords`` (``coord("tp")``: one axis's), ``wait_mode`` ("busy" or "polite"; ``polite``),
+    ``rank``, ``size`` (an int; ``size("tp")``: one axis's), ``coords`` (``coord("tp")``: one axis's),
+    ``wait_mode`` ("busy" or "polite"; ``polite``),
     ``algorithms`` (``{"allreduce": "ring", ...}``: run step by step over
     point-to-point messages, docs/explanation/algorithms.md; None: MPI's own collectives),
     ``roles`` (role -> axis name, given as ``roles=``; ``axis(role)`` reads it: AXIS_ROLES).
