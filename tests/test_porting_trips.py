@@ -187,3 +187,18 @@ def test_a_placement_class_for_its_instance_names_the_call():
         with pytest.raises(DialectError) as caught:
             placements_to_layout(placements, mesh, 2)
         assert str(caught.value) == said
+
+
+def test_from_local_and_from_global_without_a_layout_replicate():
+    """DTensor.from_local(mesh, block) and from_global(mesh, array), PyTorch's from_local and distribute_tensor
+    without placements (Replicate on every mesh dim), ended in "missing 1 required positional argument"."""
+    def main():
+        mesh = Mesh(Layout((2, 2), ("dp", "tp")))
+        x, y = DTensor.from_global(mesh, A), DTensor.from_local(mesh, A)
+        s = DTensor.from_local(mesh, np.float64(2.0))
+        return x.placements, y.layout == mesh.layout(None, None), np.array_equal(y.local, A), s.shape, x.shape
+
+    assert simulate(4, main) == [((Replicate(), Replicate()), True, True, (), (8, 4))] * 4
+    with pytest.raises(LayoutError, match=r"^mesh must be a spmdsim Mesh, got ndarray of shape \(8, 4\); make one "
+                                          r"with Mesh\(Layout\(\(2, 4\), \('dp', 'tp'\)\)\), and pass it first"):
+        simulate(4, lambda: DTensor.from_local(A, Mesh(Layout((2, 2), ("dp", "tp")))))  # PyTorch's order

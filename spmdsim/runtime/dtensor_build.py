@@ -34,9 +34,10 @@ class _Constructors:
 
     # -- constructors ------------------------------------------------------------
     @classmethod
-    def from_local(cls: type[_T], mesh: Mesh, local: Any, layout: TensorLayout,
+    def from_local(cls: type[_T], mesh: Mesh, local: Any, layout: TensorLayout | None = None,
                    global_shape: Sequence[int] | None = None, dtype: Any = None, **foreign: Any) -> _T:
-        """Wrap an existing shard; its shape (and `dtype` when given) must match.
+        """Wrap an existing shard; its shape (and `dtype` when given) must match. `layout` left out: replicated
+        over every mesh axis, as PyTorch's ``from_local`` without placements.
 
         `global_shape` None: each dim's block times the number of its shards (even shards, as PyTorch's
         ``DTensor.from_local`` assumes without ``shape=``). Each rank works it out from its own block, so
@@ -45,6 +46,7 @@ class _Constructors:
         PyTorch's keywords: ``shape=`` is `global_shape`; ``run_check=False`` and ``stride=None`` are taken
         (spmdsim.base.foreign), other values refused in one line.
         """
+        layout = _replicated(mesh, local, layout)
         _check_placement(mesh, layout)  # first: a block passed where the mesh goes is named as such
         if foreign:
             global_shape = _pytorch_from_local(foreign, global_shape)
@@ -118,14 +120,17 @@ class _Constructors:
         return cls.full(mesh, layout, shape, 1, dtype)
 
     @classmethod
-    def from_global(cls: type[_T], mesh: Mesh, array: Any, layout: TensorLayout, verify: bool = True) -> _T:
+    def from_global(cls: type[_T], mesh: Mesh, array: Any, layout: TensorLayout | None = None,
+                    verify: bool = True) -> _T:
         """Cut this rank's shard out of a global array every rank has (small demos).
 
-        Every rank must pass the same array: each cuts its block from its own copy, so arrays that differ
+        `layout` left out: replicated over every mesh axis, as PyTorch's ``distribute_tensor`` without
+        placements. Every rank must pass the same array: each cuts its block from its own copy, so arrays that differ
         (drawn without a seed, say) would make a tensor no rank passed. `verify` checks that first, by two
         reductions of a 63-bit digest of the array's shape, dtype and bytes; `verify=False` skips them, for
         an array built alike on every rank by the program itself.
         """
+        layout = _replicated(mesh, array, layout)
         _check_placement(mesh, layout)
         array = np.asarray(array)
         dtype_arg(array.dtype, "array dtype")
@@ -200,6 +205,14 @@ def _check_fill(value: Any, kind: np.dtype, name: str) -> None:
     if not held:
         shown = repr(value) if type(value) is not int or len(str(value)) <= 24 else f"of {len(str(abs(value)))} digits"
         raise DTypeError(f"fill value {shown} must be a number that dtype {name!r} holds{span}")
+
+
+def _replicated(mesh: Any, block: Any, layout: Any) -> Any:
+    """`layout`, or where it is left out (None) on a Mesh, `block` replicated over every mesh axis (PyTorch's
+    default placements); a mesh that is no Mesh is left to `_check_placement` to name."""
+    if layout is None and isinstance(mesh, Mesh):
+        return mesh.layout(*[None] * np.ndim(block))
+    return layout
 
 
 def _check_placement(mesh: Any, layout: Any) -> None:
