@@ -142,7 +142,7 @@ class DTensor(_Constructors, _Methods):
         return (f"DTensor(shape={self._shape!r}, layout={self._layout}, dtype={self.dtype.name}, "
                 f"rank={self._mesh.rank}, local_shape={self._local.shape!r})")
 
-    def redistribute(self, target: TensorLayout = None, *placements: Any, **foreign: Any) -> "DTensor":
+    def redistribute(self, target: TensorLayout | None = None, *placements: Any, **foreign: Any) -> "DTensor":
         """This tensor re-laid out as `target` by the least-communication plan (`spmdsim.redistribute`).
 
         PyTorch's ``(device_mesh, placements)``, positional or by keyword, are refused in one line naming the
