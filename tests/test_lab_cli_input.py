@@ -109,3 +109,16 @@ def test_a_submission_that_does_not_load_runs_one_mpiexec_job_not_one_a_rank_cou
     (desk / "empty.py").write_text("")
     verdict = check_mpiexec(find_exercise(1, "course"), "empty.py", time_limit=60)
     assert [(r.ranks, r.status, r.reason) for r in verdict.results] == [(1, "unloadable", "empty.py is empty")]
+
+
+def test_a_start_from_an_instructors_folder_says_the_check_with_that_folder(desk, capsys):
+    """`lab start 1 stud --exercises course` said `check it with: spmdsim lab check 1 stud/double.py`, which
+    checks the shipped exercise 1 (ping-pong: "double.py defines no function 'ping_pong'")."""
+    assert main(["lab", "start", "1", "stud", "--exercises", "course"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "check it with: spmdsim lab check 1 stud/double.py --exercises course"
+    head = (desk / "stud" / "double.py").read_text().splitlines()[2]
+    assert head == f"Check it with: spmdsim lab check 1 double.py --exercises {desk / 'course'}"
+    assert main(["lab", "start", "5", "work5"]) == 0  # the exercises spmdsim ships: no flag to give
+    assert capsys.readouterr().out.splitlines()[-1] == "check it with: spmdsim lab check 5 work5/ring_allreduce.py"
+    assert "--exercises" not in (desk / "work5" / "ring_allreduce.py").read_text()

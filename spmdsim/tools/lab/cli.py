@@ -102,9 +102,10 @@ def _start(args: argparse.Namespace) -> int:
     statement = (f"# Exercise {exercise.number}: {exercise.title}\n\n{exercise.statement.strip()}\n\n"
                  f"Write `{exercise.signature}` in {exercise.name}.py. It runs on "
                  f"{', '.join(map(str, exercise.ranks))} ranks.\n")
-    _write_start(exercise.number, args.dir, ((text, statement), (code, exercise.starter())))
+    course = "" if args.exercises == EXERCISES else f" --exercises {shlex.quote(os.path.abspath(args.exercises))}"
+    _write_start(exercise.number, args.dir, ((text, statement), (code, exercise.starter(course))))
     print(f"wrote {text} (the statement) and {code} (the function to write)")
-    print(f"check it with: spmdsim lab check {exercise.number} {code}")
+    print(f"check it with: spmdsim lab check {exercise.number} {shlex.quote(code)}{_course(args)}")
     return 0
 
 

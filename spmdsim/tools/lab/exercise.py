@@ -84,11 +84,12 @@ class Exercise:
         the statement says so ("array-like"); else a result must be a NumPy array, as the statement asks."""
         return "array-like" in self.statement.lower()
 
-    def starter(self) -> str:
-        """The starter file's text: the statement as a docstring, the function raising NotImplementedError."""
+    def starter(self, course: str = "") -> str:
+        """The starter file's text: the statement as a docstring, the function raising NotImplementedError;
+        `course`, the --exercises flag its check command needs ("" for the exercises spmdsim ships)."""
         doc = "\n".join(("    " + line).rstrip() for line in self.statement.strip().splitlines())
         return (f'"""Exercise {self.number}: {self.title}.\n\nCheck it with: spmdsim lab check {self.number} '
-                f'{self.name}.py\n"""\nimport numpy as np\nfrom mpi4py import MPI\n\n\n'
+                f'{self.name}.py{course}\n"""\nimport numpy as np\nfrom mpi4py import MPI\n\n\n'
                 f'def {self.signature}:\n    """\n{doc}\n    """\n'
                 f'    raise NotImplementedError("{self.function}")\n')
 
