@@ -242,3 +242,18 @@ def test_mpiexec_not_installed_is_refused_not_a_fail_of_the_submission(course, m
     assert not out and " ".join(err.split()) == (
         "spmdsim: error: --mpiexec runs each rank count as an MPI job, and no mpiexec was found beside this Python "
         "or on PATH: install the 'mpi' extra, or check without --mpiexec (on simulated ranks)")
+
+
+def test_a_wider_float_than_the_exercise_asks_for_fails_naming_both_dtypes(course, capsys):
+    """An exercise whose expected arrays are float32 passed a float64 result of the right values: the check
+    compared values only (a float32 result where float64 is expected already fails past its digits)."""
+    text = TINY.replace("np.arange(3.0) + r", "np.arange(3.0, dtype=np.float32) + r")
+    (course / "course" / "01_double.py").write_text(text)
+    (course / "wide.py").write_text("import numpy as np\ndef double(comm, x):\n    return 2 * x.astype(np.float64)\n")
+    assert main(["lab", "check", "1", "wide.py", "--exercises", "course"]) == 1
+    assert "rank 0 returned dtype float64, expected float32: the values are right, but the exercise asks for " \
+        "float32 (twice the bytes or more to hold and send): compute in float32, or convert the result with " \
+        ".astype(np.float32)" in " ".join(capsys.readouterr().out.split())
+    (course / "same.py").write_text("def double(comm, x):\n    return x + x\n")
+    assert main(["lab", "check", "1", "same.py", "--exercises", "course"]) == 0
+    assert first_difference([np.ones(2, np.float32)], [np.ones(2)], [()], 1e-9, 0.0) is None  # narrower, exact

@@ -56,7 +56,7 @@ def _array_difference(got: np.ndarray, want: np.ndarray, rtol: float, atol: floa
         return f"returned an array of dtype {got.dtype}, expected numbers ({want.dtype})"
     bad = ~np.isclose(got, want, rtol=rtol, atol=atol, equal_nan=False)
     if not bad.any():
-        return None
+        return _wider(got, want)
     first = tuple(int(i) for i in np.argwhere(bad)[0]) if got.ndim else ()
     if not first:  # a 0-d array: said as a number
         gap = _number_gap(got[()], want[()], rtol, atol)
@@ -72,6 +72,16 @@ def _array_difference(got: np.ndarray, want: np.ndarray, rtol: float, atol: floa
     kind = f" (returned dtype {got.dtype}, expected {want.dtype})" if got.dtype.kind != want.dtype.kind else ""
     return (f"result{where} differs ({count} of {bad.size} values wrong): expected {expected}, got {shown}"
             + (_unseen(got, want, bad, rtol, atol) if expected == shown else kind))
+
+
+def _wider(got: np.ndarray, want: np.ndarray) -> Optional[str]:
+    """Why right values in a wider float than the expected one fail (float64 where the exercise asks for
+    float32: twice the memory and the bytes sent), or None."""
+    if not got.dtype.kind == want.dtype.kind == "f" or got.itemsize <= want.itemsize:
+        return None
+    return (f"returned dtype {got.dtype}, expected {want.dtype}: the values are right, but the exercise asks for "
+            f"{want.dtype} (twice the bytes or more to hold and send): compute in {want.dtype}, or convert the "
+            f"result with .astype(np.{want.dtype})")
 
 
 def _unseen(got: np.ndarray, want: np.ndarray, bad: np.ndarray, rtol: float, atol: float) -> str:
