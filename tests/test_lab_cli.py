@@ -131,7 +131,8 @@ def test_check_names_the_rank_counts_that_fail(tiny, tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["lab", "check", "99", "x.py"], "no exercise '99': expected an exercise's number, 1 to "),
-    (["lab", "check", "1", "no_such_file.py"], "submission 'no_such_file.py' is not a file"),
+    (["lab", "check", "1", "no_such_file.py"], "submission 'no_such_file.py' does not exist; expected "
+     "the .py file that defines ping_pong(comm, x)"),  # was "... is not a file", for a file never written
     (["lab", "grade", "1", "no_such_dir", "--csv", "out.csv"], "submission folder 'no_such_dir' does not exist"),
     (["lab", "list", "--exercises", "no_such_dir"], "exercise folder 'no_such_dir' does not exist"),
     (["lab", "list", "--exercises", __file__], f"exercise folder {__file__!r} is a file; expected a folder of"),

@@ -189,8 +189,9 @@ def _check(args: argparse.Namespace) -> int:
 
 def _not_a_file(path: str, exercise: Any) -> str:
     """Why `path` cannot be checked: not a file; a folder (`lab start`'s, whose file it names)."""
-    if not os.path.isdir(path):
-        return f"submission {path!r} is not a file"
+    if not os.path.isdir(path):  # (missing, or a fifo: never read)
+        what = "does not exist" if not os.path.exists(path) else "is not a file"
+        return f"submission {path!r} {what}; expected the .py file that defines {exercise.signature}"
     mine = os.path.join(path, f"{exercise.name}.py")
     return (f"submission {path!r} is a folder; expected the file to check, such as {mine!r} (spmdsim lab check "
             f"{exercise.number} {mine})")
