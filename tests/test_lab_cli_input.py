@@ -122,3 +122,11 @@ def test_a_start_from_an_instructors_folder_says_the_check_with_that_folder(desk
     assert main(["lab", "start", "5", "work5"]) == 0  # the exercises spmdsim ships: no flag to give
     assert capsys.readouterr().out.splitlines()[-1] == "check it with: spmdsim lab check 5 work5/ring_allreduce.py"
     assert "--exercises" not in (desk / "work5" / "ring_allreduce.py").read_text()
+
+
+def test_a_check_says_its_cases_and_time_bound_before_it_runs(desk, capsys):
+    """A check printed nothing until its verdict: an endless loop was 12 s of silence at a 10 s limit."""
+    assert main(["lab", "check", "1", "s/right.py", "--exercises", "course", "--time-limit", "7"]) == 0
+    said = capsys.readouterr()
+    assert said.err == "checking right.py at 1, 2 ranks (2 cases), stopped 7 s after its first case starts\n"
+    assert said.out.startswith("exercise 1, Double it: right.py\n")

@@ -163,8 +163,8 @@ def _limits(args: argparse.Namespace, ranks: int) -> dict:
 
 def _check(args: argparse.Namespace) -> int:
     # The runner loads the emulator: imported when a check runs, not for `spmdsim --help`.
-    from .report import verdict_lines, verdict_word
-    from .sandbox import check, check_mpiexec
+    from .report import bound_line, verdict_lines, verdict_word
+    from .sandbox import check, check_mpiexec, mpiexec_found
 
     exercise, path, counts = _check_inputs(args)
     if not os.path.isfile(path):
@@ -178,11 +178,10 @@ def _check(args: argparse.Namespace) -> int:
     if args.mpiexec and args.memory_mb is not None:
         raise LabError("--memory-mb limits simulated ranks only; under --mpiexec no memory limit is set "
                        "(leave it out, or check without --mpiexec)")
-    if args.mpiexec:
-        verdict = check_mpiexec(exercise, path, ranks, limits["time_limit"])
-    else:
-        _mpi_module_loads()
-        verdict = check(exercise, path, ranks, **limits)
+    mpiexec_found() if args.mpiexec else _mpi_module_loads()  # (each refused before the check says what it runs)
+    print(bound_line(exercise, path, ranks, limits["time_limit"], args.mpiexec), file=sys.stderr, flush=True)
+    verdict = check_mpiexec(exercise, path, ranks, limits["time_limit"]) if args.mpiexec else \
+        check(exercise, path, ranks, **limits)
     print("\n".join(verdict_lines(exercise, verdict)))
     return 0 if verdict_word(verdict) == "PASS" else 1
 

@@ -1,7 +1,7 @@
 """A verdict said for a student (lines within 100 columns) and for a grade book (one CSV row)."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 from ...errors import fold_message
 from .exercise import Exercise
@@ -9,7 +9,7 @@ from .harness import NOT_RUNNABLE, PASS, CaseResult
 from .sandbox import Verdict
 from .shown import file_name, printable
 
-__all__ = ["verdict_lines", "csv_row", "CSV_HEADER", "VERDICTS"]
+__all__ = ["bound_line", "verdict_lines", "csv_row", "CSV_HEADER", "VERDICTS"]
 
 CSV_HEADER = ("file", "verdict", "passed", "cases", "reason", "seconds")
 
@@ -42,6 +42,17 @@ def _summary(verdict: Verdict) -> str:
     if unrun:
         parts.append(f"not run at {_ranks(unrun)}")
     return "; ".join(parts)
+
+
+def bound_line(exercise: Exercise, path: str, ranks: Sequence[int], limit: Optional[float], mpiexec: bool) -> str:
+    """What `check` says before it runs (on stderr): the cases it runs and when it stops them (`limit`, None:
+    the exercise's), so that a submission that loops is no silent wait."""
+    limit = exercise.time_limit if limit is None else limit
+    cases = len(ranks) * len(exercise.seeds)
+    stops = f"each job stopped {limit:g} s after it starts" if mpiexec else \
+        f"stopped {limit:g} s after its first case starts"
+    return fold_message(printable(f"checking {file_name(path)} at {_ranks(ranks)}{' under mpiexec' * mpiexec} "
+                                  f"({cases} case{'s' * (cases != 1)}), {stops}"))
 
 
 def verdict_lines(exercise: Exercise, verdict: Verdict) -> list:

@@ -278,17 +278,23 @@ def _tail(file: Any, size: int) -> str:
     return file.read().decode("utf-8", errors="replace")
 
 
+def mpiexec_found() -> None:
+    """Refuse in one line (LabError) where no mpiexec is found, as `spmdsim launch`, run with this Python, finds
+    it: before any job, and before `check --mpiexec` says what it runs."""
+    try:
+        find_mpiexec()
+    except SpmdsimError:
+        raise LabError("--mpiexec runs each rank count as an MPI job, and no mpiexec was found beside this Python or "
+                       "on PATH: install the 'mpi' extra, or check without --mpiexec (on simulated ranks)") from None
+
+
 def check_mpiexec(exercise: Exercise, path: str, ranks: Sequence[int] = (), time_limit: Optional[float] = None
                   ) -> Verdict:
     """Run the submission under `spmdsim launch` (mpiexec with a timeout), one job per rank count; its values
     are judged as on simulated ranks, its calls and bytes not (spmdsim.tools.lab.mpi_child), and what its ranks
     print is kept as there. LabError, before any job, where no mpiexec is found: every job failed with launch's
     refusal, a right submission FAIL."""
-    try:
-        find_mpiexec()  # (as `spmdsim launch`, run with this Python, finds it)
-    except SpmdsimError:
-        raise LabError("--mpiexec runs each rank count as an MPI job, and no mpiexec was found beside this Python or "
-                       "on PATH: install the 'mpi' extra, or check without --mpiexec (on simulated ranks)") from None
+    mpiexec_found()
     ranks = tuple(ranks) or exercise.ranks
     limit = exercise.time_limit if time_limit is None else time_limit
     folder = os.path.dirname(os.path.abspath(exercise.path))
