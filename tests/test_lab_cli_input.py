@@ -91,9 +91,13 @@ def test_a_file_after_ranks_is_the_file_and_ranks_take_commas(desk, capsys):
     ("typo.py", SUBMISSIONS["typo.py"], "syntax error at line 1: expected ':'"),
     ("binary.py", "\x00PK", "binary.py is not a Python source file (it holds null bytes)"),
     ("triple.py", TRIPLE, "triple.py defines no function 'double' (it defines triple): def double(comm, x)"),
+    # an import at its top of a module not there: said at each rank count, each case run to fail alike
+    ("torchy.py", "import torchy_not_here\n" + SUBMISSIONS["right.py"], "rank 0 raised ModuleNotFoundError at line "
+     "1: No module named 'torchy_not_here'"),
 ])
 def test_a_submission_that_does_not_load_is_said_once_not_once_a_rank_count(desk, name, source, reason, capsys):
-    """An empty file, or a syntax error, printed "FAIL empty.py is empty" once per rank count."""
+    """An empty file, or a syntax error, printed "FAIL empty.py is empty" once per rank count (and an import of a
+    module that is not there, "every rank raised ModuleNotFoundError")."""
     (desk / name).write_text(source)
     if name == "typo.py":  # the parser's own words, as this Python says them
         with pytest.raises(SyntaxError) as error:

@@ -16,7 +16,8 @@ from .calls import COLLECTIVES, POINT_TO_POINT
 __all__ = ["Exited", "MissingFunction", "FILE_BYTES", "NOT_RUNNABLE", "at_line", "ranks_text", "describe_failure"]
 
 #: The statuses of a submission no case can run, the same at every rank count: its file does not load (it cannot
-#: be read, is empty, is not Python text, has a syntax error), or it defines no function of the exercise's name. A
+#: be read, is empty, is not Python text, has a syntax error, imports at its top a module that is not there), or it
+#: defines no function of the exercise's name. A
 #: check stops at its first case and says it once (spmdsim.tools.lab.child, report), not once per rank count.
 NOT_RUNNABLE = ("unloadable", "no-function")
 
@@ -74,6 +75,13 @@ def _line(exc: BaseException, path: str) -> Optional[int]:
     if isinstance(exc, SyntaxError) and exc.filename == path:
         return exc.lineno
     return lines[-1] if lines else None
+
+
+def _loading(exc: BaseException, path: str) -> bool:
+    """Whether `exc` was raised as the submission's file loads (its top-level code: an import there), not in its
+    function: the same in every case, so no case can run."""
+    names = [f.name for f in traceback.extract_tb(exc.__traceback__) if f.filename == path]
+    return bool(names) and all(name == "<module>" for name in names)
 
 
 def _beside(path: str, module: str) -> str:
@@ -186,11 +194,12 @@ def describe_failure(exc: BaseException, path: str, n: int, signature: str = "")
     if isinstance(exc, SyntaxError) and line:
         return "error", f"syntax error at line {line}: {exc.msg}", ""
     beside = _beside(path, exc.name or "") if isinstance(exc, ModuleNotFoundError) else ""
+    status = "unloadable" if isinstance(exc, ImportError) and _loading(exc, path) else "error"
     if beside:  # `python prog.py` finds it there; a check, as a grade, takes the one file
-        return "error", f"{who} raised ModuleNotFoundError{at}: no module named {exc.name!r}: a submission is " \
+        return status, f"{who} raised ModuleNotFoundError{at}: no module named {exc.name!r}: a submission is " \
                         f"one file, and {beside} beside it is not on the path: put what it uses into " \
                         f"{os.path.basename(path)}", ""
     message = _object_op_hint(exc, path) or _first_line(exception_text(exc))  # (its __str__ may raise)
     name = "MPI.Exception" if type(exc).__module__ == "mpi4py.MPI" else type(exc).__name__
-    return "error", f"{who} raised {name}{at}" + (f": {message}" if message else "") + \
+    return status, f"{who} raised {name}{at}" + (f": {message}" if message else "") + \
         _call_hint(exc, line, signature), ""
