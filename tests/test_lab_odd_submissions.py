@@ -262,3 +262,48 @@ def test_a_wider_float_than_the_exercise_asks_for_fails_naming_both_dtypes(cours
     (course / "same.py").write_text("def double(comm, x):\n    return x + x\n")
     assert main(["lab", "check", "1", "same.py", "--exercises", "course"]) == 0
     assert first_difference([np.ones(2, np.float32)], [np.ones(2)], [()], 1e-9, 0.0) is None  # narrower, exact
+
+
+#: An instructor's float32 exercise with no RTOL or ATOL: its reference sums by Allreduce, in MPICH's order.
+ALLSUM = '''
+import numpy as np
+
+TITLE = "Sum in float32"
+FUNCTION = "allsum"
+SIGNATURE = "allsum(comm, x)"
+STATEMENT = "Return the sum of every rank's float32 x, as float32, on every rank."
+RANKS = (4, 8)
+SEEDS = (0,)
+
+
+def case(seed, n):
+    rng = np.random.default_rng(seed)
+    xs = [rng.standard_normal(1000).astype(np.float32) for _ in range(n)]
+    total = xs[0].copy()
+    for x in xs[1:]:
+        total += x
+    return {"args": [(x,) for x in xs], "expected": [total] * n}
+
+
+def allsum(comm, x):
+    out = np.empty_like(x)
+    comm.Allreduce(x, out)
+    return out
+'''
+
+
+def test_a_float32_exercise_is_compared_at_float32s_tolerance_unless_it_sets_its_own(course, capsys):
+    """The defaults RTOL 1e-9 and ATOL 1e-12 are float64's: a float32 exercise's own reference failed at 4 and 8
+    ranks ("277 of 1000 values wrong ... by up to 4.77e-07, 4.21e-09 allowed"), its sum in another order."""
+    (course / "course" / "01_double.py").unlink()
+    (course / "course" / "01_allsum.py").write_text(ALLSUM)
+    assert main(["lab", "check", "1", "course/01_allsum.py", "--exercises", "course"]) == 0
+    capsys.readouterr()
+    own = ALLSUM.replace("SEEDS = (0,)", "SEEDS = (0,)\nRTOL = 1e-9\nATOL = 1e-12")
+    (course / "course" / "01_allsum.py").write_text(own)
+    assert main(["lab", "check", "1", "course/01_allsum.py", "--exercises", "course"]) == 1  # its own, kept
+    assert "(they differ past the digits shown: by up to" in capsys.readouterr().out
+    want = np.float32([1.0, 2.0])
+    assert first_difference([want * (1 + 3e-5)], [want], [()], None, None) is None
+    assert first_difference([want * (1 + 3e-4)], [want], [()], None, None) is not None
+    assert first_difference([np.ones(2) * (1 + 1e-8)], [np.ones(2)], [()], None, None) is not None  # float64's

@@ -5,6 +5,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from ...references.tolerances import default_tolerances
+
 __all__ = ["first_difference", "show"]
 
 #: The most values a message shows of an array.
@@ -128,7 +130,17 @@ def _complex(got: np.ndarray, want: np.ndarray) -> Optional[str]:
     return f"returned an array of dtype {got.dtype}, expected {want.dtype}: {real}"
 
 
-def _difference(got: Any, want: Any, rtol: float, atol: float, array_like: bool = False) -> Optional[str]:
+def _tolerance(want: Any, rtol: Optional[float], atol: Optional[float]) -> tuple:
+    """The exercise's RTOL and ATOL, each one it leaves out (None) taken by `want`'s dtype
+    (spmdsim.references.tolerances: float64 1e-9 and 1e-12, float32 1e-4 and 1e-5); float64's for a value not of
+    floats. A float32 exercise at float64's 1e-9 failed its own reference's Allreduce at 4 ranks (another order)."""
+    dtype = want.dtype if isinstance(want, (np.ndarray, np.generic)) else np.dtype(np.float64)
+    rtol_, atol_ = default_tolerances(dtype) if dtype.kind in "fc" else (1e-9, 1e-12)
+    return (rtol_ if rtol is None else rtol), (atol_ if atol is None else atol)
+
+
+def _difference(got: Any, want: Any, rtol: Optional[float], atol: Optional[float],
+                array_like: bool = False) -> Optional[str]:
     """How `got` differs from `want`, or None where it matches; where `want` is an array, `got` must be one
     too, unless `array_like` (a list or a tuple of its values then matches)."""
     if want is None:
@@ -144,8 +156,9 @@ def _difference(got: Any, want: Any, rtol: float, atol: float, array_like: bool 
             return f"returned {_kind(got)}, expected {_kind(want)}"
         if not isinstance(got, np.ndarray) and (not array_like or got_array.shape != want.shape):
             return _not_an_array(got, want, got_array)
-        return _complex(got_array, want) or _array_difference(got_array, want, rtol, atol)
+        return _complex(got_array, want) or _array_difference(got_array, want, *_tolerance(want, rtol, atol))
     if isinstance(want, (int, float, np.number)):
+        rtol, atol = _tolerance(want, rtol, atol)
         if isinstance(got, np.ndarray) and got.size == 1:
             got = got.item()
         if not isinstance(got, (int, float, np.number)) or isinstance(got, bool):
@@ -162,7 +175,8 @@ def _difference(got: Any, want: Any, rtol: float, atol: float, array_like: bool 
     return None if got == want else f"returned {show(got)}, expected {show(want)}"
 
 
-def _outputs_difference(got: Any, want: tuple, rtol: float, atol: float, array_like: bool) -> Optional[str]:
+def _outputs_difference(got: Any, want: tuple, rtol: Optional[float], atol: Optional[float],
+                        array_like: bool) -> Optional[str]:
     """How a function's several outputs (a tuple with arrays: (dx, dw)) differ: the first output that does."""
     if not isinstance(got, (list, tuple)):
         return f"returned {_kind(got)}, expected a tuple of {len(want)} outputs"
@@ -212,7 +226,7 @@ def _why(got: Any, want: Any, args: tuple, n: int) -> Optional[str]:
     return None
 
 
-def _elsewhere(results: Sequence[Any], expected: Sequence[Any], rank: int, rtol: float, atol: float,
+def _elsewhere(results: Sequence[Any], expected: Sequence[Any], rank: int, rtol: Optional[float], atol: Optional[float],
                array_like: bool = False) -> Optional[str]:
     """Where `rank` returned nothing, the rank that should return nothing and returned `rank`'s result instead
     (a root given wrong), said; else None."""
@@ -234,10 +248,12 @@ def _guess(function: Any, *args: Any) -> Optional[str]:
         return None
 
 
-def first_difference(results: Sequence[Any], expected: Sequence[Any], args: Sequence[tuple], rtol: float,
-                     atol: float, explain: Any = None, case: Any = None, array_like: bool = False) -> Optional[str]:
+def first_difference(results: Sequence[Any], expected: Sequence[Any], args: Sequence[tuple], rtol: Optional[float],
+                     atol: Optional[float], explain: Any = None, case: Any = None, array_like: bool = False
+                     ) -> Optional[str]:
     """The first rank whose result differs, said in one or two lines; None where every rank's matches. An
-    expected array takes an array only, unless `array_like` (the exercise's statement says "array-like")."""
+    expected array takes an array only, unless `array_like` (the exercise's statement says "array-like"); a
+    tolerance None is taken by each expected value's dtype (`_tolerance`)."""
     n = len(expected)
     for rank, (got, want) in enumerate(zip(results, expected)):
         text = _difference(got, want, rtol, atol, array_like)

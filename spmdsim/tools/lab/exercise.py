@@ -15,7 +15,8 @@ exercise forbids), ALLOWED (the only comm calls it allows), REQUIRED (calls it m
 one or more calls, any of which counts, "Scatter|Scatterv|scatter"), MOST_CALLS (how many times a rank
 may make such calls, {"Allreduce|allreduce": 1}), HINT (said with a forbidden call),
 def optimal_bytes(case, n) (the bytes the best algorithm sends from its busiest rank; more is a failure),
-RTOL / ATOL (tolerances), TIME_LIMIT (seconds of wall time for one check), MEMORY_MB, and
+RTOL / ATOL (tolerances; default by the expected value's dtype: float64 1e-9 and 1e-12, float32 1e-4 and
+1e-5), TIME_LIMIT (seconds of wall time for one check), MEMORY_MB, and
 def explain(case, n, rank, got) (a sentence for a wrong result, or None). A STATEMENT that says "array-like"
 lets a list or a tuple of the values stand for an expected array (spmdsim.tools.lab.compare).
 """
@@ -64,8 +65,8 @@ class Exercise:
     hint: str = ""
     optimal_bytes: Optional[Callable[[dict, int], int]] = None
     explain: Optional[Callable[..., Optional[str]]] = None
-    rtol: float = 1e-9
-    atol: float = 1e-12
+    rtol: Optional[float] = None  # None: by the expected value's dtype (spmdsim.tools.lab.compare)
+    atol: Optional[float] = None
     time_limit: float = 10.0
     memory_mb: int = 512
 
