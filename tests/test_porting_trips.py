@@ -202,3 +202,29 @@ def test_from_local_and_from_global_without_a_layout_replicate():
     with pytest.raises(LayoutError, match=r"^mesh must be a spmdsim Mesh, got ndarray of shape \(8, 4\); make one "
                                           r"with Mesh\(Layout\(\(2, 4\), \('dp', 'tp'\)\)\), and pass it first"):
         simulate(4, lambda: DTensor.from_local(A, Mesh(Layout((2, 2), ("dp", "tp")))))  # PyTorch's order
+
+
+def test_operands_on_a_mesh_of_default_names_say_where_it_came_from():
+    """A redistribution onto placements_to_layout("R, S(1)", (2, 2), 2) (a mesh shape, not the mesh) moves the
+    tensor onto a mesh named axis_0, axis_1; the next operator said "operands live on different meshes" naming
+    both Layouts but not why: it now says how to build the layout on the tensor's mesh."""
+    from spmdsim import ops
+
+    def main():
+        mesh = Mesh(Layout((2, 2), ("dp", "tp")))
+        x = DTensor.from_global(mesh, A, mesh.layout("dp", None))
+        y = x.redistribute(placements_to_layout("R, S(1)", (2, 2), 2))
+        for pair in ((y, x), (x, y)):
+            with pytest.raises(OperatorError) as raised:
+                ops.add(*pair)
+            assert "differ only in their axis names: a layout built from a mesh shape rather than the mesh names " \
+                   "them axis_0, axis_1, ... (build it on the tensor's mesh: placements_to_layout(p, x.mesh, " \
+                   "x.ndim)" in str(raised.value)
+        named = Mesh(Layout((2, 2), ("a", "b")))
+        other = DTensor.from_global(named, A, named.layout("a", None))
+        with pytest.raises(OperatorError) as raised:  # both named by the user: no word of default names
+            ops.add(x, other)
+        return str(raised.value)
+
+    assert simulate(4, main) == ["add: operands live on different meshes: Layout(dp=2, tp=2) and "
+                                 "Layout(a=2, b=2)"] * 4

@@ -9,6 +9,7 @@ from ...errors import DTypeError, OperatorError
 from ...base.precision import is_low
 from ...runtime import debug, debug_calls
 from ...base.validate import describe
+from ...layouts.layout import default_axis_names
 from ...runtime.dtensor import DTensor
 
 _BOOL = np.dtype(bool)
@@ -118,8 +119,23 @@ def same_mesh(*tensors: Any) -> Any:
     mesh = tensors[0].mesh
     for t in tensors[1:]:
         if t.mesh is not mesh and t.mesh.layout != mesh.layout:
-            raise OperatorError(f"operands live on different meshes: {mesh.layout} and {t.mesh.layout}")
+            raise different_meshes("", mesh.layout, t.mesh.layout)
     return mesh
+
+
+def different_meshes(op: str, first: Any, other: Any) -> OperatorError:
+    """The refusal of operands on the Layouts `first` and `other` (by `op`, "" unnamed). Where the two have the same
+    device matrix and one has the default names, it says where such a Layout comes from: a layout built from a bare mesh shape
+    (placements_to_layout("R, S(1)", (2, 4), 2)) names its axes axis_0, axis_1, ..., and a redistribution onto it
+    moves the tensor onto that mesh."""
+    said = f"{op}: " if op else ""
+    hint = ""
+    default = default_axis_names(len(first.device_matrix))
+    if first.device_matrix == other.device_matrix and default in (first.alias_name, other.alias_name):
+        hint = ("; they differ only in their axis names: a layout built from a mesh shape rather than the mesh "
+                "names them axis_0, axis_1, ... (build it on the tensor's mesh: placements_to_layout(p, x.mesh, "
+                "x.ndim), partition_spec_to_layout(spec, x.mesh, x.ndim), x.mesh.layout(...))")
+    return OperatorError(f"{said}operands live on different meshes: {first} and {other}{hint}")
 
 
 def verify_operands(mesh: Any, op: str, names: tuple[str, ...], *tensors: Any) -> None:
