@@ -609,7 +609,10 @@ def test_a_numpy_scalar_on_the_left_of_a_comparison_and_0d_arrays_are_numbers():
 def test_size_is_numpys_element_count_and_pytorchs_call():
     """numpy's ``x.size`` is the global element count, an int (``x.size == 24``, ``x.sum() / x.size``); it was
     PyTorch's bound method, which compared unequal to every number silently. PyTorch's ``x.size()`` and
-    ``x.size(-1)`` still give the global shape and one dim's size."""
+    ``x.size(-1)`` still give the global shape and one dim's size. It pickles as the int (it held the tensor,
+    whose mesh holds locks: comm.gather(x.size) under MPI raised "cannot pickle '_thread.lock' object")."""
+    import pickle
+
     import numpy as np
 
     import spmdsim
@@ -625,11 +628,12 @@ def test_size_is_numpys_element_count_and_pytorchs_call():
             x.size(2)
         except OperatorError as e:
             refused = str(e)
+        sent = pickle.loads(pickle.dumps(x.size))  # as comm.gather(x.size) sends it under MPI
         return (x.size == 24, int(x.size), x.size * 2, ops.resolved(x.sum() / x.size).item(), x.size(),
-                x.size(-1), x.size(0), x[0].size, np.size(x), refused)
+                x.size(-1), x.size(0), x[0].size, np.size(x), (type(sent), sent), refused)
 
     got = spmdsim.simulate(4, body)[0]
-    assert got[:-1] == (True, 24, 48, a.mean(), (4, 6), 6, 4, 6, 24)
+    assert got[:-1] == (True, 24, 48, a.mean(), (4, 6), 6, 4, 6, 24, (int, 24))
     assert got[-1].startswith("dim 2 is out of range for a tensor of 2 dims")
 
 

@@ -69,6 +69,9 @@ class _Size(int):
     def __call__(self, dim: Any = None) -> Any:
         return _size(self._x, dim)
 
+    def __reduce__(self) -> tuple:
+        return int, (int(self),)  # pickled and copied as the plain int (comm.gather(x.size) under MPI)
+
 
 def _unsqueeze(x: Any, dim: int) -> Any:
     """A new dim of size 1 at `dim` (PyTorch's unsqueeze): a reshape."""
