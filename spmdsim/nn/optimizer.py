@@ -17,7 +17,7 @@ from ..base.buffers import CAPTURE
 from ..base.context import current
 from ..errors import OperatorError
 from ..base.flops import any_open, sweep
-from ..base.foreign import take_foreign
+from ..base.foreign import ForeignName, take_foreign
 from .optim_checks import STEP_KEYWORDS, _SETTINGS, _capturing, _learning_rate, _sharded_away, _what
 from .optim_state import _Checkpoints
 from ..runtime.replay import kernel, ReplayError
@@ -37,10 +37,6 @@ _NONES, _GRAD_NAMES = repeat(None), repeat("grad")
 
 
 _drain = deque(maxlen=0).extend  # runs an iterator to its end, keeping nothing
-
-
-class _ForeignName(OperatorError, AttributeError):
-    """torch.optim's attribute asked of an optimizer: an AttributeError (``hasattr`` is False) saying spmdsim's."""
 
 
 class _Optimizer(_Checkpoints):
@@ -65,7 +61,7 @@ class _Optimizer(_Checkpoints):
     def __getattr__(self, name: str) -> Any:  # (only for a name the class and the instance lack)
         if name in ("param_groups", "add_param_group", "defaults"):
             settings = ", ".join(f"opt.{k}" for k in _SETTINGS if k in self.__dict__)
-            raise _ForeignName(f"{type(self).__name__}.{name} is torch.optim's: spmdsim's optimizers hold one group "
+            raise ForeignName(f"{type(self).__name__}.{name} is torch.optim's: spmdsim's optimizers hold one group "
                                f"of parameters (one optimizer per group); set {settings} between steps, and the "
                                "next update reads them (docs/howto/train.md)")
         raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")

@@ -11,7 +11,7 @@ import math
 import warnings
 from typing import Any, Callable, TypeVar
 
-from ..base.foreign import ForeignAttribute, ForeignName
+from ..base.foreign import ForeignAttribute
 from ..errors import OperatorError
 from .replay import local_of
 
@@ -76,8 +76,8 @@ def _spelling(name: str) -> Callable[..., Any]:
 
 
 #: Other frameworks' names for what a DTensor has (docs/tutorials/porting.md): name -> (whose, spmdsim's). A
-#: program ported as it was written meets them first; each is a `_Foreign` of DTensor's, naming spmdsim's in
-#: one line.
+#: program ported as it was written meets them first; each is a ForeignAttribute of DTensor's (spmdsim.base.foreign),
+#: naming spmdsim's in one line.
 _FOREIGN = {
     "to_local()": ("PyTorch DTensor's and OneFlow's", "x.local, this rank's block, a numpy array"),
     "full_tensor()": ("PyTorch DTensor's", "x.gather(), the whole tensor on every rank, a collective every rank "
@@ -96,17 +96,11 @@ _FOREIGN = {
 _FOREIGN_BY_NAME = {spelled.rstrip("()"): (spelled, *said) for spelled, said in _FOREIGN.items()}
 
 
-def _Foreign(spelled: str, whose: str, ours: str) -> ForeignAttribute:
-    """Another framework's attribute name on DTensor (`_FOREIGN`): reading it raises `_ForeignName`, one line
-    naming spmdsim's (an AttributeError: ``hasattr`` stays False); spmdsim.base.foreign.ForeignAttribute."""
-    return ForeignAttribute("x", spelled, whose, ours)
-
-
 #: The base class that holds DTensor's spellings: methods that look up their function when called, so a
 #: DTensor finds them on its class whether or not spmdsim.nn.ops has loaded yet; and other frameworks' names.
 _Spellings = type("_Spellings", (), {
     "__slots__": (), "__module__": __name__,
-    **{name: _Foreign(*said) for name, said in _FOREIGN_BY_NAME.items()},
+    **{name: ForeignAttribute("x", *said) for name, said in _FOREIGN_BY_NAME.items()},
     **{name: _spelling(name) for name in _SPELLINGS},
     **{name: property(lambda self, name=name: _METHODS[name](self)) for name in _PROPERTIES}})
 
@@ -134,10 +128,6 @@ def _made_by(node: Any) -> str:
     """" made by 'matmul'": the operator of an autograd node, its description before the colon ("" if none)."""
     describe = getattr(node, "describe", None)
     return f" made by {describe().split(':')[0]!r}" if describe is not None else ""
-
-
-#: Another framework's attribute asked of a DTensor: an AttributeError (``hasattr`` is False) saying spmdsim's.
-_ForeignName = ForeignName
 
 
 class _Methods(_Spellings):
