@@ -70,7 +70,7 @@ class _Size(int):
         return _size(self._x, dim)
 
     def __reduce__(self) -> tuple:
-        return int, (int(self),)  # pickled and copied as the plain int (comm.gather(x.size) under MPI)
+        return int, (int(self),)  # pickled and copied as the plain int (sent to another MPI rank, say)
 
 
 def _unsqueeze(x: Any, dim: int) -> Any:
