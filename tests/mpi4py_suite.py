@@ -58,6 +58,10 @@ OUT_OF_SCOPE = {
     r"test_comm\.TestComm\w*\.testCreateFromGroup": "MPI sessions (Intracomm.Create_from_group)",
     r"test_p2p_buf\.\w+\.testConstructor": "MPI handles as C objects (MPI.Prequest.fromhandle(request.handle))",
     r"\.testCommLock": "mpi4py's private lock table of a real MPI communicator (MPI._comm_lock_table)",
+    r"test_threads\.TestMPIThreads\.testIsThreadMain(InThread)?$": "threads' names: a simulated rank's own thread "
+                                                                "is its MPI main thread (MPI.Is_thread_main()), "
+                                                                "named 'spmdsim rank N', where the test takes "
+                                                                "'MainThread' alone for the main thread",
     r"ErrhandlerFile": "MPI I/O (MPI.File over a simulated communicator)",
     r"ErrhandlerSession": "MPI sessions (MPI.Session's error handlers: a process-wide table of 32)",
     r"test_util_pkl5\.\w+\.(test\w+Inter|testBigMPI)$": "intercommunicators (Intracomm.Create_intercomm)",

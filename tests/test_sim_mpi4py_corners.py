@@ -193,6 +193,43 @@ def test_init_and_finalize_as_under_mpiexec(tmp_path):
         in again.stderr
 
 
+_THREAD_LEVEL = """
+    import sys, threading
+    import mpi4py
+    mode = sys.argv[1]
+    if mode == "init":
+        mpi4py.rc.initialize = False
+    elif mode == "nothreads":
+        mpi4py.rc.threads = False
+    else:
+        mpi4py.rc.thread_level = mode
+    from mpi4py import MPI
+    got = [MPI.Init_thread(MPI.THREAD_FUNNELED)] if mode == "init" else []
+    got += [MPI.Query_thread(), MPI.Is_thread_main()]
+    thread = threading.Thread(target=lambda: got.append(MPI.Is_thread_main()))
+    thread.start()
+    thread.join()
+    sys.stdout.write(f"{got}\\n")
+    """
+
+
+@pytest.mark.parametrize("mode, line", [("multiple", "[3, True, False]"), ("serialized", "[2, True, False]"),
+                                        ("nothreads", "[0, True, False]"), ("init", "[1, 1, True, False]")])
+def test_thread_level_and_main_thread_as_under_mpiexec(tmp_path, mode, line):
+    """A rank's Query_thread is the level it started MPI with (mpi4py.rc.thread_level, rc.threads, or what
+    Init_thread asked for, as MPICH provides it), and Is_thread_main is True on the rank's own thread only, as
+    on an MPI process's main thread (it was False there, and Query_thread THREAD_MULTIPLE whatever was asked)."""
+    script = tmp_path / "prog.py"
+    script.write_text(textwrap.dedent(_THREAD_LEVEL))
+    run = subprocess.run([sys.executable, "-m", "spmdsim.emulator.mpirun", "-n", "2", str(script), mode],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert run.stdout.splitlines() == [line, line], run.stderr
+    assert run.returncode == 0
+    if MPICH:
+        mpich = subprocess.run(["timeout", "-k", "5", "120", MPICH, "-n", "2", sys.executable, str(script), mode],
+                               capture_output=True, text=True)
+        assert mpich.stdout.count(line) == 2, (mpich.stdout, mpich.stderr[-2000:])
+
 def test_matched_probes(simulated2):
     for r, res in enumerate(simulated2):
         left = (r - 1) % 2

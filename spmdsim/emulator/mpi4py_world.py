@@ -8,9 +8,9 @@ While `swapped()` is active, the threads of simulated ranks see, on the
 Comm, Intracomm, Topocomm, Cartcomm, Graphcomm, Distgraphcomm, Request, Prequest, Group and Win as the simulated
 classes (File and Session refusing to be made: spmdsim.emulator.unsupported) (so
 ``MPI.Request.Waitall(reqs)`` and ``MPI.Comm.Compare(a, b)`` take simulated
-objects); Init, Init_thread, Finalize, Is_initialized and Is_finalized are the
+objects); Init, Init_thread, Finalize, Is_initialized, Is_finalized and Query_thread are the
 rank's own, as under mpiexec (`_Lifetime`: the real MPI stays initialized for the
-other ranks). Threads a rank starts are the rank's (spmdsim.emulator.rank_threads), and so are the
+other ranks), and Is_thread_main is True on the rank's own thread, as on a process's main thread. Threads a rank starts are the rank's (spmdsim.emulator.rank_threads), and so are the
 ``sys.stdout`` and ``sys.stderr`` it sets (spmdsim.emulator.rank_streams). Every
 other thread, and every other name, sees mpi4py as it is.
 It works by giving the module object a subclass of its type with those names
@@ -38,14 +38,14 @@ from ..runtime.process import release_segments_once
 from ..runtime.sim import p2p
 from .pkl5 import swapped_pkl5
 from .rank_streams import streams_of_ranks
-from .rank_threads import threads_of_ranks
+from .rank_threads import _is_rank_thread, threads_of_ranks
 
 __all__ = ["swapped", "SWAPPED"]
 
 #: The names of mpi4py.MPI that a simulated rank sees as its own.
 SWAPPED = ("COMM_WORLD", "COMM_SELF", "Comm", "Intracomm", "Topocomm", "Cartcomm", "Graphcomm", "Distgraphcomm",
            "Request", "Prequest", "Group", "Message", "REQUEST_NULL", "MESSAGE_NULL", "MESSAGE_NO_PROC", "Init",
-           "Init_thread", "Finalize", "Is_initialized", "Is_finalized", "Attach_buffer", "Detach_buffer",
+           "Init_thread", "Finalize", "Is_initialized", "Is_finalized", "Query_thread", "Is_thread_main", "Attach_buffer", "Detach_buffer",
            "Flush_buffer", "Iflush_buffer", "Win", "File", "Session")
 
 _BSEND_BUFFERS: dict = {}  # thread -> the buffer a simulated rank attached (its Bsend copies anyway)
@@ -83,6 +83,8 @@ def _simulated(name: str, state: Any) -> Any:
         return REQUEST_NULL
     if name in _Lifetime.CALLS:
         return getattr(_lifetime(state), name)
+    if name == "Is_thread_main":
+        return _is_rank_thread
     if name == "Attach_buffer":
         return _attach_buffer
     if name == "Detach_buffer":
@@ -99,15 +101,22 @@ class _Lifetime:
     ``mpi4py.rc.initialize`` is False when the rank first asks (then its Init or Init_thread does it).
     Init twice is MPI.Exception (ERR_OTHER, "Cannot call MPI_INIT or MPI_INIT_THREAD more than once"),
     as MPICH raises, and so is Init after Finalize (MPICH aborts the job); Finalize before Init or
-    twice raises what MPICH aborts with.
+    twice raises what MPICH aborts with. Its thread level (Query_thread) is mpi4py.rc's, as mpi4py asks for
+    it (THREAD_SINGLE with rc.threads False), or what Init_thread asked for (MPICH provides each level),
+    THREAD_SINGLE after Init.
     """
 
-    CALLS = ("Init", "Init_thread", "Finalize", "Is_initialized", "Is_finalized")
+    CALLS = ("Init", "Init_thread", "Finalize", "Is_initialized", "Is_finalized", "Query_thread")
+    LEVELS = ("single", "funneled", "serialized", "multiple")
 
     def __init__(self) -> None:
         import mpi4py
 
-        self.state = 0 if getattr(getattr(mpi4py, "rc", None), "initialize", True) is False else 1
+        rc = getattr(mpi4py, "rc", None)
+        self.state = 0 if getattr(rc, "initialize", True) is False else 1
+        level = getattr(rc, "thread_level", "multiple")  # (mpi4py warns of another value, and asks for multiple)
+        self.level = (0 if getattr(rc, "threads", True) is False else
+                      self.LEVELS.index(level) if level in self.LEVELS else 3)
 
     def _error(self, text: str) -> BaseException:
         mpi = real_module()
@@ -117,11 +126,16 @@ class _Lifetime:
         if self.state:
             raise self._error("Cannot call MPI_INIT or MPI_INIT_THREAD more than once"
                               + (" (this rank called MPI.Finalize)" if self.state == 2 else ""))
-        self.state = 1
+        self.state, self.level = 1, 0
 
     def Init_thread(self, required: int = None) -> int:  # noqa: N802
         self.Init()
-        return real("THREAD_MULTIPLE")  # what MPICH provides: threads of a rank may call MPI
+        levels = [real(f"THREAD_{name.upper()}") for name in self.LEVELS]
+        self.level = levels.index(required) if required in levels else 3  # MPICH provides what is asked
+        return levels[self.level]
+
+    def Query_thread(self) -> int:  # noqa: N802
+        return real(f"THREAD_{self.LEVELS[self.level].upper()}")
 
     def Finalize(self) -> None:  # noqa: N802
         if self.state != 1:
@@ -163,7 +177,7 @@ def _attach_buffer(buf: Any) -> None:
 #: The swapped names whose simulated value is the same for every rank (a class, a constant): found once.
 _SAME_FOR_EVERY_RANK = frozenset(("Comm", "Intracomm", "Topocomm", "Cartcomm", "Graphcomm", "Distgraphcomm", "Request",
                                   "Prequest", "Group", "Message", "REQUEST_NULL", "MESSAGE_NULL", "MESSAGE_NO_PROC",
-                                  "Attach_buffer", "Iflush_buffer"))
+                                  "Attach_buffer", "Iflush_buffer", "Is_thread_main"))
 
 
 def _property(name: str) -> property:
