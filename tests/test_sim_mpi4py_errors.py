@@ -105,6 +105,56 @@ def test_a_fatal_handler_ends_the_job(tmp_path, handler):
         assert "Invalid rank" in mpich.stderr or mpich.stderr.strip() == "", mpich.stderr
 
 
+_ABORT = """
+    import sys, threading, time
+    from mpi4py import MPI
+    import numpy as np
+
+    comm = MPI.COMM_WORLD
+    how = sys.argv[1]
+    if comm.rank == 1:
+        try:
+            if how == "thread":
+                thread = threading.Thread(target=comm.Abort, args=(4,))
+                thread.start()
+                thread.join()
+            elif how == "fatal":
+                comm.Set_errhandler(MPI.ERRORS_ARE_FATAL)
+                comm.Send(np.zeros(1), dest=comm.size + 3)
+            else:
+                comm.Abort(4)
+        except Exception as exc:
+            print("caught", type(exc).__name__, flush=True)
+    elif comm.rank == 0:
+        time.sleep(2)
+        print("slept", flush=True)
+    else:
+        start = time.monotonic()
+        while time.monotonic() < start + 3:
+            pass
+        print("computed", flush=True)
+    comm.Barrier()
+    print("after", comm.rank, flush=True)
+    """
+
+
+@pytest.mark.parametrize("how", ["abort", "thread", "fatal"])
+def test_abort_ends_every_rank_at_once_whatever_catches_it(tmp_path, how):
+    """MPI_Abort, from the rank or a thread it started, and an error under MPI.ERRORS_ARE_FATAL end the job at
+    once, as MPICH kills every process: the program's `except Exception` never runs, nor does a rank sleeping or
+    computing go on to print. The Abort was an Exception: caught, the program went on (exit 0); from a thread,
+    Python printed it and the ranks went on; ranks computing ran to their next MPI call, printing as they went."""
+    run = _run(tmp_path, _ABORT, how, simulated=True, n=3)
+    assert run.returncode == (6 if how == "fatal" else 4), run.stderr
+    assert run.stdout == "", run.stdout
+    if how == "fatal":
+        assert run.stderr.startswith("spmdsim mpirun: fatal error on simulated rank 1: "), run.stderr
+    else:
+        assert run.stderr == "spmdsim mpirun: simulated rank 1 called Abort(4) on the world: every rank was stopped\n"
+    if MPICH:
+        mpich = _run(tmp_path, _ABORT, how, simulated=False, n=3)
+        assert mpich.returncode == run.returncode and mpich.stdout == "", (mpich.stdout, mpich.stderr)
+
 def test_errors_return_raises(tmp_path):
     run = _run(tmp_path, _BAD_RANK, "return", simulated=True)
     assert run.returncode == 0 and run.stderr == ""

@@ -13,6 +13,7 @@ from ..runtime.sim._mpi import mpi_error, mpi_module
 from ..runtime.sim.engine import SimulationError
 from ..runtime.sim.requests import completed
 from .unsupported import not_simulated
+from .job_end import end_every_rank
 
 __all__ = ["CommLifetime"]
 
@@ -81,11 +82,12 @@ class CommLifetime:
             self.Free()
 
     def Abort(self, errorcode: int = 0) -> None:
-        """End every simulated rank (SimulationError, whose `abort_code` spmdsim mpirun exits with)."""
+        """End every simulated rank at once, never returning (job_end.end_every_rank): the run's failure is a
+        SimulationError, whose `abort_code` spmdsim mpirun exits with."""
         error = SimulationError(f"simulated rank {self.world_rank} called Abort({errorcode}) on "
                                 f"{self._group.label()}: every rank was stopped")
         error.abort_code = int(errorcode)
-        raise error
+        end_every_rank(error)
 
     def Attach_buffer(self, buf: Any) -> None:
         self._h.buffer = buf

@@ -35,6 +35,7 @@ from ..runtime.sim._mpi import mpi_error, mpi_module
 from .real import real
 from ..runtime.sim.engine import SimulationError
 from ..runtime.sim.report import _program_line
+from .job_end import end_every_rank
 
 __all__ = ["CommHandles", "SimErrhandler", "end_on_fatal_errors", "initial_errhandler"]
 
@@ -181,7 +182,7 @@ def _guarded(fn: Callable) -> Callable:
             eh = h.errhandler
             if eh is None or isinstance(eh, SimErrhandler) or eh == mpi.ERRORS_RETURN:
                 raise
-            raise _fatal(self, fn.__name__, exc) from None
+            end_every_rank(_fatal(self, fn.__name__, exc))
 
     call.ends_on_fatal = True
     return call
@@ -306,7 +307,7 @@ class CommHandles:
                                     f"(error code {errorcode}) on {self._group.label()}, whose error handler is "
                                     f"fatal: every rank was stopped")
             error.abort_code = int(errorcode) or 1
-            raise error
+            end_every_rank(error)
 
     errhandler = property(Get_errhandler, Set_errhandler)
 

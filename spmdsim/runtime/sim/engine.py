@@ -289,16 +289,17 @@ class World(Sleepers, RankThreads):
         an Allreduce) is reported as every rank's, not as the first one's. A failure of the caller's
         own (Ctrl-C, memory: rank -1) stops every rank.
         """
-        if group is None or -1 in self.failed or len(self.waiting) >= self.live:
-            return False
+        if group is None or -1 in self.failed or self.ends_run_at is not None or len(self.waiting) >= self.live:
+            return False  # (a failure that ends the run, MPI_Abort's: at once, as MPI kills every process)
         if time.monotonic() - self.failed_at > GO_ON_S:  # as MPI's guard, which aborts the job by then
             return False
         return not any(m in self.failed or m in self.finished for m in group.members)
 
     def sleep_ends(self) -> bool:
         """After a failure, whether a rank in time.sleep stops now (rank_sleep): at once on the caller's own
-        (Ctrl-C, memory: rank -1), else once GO_ON_S have passed, as a rank on its way to a collective goes on."""
-        return -1 in self.failed or time.monotonic() - self.failed_at > GO_ON_S
+        (Ctrl-C, memory: rank -1) or one that ends the run (MPI_Abort), else once GO_ON_S have passed, as a rank
+        on its way to a collective goes on."""
+        return -1 in self.failed or self.ends_run_at is not None or time.monotonic() - self.failed_at > GO_ON_S
 
     def wait(self, rank: int, what: _Waiting) -> None:
         """Block `rank` until another rank releases it; raise when nothing can release it, or, with the
