@@ -197,6 +197,21 @@ def test_sends_that_need_buffering_are_a_deadlock():
         simulate(2, body)
 
 
+def test_a_deadlock_the_program_catches_still_ends_the_run():
+    """A program whose `except Exception` caught the DeadlockError (a student's try around main) ended its ranks
+    normally: simulate returned, `spmdsim mpirun` exited 0 and the report was lost, where MPI hangs. The deadlock
+    is the run's failure now, reported as it is when not caught."""
+    def body():
+        comm = world()
+        try:
+            comm.Recv(np.zeros(2), source=1 - comm.rank)
+        except Exception as exc:  # noqa: BLE001 - what the program does
+            return type(exc).__name__
+        return "received"
+
+    with pytest.raises(DeadlockError, match=r"recv from group rank 1 \(any tag\) on the world: rank 0 waits"):
+        simulate(2, body)
+
 def test_eager_limit_sets_which_sends_are_buffered_and_0_buffers_none():
     """A standard Send under the world's eager limit completes at once; with limit 0 none does (MPI's test of a
     safe program), and 64-byte head-to-head Sends deadlock with the advice to stop relying on buffering."""

@@ -377,8 +377,11 @@ class World(Sleepers, RankThreads):
         return self.ends_run_at is not None and time.monotonic() - self.ends_run_at > LEFT_AFTER_S
 
     def finish(self, rank: int) -> None:
-        """Rank `rank` returned (or raised); if all the others wait, none of them can go on."""
+        """Rank `rank` returned (or raised); if all the others wait, none of them can go on. A rank that returns
+        after a deadlock (its program caught the DeadlockError) fails with it: the run ends so, as MPI hangs."""
         with self.lock:
+            if self.deadlock is not None and self.failure is None:
+                self._fail(rank, DeadlockError(self.deadlock))
             self.live -= 1
             self.finished.add(rank)
             self._vain.pop(rank, None)
