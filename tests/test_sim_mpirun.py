@@ -697,6 +697,21 @@ def test_a_rank_that_failed_before_ctrl_c_is_still_named(tmp_path):
         "spmdsim mpirun: rank 0 had failed at busy.py:4: RuntimeError: bad config on rank 0"], run.stderr
 
 
+def test_a_keyboardinterrupt_the_program_raises_is_its_error_not_ctrl_c(tmp_path):
+    """`raise KeyboardInterrupt` on rank 1 is the program's error, reported with its traceback and Python's exit
+    status, 130, as `mpiexec -n 4 python -m mpi4py prog.py` prints it; the run said "interrupted (Ctrl-C)",
+    which no one pressed."""
+    prog = tmp_path / "kbd.py"
+    prog.write_text("from mpi4py import MPI\nif MPI.COMM_WORLD.rank == 1:\n    raise KeyboardInterrupt\n"
+                    "MPI.COMM_WORLD.Barrier()\n")
+    run = subprocess.run([sys.executable, "-m", "spmdsim", "mpirun", "-n", "3", "python", str(prog)],
+                         capture_output=True, text=True, timeout=120)
+    err = run.stderr
+    assert run.returncode == 130, err
+    assert err.startswith("spmdsim mpirun: error on simulated rank 1: KeyboardInterrupt"), err
+    assert 'kbd.py", line 3, in <module>' in err and "Ctrl-C" not in err, err
+
+
 def test_a_failure_the_other_ranks_have_not_met_is_said_within_seconds(tmp_path):
     """Rank 0 raises while the others are outside MPI for 3.5 s: its failure is said after
     FailureNotice.SOON (2 s), before their next MPI call ends the run and the report follows."""

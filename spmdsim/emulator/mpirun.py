@@ -46,7 +46,7 @@ from ..runtime.mpi_library import MPILibraryError, load_mpi
 from ..base.malloc import keep_freed_buffers_unless_set
 from ..base.output import quiet_stdout
 from ..base.typed_numbers import byte_count
-from .mpirun_report import FailureNotice, _NotRunnable, _report, failed_before, program_hook
+from .mpirun_report import FailureNotice, _NotRunnable, _report, failed_before, interrupted, program_hook
 from .mpirun_target import _main_spec, _target
 from .rank_streams import StdinOfRankZero
 
@@ -294,10 +294,8 @@ def run(n: int, command: Sequence[str], eager_limit: Optional[int] = None) -> in
     except BrokenPipeError:  # stdout closed early (`| head`): stop quietly, as a shell tool does on SIGPIPE
         quiet_stdout()
         return 141
-    except KeyboardInterrupt:
-        print("spmdsim mpirun: interrupted (Ctrl-C): the simulated ranks were stopped", file=sys.stderr)
-        failed_before(failures)
-        return _stopped(130)
+    except KeyboardInterrupt as exc:  # Ctrl-C (said, then stopped), or a rank's program raised it: its report
+        return interrupted(exc, exits, n, failures) or _stopped(130)
     except BaseException as exc:  # noqa: BLE001 - reported as mpiexec reports a failed rank
         return _report(exc, exits, n)
     finally:

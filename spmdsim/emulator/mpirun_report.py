@@ -202,6 +202,19 @@ def _program_frames(exc: BaseException, trim_emulator: bool) -> list:
     return [f for f in kept if not f.filename.startswith("<frozen importlib") and f.filename != loader]
 
 
+def interrupted(exc: KeyboardInterrupt, exits: dict, n: int, failures: list) -> int:
+    """A KeyboardInterrupt that ended the run: one a rank's program raised (no one pressed Ctrl-C) is its error,
+    reported as any other, with Python's exit status for it, 130, as under ``mpiexec ... python -m mpi4py``
+    (return 130); Ctrl-C is said in one line, with the ranks that had failed before it (return 0: the caller
+    stops the ranks)."""
+    if getattr(exc, "simulated_ranks", ()):
+        _report(exc, exits, n)
+        return 130
+    print("spmdsim mpirun: interrupted (Ctrl-C): the simulated ranks were stopped", file=sys.stderr)
+    failed_before(failures)
+    return 0
+
+
 def failed_before(failures: list) -> None:
     """A line for each rank whose program had raised when a signal stopped the run (the others, computing
     outside MPI, had not met the failure yet: its report, made when they do, never came), with its line."""
