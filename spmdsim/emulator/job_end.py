@@ -34,9 +34,9 @@ def end_every_rank(error: BaseException) -> NoReturn:
 
 def _stack(frame: Optional[types.FrameType]) -> Optional[types.TracebackType]:
     """A traceback of `frame` and the frames that called it, outermost first, as an exception raised in `frame`
-    and caught where the thread started has."""
+    and caught where the thread started has (without threading's own frames, which start it)."""
     tb = None
-    while frame is not None:
+    while frame is not None and frame.f_globals.get("__name__") != "threading":
         tb = types.TracebackType(tb, frame, frame.f_lasti, frame.f_lineno)
         frame = frame.f_back
     return tb
