@@ -90,7 +90,8 @@ def _report(exc: BaseException, exits: dict, n: int) -> int:
         name = as_mpi4py
     shown = "" if getattr(exc, "spmdsim_hooked", False) else detail  # (the program's sys.excepthook showed it)
     text = exception_text(exc)  # (a program's class whose __str__ raises)
-    print(f"spmdsim mpirun: error on {where}: {name}: {text}\n{shown}", file=sys.stderr, end="")
+    head = f"{name}: {text}" if text else name  # (`raise KeyboardInterrupt`: its name alone, as Python says it)
+    print(f"spmdsim mpirun: error on {where}: {head}\n{shown}", file=sys.stderr, end="")
     if isinstance(exc, TypeError) and text.startswith(REAL_COMM_ONLY):
         print(fold_message(REAL_COMM_HINT), file=sys.stderr)
     for line in _others(exc):
