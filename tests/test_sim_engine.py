@@ -212,6 +212,24 @@ def test_a_deadlock_the_program_catches_still_ends_the_run():
     with pytest.raises(DeadlockError, match=r"recv from group rank 1 \(any tag\) on the world: rank 0 waits"):
         simulate(2, body)
 
+
+def test_collectives_that_diverge_end_the_run_though_the_program_catches_them():
+    """Rank 0 broadcasts where rank 1 meets a barrier (MPI hangs): caught by the program, the error was lost and
+    simulate returned; it is the run's failure now, as a deadlock the program catches is."""
+    def body():
+        comm = world()
+        try:
+            if comm.rank == 0:
+                comm.bcast(1, root=0)
+            else:
+                comm.Barrier()
+        except Exception as exc:  # noqa: BLE001 - what the program does
+            return type(exc).__name__
+        return "met"
+
+    with pytest.raises(RuntimeMismatchError, match="collectives diverge on the world"):
+        simulate(2, body)
+
 def test_eager_limit_sets_which_sends_are_buffered_and_0_buffers_none():
     """A standard Send under the world's eager limit completes at once; with limit 0 none does (MPI's test of a
     safe program), and 64-byte head-to-head Sends deadlock with the advice to stop relying on buffering."""

@@ -125,6 +125,7 @@ class World(Sleepers, RankThreads):
         # when a failure that ends the run came (spmdsim.emulator.unsupported.not_simulated): `given_up`
         self.ends_run_at: Optional[float] = None
         self.deadlock: Optional[str] = None
+        self.mismatch: Optional[str] = None  # the first collectives that diverged (groups.Group._mismatch)
         # Whether a rank may have the watchdog on (SPMDSIM_WATCHDOG, or configure() on a rank: Hooks.world):
         # `wait` then reads the waiting rank's setting; False, as most runs, it reads nothing
         self.watched = False
@@ -378,10 +379,12 @@ class World(Sleepers, RankThreads):
 
     def finish(self, rank: int) -> None:
         """Rank `rank` returned (or raised); if all the others wait, none of them can go on. A rank that returns
-        after a deadlock (its program caught the DeadlockError) fails with it: the run ends so, as MPI hangs."""
+        after a deadlock or diverging collectives (its program caught the error) fails with it: the run ends so,
+        as MPI hangs there."""
         with self.lock:
-            if self.deadlock is not None and self.failure is None:
-                self._fail(rank, DeadlockError(self.deadlock))
+            ended = self.deadlock or self.mismatch
+            if ended is not None and self.failure is None:
+                self._fail(rank, (DeadlockError if self.deadlock else RuntimeMismatchError)(ended))
             self.live -= 1
             self.finished.add(rank)
             self._vain.pop(rank, None)

@@ -222,9 +222,11 @@ class Group:
             return None
         (a, one), (b, other) = sorted([(self.members[me], mine), (self.members[first], theirs)],
                                       key=lambda pair: pair[0])
-        return (f"collectives diverge on {self.label()} (call {seq} on that communicator): "
+        text = (f"collectives diverge on {self.label()} (call {seq} on that communicator): "
                 f"rank {a} calls {one.describe()} but rank {b} calls {other.describe()}"
                 f"{program_lines(self.world, [a, b])}")
+        self.world.mismatch = self.world.mismatch or text  # (World.finish: caught, it still ends the run)
+        return text
 
 
 class AllOf:
