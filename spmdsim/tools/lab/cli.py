@@ -22,6 +22,7 @@ from ...base.validate import counted
 from ..cli.paths import check_output_file
 from .exercise import EXERCISES, Exercise, LabError, find_exercise, load_exercises
 from .shown import file_name, shortened, shortened_apart
+from .submissions import submissions
 
 __all__ = ["register"]
 
@@ -209,7 +210,7 @@ def _grade(args: argparse.Namespace) -> int:
         raise LabError(f"--jobs {args.jobs!r} is out of range; expected 1 to {MOST_JOBS:,}")
     _writable(args.csv, args.dir)
     limits = _limits(args, max(exercise.ranks))
-    files = _submissions(args.dir, f"{exercise.name}.py")  # (says what it leaves out: once the options are good)
+    files = submissions(args.dir, f"{exercise.name}.py")  # (says what it leaves out: once the options are good)
     _mpi_module_loads()
     limit = exercise.time_limit if limits["time_limit"] is None else limits["time_limit"]
     print(f"grading {counted(len(files), 'submission')} of exercise {exercise.number}, "
@@ -327,48 +328,6 @@ def _starter_number(path: str) -> Optional[str]:
 def _course(args: argparse.Namespace) -> str:
     """The --exercises flag to repeat in a command said back: "" for the exercises spmdsim ships."""
     return "" if args.exercises == EXERCISES else f" --exercises {shlex.quote(args.exercises)}"
-
-
-def _submissions(folder: str, starter: str) -> list:
-    """The submissions of `folder`: its .py files, and of each folder in it (a learning platform's download,
-    one folder per student) its one .py file, or the one named `starter` (the file `lab start` writes), sorted;
-    hidden ones (the ._name.py files a zip made on macOS carries) left out. Each entry left out is named on
-    stderr (a folder with its "/" and why); refused in one line when there is none."""
-    if not os.path.isdir(folder):
-        raise LabError(f"submission folder {folder!r} does not exist")
-    names = sorted(os.listdir(folder))
-    files, skipped = [], []
-    for name in names:
-        path = os.path.join(folder, name)
-        if os.path.isdir(path) and not name.startswith("."):
-            found = _python_files(path)
-            pick = found[0] if len(found) == 1 else starter if starter in found else None
-            if pick is None:
-                why = f"{len(found)} .py files, none named {starter}" if found else "no .py file"
-                skipped.append(f"{file_name(name)}/ ({why})")
-            else:
-                files.append(os.path.join(path, pick))
-        elif _a_submission(folder, name):
-            files.append(path)
-        else:
-            skipped.append(file_name(name) + ("/" if os.path.isdir(path) else ""))
-    if skipped:
-        shown = ", ".join(skipped[:8]) + (f" and {len(skipped) - 8} more" if len(skipped) > 8 else "")
-        print(f"not graded (not a .py file, or hidden): {shown}", file=sys.stderr)
-    if not files:
-        raise LabError(f"submission folder {folder!r} holds no .py file, and no folder holding one; expected one "
-                       "file per student, side by side in DIR (alice.py, bob.py) or each in its own folder")
-    return files
-
-
-def _python_files(folder: str) -> list:
-    """The names of `folder`'s submission files (`_a_submission`), sorted."""
-    return sorted(f for f in os.listdir(folder) if _a_submission(folder, f))
-
-
-def _a_submission(folder: str, name: str) -> bool:
-    """Whether `folder`'s entry `name` is a .py file that is not hidden (a folder named x.py is none)."""
-    return name.endswith(".py") and not name.startswith(".") and os.path.isfile(os.path.join(folder, name))
 
 
 def _writable(path: str, folder: str) -> None:
