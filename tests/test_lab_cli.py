@@ -222,14 +222,19 @@ def test_grade_names_what_it_leaves_out_shows_progress_and_says_why_odd_files_fa
         (folder / name).write_bytes(data)
     (folder / "._right.py").write_bytes(b"\x00\x05\x16\x07")  # a zip's macOS companion file: hidden
     (folder / "notes.txt").write_text("not code")
-    (folder / "old.py").mkdir()  # a folder named like a submission: listed, not a FAIL row "Is a directory"
+    (folder / "old.py").mkdir()  # a folder named like a submission: a student's, not a FAIL row "Is a directory"
+    (folder / "__pycache__").mkdir()  # Python's, beside files it ran: no student's
     book = tmp_path / "grades.csv"
     assert main(["lab", "grade", "1", str(folder), "--csv", str(book), "--exercises", tiny]) == 0
     err = capsys.readouterr().err
-    assert "not graded (not a .py file, or hidden): ._right.py, notes.txt, old.py/" in err
+    assert "left out (not a .py file, or hidden): ._right.py, __pycache__/, notes.txt\n" in err, err
     assert "grading 5 submissions of exercise 1, 2 at a time, each stopped 10 s after its first case" in err
-    assert err.count(" of 5: ") == 5 and re.search(r"\n0 of 5 submissions pass \(\d+\.\d s\); grade book: ", err), err
-    for row in csv.DictReader(book.open()):
+    assert err.count(" of 5: ") == 5 and re.search(r"\n0 of 6 submissions pass, 1 not graded \(\d+\.\d s\); "
+                                                    "grade book: ", err), err
+    rows = list(csv.DictReader(book.open()))
+    assert [row["file"] for row in rows] == ["asks.py", "binary.py", "close.py", "empty.py", "latin1.py", "old.py/"]
+    assert list(rows[-1].values()) == ["old.py/", "NOT GRADED", "", "", "no .py file", ""], rows[-1]
+    for row in rows[:-1]:
         assert ODD[row["file"]][1] in row["reason"], row
 
 
@@ -254,7 +259,7 @@ def test_a_limit_the_grader_cannot_run_with_is_refused_before_any_submission(tin
         book = [] if extra[0] == "--csv" else ["--csv", str(tmp_path / "g.csv")]
         assert main(argv + book + extra) == 2, extra
         err = capsys.readouterr().err
-        assert words in " ".join(err.split()) and "grading" not in err and "not graded" not in err, err
+        assert words in " ".join(err.split()) and "grading" not in err and "left out" not in err, err
     assert main(["lab", "check", "1", str(tmp_path / "s" / "right.py"), "--exercises", tiny, "--mpiexec",
                  "--memory-mb", "512"]) == 2
     assert "--memory-mb limits simulated ranks only" in capsys.readouterr().err
@@ -384,8 +389,9 @@ def test_a_submission_printing_megabytes_is_said_to_print_not_called_slow(tiny, 
 
 def test_a_folder_of_student_folders_is_graded_each_under_its_name(tiny, tmp_path, capsys):
     """A learning platform's download, one folder per student, was refused ('its 2 folders are not searched'):
-    each folder's one .py file, or the one named as the starter, is graded under the folder's name; a folder
-    with none, or with several and none the starter's, is said left out, and why."""
+    each folder's one .py file, or the one named as the starter, is graded under the folder's name. A folder
+    with none, or with several and none the starter's, was named on stderr alone, and a reader of the grade
+    book missed that student: it is a row of its own, NOT GRADED, saying why, and counted."""
     lms = tmp_path / "lms"
     for student, files in (("alice", {"double.py": "right.py"}), ("bob", {"x.py": "right.py", "double.py": "wrong.py"}),
                            ("carol", {}), ("dave", {"a.py": "right.py", "b.py": "right.py"})):
@@ -395,15 +401,28 @@ def test_a_folder_of_student_folders_is_graded_each_under_its_name(tiny, tmp_pat
     (lms / "eve.py").write_text(SUBMISSIONS["right.py"])
     book = tmp_path / "g.csv"
     assert main(["lab", "grade", "1", str(lms), "--csv", str(book), "--exercises", tiny]) == 0
-    err = " ".join(capsys.readouterr().err.split())
-    assert "not graded (not a .py file, or hidden): carol/ (no .py file), dave/ (2 .py files, none named " \
-        "double.py)" in err, err
-    rows = [line.split(",")[:2] for line in book.read_text().splitlines()[1:]]
-    assert rows == [["alice/double.py", "PASS"], ["bob/double.py", "FAIL"], ["eve.py", "PASS"]], rows
+    said = capsys.readouterr()
+    assert "left out" not in said.err and "\n2 of 5 submissions pass, 2 not graded (" in said.err, said.err
+    rows = [row[:6] for row in csv.reader(book.open())][1:]
+    assert [row[:2] for row in rows] == [["alice/double.py", "PASS"], ["bob/double.py", "FAIL"],
+                                         ["carol/", "NOT GRADED"], ["dave/", "NOT GRADED"], ["eve.py", "PASS"]], rows
+    assert rows[2][2:] == ["", "", "no .py file", ""], rows
+    assert rows[3][2:] == ["", "", "2 .py files (a.py, b.py), none named double.py", ""], rows
+    table = said.out.splitlines()
+    assert table[2:4] == ["carol/           NOT GRADED   -/-   no .py file",
+                          "dave/            NOT GRADED   -/-   2 .py files (a.py, b.py), none named double.py"], table
+    assert table[0] == "alice/double.py  PASS         2/2   ", table
     (lms / "eve.py").unlink()
     for student in ("alice", "bob"):
         for f in (lms / student).iterdir():
             f.unlink()
+    assert main(["lab", "grade", "1", str(lms), "--csv", str(book), "--exercises", tiny]) == 2
+    assert f"submission folder '{lms}' holds no .py file to grade: alice/ (no .py file), bob/ (no .py file), " \
+        "carol/ (no .py file), dave/ (2 .py files (a.py, b.py), none named double.py); expected one file per " \
+        "student, side by side in DIR (alice.py, bob.py) or each in its own folder, named double.py where it " \
+        "holds several" in " ".join(capsys.readouterr().err.split())
+    for student in ("alice", "bob", "carol", "dave"):
+        (lms / student).rename(tmp_path / student)
     assert main(["lab", "grade", "1", str(lms), "--csv", str(book), "--exercises", tiny]) == 2
     assert f"submission folder '{lms}' holds no .py file, and no folder holding one; expected one file per " \
         "student, side by side in DIR (alice.py, bob.py) or each in its own folder" in \

@@ -137,6 +137,9 @@ MOST_MEMORY_MB = 1 << 20
 #: The most columns a file name takes in a grade's table (of 100): a longer one is shortened in its middle, so
 #: that the verdict and the reason after it stay in view (the grade book has it whole).
 NAME_COLUMNS = 48
+#: The verdict of a student's row with no file to check (the reason says why: "no .py file"); no case ran, so
+#: its passed, cases and seconds are left empty.
+NOT_GRADED = "NOT GRADED"
 #: The most --jobs taken: each is a process of its own, and more at once would fork-bomb the machine.
 MOST_JOBS = 1024
 
@@ -210,7 +213,8 @@ def _grade(args: argparse.Namespace) -> int:
         raise LabError(f"--jobs {args.jobs!r} is out of range; expected 1 to {MOST_JOBS:,}")
     _writable(args.csv, args.dir)
     limits = _limits(args, max(exercise.ranks))
-    files = submissions(args.dir, f"{exercise.name}.py")  # (says what it leaves out: once the options are good)
+    entries = submissions(args.dir, f"{exercise.name}.py")  # (says what it leaves out: once the options are good)
+    files = [entry for entry in entries if isinstance(entry, str)]  # (the others: students not graded, and why)
     _mpi_module_loads()
     limit = exercise.time_limit if limits["time_limit"] is None else limits["time_limit"]
     print(f"grading {counted(len(files), 'submission')} of exercise {exercise.number}, "
@@ -237,18 +241,21 @@ def _grade(args: argparse.Namespace) -> int:
             print(f"stopped after {len(done)} of {len(files)} submissions: {args.csv} not written",
                   file=sys.stderr)
             raise
-    rows = [done[path] for path in files]
+    rows = [done[entry] if isinstance(entry, str) else (entry.label, NOT_GRADED, "", "", entry.reason, "")
+            for entry in entries]
     width = min(NAME_COLUMNS, max(len(row[0]) for row in rows))
+    wide = max(len(row[1]) for row in rows)  # (the verdicts' column: NOT GRADED beside PASS)
     for row, name in zip(rows, shortened_apart([row[0] for row in rows], width)):  # (first: before the grade book)
-        line = f"{name:<{width}}  {row[1]:<4}  {row[2]:>2}/{row[3]:<2}  {row[4]}"
+        counts = f"{row[2]:>2}/{row[3]:<2}" if row[1] != NOT_GRADED else " -/- "
+        line = f"{name:<{width}}  {row[1]:<{wide}}  {counts}  {row[4]}"
         print(line if len(line) <= 100 else line[:97] + "...")
     with open(args.csv, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(CSV_HEADER)
         writer.writerows(rows)
-    passed = sum(row[1] == "PASS" for row in rows)
-    print(f"{passed} of {len(rows)} submissions pass ({time.monotonic() - began:.1f} s); grade book: "
-          f"{args.csv}", file=sys.stderr)
+    passed, unread = (sum(row[1] == word for row in rows) for word in ("PASS", NOT_GRADED))
+    print(f"{passed} of {len(rows)} submissions pass{f', {unread} not graded' if unread else ''} "
+          f"({time.monotonic() - began:.1f} s); grade book: {args.csv}", file=sys.stderr)
     return 0
 
 

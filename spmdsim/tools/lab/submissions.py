@@ -1,45 +1,71 @@
-"""The submissions `lab grade` finds in a folder: .py files side by side, or one folder per student."""
+"""The submissions `lab grade` finds in a folder: .py files side by side, or one folder per student; and the
+students it cannot grade, each with why (a row of the grade book, so that a reader of the book sees them)."""
 from __future__ import annotations
 
 import os
 import sys
+from typing import NamedTuple
 
 from .exercise import LabError
 from .shown import file_name
 
-__all__ = ["submissions"]
+__all__ = ["NotGraded", "submissions"]
+
+#: Entries of a submission folder that are no student's: a folder Python writes beside the files it runs.
+NO_STUDENT = ("__pycache__",)
+
+
+class NotGraded(NamedTuple):
+    """A student `lab grade` finds no file of to check: `label` as the grade book names it (`carol/`), `reason`
+    why ("no .py file")."""
+    label: str
+    reason: str
 
 
 def submissions(folder: str, starter: str) -> list:
-    """The submissions of `folder`: its .py files, and of each folder in it (a learning platform's download,
-    one folder per student) its one .py file, or the one named `starter` (the file `lab start` writes), sorted;
-    hidden ones (the ._name.py files a zip made on macOS carries) left out. Each entry left out is named on
-    stderr (a folder with its "/" and why); refused in one line when there is none."""
+    """The submissions of `folder`, sorted: each a path to check, or a NotGraded. Its .py files, and of each
+    folder in it (a learning platform's download, one folder per student) its one .py file, or the one named
+    `starter` (the file `lab start` writes); a folder with none, or several and none the starter, is a
+    NotGraded. Hidden entries (the ._name.py files a zip made on macOS carries) and other files are named on
+    stderr as left out; refused in one line when there is no file to check."""
     if not os.path.isdir(folder):
         raise LabError(f"submission folder {folder!r} does not exist")
-    names = sorted(os.listdir(folder))
-    files, skipped = [], []
-    for name in names:
+    entries, skipped = [], []
+    for name in sorted(os.listdir(folder)):
         path = os.path.join(folder, name)
-        if os.path.isdir(path) and not name.startswith("."):
-            found = _python_files(path)
-            pick = found[0] if len(found) == 1 else starter if starter in found else None
-            if pick is None:
-                why = f"{len(found)} .py files, none named {starter}" if found else "no .py file"
-                skipped.append(f"{file_name(name)}/ ({why})")
-            else:
-                files.append(os.path.join(path, pick))
+        if os.path.isdir(path) and not name.startswith(".") and name not in NO_STUDENT:
+            entries.append(_student(path, file_name(name), starter))
         elif _a_submission(folder, name):
-            files.append(path)
+            entries.append(path)
         else:
             skipped.append(file_name(name) + ("/" if os.path.isdir(path) else ""))
     if skipped:
-        shown = ", ".join(skipped[:8]) + (f" and {len(skipped) - 8} more" if len(skipped) > 8 else "")
-        print(f"not graded (not a .py file, or hidden): {shown}", file=sys.stderr)
-    if not files:
-        raise LabError(f"submission folder {folder!r} holds no .py file, and no folder holding one; expected one "
-                       "file per student, side by side in DIR (alice.py, bob.py) or each in its own folder")
-    return files
+        print(f"left out (not a .py file, or hidden): {_listed(skipped)}", file=sys.stderr)
+    if not any(isinstance(entry, str) for entry in entries):
+        unread = [f"{entry.label} ({entry.reason})" for entry in entries]
+        raise LabError(f"submission folder {folder!r} holds no .py file" + (
+            f" to grade: {_listed(unread)}" if unread else ", and no folder holding one") +
+            "; expected one file per student, side by side in DIR (alice.py, bob.py) or each in its own folder" +
+            (f", named {starter} where it holds several" if unread else ""))
+    return entries
+
+
+def _student(path: str, name: str, starter: str) -> object:
+    """A student's folder `path` (`name`, as said): the path of its one .py file, or of the one named `starter`;
+    else a NotGraded saying why."""
+    found = _python_files(path)
+    pick = found[0] if len(found) == 1 else starter if starter in found else None
+    if pick is not None:
+        return os.path.join(path, pick)
+    if found:
+        shown = _listed([file_name(f) for f in found], 4)
+        return NotGraded(f"{name}/", f"{len(found)} .py files ({shown}), none named {starter}")
+    return NotGraded(f"{name}/", "no .py file")
+
+
+def _listed(names: list, most: int = 8) -> str:
+    """`names` joined by commas, the first `most` of them and how many more."""
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def _python_files(folder: str) -> list:
