@@ -93,6 +93,27 @@ def test_two_long_names_that_differ_in_their_middle_are_told_apart_in_the_table(
                                                     ["...-Johnson_102_assignsubmission_file_/double.py", "PASS"]]
     assert [row["file"] for row in csv.DictReader((course / "g.csv").open())] == [f"{n}/double.py" for n in names]
 
+def test_a_link_to_a_file_that_does_not_exist_is_a_row_naming_its_target(course, capsys):
+    """A broken link alice.py (the file it named moved away) was listed on stderr as 'not a .py file, or
+    hidden', with no row: it is a NOT GRADED row saying what it is, in a student's folder too."""
+    (course / "s" / "bob").mkdir(parents=True)
+    (course / "s" / "ok.py").write_text(SUBMISSIONS["right.py"])
+    os.symlink("/gone/alice.py", course / "s" / "alice.py")
+    os.symlink("../../old/double.py", course / "s" / "bob" / "double.py")
+    os.symlink("/gone/notes.txt", course / "s" / "notes.txt")
+    assert main(["lab", "grade", "1", "s", "--csv", "g.csv", "--exercises", "course"]) == 0
+    said = capsys.readouterr()
+    assert "left out (not a .py file, or hidden): notes.txt (a link to '/gone/notes.txt', which does not " \
+        "exist)\n" in said.err, said.err
+    assert "\n1 of 3 submissions pass, 2 not graded (" in said.err, said.err
+    rows = [row for row in csv.reader((course / "g.csv").open())][1:]
+    assert rows[:2] == [["alice.py", "NOT GRADED", "", "", "a link to '/gone/alice.py', which does not exist", ""],
+                        ["bob/double.py", "NOT GRADED", "", "", "a link to '../../old/double.py', which does not "
+                         "exist", ""]], rows
+    assert said.out.splitlines()[0] == "alice.py       NOT GRADED   -/-   a link to '/gone/alice.py', which does " \
+        "not exist", said.out
+
+
 def test_a_message_a_terminal_cannot_print_is_said_escaped(course):
     """A ValueError whose message holds a lone surrogate ended the check with UnicodeEncodeError's traceback."""
     (course / "odd.py").write_text('def double(comm, x):\n    raise ValueError("bad \\ud800 char")\n')

@@ -7,7 +7,7 @@ import sys
 from typing import NamedTuple
 
 from .exercise import LabError
-from .shown import file_name
+from .shown import file_name, printable
 
 __all__ = ["NotGraded", "submissions"]
 
@@ -37,8 +37,11 @@ def submissions(folder: str, starter: str) -> list:
             entries.append(_student(path, file_name(name), starter))
         elif _a_submission(folder, name):
             entries.append(path)
+        elif _a_python_name(name) and _dangling(path):  # (a student's file: a row saying what it is)
+            entries.append(NotGraded(file_name(name), _dangling(path)))
         else:
-            skipped.append(file_name(name) + ("/" if os.path.isdir(path) else ""))
+            why = f" ({_dangling(path)})" if _dangling(path) else ""
+            skipped.append(file_name(name) + ("/" if os.path.isdir(path) else "") + why)
     if skipped:
         print(f"left out (not a .py file, or hidden): {_listed(skipped)}", file=sys.stderr)
     if not any(isinstance(entry, str) for entry in entries):
@@ -57,10 +60,15 @@ def _student(path: str, name: str, starter: str) -> object:
     pick = found[0] if len(found) == 1 else starter if starter in found else None
     if pick is not None:
         return os.path.join(path, pick)
+    links = sorted(f for f in os.listdir(path) if _a_python_name(f) and _dangling(os.path.join(path, f)))
+    link = starter if starter in links else links[0] if len(links) == 1 and not found else None
+    if link is not None:  # the file it would grade: a link to none
+        return NotGraded(f"{name}/{file_name(link)}", _dangling(os.path.join(path, link)))
     if found:
         shown = _listed([file_name(f) for f in found], 4)
         return NotGraded(f"{name}/", f"{len(found)} .py files ({shown}), none named {starter}")
-    return NotGraded(f"{name}/", "no .py file")
+    return NotGraded(f"{name}/", "no .py file" + (
+        f" ({_listed([file_name(f) for f in links], 4)}: links to files that do not exist)" if links else ""))
 
 
 def _listed(names: list, most: int = 8) -> str:
@@ -75,4 +83,22 @@ def _python_files(folder: str) -> list:
 
 def _a_submission(folder: str, name: str) -> bool:
     """Whether `folder`'s entry `name` is a .py file that is not hidden (a folder named x.py is none)."""
-    return name.endswith(".py") and not name.startswith(".") and os.path.isfile(os.path.join(folder, name))
+    return _a_python_name(name) and os.path.isfile(os.path.join(folder, name))
+
+
+def _a_python_name(name: str) -> bool:
+    return name.endswith(".py") and not name.startswith(".")
+
+
+def _dangling(path: str) -> str:
+    """What `path` is where it is a link that leads to no file (its target named), else ""."""
+    if not os.path.islink(path) or os.path.exists(path):
+        return ""
+    target = "".join(c if c.isprintable() else repr(c)[1:-1] for c in printable(os.readlink(path)))
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        return f"a link to '{target}', which does not exist"
+    except OSError as exc:  # (a loop of links, a folder it may not enter)
+        return f"a link to '{target}', which cannot be followed: {exc.strerror or exc}"
+    return f"a link to '{target}'"
