@@ -113,8 +113,13 @@ def test_grade_gives_each_submission_of_a_mixed_folder_its_row(tiny, tmp_path, c
         verdict, passed, words = EXPECTED[row["file"]]
         assert (row["verdict"], int(row["passed"]), int(row["cases"])) == (verdict, passed, 2), row
         assert words in row["reason"], row
-    out = capsys.readouterr().out.splitlines()
-    assert len(out) == len(SUBMISSIONS) and all(len(line) <= 100 for line in out)
+    said = capsys.readouterr()
+    out = said.out.splitlines()
+    assert len(out) == len(SUBMISSIONS) + 1 and all(len(line) <= 100 for line in out)
+    # the count that pass ends the table, on stdout: `grade ... > table.txt` kept the table without it
+    assert out[-1] == "1 of 8 submissions pass", out
+    assert re.search(r"\ngraded in \d+\.\d s; grade book: \S*grades.csv\n$", said.err) and "pass" not in \
+        said.err.splitlines()[-1], said.err
 
 
 def test_check_names_the_rank_counts_that_fail(tiny, tmp_path, capsys):
@@ -226,11 +231,12 @@ def test_grade_names_what_it_leaves_out_shows_progress_and_says_why_odd_files_fa
     (folder / "__pycache__").mkdir()  # Python's, beside files it ran: no student's
     book = tmp_path / "grades.csv"
     assert main(["lab", "grade", "1", str(folder), "--csv", str(book), "--exercises", tiny]) == 0
-    err = capsys.readouterr().err
+    said = capsys.readouterr()
+    err = said.err
     assert "left out (not a .py file, or hidden): ._right.py, __pycache__/, notes.txt\n" in err, err
     assert "grading 5 submissions of exercise 1, 2 at a time, each stopped 10 s after its first case" in err
-    assert err.count(" of 5: ") == 5 and re.search(r"\n0 of 6 submissions pass, 1 not graded \(\d+\.\d s\); "
-                                                    "grade book: ", err), err
+    assert err.count(" of 5: ") == 5 and re.search(r"\ngraded in \d+\.\d s; grade book: ", err), err
+    assert said.out.splitlines()[-1] == "0 of 6 submissions pass, 1 not graded", said.out
     rows = list(csv.DictReader(book.open()))
     assert [row["file"] for row in rows] == ["asks.py", "binary.py", "close.py", "empty.py", "latin1.py", "old.py/"]
     assert list(rows[-1].values()) == ["old.py/", "NOT GRADED", "", "", "no .py file", ""], rows[-1]
@@ -402,7 +408,7 @@ def test_a_folder_of_student_folders_is_graded_each_under_its_name(tiny, tmp_pat
     book = tmp_path / "g.csv"
     assert main(["lab", "grade", "1", str(lms), "--csv", str(book), "--exercises", tiny]) == 0
     said = capsys.readouterr()
-    assert "left out" not in said.err and "\n2 of 5 submissions pass, 2 not graded (" in said.err, said.err
+    assert "left out" not in said.err and said.out.endswith("\n2 of 5 submissions pass, 2 not graded\n"), said
     rows = [row[:6] for row in csv.reader(book.open())][1:]
     assert [row[:2] for row in rows] == [["alice/double.py", "PASS"], ["bob/double.py", "FAIL"],
                                          ["carol/", "NOT GRADED"], ["dave/", "NOT GRADED"], ["eve.py", "PASS"]], rows

@@ -249,13 +249,13 @@ def _grade(args: argparse.Namespace) -> int:
         counts = f"{row[2]:>2}/{row[3]:<2}" if row[1] != NOT_GRADED else " -/- "
         line = f"{name:<{width}}  {row[1]:<{wide}}  {counts}  {row[4]}"
         print(line if len(line) <= 100 else line[:97] + "...")
+    passed, unread = (sum(row[1] == word for row in rows) for word in ("PASS", NOT_GRADED))
+    print(f"{passed} of {len(rows)} submissions pass" + (f", {unread} not graded" if unread else ""))  # (the table's)
     with open(args.csv, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(CSV_HEADER)
         writer.writerows(rows)
-    passed, unread = (sum(row[1] == word for row in rows) for word in ("PASS", NOT_GRADED))
-    print(f"{passed} of {len(rows)} submissions pass{f', {unread} not graded' if unread else ''} "
-          f"({time.monotonic() - began:.1f} s); grade book: {args.csv}", file=sys.stderr)
+    print(f"graded in {time.monotonic() - began:.1f} s; grade book: {args.csv}", file=sys.stderr)
     return 0
 
 
