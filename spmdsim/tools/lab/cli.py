@@ -243,13 +243,13 @@ def _grade(args: argparse.Namespace) -> int:
             raise
     rows = [done[entry] if isinstance(entry, str) else (entry.label, NOT_GRADED, "", "", entry.reason, "")
             for entry in entries]
+    passed, unread = (sum(row[1] == word for row in rows) for word in ("PASS", NOT_GRADED))
     width = min(NAME_COLUMNS, max(len(row[0]) for row in rows))
-    wide = max(len(row[1]) for row in rows)  # (the verdicts' column: NOT GRADED beside PASS)
+    wide = len(NOT_GRADED) if unread else 4  # (the verdicts' column: NOT GRADED beside PASS)
     for row, name in zip(rows, shortened_apart([row[0] for row in rows], width)):  # (first: before the grade book)
         counts = f"{row[2]:>2}/{row[3]:<2}" if row[1] != NOT_GRADED else " -/- "
         line = f"{name:<{width}}  {row[1]:<{wide}}  {counts}  {row[4]}"
         print(line if len(line) <= 100 else line[:97] + "...")
-    passed, unread = (sum(row[1] == word for row in rows) for word in ("PASS", NOT_GRADED))
     print(f"{passed} of {len(rows)} submissions pass" + (f", {unread} not graded" if unread else ""))  # (the table's)
     with open(args.csv, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)

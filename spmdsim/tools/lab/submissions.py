@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import NamedTuple
+from typing import NamedTuple, Union
 
 from .exercise import LabError
 from .shown import file_name, printable
@@ -53,7 +53,7 @@ def submissions(folder: str, starter: str) -> list:
     return entries
 
 
-def _student(path: str, name: str, starter: str) -> object:
+def _student(path: str, name: str, starter: str) -> Union[str, NotGraded]:
     """A student's folder `path` (`name`, as said): the path of its one .py file, or of the one named `starter`;
     else a NotGraded saying why."""
     found = _python_files(path)
