@@ -156,6 +156,17 @@ def test_region_errors():
         t.region([(0, 4)])
 
 
+def test_a_seeded_tensor_is_not_read_as_an_array_by_numpy():
+    """reference.matmul(xs, ws) on SeededTensors read each as a 0-d object array: "matmul needs 2-d or batched
+    operands, got shapes () and ()". numpy's reading is refused, naming the whole tensor's and a block's calls."""
+    from spmdsim import reference
+    xs, ws = SeededTensor((4, 3), seed=0), SeededTensor((3, 2), seed=1)
+    with pytest.raises(SpmdsimError, match=r"SeededTensor of shape \(4, 3\).*xs.full\(\).*matmul_region"):
+        reference.matmul(xs, ws)
+    with pytest.raises(SpmdsimError, match="numpy array of a SeededTensor"):
+        np.asarray(ws)
+    assert np.allclose(reference.matmul(xs.full(), ws.full()), xs.full().astype(float) @ ws.full(), rtol=1e-6)
+
 #: The floors that decide (layouts, data, planning, cost, references, explanation, pictures) and the
 #: ground floor below them: importing none of their modules loads mpi4py or spmdsim.runtime, and none
 #: of their functions imports them, directly or through the modules it imports

@@ -100,6 +100,13 @@ class SeededTensor:
         """The whole global tensor (references and small demos only)."""
         return self.region(tuple(slice(None) for _ in self.shape))
 
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        """Refused: numpy read a SeededTensor as a 0-d object array (``reference.matmul(xs, ws)`` said "got
+        shapes () and ()"); the whole tensor is made only when asked for by name."""
+        raise SpmdsimError(f"numpy array of a SeededTensor of shape {self.shape!r}: its values are made only when "
+                           "asked; xs.full() makes the whole tensor, and the *_region references "
+                           "(reference.matmul_region(xs, ws)) take SeededTensors")
+
     def region(self, region: Region) -> np.ndarray:
         """The block given by per-dim slices or (start, stop) pairs, as a new array."""
         bounds = self._bounds(region)
