@@ -242,10 +242,12 @@ def test_only_the_mpi_engine_and_the_emulator_call_a_communicators_transfer_meth
     # (the lab's exercises are students' mpi4py programs, their reference solutions run by the emulator)
     strays = sorted(f for f in files if f != "spmdsim/runtime/engines/mpi.py"
                     and not f.startswith(("spmdsim/emulator/", "spmdsim/tools/lab/exercises/")))
-    assert strays == ["spmdsim/nn/ops/methods.py", "spmdsim/runtime/dtensor_methods.py",
-                      "spmdsim/tools/cli/helptext.py"], strays
+    assert strays == ["spmdsim/nn/ops/methods.py", "spmdsim/runtime/dtensor_build.py",
+                      "spmdsim/runtime/dtensor_methods.py", "spmdsim/tools/cli/helptext.py"], strays
     prose = [line for line in lines if line.startswith("spmdsim/nn/ops/methods.py")]
     assert len(prose) == 1 and "x.gather() makes the whole array" in prose[0]
+    prose = [line for line in lines if line.startswith("spmdsim/runtime/dtensor_build.py")]  # y.full()'s refusal
+    assert len(prose) == 1 and "the whole tensor of x is x.gather()" in prose[0]
     prose = [line for line in lines if line.startswith("spmdsim/runtime/dtensor_methods.py")]  # full_tensor()'s line
     assert len(prose) == 1 and '"full_tensor()": ("PyTorch DTensor\'s", "x.gather(), the whole tensor' in prose[0]
     example = [line for line in lines if line.startswith("spmdsim/tools/cli/helptext.py")]  # mpirun's --help

@@ -259,6 +259,27 @@ def test_zeros_ones_full_make_only_each_ranks_block():
                     "fill value nan must be a number that dtype 'bool' holds"]
 
 
+def test_full_called_on_a_tensor_names_gather():
+    """``y.full()`` (a SeededTensor's whole tensor) on a DTensor called the class's constructor: a TypeError
+    "missing 4 required positional arguments". Without arguments it names gather; with them it still makes one."""
+    import spmdsim
+    from spmdsim import DTensor, Layout, Mesh, OperatorError
+
+    def body():
+        mesh = Mesh(Layout((2,), ("a",)))
+        x = DTensor.zeros(mesh, mesh.layout("a"), (4,))
+        try:
+            x.full()
+        except OperatorError as e:
+            said = str(e)
+        return said, x.full(mesh, mesh.layout(None), (3,), 2.0).gather().tolist()
+
+    said, made = spmdsim.simulate(2, body)[1]
+    assert said.startswith("x.full() takes the arguments of DTensor.full(mesh, layout, shape, value), a new tensor;")
+    assert "x.gather()" in said
+    assert made == [2.0, 2.0, 2.0]
+
+
 def test_pytorch_and_numpy_method_spellings():
     """.T, permute, swapaxes (PyTorch's transpose(a, b)), len() and abs() on a DTensor, values and gradient
     against numpy; x.transpose(0, 1) of a 2-d tensor (numpy keeps it, PyTorch swaps) and a bad dim: one line."""

@@ -13,7 +13,7 @@ import numpy as np
 from ..base import buffers
 from ..base.foreign import take_foreign
 from ..layouts.datagen import SeededTensor
-from ..errors import DTypeError, LayoutError, RuntimeMismatchError, ShapeError
+from ..errors import DTypeError, LayoutError, OperatorError, RuntimeMismatchError, ShapeError
 from ..layouts.layout import Layout, TensorLayout
 from ..base.validate import counted, describe, dtype_arg, dtype_name
 from . import debug, debug_calls, door
@@ -25,6 +25,24 @@ from .budget import check_seeded
 _T = TypeVar("_T", bound="_Constructors")
 
 _SEEDABLE = ("float32", "float64", "int32", "int64")  # SeededTensor's dtypes (full's size checks borrow it)
+
+
+class _Maker(classmethod):
+    """A constructor that, called on a tensor with no arguments (``y.full()``, a SeededTensor's whole tensor),
+    says how to read the whole tensor instead of Python's "missing 4 required positional arguments"."""
+
+    def __get__(self, tensor: Any, cls: Any = None) -> Any:
+        make = super().__get__(tensor, cls)
+        if tensor is None:
+            return make
+
+        def called(*args: Any, **kwargs: Any) -> Any:
+            if not args and not kwargs:
+                raise OperatorError(f"x.{make.__name__}() takes the arguments of DTensor.{make.__name__}(mesh, "
+                                    "layout, shape, value), a new tensor; the whole tensor of x is x.gather() "
+                                    "(a collective every rank calls), this rank's block x.local")
+            return make(*args, **kwargs)
+        return called
 
 
 class _Constructors:
@@ -88,7 +106,7 @@ class _Constructors:
             local = buffers.zeros(layout.local_shape(shape, mesh.rank), seeded.dtype)
         return cls(mesh, local, layout, shape)
 
-    @classmethod
+    @_Maker
     def full(cls: type[_T], mesh: Mesh, layout: TensorLayout, shape: Sequence[int], value: Any,
              dtype: Any = "float64") -> _T:
         """A tensor of `shape` filled with `value`, each rank making only its block (PyTorch's
