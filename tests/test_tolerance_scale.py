@@ -139,9 +139,31 @@ def test_a_scale_that_overflowed_fails_its_element_as_non_finite(bad):
 
     for broken, plain in spmdsim.simulate(8, body):
         assert not broken.passed and broken.nonfinite == 1 and broken.failed_ranks == (2,)
-        assert "1 non-finite values (NaN/Inf)" in str(broken)
+        assert "1 non-finite values (NaN/Inf; none in the reference)" in str(broken)
         assert plain.passed
 
+
+def test_the_verdict_says_whether_the_reference_holds_the_non_finite_values():
+    """A NaN in the reference (a bad reference) and one in the result (a bad program) read alike: "1 non-finite
+    values (NaN/Inf)". The verdict now counts those of the reference; an element NaN in both counts once."""
+    exact = np.arange(64.0).reshape(8, 8)
+    bad_ref, bad_out, both = exact.copy(), exact.copy(), np.full((8, 8), np.nan)
+    bad_ref[3, 5] = bad_ref[0, 0] = np.nan
+    bad_out[6, 1] = np.inf
+
+    def body():
+        mesh = Mesh(Layout((2, 4), ("dp", "mp")))
+        layout = mesh.layout("dp", "mp")
+        x = spmdsim.runtime.DTensor.from_global(mesh, exact, layout)
+        y = spmdsim.runtime.DTensor.from_global(mesh, bad_out, layout)
+        z = spmdsim.runtime.DTensor.from_global(mesh, both, mesh.layout(None, None))  # 8 replicas, counted once
+        return x.check(bad_ref), y.check(exact), z.check(both)
+
+    ref, out, nan = spmdsim.simulate(8, body)[0]
+    assert (ref.nonfinite, ref.nonfinite_reference, out.nonfinite, out.nonfinite_reference) == (2, 2, 1, 0)
+    assert (nan.nonfinite, nan.nonfinite_reference, nan.passed) == (64, 64, False)
+    assert str(ref).startswith("check FAILED on ranks [0, 2]: 2 non-finite values (NaN/Inf; 2 in the reference); ")
+    assert str(out).startswith("check FAILED on ranks [4]: 1 non-finite values (NaN/Inf; none in the reference); ")
 
 def test_a_complex_scale_is_refused():
     def body():
@@ -375,7 +397,7 @@ def _python_verdict(table, rtol, atol):
                    max_rel_error=largest[1][first_largest(range(len(rows)), largest[1])],
                    worst_rank=first_largest(failed or range(len(rows)), score), atol=float(atol), rtol=float(rtol),
                    nonfinite=int(sum(row[3] for row in rows)), elements=int(sum(row[4] for row in rows)),
-                   failed_ranks=failed, scaled=False)
+                   failed_ranks=failed, scaled=False, nonfinite_reference=int(sum(row[6] for row in rows)))
 
 
 def test_the_verdict_read_with_numpy_is_the_rule_read_row_by_row():
@@ -389,7 +411,7 @@ def test_the_verdict_read_with_numpy_is_the_rule_read_row_by_row():
     rng = np.random.default_rng(7)
     for case in range(200):
         n = int(rng.integers(1, 90))
-        table = np.zeros((n, 6))
+        table = np.zeros((n, 7))
         table[:, 0] = rng.random(n) > (0.1 if case % 2 else 0.0)
         table[:, 1] = rng.choice([0.0, 1e-3, 2e-3, np.inf, np.nan], n, p=[0.3, 0.3, 0.3, 0.05, 0.05] if case % 3
                                  else [0.35, 0.3, 0.35, 0, 0])
@@ -397,6 +419,7 @@ def test_the_verdict_read_with_numpy_is_the_rule_read_row_by_row():
         table[:, 3] = rng.random(n) < 0.05
         table[:, 4] = rng.integers(0, 100, n)
         table[:, 5] = 1.0
+        table[:, 6] = table[:, 3] * (rng.random(n) < 0.5)
         few, many = asdict(_python_verdict(table, 1e-9, 1e-12)), asdict(_verdict(table, 1e-9, 1e-12, False))
         for key in few:
             same = few[key] == many[key] or (isinstance(few[key], float) and math.isnan(few[key])

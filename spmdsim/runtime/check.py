@@ -23,7 +23,7 @@ from ..references.tolerances import default_tolerances  # noqa: F401 - importabl
 __all__ = ["Verdict", "default_tolerances", "local_stats", "agree", "checked_scale"]
 
 # Layout of the per-rank record that one Allgather shares.
-_FIELDS = ("passed", "max_abs", "max_rel", "nonfinite", "elements", "shape_ok")
+_FIELDS = ("passed", "max_abs", "max_rel", "nonfinite", "elements", "shape_ok", "nonfinite_reference")
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,7 @@ class Verdict:
     failed_ranks: tuple[int, ...] = ()
     dry_run: bool = False  # a dry run's check (spmdsim.runtime.sim.dry): no values, nothing compared
     scaled: bool = False  # rtol multiplied the magnitudes that entered each element, not |ref|
+    nonfinite_reference: int = 0  # of the `nonfinite` elements, those whose reference is NaN/Inf
 
     def __bool__(self) -> bool:
         return self.passed
@@ -60,7 +61,9 @@ class Verdict:
                     f"{self.max_rel_error:.3g} (worst rank {self.worst_rank}{covered})")
         head = "check passed" if self.passed else f"check FAILED on ranks {list(self.failed_ranks)!r}"
         # Non-finite values lead: the error figures only cover the finite ones.
-        lead = f"{self.nonfinite} non-finite values (NaN/Inf); finite values: " if self.nonfinite else ""
+        # Where they are: a NaN in the reference is a reference's bug, one in the result the program's.
+        where = f"{self.nonfinite_reference or 'none'} in the reference"
+        lead = f"{self.nonfinite} non-finite values (NaN/Inf; {where}); finite values: " if self.nonfinite else ""
         text = (f"{head}: {lead}max abs err {self.max_abs_error:.3g}, max rel err "
                 f"{self.max_rel_error:.3g} (worst rank {self.worst_rank}; atol {self.atol:g}, "
                 f"rtol {self.rtol:g}{' x the magnitudes that entered' if self.scaled else ''}; "
@@ -94,7 +97,8 @@ def checked_scale(scale: Any, what: str = "check: scale") -> np.ndarray:
 
 
 def local_stats(actual: np.ndarray, expected: Any, rtol: float, atol: float, scale: Any = None) -> np.ndarray:
-    """This rank's record: passed, max abs, max rel error, nonfinite count, elements, shape ok.
+    """This rank's record: passed, max abs, max rel error, nonfinite count, elements, shape ok, and of the
+    nonfinite elements those whose expected value is NaN/Inf.
 
     `scale`: the magnitudes that entered each expected element (its shape); rtol multiplies the
     larger of it and |expected|. The max rel error stays relative to |expected|.
@@ -103,11 +107,11 @@ def local_stats(actual: np.ndarray, expected: Any, rtol: float, atol: float, sca
     if scale is not None:
         scale = np.asarray(scale)
         if scale.shape != actual.shape:
-            return np.array([0.0, np.inf, np.inf, 0.0, float(actual.size), 0.0])
+            return np.array([0.0, np.inf, np.inf, 0.0, float(actual.size), 0.0, 0.0])
     if expected.shape != actual.shape:
-        return np.array([0.0, np.inf, np.inf, 0.0, float(actual.size), 0.0])
+        return np.array([0.0, np.inf, np.inf, 0.0, float(actual.size), 0.0, 0.0])
     if actual.size == 0:
-        return np.array([1.0, 0.0, 0.0, 0.0, 0.0, 1.0])
+        return np.array([1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0])
     wide = np.complex128 if np.iscomplexobj(actual) or np.iscomplexobj(expected) else np.float64
     a = actual.astype(wide, copy=False)
     b = expected.astype(wide, copy=False)
@@ -119,6 +123,7 @@ def local_stats(actual: np.ndarray, expected: Any, rtol: float, atol: float, sca
     if not scale_finite:  # an element whose magnitudes overflowed fails as non-finite, whatever its values
         finite &= np.isfinite(scale)
     nonfinite = int(finite.size - np.count_nonzero(finite))
+    in_reference = int(b.size - np.count_nonzero(np.isfinite(b))) if nonfinite else 0
     if nonfinite:
         a = np.where(finite, a, 0)
         b = np.where(finite, b, 0)
@@ -131,7 +136,7 @@ def local_stats(actual: np.ndarray, expected: Any, rtol: float, atol: float, sca
     if scale is not None:
         mag = np.maximum(mag, np.where(finite, np.abs(scale.astype(np.float64, copy=False)), 0))
     ok = bool(np.all(err <= atol + rtol * mag)) and nonfinite == 0
-    return np.array([float(ok), max_abs, max_rel, float(nonfinite), float(actual.size), 1.0])
+    return np.array([float(ok), max_abs, max_rel, float(nonfinite), float(actual.size), 1.0, float(in_reference)])
 
 
 def _finite_stats(a: np.ndarray, b: np.ndarray, rtol: float, atol: float, scale: Any) -> Any:
@@ -157,7 +162,7 @@ def _finite_stats(a: np.ndarray, b: np.ndarray, rtol: float, atol: float, scale:
     mag *= rtol  # atol + rtol x the magnitude, in place
     mag += atol
     ok = bool(np.less_equal(err, mag).all())
-    return np.array([float(ok), max_abs, max_rel, 0.0, float(a.size), 1.0])
+    return np.array([float(ok), max_abs, max_rel, 0.0, float(a.size), 1.0, 0.0])
 
 
 def agree(comm: Any, stats: np.ndarray, rtol: float, atol: float, polite: bool = False,
@@ -203,4 +208,5 @@ def _verdict(table: np.ndarray, rtol: float, atol: float, scaled: bool) -> Verdi
     worst = int(among[int(np.argmax(score[among]))])
     return Verdict(passed=not failed.size, max_abs_error=float(np.max(abs_err)), max_rel_error=float(np.max(rel_err)),
                    worst_rank=worst, atol=float(atol), rtol=float(rtol), nonfinite=int(nonfinite.sum()),
-                   elements=int(elements.sum()), failed_ranks=tuple(int(r) for r in failed), scaled=scaled)
+                   elements=int(elements.sum()), failed_ranks=tuple(int(r) for r in failed), scaled=scaled,
+                   nonfinite_reference=int(table[:, 6].sum()))

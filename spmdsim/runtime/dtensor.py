@@ -259,7 +259,7 @@ class DTensor(_Constructors, _Methods):
         dry = _context().dry_run
         try:
             if dry:  # a dry run has no values to check: its reference is not made, nothing is compared
-                stats = np.array([1.0, 0.0, 0.0, 0.0, float(actual.size), 1.0])  # (local_stats' record)
+                stats = np.array([1.0, 0.0, 0.0, 0.0, float(actual.size), 1.0, 0.0])  # (local_stats' record)
             elif isinstance(reference, SeededTensor):
                 expected = reference.region(region)
             elif callable(reference):
@@ -277,9 +277,9 @@ class DTensor(_Constructors, _Methods):
                 stats = local_stats(actual, expected, rtol, atol, region_scale)
         except ShapeError:
             # A mismatch on some ranks only must not skip the agreeing Allgather.
-            stats = np.array([0.0, np.inf, np.inf, 0.0, float(actual.size), 0.0])
+            stats = np.array([0.0, np.inf, np.inf, 0.0, float(actual.size), 0.0, 0.0])
         if not _primary(self._mesh, self._layout):
-            stats[3] = stats[4] = 0.0  # count each global element once, not once per replica
+            stats[3] = stats[4] = stats[6] = 0.0  # count each global element once, not once per replica
         # A dry run's verdict (agree's): passed, dry_run=True, its text saying no check was made; each
         # global element counted once (the dry communicator's table holds rank 0's record for every rank).
         return agree(self._mesh.comm, stats, rtol, atol, self._mesh.polite, scaled=scale is not None,
