@@ -138,6 +138,9 @@ def test_known_values_are_stable():
     [
         (dict(shape=(2, -1)), "negative sizes"),
         (dict(shape=(2,), dtype="complex64"), "dtype 'complex64' is not supported"),
+        (dict(shape=(2,), dtype="bfloat16"), r"not supported; .*\.astype\('bfloat16'\)"),
+        (dict(shape=(2,), dtype="bf16"), r"dtype 'bf16' .*: draw it in float32 and convert"),
+        (dict(shape=(2,), dtype="float16"), r"\.astype\('float16'\)"),
         (dict(shape=(2,), seed=-1), "seed -1"),
         (dict(shape=(2,), low=1.0, high=1.0), "is empty"),
         (dict(shape=(2,), dtype="int64", low=0, high=0.5), "integer bounds"),

@@ -53,7 +53,7 @@ class SeededTensor:
         if dtype not in FLOAT_DTYPES + INT_DTYPES:
             raise SpmdsimError(
                 f"dtype {self.dtype!r} is not supported; expected one of {FLOAT_DTYPES + INT_DTYPES!r}"
-            )
+                f"{_narrow_hint(self.dtype)}")
         seed = as_int(self.seed)
         if seed is None or not 0 <= seed < 2**63:
             raise SpmdsimError(f"seed {self.seed!r} must be an integer in [0, 2**63)")
@@ -319,6 +319,17 @@ def _pair(part: object, d: int) -> tuple[int, int]:
     if pair is None or None in pair:
         raise ShapeError(f"region dim {d} {part!r} must be a slice or a (start, stop) pair of integers")
     return pair  # type: ignore[return-value]
+
+
+#: Narrow floats' names (and their short spellings) a SeededTensor is not made in, by the name astype takes.
+_NARROW = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16", "half": "float16"}
+
+
+def _narrow_hint(dtype: object) -> str:
+    """How to get a tensor of a narrow float `dtype` (its values drawn in float32, then rounded), or ""."""
+    name = _NARROW.get(str(dtype).lower()) if isinstance(dtype, str) else None
+    return (f": draw it in float32 and convert, DTensor.from_seeded(mesh, tl, xs).astype({name!r}); x.check(xs) "
+            f"then allows {name}'s rounding") if name else ""
 
 
 def _known_dtype(dtype: object) -> bool:
