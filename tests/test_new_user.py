@@ -15,7 +15,7 @@ import pytest
 from shellkit import as_a_shell_starts_it, interrupt
 from testkit import unfold
 
-from spmdsim import DTensor, Layout, Mesh, print_ranked, simulate
+from spmdsim import DTensor, Layout, Mesh, SeededTensor, ops, print_ranked, simulate
 from spmdsim.base.sizes import format_size
 from spmdsim.programs.algorithms import NAMES, build, elements_for, parse_name
 from spmdsim.programs.algorithms.formulas import round_count
@@ -462,6 +462,26 @@ def test_a_check_against_what_is_no_whole_tensor_is_refused_in_one_line(referenc
                                "the whole global tensor (a SeededTensor or an ndarray of that shape), or a function "
                                "of the region's slices")
 
+
+def test_a_region_reference_of_another_shape_is_refused_in_one_line() -> None:
+    """y.check(reference.matmul_region(SeededTensor((128, 96)), ws)) for y of (64, 32) PASSED: the region function
+    made each rank's rows of a (128, 32) product, whose first 64 rows equal y's. A region reference of spmdsim's
+    now says its result's shape, and check refuses another one before its collective; the right one passes."""
+    from spmdsim import reference
+
+    xs, ws = SeededTensor((64, 96), seed=0), SeededTensor((96, 32), seed=1)
+
+    def main(x_ref):
+        mesh = Mesh(Layout((2, 4), ("dp", "mp")))
+        x = DTensor.from_seeded(mesh, mesh.layout("dp", "mp"), xs)
+        w = DTensor.from_seeded(mesh, mesh.layout("mp", None), ws)
+        return bool(ops.matmul(x, w).check(reference.matmul_region(x_ref, ws)))
+
+    assert simulate(8, main, xs) == [True] * 8
+    with pytest.raises(SpmdsimError) as info:
+        simulate(8, main, SeededTensor((128, 96), seed=0))
+    assert str(info.value).startswith("check: region reference of shape (128, 32) does not match the tensor's "
+                                      "global shape (64, 32); expected")
 
 def test_python_i_on_a_script_run_on_ranks_opens_its_prompt_without_a_traceback(tmp_path) -> None:
     """`python -i my_matmul.py --ranks 8` printed `Traceback ... in script ... SystemExit: 0` before the prompt:

@@ -235,13 +235,12 @@ def matmul_region(x: Source, w: Source, transpose_a: bool = False, transpose_b: 
     k_w = ws[-1] if transpose_b else ws[-2]
     if k_x != k_w:
         raise ShapeError(f"contraction sizes differ: x gives {k_x!r}, w gives {k_w!r}")
-
     out = (*xs[:-2], xs[-1] if transpose_a else xs[-2], ws[-2] if transpose_b else ws[-1])
 
     def region_fn(region: Region) -> np.ndarray:
         return _shared(("matmul", x, w, transpose_a, transpose_b), region, out,
                        lambda: _matmul_block(x, w, region, transpose_a, transpose_b))
-
+    region_fn.shape = out  # type: ignore[attr-defined]  # the result's: DTensor.check refuses another's
     return region_fn
 
 
@@ -261,13 +260,12 @@ def linear_region(x: Source, weight: Source, bias: Optional[Source] = None) -> R
     if bias is None:
         return mm
     _check_bias(bias, _shape(weight)[-1], "linear")
-
     out = (*_shape(x)[:-1], _shape(weight)[-1])
 
     def region_fn(region: Region) -> np.ndarray:
         return _shared(("linear", x, weight, bias), region, out,
                        lambda: _matmul_block(x, weight, region) + _block(bias, (tuple(region)[-1],)))
-
+    region_fn.shape = out  # type: ignore[attr-defined]
     return region_fn
 
 
@@ -299,7 +297,6 @@ def mlp_region(x: Source, w1: Source, b1: Optional[Source], w2: Source, b2: Opti
     for name, bias, w in (("b1", b1, w1), ("b2", b2, w2)):
         if bias is not None:
             _check_bias(bias, _shape(w)[-1], f"mlp {name}")
-
     out = (*_shape(x)[:-1], _shape(w2)[-1])
 
     def region_fn(region: Region) -> np.ndarray:
@@ -310,7 +307,7 @@ def mlp_region(x: Source, w1: Source, b1: Optional[Source], w2: Source, b2: Opti
                             None if b1 is None else _block(b1, (_WHOLE,)))
             return linear(fn(hidden), _block(w2, (_WHOLE, cols)), None if b2 is None else _block(b2, (cols,)))
         return _shared(("mlp", x, w1, b1, w2, b2, act), region, out, compute)
-
+    region_fn.shape = out  # type: ignore[attr-defined]
     return region_fn
 
 

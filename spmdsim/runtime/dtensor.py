@@ -296,8 +296,9 @@ def _check_whole_reference(reference: Any, shape: tuple) -> None:
         raise OperatorError(f"check: the reference is a DTensor of global shape {tuple(reference.global_shape)!r}; "
                             "expected the whole tensor as a numpy array: pass what its gather() returns (a "
                             "collective: every rank calls it)")
-    elif callable(reference):
-        return
+    elif callable(reference):  # a region reference of spmdsim.references says its result's shape
+        given = getattr(reference, "shape", shape)
+        what = f"region reference of shape {given!r}"
     else:
         try:  # a nested list or a number of the tensor's shape passes, as np.asarray reads it
             given = np.shape(reference)
