@@ -512,3 +512,17 @@ def test_a_repl_that_ran_an_example_survives_spmdsims_error(tmp_path) -> None:
     assert done.returncode == 0 and "still here" in done.stdout, (done.stdout, done.stderr)
     assert "spmdsim: error: simulate: rank count 0 must be an integer from 1 to 4096" in done.stderr
     assert "Traceback" not in done.stderr, done.stderr
+
+
+def test_simulate_given_its_arguments_the_other_way_round_says_the_count_comes_first():
+    """simulate(main, 8) said "rank count <function main at 0x...> must be an integer from 1 to 4096", naming
+    the function where a count belongs without saying that the count comes first."""
+    def main():
+        return None
+
+    with pytest.raises(SpmdsimError) as raised:
+        simulate(main, 8)
+    assert str(raised.value).endswith("must be an integer from 1 to 4096, given first: simulate(n, fn)")
+    with pytest.raises(SpmdsimError) as raised:
+        simulate(0, main)
+    assert str(raised.value) == "simulate: rank count 0 must be an integer from 1 to 4096"

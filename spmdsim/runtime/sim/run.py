@@ -65,11 +65,11 @@ def simulate(n: int, fn: Callable[..., Any], *args: Any, dry_run: bool = False, 
     """
     if not isinstance(dry_run, bool):  # a truthy string such as "no" is no flag
         raise SpmdsimError(f"simulate: dry_run {dry_run!r} must be True or False")
-    size = as_int(n)
-    most = MAX_DRY_RANKS if dry_run else MAX_RANKS
+    size, most = as_int(n), MAX_DRY_RANKS if dry_run else MAX_RANKS
     if size is None or not 1 <= size <= most:
-        raise SpmdsimError(f"simulate: rank count {n!r} must be an integer from 1 to {most}"
-                           + (f" (a dry run goes to {MAX_DRY_RANKS})" if not dry_run and size else ""))
+        raise SpmdsimError(f"simulate: rank count {n!r} must be an integer from 1 to {most}" + (
+            f" (a dry run goes to {MAX_DRY_RANKS})" if not dry_run and size else "") + (
+            ", given first: simulate(n, fn)" if callable(n) else ""))
     if not callable(fn):
         raise SpmdsimError(f"simulate: {fn!r} is not callable")
     _check_call(fn, args, kwargs)
