@@ -4,10 +4,9 @@ job: every process killed at once, the call never returning.
 `end_every_rank` notes the failure on the rank's World now, then stops the caller with `Aborted`, a
 BaseException: a program's ``except Exception`` around the call cannot keep the rank going (it printed and went
 on, exit 0), and from a thread the rank started it ends the run too (Python printed it there, and the ranks went
-on). The failure
-ends the run (`spmdsim_ends_run`): the other ranks stop at their next wait, sleep or collective, and those
-computing outside MPI are left after half a second (spmdsim.runtime.sim.engine.World.given_up), where they ran
-to their next MPI call, printing as they went.
+on). The failure ends the run (`spmdsim_ends_run`): the other ranks stop at their next wait, sleep or collective,
+and those computing outside MPI are left after half a second (spmdsim.runtime.sim.engine.World.given_up), where
+they ran to their next MPI call, printing as they went.
 """
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ classes (File and Session refusing to be made: spmdsim.emulator.unsupported) (so
 ``MPI.Request.Waitall(reqs)`` and ``MPI.Comm.Compare(a, b)`` take simulated
 objects); Init, Init_thread, Finalize, Is_initialized, Is_finalized and Query_thread are the
 rank's own, as under mpiexec (`_Lifetime`: the real MPI stays initialized for the
-other ranks), and Is_thread_main is True on the rank's own thread, as on a process's main thread. Threads a rank starts are the rank's (spmdsim.emulator.rank_threads), and so are the
+other ranks), and Is_thread_main is True on the rank's own thread, as on a process's main thread.
+Threads a rank starts are the rank's (spmdsim.emulator.rank_threads), and so are the
 ``sys.stdout`` and ``sys.stderr`` it sets (spmdsim.emulator.rank_streams). Every
 other thread, and every other name, sees mpi4py as it is.
 It works by giving the module object a subclass of its type with those names
@@ -38,15 +39,15 @@ from ..runtime.process import release_segments_once
 from ..runtime.sim import p2p
 from .pkl5 import swapped_pkl5
 from .rank_streams import streams_of_ranks
-from .rank_threads import _is_rank_thread, threads_of_ranks
+from .rank_threads import is_rank_thread, threads_of_ranks
 
 __all__ = ["swapped", "SWAPPED"]
 
 #: The names of mpi4py.MPI that a simulated rank sees as its own.
 SWAPPED = ("COMM_WORLD", "COMM_SELF", "Comm", "Intracomm", "Topocomm", "Cartcomm", "Graphcomm", "Distgraphcomm",
            "Request", "Prequest", "Group", "Message", "REQUEST_NULL", "MESSAGE_NULL", "MESSAGE_NO_PROC", "Init",
-           "Init_thread", "Finalize", "Is_initialized", "Is_finalized", "Query_thread", "Is_thread_main", "Attach_buffer", "Detach_buffer",
-           "Flush_buffer", "Iflush_buffer", "Win", "File", "Session")
+           "Init_thread", "Finalize", "Is_initialized", "Is_finalized", "Query_thread", "Is_thread_main",
+           "Attach_buffer", "Detach_buffer", "Flush_buffer", "Iflush_buffer", "Win", "File", "Session")
 
 _BSEND_BUFFERS: dict = {}  # thread -> the buffer a simulated rank attached (its Bsend copies anyway)
 
@@ -84,7 +85,7 @@ def _simulated(name: str, state: Any) -> Any:
     if name in _Lifetime.CALLS:
         return getattr(_lifetime(state), name)
     if name == "Is_thread_main":
-        return _is_rank_thread
+        return is_rank_thread
     if name == "Attach_buffer":
         return _attach_buffer
     if name == "Detach_buffer":

@@ -39,7 +39,7 @@ from .rank_modules import own_main, own_modules, rank_builtins, rank_main
 from ..runtime.sim.run import current_rank, exit_status, MAX_RANKS, note_exit, simulate
 from .rank_random import adopt, own_generators
 from ..base import context as _local
-from .rank_threads import _is_rank_thread
+from .rank_threads import is_rank_thread
 from ..errors import fold_message, mark_guarded, SpmdsimError
 from .mpi4py_world import swapped
 from ..runtime.mpi_library import MPILibraryError, load_mpi
@@ -168,7 +168,7 @@ def _os_exit_ends_the_rank() -> Iterator[None]:
     real = os._exit
 
     def _exit(code: int) -> None:
-        if _local.simulated() is None or not _is_rank_thread():
+        if _local.simulated() is None or not is_rank_thread():
             real(code)
         raise _OsExit(int(code))
 

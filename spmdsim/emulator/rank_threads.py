@@ -23,7 +23,7 @@ from ..runtime.sim.thread_engine import THREADS
 from ..errors import RuntimeMismatchError
 from ..runtime.sim.engine import Aborted
 
-__all__ = ["threads_of_ranks"]
+__all__ = ["threads_of_ranks", "is_rank_thread"]
 
 _NESTING = Nesting()
 _REAL: dict = {}  # "init", "start", "join": threading.Thread's own, while swapped
@@ -39,12 +39,12 @@ def _init(thread: threading.Thread, *args: Any, daemon: Optional[bool] = None, *
     """Thread.__init__: a thread a rank starts is no daemon unless asked (the rank's own thread is one, so
     that a simulation never holds the process open; its threads take the flag of an MPI process's main
     thread, which is none)."""
-    if daemon is None and _world_of(_local.simulated()) is not None and _is_rank_thread():
+    if daemon is None and _world_of(_local.simulated()) is not None and is_rank_thread():
         daemon = False
     _REAL["init"](thread, *args, daemon=daemon, **kwargs)
 
 
-def _is_rank_thread() -> bool:
+def is_rank_thread() -> bool:
     """Whether the calling thread is a simulated rank's own (not one a rank started)."""
     return getattr(threading.current_thread(), "_spmdsim_key", None) is None
 
