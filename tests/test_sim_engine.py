@@ -304,6 +304,24 @@ def _sends_first():
     comm.Recv(np.zeros(4), source=1 - comm.rank)
 
 
+def _waitany_never_sent():
+    comm = world()
+    Request.Waitany([comm.Irecv(np.zeros(4), source=0, tag=9) for _ in range(2)])
+
+
+def _waitsome_tags():
+    comm = world()
+    if comm.rank == 0:
+        comm.Send(np.zeros(4), dest=1, tag=1)
+    else:
+        Request.Waitsome([comm.Irecv(np.zeros(4), source=0, tag=2)])
+
+
+def _wait_never_sent():
+    comm = world()
+    comm.Irecv(np.zeros(4), source=0, tag=9).Wait()
+
+
 MISMATCHES = [  # (body, ranks, eager limit, what the report says of it; None: no mismatch hint, but the buffering one)
     (_tag_mismatch, 2, None, "recv from group rank 0 (tag 2) on the world: rank 1 waits in it; rank 0 finished; rank "
                              "0's send to rank 1 has tag 1, not 2: no message matches; at "),
@@ -322,6 +340,13 @@ MISMATCHES = [  # (body, ranks, eager limit, what the report says of it; None: n
     (_never_sent, 2, None, "recv from group rank 0 (any tag) on the world: rank 1 waits in it; rank 0 finished; no rank "
                            "has sent to rank 1; at "),
     (_sends_first, 2, 0, "send to group rank 1 (tag 0) on the world: rank 0 waits in it; a message of 32 bytes; at "),
+    # a Waitany or Waitsome says it as a Recv does (it said only which requests it waits for)
+    (_waitany_never_sent, 2, None, "recv from group rank 0 (tag 9) | recv from group rank 0 (tag 9) on the world: rank 1 "
+                                   "waits in it; no rank has sent to rank 1; at "),
+    (_waitsome_tags, 2, None, "recv from group rank 0 (tag 2) on the world: rank 1 waits in it; rank 0 finished; rank 0's "
+                              "send to rank 1 has tag 1, not 2: no message matches; at "),
+    (_wait_never_sent, 2, None, "recv from group rank 0 (tag 9) on the world: rank 1 waits in it; no rank has sent to "
+                                "rank 1; at "),
 ]
 
 

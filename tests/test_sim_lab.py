@@ -556,7 +556,8 @@ def test_a_report_names_a_peer_by_its_rank_in_the_communicator_and_in_the_world(
                                            "comm.Irecv(np.empty(1), 2, 2)])")
     assert code == 1 and unfold(err) == (
         DEADLOCK + "recv from group rank 1 (world rank 1; tag 1) on the group of ranks 1,3 | recv from group rank 2 "
-                   "(tag 2) on the world: rank 3 waits in it; at <string>:6\n")
+                   "(tag 2) on the world: rank 3 waits in it; rank 1 finished; no rank has sent to group rank 0 (world "
+                   "rank 3); rank 2 finished; no rank has sent to rank 3; at <string>:6\n")
 
 
 def test_a_poll_of_a_persistent_request_is_the_polling_ranks(capsys, monkeypatch):

@@ -68,12 +68,10 @@ def explain(world: Any, polling: Optional[tuple] = None,
             clause += "".join(f"; {whereabouts(world, m)}" for m in missing[:8])
             if len(missing) > 8:
                 clause += f"; and {len(missing) - 8} more"
-        stuck = getattr(what.token, "why_stuck", None)  # a point-to-point request (spmdsim.runtime.sim.requests)
-        if stuck is not None:
-            more, hint = stuck(world)
-            clause += more
-            if hint and hint not in hints:
-                hints.append(hint)
+        more, hint = _why_stuck(world, what.token)
+        clause += more
+        if hint and hint not in hints:
+            hints.append(hint)
         clause += program_lines(world, keys)
         clauses.append(clause)
     if rest:
@@ -84,6 +82,22 @@ def explain(world: Any, polling: Optional[tuple] = None,
     if first is not None:  # the head's call first, on its line
         head, clauses = f"{head}: {clauses[0]}", clauses[1:]
     return fold_message(head + (":" if first is None else "") + "".join(f"\n  {clause}" for clause in clauses + hints))
+
+
+def _why_stuck(world: Any, token: Any) -> tuple[str, str]:
+    """What a report adds to a waiting call of point-to-point requests (Request.why_stuck), and its hint: of a
+    Waitany's or Waitsome's tuple, those of the requests its call names (the first three), each said once, as
+    a Recv's ('; no rank has sent to rank 1'; it said only which requests it waits for); ('', '') for none."""
+    if type(token) is not tuple:
+        stuck = getattr(token, "why_stuck", None)  # a point-to-point request (spmdsim.runtime.sim.requests)
+        return ("", "") if stuck is None else stuck(world)
+    said: list[str] = []
+    hint = ""
+    for request in token[:3]:
+        more, why = _why_stuck(world, request)
+        said += [part for part in more.split("; ")[1:] if part not in said]  # two requests' peer: said once
+        hint = hint or why
+    return "".join(f"; {part}" for part in said), hint
 
 
 def timed_out(world: Any, key: int, what: Any, limit: float) -> str:
