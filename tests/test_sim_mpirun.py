@@ -712,6 +712,26 @@ def test_a_keyboardinterrupt_the_program_raises_is_its_error_not_ctrl_c(tmp_path
     assert 'kbd.py", line 3, in <module>' in err and "Ctrl-C" not in err, err
 
 
+@pytest.mark.parametrize("end, code, said", [("MPI.COMM_WORLD.Abort(3)", 3, "called Abort(3) on the world"),
+                                             ("raise ValueError('boom')", 1, "ValueError: boom")])
+def test_a_failed_run_ends_though_threads_its_ranks_started_compute_on(tmp_path, end, code, said):
+    """Each rank starts a thread (no daemon) that computes forever, then rank 0 fails: the report was printed and
+    the process never exited (Python's exit waits for such threads); MPI_Abort ends every process with its
+    threads. It exits with the run's code, its output flushed, saying how many threads it left."""
+    prog = tmp_path / "spin.py"
+    prog.write_text("import threading\nfrom mpi4py import MPI\n\ndef spin():\n    while True:\n"
+                    "        sum(range(100))\n\nthreading.Thread(target=spin).start()\n"
+                    "print('rank', MPI.COMM_WORLD.rank, 'started')\nMPI.COMM_WORLD.Barrier()\n"
+                    f"if MPI.COMM_WORLD.rank == 0:\n    {end}\nMPI.COMM_WORLD.Barrier()\n")
+    run = subprocess.run(["timeout", "-k", "5", "60", sys.executable, "-m", "spmdsim", "mpirun", "-n", "2", "python",
+                          str(prog)], capture_output=True, text=True, timeout=90)
+    assert run.returncode == code, run
+    assert sorted(run.stdout.splitlines()) == ["rank 0 started", "rank 1 started"], run
+    assert said in run.stderr and unfold(run.stderr).endswith(
+        "spmdsim mpirun: 2 threads the ranks started still ran 1 s after the run failed: the process exits without "
+        "waiting for them\n"), run.stderr
+
+
 def test_a_failure_the_other_ranks_have_not_met_is_said_within_seconds(tmp_path):
     """Rank 0 raises while the others are outside MPI for 3.5 s: its failure is said after
     FailureNotice.SOON (2 s), before their next MPI call ends the run and the report follows."""

@@ -33,6 +33,7 @@ import shlex
 import signal
 import sys
 import threading
+import time
 from typing import Any, Iterator, Optional, Sequence
 
 from .rank_modules import own_main, own_modules, rank_builtins, rank_main
@@ -211,11 +212,45 @@ def _stopped(code: int) -> int:
     with its threads (a terminated run went on until `timeout -k` killed it)."""
     main = threading.main_thread()
     if any(t is not main and t.is_alive() and not t.daemon for t in threading.enumerate()):
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(OSError, ValueError):
-                stream.flush()
-        os._exit(code)
+        _exit_now(code)
     return code
+
+
+#: After a failed run was reported, how long the threads its ranks started get to end (one that calls MPI ends
+#: there) before the process exits without them.
+LEFT_RUNNING_S = 1.0
+
+
+def _failed(code: int) -> int:
+    """`code`, once a failed run (an Abort, an exception, a deadlock) was reported; where threads the ranks
+    started (no daemons: Python's exit waits for them) still run LEFT_RUNNING_S later, computing without a call
+    to MPI, the process exits now with `code`, saying how many it left, as MPI_Abort ends every process with its
+    threads (the report was printed and the process never exited; under mpiexec a rank that raised waits for
+    them forever)."""
+    deadline = time.monotonic() + LEFT_RUNNING_S
+    for thread in _rank_started():
+        thread.join(max(0.0, deadline - time.monotonic()))
+    left = len(_rank_started())
+    if left:
+        print(fold_message(f"spmdsim mpirun: {left} thread{'s' if left > 1 else ''} the ranks started still ran "
+                           f"{LEFT_RUNNING_S:g} s after the run failed: the process exits without waiting for "
+                           f"{'them' if left > 1 else 'it'}"), file=sys.stderr)
+        _exit_now(code)
+    return code
+
+
+def _rank_started() -> list:
+    """The live threads the simulated ranks started that are no daemons (spmdsim.emulator.rank_threads)."""
+    return [t for t in threading.enumerate()
+            if t.is_alive() and not t.daemon and getattr(t, "_spmdsim_key", None) is not None]
+
+
+def _exit_now(code: int) -> None:
+    """End the process with `code` now, its output flushed, whatever threads still run."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
 
 
 def _cannot_start() -> int:
@@ -295,9 +330,10 @@ def run(n: int, command: Sequence[str], eager_limit: Optional[int] = None) -> in
         quiet_stdout()
         return 141
     except KeyboardInterrupt as exc:  # Ctrl-C (said, then stopped), or a rank's program raised it: its report
-        return interrupted(exc, exits, n, failures) or _stopped(130)
+        code = interrupted(exc, exits, n, failures)
+        return _failed(code) if code else _stopped(130)
     except BaseException as exc:  # noqa: BLE001 - reported as mpiexec reports a failed rank
-        return _report(exc, exits, n)
+        return _failed(_report(exc, exits, n))
     finally:
         notice.close()
         sys.argv[:], sys.path[:], sys.stdin, sys.excepthook = saved_argv, saved_path, saved_stdin, saved_hook
