@@ -732,6 +732,23 @@ def test_a_failed_run_ends_though_threads_its_ranks_started_compute_on(tmp_path,
         "waiting for them\n"), run.stderr
 
 
+def test_a_run_whose_ranks_ended_says_it_waits_for_the_threads_they_started(tmp_path):
+    """Every rank's program returns while a thread it started (no daemon) computes forever: the run waits for
+    it, as Python's exit does under mpiexec (which hangs), but said nothing while it did."""
+    prog = tmp_path / "spin.py"
+    prog.write_text("import threading\nfrom mpi4py import MPI\n\ndef spin():\n    while True:\n"
+                    "        sum(range(100))\n\nthreading.Thread(target=spin).start()\n"
+                    "print('rank', MPI.COMM_WORLD.rank, 'done')\n")
+    run = subprocess.run(["timeout", "-k", "5", "8", sys.executable, "-m", "spmdsim", "mpirun", "-n", "2", "python",
+                          str(prog)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 124, run
+    assert sorted(run.stdout.splitlines()) == ["rank 0 done", "rank 1 done"], run
+    assert unfold(run.stderr) == (
+        "spmdsim mpirun: every rank's program ended, and 2 threads the ranks started (no daemons) still run: the "
+        "run waits for them, as Python's exit does under mpiexec (Ctrl-C stops them)\n"
+        "spmdsim mpirun: terminated (SIGTERM): the simulated ranks were stopped\n"), run.stderr
+
+
 def test_a_failure_the_other_ranks_have_not_met_is_said_within_seconds(tmp_path):
     """Rank 0 raises while the others are outside MPI for 3.5 s: its failure is said after
     FailureNotice.SOON (2 s), before their next MPI call ends the run and the report follows."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import os
 import runpy
 import shlex
@@ -125,10 +126,11 @@ def _program(kind: str, what: str) -> int:
     return 0
 
 
-def _rank(kind: str, what: str, exits: dict, failures: list, notice: FailureNotice) -> int:
+def _rank(kind: str, what: str, exits: dict, failures: list, notice: FailureNotice, ends: tuple) -> int:
     """`_program`, noting a non-zero exit code (in `exits`, and for deadlock reports: 'rank 1 exited
     (sys.exit(3))'); return the rank's exit status as the OS reports a process's: the code's low 8 bits
-    (sys.exit(-1) is 255 under mpiexec; the largest of a negative code and the others' 0 was 0)."""
+    (sys.exit(-1) is 255 under mpiexec; the largest of a negative code and the others' 0 was 0). `ends`:
+    (a count of the ranks whose program ended, the number of ranks), for `_threads_still_run`."""
     adopt()  # a process of its own: its own random and numpy.random generators
     _local.current().launcher = _local.MPIRUN  # how its world started: its errors' ways to more ranks say mpirun's
     try:
@@ -145,12 +147,37 @@ def _rank(kind: str, what: str, exits: dict, failures: list, notice: FailureNoti
         raise
     else:
         call = "sys.exit"
+    _threads_still_run(*ends)
     if code:
         note_exit(code, call)  # as the program wrote it: sys.exit(-1)
     status = exit_status(code)
     if status:
         exits[current_rank()] = status
     return status
+
+
+#: How long after every rank's program ended threads the ranks started may still run before the run says it
+#: waits for them.
+STILL_RUNNING_S = 2.0
+
+
+def _threads_still_run(ended: Iterator[int], n: int) -> None:
+    """As a rank's program ends: the last of the `n` says in one line when threads the ranks started (no
+    daemons) still run STILL_RUNNING_S later. The run waits for them, as Python's exit waits for them under
+    mpiexec (`mpiexec -n 2 python prog.py` hangs on one that computes forever, before MPI_Finalize), where it
+    waited without a word: one that ends after an hour is no hang, so the run does not end them. Those waiting
+    in MPI are not counted: where all of them do, the ranks' ends report their deadlock."""
+    if next(ended) != n or not _computing():
+        return
+    deadline = time.monotonic() + STILL_RUNNING_S
+    while time.monotonic() < deadline and _computing():  # (timed joins: this rank computes meanwhile)
+        _computing()[0].join(min(0.05, max(0.0, deadline - time.monotonic())))
+    left = len(_computing())
+    if left:
+        print(fold_message(f"spmdsim mpirun: every rank's program ended, and {left} thread{'s' if left > 1 else ''} "
+                           f"the ranks started (no daemon{'s' if left > 1 else ''}) still run{'' if left > 1 else 's'}"
+                           ": the run waits for them, as Python's exit does under mpiexec (Ctrl-C stops them)"),
+              file=sys.stderr)
 
 
 class _OsExit(BaseException):
@@ -245,6 +272,11 @@ def _rank_started() -> list:
             if t.is_alive() and not t.daemon and getattr(t, "_spmdsim_key", None) is not None]
 
 
+def _computing() -> list:
+    """`_rank_started()` less those waiting in an MPI call (a deadlock among them is reported at once)."""
+    return [t for t in _rank_started() if t._spmdsim_key[1] not in t._spmdsim_key[0].waiting]
+
+
 def _exit_now(code: int) -> None:
     """End the process with `code` now, its output flushed, whatever threads still run."""
     for stream in (sys.stdout, sys.stderr):
@@ -321,7 +353,8 @@ def run(n: int, command: Sequence[str], eager_limit: Optional[int] = None) -> in
     try:
         with swapped(), own_generators(), own_modules(sys.path[0] or os.getcwd()), \
                 own_main(), _terminated_as_exit(), _os_exit_ends_the_rank():
-            codes = simulate(n, _rank, kind, what, exits, failures, notice, eager_limit=eager_limit)
+            codes = simulate(n, _rank, kind, what, exits, failures, notice, (itertools.count(1), n),
+                             eager_limit=eager_limit)
     except _Terminated:
         print("spmdsim mpirun: terminated (SIGTERM): the simulated ranks were stopped", file=sys.stderr)
         failed_before(failures)
