@@ -20,10 +20,28 @@ from .engines import engine_of
 from .shared_rows import gather_shared
 from ..references.tolerances import default_tolerances  # noqa: F401 - importable from here as before
 
-__all__ = ["Verdict", "default_tolerances", "local_stats", "agree", "checked_scale"]
+__all__ = ["Verdict", "default_tolerances", "local_stats", "agree", "checked_scale", "passed_record",
+           "mismatch_record", "count_once"]
 
 # Layout of the per-rank record that one Allgather shares.
 _FIELDS = ("passed", "max_abs", "max_rel", "nonfinite", "elements", "shape_ok", "nonfinite_reference")
+#: The record's counts of global elements: a replica's are zeroed (`count_once`), the first holder counts them.
+_COUNTS = [_FIELDS.index(name) for name in ("nonfinite", "elements", "nonfinite_reference")]
+
+
+def passed_record(elements: int) -> np.ndarray:
+    """The record of a block of `elements` that passes with nothing compared: an empty block, a dry run's."""
+    return np.array([1.0, 0.0, 0.0, 0.0, float(elements), 1.0, 0.0])
+
+
+def mismatch_record(elements: int) -> np.ndarray:
+    """The record of a block of `elements` whose reference (or scale) has another shape: failed, errors infinite."""
+    return np.array([0.0, np.inf, np.inf, 0.0, float(elements), 0.0, 0.0])
+
+
+def count_once(record: np.ndarray) -> None:
+    """Zero `record`'s counts of elements in place: a replica's, whose elements another rank's record counts."""
+    record[_COUNTS] = 0.0
 
 
 @dataclass(frozen=True)
@@ -107,11 +125,11 @@ def local_stats(actual: np.ndarray, expected: Any, rtol: float, atol: float, sca
     if scale is not None:
         scale = np.asarray(scale)
         if scale.shape != actual.shape:
-            return np.array([0.0, np.inf, np.inf, 0.0, float(actual.size), 0.0, 0.0])
+            return mismatch_record(actual.size)
     if expected.shape != actual.shape:
-        return np.array([0.0, np.inf, np.inf, 0.0, float(actual.size), 0.0, 0.0])
+        return mismatch_record(actual.size)
     if actual.size == 0:
-        return np.array([1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0])
+        return passed_record(0)
     wide = np.complex128 if np.iscomplexobj(actual) or np.iscomplexobj(expected) else np.float64
     a = actual.astype(wide, copy=False)
     b = expected.astype(wide, copy=False)

@@ -22,7 +22,8 @@ from ..base.context import current as _context
 from ..base.validate import as_int, describe, dtype_arg, tolerance_arg
 from . import door
 from .replay import local_of
-from .check import Verdict, agree, checked_scale, default_tolerances, local_stats
+from .check import (Verdict, agree, checked_scale, count_once, default_tolerances, local_stats, mismatch_record,
+                    passed_record)
 from .mesh import Mesh
 from ..layouts.dialects.dtensor import placements_of
 from ..layouts.dialects.partition_spec import layout_to_partition_spec
@@ -259,7 +260,7 @@ class DTensor(_Constructors, _Methods):
         dry = _context().dry_run
         try:
             if dry:  # a dry run has no values to check: its reference is not made, nothing is compared
-                stats = np.array([1.0, 0.0, 0.0, 0.0, float(actual.size), 1.0, 0.0])  # (local_stats' record)
+                stats = passed_record(actual.size)
             elif isinstance(reference, SeededTensor):
                 expected = reference.region(region)
             elif callable(reference):
@@ -277,9 +278,9 @@ class DTensor(_Constructors, _Methods):
                 stats = local_stats(actual, expected, rtol, atol, region_scale)
         except ShapeError:
             # A mismatch on some ranks only must not skip the agreeing Allgather.
-            stats = np.array([0.0, np.inf, np.inf, 0.0, float(actual.size), 0.0, 0.0])
+            stats = mismatch_record(actual.size)
         if not _primary(self._mesh, self._layout):
-            stats[3] = stats[4] = stats[6] = 0.0  # count each global element once, not once per replica
+            count_once(stats)  # each global element counted once, not once per replica
         # A dry run's verdict (agree's): passed, dry_run=True, its text saying no check was made; each
         # global element counted once (the dry communicator's table holds rank 0's record for every rank).
         return agree(self._mesh.comm, stats, rtol, atol, self._mesh.polite, scaled=scale is not None,
