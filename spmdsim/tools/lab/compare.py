@@ -134,8 +134,8 @@ def _tolerance(want: Any, rtol: Optional[float], atol: Optional[float]) -> tuple
     """The exercise's RTOL and ATOL, each one it leaves out (None) taken by `want`'s dtype
     (spmdsim.references.tolerances: float64 1e-9 and 1e-12, float32 1e-4 and 1e-5); float64's for a value not of
     floats. A float32 exercise at float64's 1e-9 failed its own reference's Allreduce at 4 ranks (another order)."""
-    dtype = want.dtype if isinstance(want, (np.ndarray, np.generic)) else np.dtype(np.float64)
-    rtol_, atol_ = default_tolerances(dtype) if dtype.kind in "fc" else (1e-9, 1e-12)
+    dtype = want.dtype if isinstance(want, (np.ndarray, np.generic)) else None
+    rtol_, atol_ = default_tolerances(dtype if dtype is not None and dtype.kind in "fc" else np.dtype(np.float64))
     return (rtol_ if rtol is None else rtol), (atol_ if atol is None else atol)
 
 
