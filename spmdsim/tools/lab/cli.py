@@ -103,8 +103,7 @@ def _start(args: argparse.Namespace) -> int:
     statement = (f"# Exercise {exercise.number}: {exercise.title}\n\n{exercise.statement.strip()}\n\n"
                  f"Write `{exercise.signature}` in {exercise.name}.py. It runs on "
                  f"{', '.join(map(str, exercise.ranks))} ranks.\n")
-    course = "" if args.exercises == EXERCISES else f" --exercises {shlex.quote(os.path.abspath(args.exercises))}"
-    _write_start(exercise.number, args.dir, ((text, statement), (code, exercise.starter(course))))
+    _write_start(exercise.number, args.dir, ((text, statement), (code, exercise.starter(_course(args, whole=True)))))
     print(f"wrote {text} (the statement) and {code} (the function to write)")
     print(f"check it with: spmdsim lab check {exercise.number} {shlex.quote(code)}{_course(args)}")
     return 0
@@ -332,9 +331,11 @@ def _starter_number(path: str) -> Optional[str]:
     return str(int(match.group(1))) if match else None
 
 
-def _course(args: argparse.Namespace) -> str:
-    """The --exercises flag to repeat in a command said back: "" for the exercises spmdsim ships."""
-    return "" if args.exercises == EXERCISES else f" --exercises {shlex.quote(args.exercises)}"
+def _course(args: argparse.Namespace, whole: bool = False) -> str:
+    """The --exercises flag to repeat in a command said back: "" for the exercises spmdsim ships; `whole`: the
+    folder by its whole path (a starter file's, read from wherever it is moved)."""
+    folder = os.path.abspath(args.exercises) if whole else args.exercises
+    return "" if args.exercises == EXERCISES else f" --exercises {shlex.quote(folder)}"
 
 
 def _writable(path: str, folder: str) -> None:
