@@ -37,11 +37,10 @@ def submissions(folder: str, starter: str) -> list:
             entries.append(_student(path, file_name(name), starter))
         elif _a_submission(folder, name):
             entries.append(path)
-        elif _a_python_name(name) and _dangling(path):  # (a student's file: a row saying what it is)
-            entries.append(NotGraded(file_name(name), _dangling(path)))
+        elif (link := _dangling(path)) and _a_python_name(name):  # (a student's file: a row saying what it is)
+            entries.append(NotGraded(file_name(name), link))
         else:
-            why = f" ({_dangling(path)})" if _dangling(path) else ""
-            skipped.append(file_name(name) + ("/" if os.path.isdir(path) else "") + why)
+            skipped.append(file_name(name) + ("/" if os.path.isdir(path) else "") + (f" ({link})" if link else ""))
     if skipped:
         print(f"left out (not a .py file, or hidden): {_listed(skipped)}", file=sys.stderr)
     if not any(isinstance(entry, str) for entry in entries):
