@@ -41,6 +41,7 @@ from typing import Any, NamedTuple, Optional
 import numpy as np
 
 import spmdsim
+from spmdsim.errors import RankCountError
 from spmdsim.nn.autograd.kept import kept_problem
 from spmdsim.base.precision import precision
 from spmdsim.models.gpt import GPTConfig, encode, load_text
@@ -189,7 +190,7 @@ def checked_run(args, size):
         raise spmdsim.SpmdsimError(problem)
     shape, problem = split(size, cfg, layers)
     if problem:  # every rank alike, before any collective
-        raise spmdsim.SpmdsimError(f"the GPT cannot run on {counted(size, 'rank')}: {problem}")
+        raise RankCountError(f"the GPT cannot run on {counted(size, 'rank')}: {problem}", size=size, ways=problem)
     zero = int(args.zero) if args.zero.lstrip("-").isdigit() else args.zero
     problem = options_problem(args, cfg, zero, shape[0])
     text = load_text()

@@ -39,6 +39,7 @@ import sys
 from typing import Any, NamedTuple, Optional
 
 import spmdsim
+from spmdsim.errors import RankCountError
 from spmdsim.nn.autograd.kept import kept_problem
 from spmdsim.base.precision import precision
 from spmdsim.models.gpt.fp8_block import policy_problem
@@ -252,7 +253,7 @@ def checked_run(args, size):
     problem = problem or kept_problem(args.kept, "--kept") or policy_problem(args.precision, args.replay) \
         or text_problem(ids, cfg)  # FP8's options too: refused before the header, not by the trainer
     if problem:
-        raise spmdsim.SpmdsimError(f"the MoE GPT cannot run on {counted(size, 'rank')}: {problem}")
+        raise RankCountError(f"the MoE GPT cannot run on {counted(size, 'rank')}: {problem}", size=size, ways=problem)
     problem = zero_problem(zero, "--zero")
     if problem:  # (as train refuses it, but before the header is printed)
         raise spmdsim.SpmdsimError(problem)

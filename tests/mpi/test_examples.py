@@ -2,8 +2,8 @@
 
 The examples are run in-process (runpy) under the suite's mpiexec rather than
 one launch each, which on 2 cores would cost seconds per file. An example that
-needs another world size raises a RankCountError (or a SpmdsimError naming the
---ranks it needs) on every rank, and is skipped; any other error fails the test.
+needs another world size raises a RankCountError on every rank, and is skipped;
+any other error fails the test.
 """
 from __future__ import annotations
 
