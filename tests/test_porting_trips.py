@@ -128,6 +128,9 @@ def test_devicemesh_and_jax_mesh_names_on_a_mesh():
                (v for k, v in said.items() if k != "[]"))
     assert said["get_coordinate()"][2] == ("mesh.get_coordinate() is PyTorch DeviceMesh's; spmdsim's is mesh.coords, "
                                            "this rank's index along every axis (docs/tutorials/porting.md)")
+    assert said["device_type"][2] == ("mesh.device_type is PyTorch DeviceMesh's; spmdsim's is none: every rank is a "
+                                      "CPU process (an MPI rank or a simulated one), its arrays numpy's "
+                                      "(docs/tutorials/porting.md)")
     assert said["axis_names"][2] == ("mesh.axis_names is JAX Mesh's; spmdsim's is mesh.layout.alias_name "
                                      "(docs/tutorials/porting.md)")
     assert said["[]"].startswith("mesh['tp'] is PyTorch DeviceMesh's sub-mesh; spmdsim has none: name the axes")

@@ -44,6 +44,7 @@ _FOREIGN = {
     "get_coordinate()": (_TORCH, "mesh.coords, this rank's index along every axis"),
     "get_rank()": (_TORCH, "mesh.rank"),
     "get_group()": (_TORCH, "mesh.group('tp'), the communicator over the named axes"),
+    "device_type": (_TORCH, "none: every rank is a CPU process (an MPI rank or a simulated one), its arrays numpy's"),
     "mesh_dim_names": (_TORCH, "mesh.layout.alias_name"),
     "ndim": (_TORCH, "len(mesh.layout.device_matrix)"),
     "mesh": (_TORCH, "mesh.layout.device_matrix, its ranks numbered row-major from 0 (mesh.group_ranks('tp') "
