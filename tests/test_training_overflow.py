@@ -8,6 +8,7 @@ from __future__ import annotations
 import pathlib
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -15,6 +16,8 @@ import pytest
 import spmdsim
 from spmdsim.errors import SpmdsimError
 from spmdsim.models.gpt.data import next_id
+from spmdsim.models.gpt.step_check import UNCHECKED, step_errors
+from spmdsim.models.gpt.train import StepResult
 from spmdsim.models.nets import seeds
 from spmdsim.models.nets.train import NetworkTrainer
 
@@ -75,6 +78,35 @@ def test_an_optimizer_state_past_float_range_stops_the_run_in_one_line(more: lis
     assert error.endswith("): training diverged, the parameters stop moving; expected a finite optimizer state: a "
                           "lower learning rate than 0.003, or clipping, or lower router-loss weights (aux 0.01, z "
                           "1e+300)"), error
+
+
+@pytest.mark.parametrize("mesh", [["--tp", "2", "--layers", "1"], ["--pp", "2", "--layers", "2"]])
+def test_a_reference_step_past_float_range_stops_the_run_not_a_pass_on_nan(mesh: list) -> None:
+    """`--lr 1e20`: at step 5 one numpy process's gradients went past float range where the run's (summed in
+    another order) did not; the check's differences came out NaN, its rows printed "nan  nan" and the verdict was
+    "check: 6 steps ...: PASS". It stops at that step in one line, exit 2, as a diverged run of its own does."""
+    args = ["--ranks", "4", "--lr", "1e20", "--steps", "6", "--every", "1", "--sample", "0", *mesh]
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "train_gpt.py"), *args, *SMALL],
+                         capture_output=True, text=True, timeout=120)
+    error = " ".join(out.stderr.split())
+    assert out.returncode == 2 and "Traceback" not in error and "Warning" not in error, out.stderr
+    assert "PASS" not in out.stdout and "nan" not in out.stdout, out.stdout
+    assert error.startswith("spmdsim: error: step 5: the check's step in one numpy process went past float range "
+                            "(its gradient 'wte' is not finite) where the run's did not (loss "), error
+    assert error.endswith("): training diverged, the step cannot be checked; expected a finite loss and parameters: "
+                          "a lower learning rate than 1e+20, or clipping"), error
+
+
+def test_a_nan_difference_is_never_within_the_tolerance() -> None:
+    """A checked step's NaN difference (a gradient the run made NaN) was left out of the verdict, as the NaN of a
+    step not checked is: a PASS on NaN. It is a difference past every tolerance."""
+    grad = np.array([1.0, np.nan, 1.0])
+    held = SimpleNamespace(local=np.ones(3), grad=SimpleNamespace(local=grad), slices=(slice(None),),
+                           dtype=np.dtype(np.float64))
+    errors = step_errors(1.0, 1.0, {"w": np.ones(3)}, {"w": np.ones(3)}, {"w": held})
+    assert errors[:3].tolist() == [0.0, float("inf"), 0.0]
+    assert not StepResult(0, 1.0, tuple(errors[:3]), 0, 0).passed
+    assert StepResult(0, 1.0, UNCHECKED[:3], 0, 0).passed  # a step not checked: nothing failed
 
 
 def test_a_sample_from_diverged_parameters_is_one_line_not_a_traceback() -> None:

@@ -13,7 +13,7 @@ from ...runtime.shared_reference import shared_once
 from ...runtime.sim import once
 from .buckets import anchored_start, anchored_updates
 from .reference_step import _checked_mixed, _checked_reference, _resumed_moments, _zero_moments
-from .step_check import QUIET, _summed_grads, resolved_errors, step_errors
+from .step_check import QUIET, _summed_grads, resolved_errors, step_errors, stop_if_reference_diverged
 from .tolerances import flip_tolerance, rounding_tolerance
 from .wholes import Regions
 
@@ -107,6 +107,7 @@ class StepChecker:
                 self.mesh, ("gpt-reference", cfg, microbatches, step + 1), _checked_reference, where, self.begun,
                 self.moments, x, y, cfg, step, microbatches, routes, self.laid)
             masters = None
+        stop_if_reference_diverged(step, value, ref_loss, top, cfg)  # nothing to compare with: one line, exit 2
         self.overflow = top.get("overflow")  # said by the check's lines (spmdsim.models.gpt.options.check_lines)
         with np.errstate(**QUIET):  # the reference's AdamW again, on this rank's inputs: it overflows alike
             own = None if self.own is None else anchored_updates(self.own, tensors, cfg, optimizer)

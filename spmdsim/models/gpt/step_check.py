@@ -79,7 +79,9 @@ def step_errors(value: float, ref_loss: float, grads: dict, updated: dict, tenso
                                     (slice(None),) * master.ndim, top["updated"][name]))
     blocks = list(_grad_blocks(tensors, grads, zero, top["grads"], slices))
     grad = max((float(np.max(d, initial=0.0)) / scale for d, _, scale, _ in blocks), default=0.0)
-    return np.array([abs(value - ref_loss) / max(abs(ref_loss), 1e-300), grad, params,
+    loss = abs(value - ref_loss) / max(abs(ref_loss), 1e-300)
+    # a NaN difference (a value the run or the reference made non-finite) is within nothing: never a PASS
+    return np.array([*(e if e == e else float("inf") for e in (loss, grad, params)),
                      float("nan") if flip is None else flip_ratio(blocks, flip),
                      float("nan") if rounding is None else rounding_ratio(blocks, top, rounding)])
 
@@ -176,8 +178,7 @@ def stop_if_diverged(step: int, loss: float, params: dict, lr: float, clipping: 
     Not in a dry run."""
     if dry_run_active():
         return
-    lower = f"expected a finite loss and parameters: a lower learning rate than {lr:g}{', or clipping' * clipping}"
-    lower += f", or lower {weights}" if weights else ""
+    lower = _lower(lr, clipping, weights)
     if not math.isfinite(loss):
         raise SpmdsimError(f"{what}step {step}: the loss is {loss} (not finite): training diverged; {lower}")
     bad = next((name for name, t in params.items() if not np.isfinite(t.local).all()), None)
@@ -192,6 +193,32 @@ def stop_if_diverged(step: int, loss: float, params: dict, lr: float, clipping: 
         raise SpmdsimError(f"{what}step {step}: {type(optimizer).__name__}'s {STATE_WORDS.get(field, field)}{of} is not "
                            f"finite after the update (loss {loss:.6g}): training diverged, the parameters stop "
                            f"moving; {lower.replace('loss and parameters', 'optimizer state')}")
+
+
+def _lower(lr: float, clipping: bool, weights: str) -> str:
+    """What a diverged training's line expects, and the ways to it (stop_if_diverged's arguments)."""
+    lower = f"expected a finite loss and parameters: a lower learning rate than {lr:g}{', or clipping' * clipping}"
+    return lower + (f", or lower {weights}" if weights else "")
+
+
+def stop_if_reference_diverged(step: int, loss: float, ref_loss: float, top: dict, cfg: Any) -> None:
+    """Raise SpmdsimError naming `step` where the check's reference step (one numpy process's: its loss `ref_loss`,
+    its gradients' and updated parameters' largest magnitudes `top`, spmdsim.models.gpt.wholes.peaks) is not
+    finite while the run's loss `loss` and parameters are (stop_if_diverged passed them): the values outgrew their
+    dtype in the reference's order of operations first, and the check has nothing to compare them with. Its
+    differences came out NaN and it said PASS (`train_gpt.py --lr 1e20 --steps 6`). Alike on every rank (the
+    reference is the ranks' one, spmdsim.runtime.shared_once), before any collective of the check's."""
+    if not math.isfinite(ref_loss):
+        said = f"its loss is {ref_loss}"
+    else:
+        bad = next(((what, name) for what, key in (("gradient", "grads"), ("updated parameter", "updated"))
+                    for name, peak in top[key].items() if not math.isfinite(peak)), None)
+        if bad is None:
+            return
+        said = f"its {bad[0]} {bad[1]!r} is not finite"
+    raise SpmdsimError(f"step {step}: the check's step in one numpy process went past float range ({said}) where the "
+                       f"run's did not (loss {loss:.6g}): training diverged, the step cannot be checked; "
+                       f"{_lower(cfg.lr, True, router_weights(cfg))}")
 
 
 def router_weights(cfg: Any) -> str:
