@@ -325,6 +325,39 @@ def test_a_context_or_checkpoint_flag_typed_where_it_does_nothing_is_named(argv,
     assert unused_flags_problem(parser.parse_args(argv)) == problem
 
 
+@pytest.mark.parametrize("argv, problem", [
+    ([], None),
+    (["--pp", "2", "--schedule", "gpipe"], None),
+    (["--microbatches", "2", "--schedule", "GPipe"], None),  # one stage's two microbatches, in GPipe's order
+    (["--schedule", "interleaved"], None),  # its chunks' own refusal: "expected --pp 2 or more, got --pp 1"
+    (["--schedule", "1f1b"], "--schedule 1f1b orders a pipeline's microbatches: give --pp 2 or more (or "
+                             "--microbatches 2 or more) with it"),
+    (["--schedule", "GPipe", "--microbatches", "1"], "--schedule gpipe orders a pipeline's microbatches: give --pp 2 "
+                                                     "or more (or --microbatches 2 or more) with it"),
+])
+def test_a_schedule_typed_without_a_pipeline_is_named(argv, problem):
+    """`train_gpt.py --schedule 1f1b` (--pp forgotten) ran the plain step, exit 0, as if the flag had not been
+    typed, and `--schedule gpipe` a pipeline of one stage and one microbatch."""
+    import argparse
+
+    from spmdsim.models.gpt.options import checkpoint_arguments, context_arguments, unused_flags_problem
+    from spmdsim.programs.pipeline.options import pipeline_arguments
+
+    parser = argparse.ArgumentParser()
+    for arguments in (context_arguments, checkpoint_arguments, pipeline_arguments):
+        arguments(parser)
+    assert unused_flags_problem(parser.parse_args(argv)) == problem
+
+
+def test_the_examples_refuse_a_schedule_without_a_pipeline_in_one_line():
+    for example in ("examples/train_gpt.py", "examples/train_moe_gpt.py"):
+        out = _run(example, "--schedule", "1f1b", "--ranks", "8")
+        assert out.returncode == 2, out.stderr
+        assert unfold(out.stderr).strip().splitlines() == [
+            "spmdsim: error: --schedule 1f1b orders a pipeline's microbatches: give --pp 2 or more (or --microbatches "
+            "2 or more) with it"]
+
+
 @pytest.mark.parametrize("args, message", [
     # each size flag below 1 is refused as given (was: "dp -8 x tp -1 must multiply to the world size 8")
     (["examples/train_gpt.py", "--dp", "-8"], "--dp -8 must be at least 1"),

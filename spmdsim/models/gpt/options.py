@@ -13,7 +13,8 @@ cannot be (spmdsim.models.nets.train.run_main asks it);
 ``checkpoint_arguments(parser)`` adds ``--save``, ``--save-every`` and ``--resume`` (spmdsim.models.gpt.checkpoint);
 ``context_arguments(parser)`` adds ``--cp``, ``--cp-method`` and ``--cp-split``, and ``context_of(args)`` is the
 Context they say (spmdsim.models.gpt.context; None without ``--cp``), ``context_line(args)`` the header's line on it;
-``unused_flags_problem(args)`` why one of their flags, typed, would do nothing in the run asked for;
+``unused_flags_problem(args)`` why one of their flags (or ``--schedule``), typed, would do nothing in the run
+asked for;
 ``step_header(check)`` and ``step_row(result, check)`` are the table of the steps a run reports, ``saved_line(args,
 ranks)`` the line on the checkpoint ``--save`` wrote.
 
@@ -123,13 +124,20 @@ def unused_flags_problem(args: Any) -> Optional[str]:
     """Why a flag of `context_arguments` or `checkpoint_arguments` that the command line typed would do nothing
     in the run it asks for, or None (pure: every rank alike, before any collective): ``--cp-method`` or
     ``--cp-split`` without ``--cp`` 2 or more, ``--save-every 0`` without ``--save`` (another N without it is
-    spmdsim.models.gpt.checkpoint.checkpoint_problem's). A flag left at its default is never refused."""
+    spmdsim.models.gpt.checkpoint.checkpoint_problem's), ``--schedule gpipe`` or ``1f1b`` (where `args` has
+    the pipeline's flags) without ``--pp`` or ``--microbatches`` 2 or more: one stage's one microbatch, which
+    `--schedule 1f1b` ran unpipelined and `gpipe` as a pipeline of one cell. A flag left at its default is never
+    refused."""
     if args.cp == 1:
         for flag in given_flags(args, "--cp-method", "--cp-split"):  # read only by a split sequence
             value = getattr(args, flag[2:].replace("-", "_"))
             return f"{flag} {value} is for a sequence split over context-parallel ranks: give --cp 2 or more with it"
     if args.save is None and args.save_every == 0 and given_flags(args, "--save-every"):
         return "--save-every 0 (a checkpoint after the last step only) is --save's: give --save DIR with it"
+    schedule = getattr(args, "schedule", "interleaved")  # interleaved without --pp: its chunks' own refusal
+    if schedule != "interleaved" and args.pp == 1 and (args.microbatches or 1) == 1 and given_flags(args, "--schedule"):
+        return (f"--schedule {schedule} orders a pipeline's microbatches: give --pp 2 or more (or --microbatches 2 or "
+                "more) with it")
     return None
 
 

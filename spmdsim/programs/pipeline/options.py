@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from ...base.typed_numbers import add_noted
 from .schedule import SCHEDULES
 
 __all__ = ["schedule_choice", "pipeline_arguments", "pipelined", "microbatches", "virtual_stages", "default_microbatches_problem",
@@ -41,8 +42,8 @@ def pipeline_arguments(parser: Any) -> None:
     parser.add_argument("--microbatches", type=int, default=None,
                         help="microbatches per step (default: 1, or 2 x pp with --pp); gradients accumulate over "
                              "them")
-    parser.add_argument("--schedule", type=schedule_choice, choices=SCHEDULES, default="1f1b",
-                        help="the pipeline's schedule (with --pp or --microbatches; any case: 1F1B, GPipe)")
+    add_noted(parser, "--schedule", type=schedule_choice, choices=SCHEDULES, default="1f1b",  # typed: refused alone
+              help="the pipeline's schedule (with --pp or --microbatches; any case: 1F1B, GPipe)")
     parser.add_argument("--virtual-stages", type=int, default=None,
                         help="model chunks per stage with --schedule interleaved (default 2)")
     split_arguments(parser)
