@@ -247,15 +247,12 @@ def checked_run(args, size):
         raise spmdsim.SpmdsimError(problem)
     zero = int(args.zero) if args.zero.lstrip("-").isdigit() else args.zero
     shape, problem = split(size, cfg, layers)  # (with its mesh's, pipeline's and --cp's problem)
-    if not problem and args.replay:
-        problem = replay_problem(cfg)
-    ids = encode(load_text())
-    problem = problem or kept_problem(args.kept, "--kept") or policy_problem(args.precision, args.replay) \
-        or text_problem(ids, cfg)  # FP8's options too: refused before the header, not by the trainer
     if problem:
         raise RankCountError(f"the MoE GPT cannot run on {counted(size, 'rank')}: {problem}", size=size, ways=problem)
-    problem = zero_problem(zero, "--zero")
-    if problem:  # (as train refuses it, but before the header is printed)
+    ids = encode(load_text())  # the rest are the flags' own, on any number of ranks (as train_gpt.py says them):
+    problem = (replay_problem(cfg) if args.replay else None) or kept_problem(args.kept, "--kept") \
+        or policy_problem(args.precision, args.replay) or text_problem(ids, cfg) or zero_problem(zero, "--zero")
+    if problem:  # FP8's options too: refused before the header, not by the trainer
         raise spmdsim.SpmdsimError(problem)
     dp, ep, tp = shape
     layouts = None

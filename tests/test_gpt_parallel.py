@@ -255,9 +255,12 @@ def test_a_sample_on_many_ranks_is_said_before_it_runs(ranks, said):
     # a step drew id 121 and refused it after the table's header; the text's ids are checked whole first now
     (["examples/train_gpt.py", "--vocab", "102"], "the text's token ids run from 10 to 126, outside the vocabulary "
                                                  "[0, 102); expected vocab 127 or more (--vocab)"),
-    (["examples/train_moe_gpt.py", "--vocab", "100", "--moe-every", "1"], "the MoE GPT cannot run on 4 ranks: the text's token ids run "
-                                                     "from 10 to 126, outside the vocabulary [0, 100); expected "
-                                                     "vocab 127 or more (--vocab)"),
+    # (was said as "the MoE GPT cannot run on 4 ranks: the text's token ids ...": not the ranks' problem)
+    (["examples/train_moe_gpt.py", "--vocab", "100", "--moe-every", "1"], "the text's token ids run from 10 to 126, "
+                                                     "outside the vocabulary [0, 100); expected vocab 127 or more "
+                                                     "(--vocab)"),
+    (["examples/train_moe_gpt.py", "--precision", "bf16", "--moe-every", "1"],
+     "precision 'bf16' must be one of fp64, fp32, bf16-mixed, fp8, fp8-current"),
 ])
 def test_the_gpt_examples_refuse_what_they_print_or_sample_with_in_one_line_before_training(args, message):
     """--every 0 raised ZeroDivisionError after the first step, --every -1 printed every step, --temperature nan
