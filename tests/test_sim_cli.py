@@ -76,6 +76,23 @@ def test_ranks_under_a_launched_job_is_refused_once(monkeypatch, capsys):
     assert run_on_ranks(2, lambda: 0) == 0
 
 
+def test_ranks_under_a_launched_job_is_refused_before_an_examples_own_checks(monkeypatch, capsys):
+    """`mpiexec -n 4 python examples/train_gpt.py --ranks 64` said "the GPT cannot run on 64 ranks: ..." (its
+    checks of 64 ranks came first), and fixing that led to the refusal of --ranks under mpiexec: said first now."""
+    from types import SimpleNamespace
+
+    from spmdsim.models.nets.train import run_main
+
+    monkeypatch.setenv("PMI_SIZE", "4")
+    monkeypatch.setenv("PMI_RANK", "0")
+    with pytest.raises(SystemExit) as exc:
+        run_main(lambda args: 0, SimpleNamespace(steps=1), 64, needs=lambda size: f"no split of {size} ranks runs it")
+    assert exc.value.code == 2
+    assert unfold(capsys.readouterr().err) == (
+        "spmdsim: error: --ranks 64 simulates the ranks in one process, but mpiexec started 4; leave out --ranks "
+        "under mpiexec (mpiexec -n 64 ...), or run without mpiexec\n")
+
+
 def test_script_quotes_a_bad_ranks_count_as_the_training_examples_do(capsys):
     """`spmdsim.script()` (every example but the training ones) said `--ranks '-1'` but `--ranks 0`, and `--ranks ²`
     (a digit to str.isdigit, not to int) was a ValueError traceback. It reads the count as argparse's type=int

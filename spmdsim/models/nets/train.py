@@ -36,7 +36,7 @@ from ...runtime.engines import ways_out
 from ...runtime.executor import redistribute
 from ...runtime.mesh import Mesh
 from ...runtime.mpi_library import load_mpi
-from ...runtime.sim.launch import DRY_RUN_NEEDS_RANKS, ranks_problem, run_on_ranks
+from ...runtime.sim.launch import DRY_RUN_NEEDS_RANKS, launched_problem, ranks_problem, run_on_ranks
 from ...runtime.trace import collect_trace
 from ..gpt.options import printing_problem
 from ..gpt.step_check import QUIET, stop_if_diverged
@@ -307,7 +307,7 @@ def refuse(text: str) -> NoReturn:
 def world_size(ranks: Optional[int], dry_run: bool = False) -> int:
     """The rank count a run will have: `ranks` simulated ranks (None: the MPI world's size)."""
     if ranks is not None:
-        problem = ranks_problem(ranks, dry_run)
+        problem = ranks_problem(ranks, dry_run) or launched_problem(ranks)  # --ranks under mpiexec: first
         if problem:
             refuse(problem)
         return ranks

@@ -60,6 +60,17 @@ def ranks_problem(n: Any, dry_run: bool = False) -> Optional[str]:
     return f"--ranks {n!r} must be a number of ranks from 1 to {most}{more}, e.g. --ranks 8"
 
 
+def launched_problem(n: int) -> Optional[str]:
+    """Why ``--ranks`` `n` cannot run here, or None: mpiexec started several processes, and each would run all
+    `n` ranks (n x launched, the output repeated). The examples ask it before their own checks of `n` ranks:
+    `mpiexec -n 4 ... --ranks 64` said why 64 ranks did not fit the model, not that --ranks was the mistake."""
+    launched = launcher_size()
+    if launched <= 1:
+        return None
+    return (f"--ranks {n} simulates the ranks in one process, but mpiexec started {launched}; leave out --ranks "
+            f"under mpiexec (mpiexec -n {n} ...), or run without mpiexec")
+
+
 def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: bool = False,
                  dry_codes: tuple = ()) -> int:
     """Run `fn()` on `n` simulated ranks; return the exit code (see the module docstring).
@@ -69,10 +80,8 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
     A count that cannot be is refused in one line before anything else (exit 2).
     """
     problem = ranks_problem(n, dry_run)
-    launched = launcher_size()
-    if not problem and launched > 1:  # each MPI process would run all n ranks: n x launched, output repeated
-        problem = (f"--ranks {n} simulates the ranks in one process, but mpiexec started {launched}; "
-                   f"leave out --ranks under mpiexec (mpiexec -n {n} ...), or run without mpiexec")
+    if not problem and launched_problem(n):
+        problem = launched_problem(n)
         if launcher_rank() != 0:  # every process refuses; one says so
             return after_rank0_says(2)
     if problem:
