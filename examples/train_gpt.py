@@ -265,7 +265,7 @@ def print_header(args, run):
     if pipelined(args):
         v = f", {virtual_stages(args)} chunks per stage" if args.schedule == "interleaved" else ""
         m = microbatches(args)
-        print(f"pipeline: {args.schedule} schedule, {m} microbatches of {cfg.batch // m}"
+        print(f"pipeline: {args.schedule} schedule, {counted(m, 'microbatch')} of {cfg.batch // m}"
               f"{v}; gradients accumulated, reduced once per step")
         if run.layers is not None:
             print(f"layers per {'chunk' if virtual_stages(args) > 1 else 'stage'}: {split_words(run.layers)}")

@@ -300,7 +300,7 @@ def print_header(args, run):
     if pipelined(args):
         m, v = microbatches(args), virtual_stages(args)
         chunks = f", {v} chunks per stage" if args.schedule == "interleaved" else ""
-        print(f"pipeline: {args.schedule} schedule, {m} microbatches of {cfg.batch // m}{chunks}")
+        print(f"pipeline: {args.schedule} schedule, {counted(m, 'microbatch')} of {cfg.batch // m}{chunks}")
         if run.layers is not None:
             print(f"  layers per {'chunk' if v > 1 else 'stage'}: {split_words(run.layers)}")
         print(f"  each stage's MoE layers exchange tokens over its own ep groups; router losses scaled by 1/{m}")

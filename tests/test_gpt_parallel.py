@@ -352,6 +352,15 @@ def test_a_schedule_typed_without_a_pipeline_is_named(argv, problem):
     assert unused_flags_problem(parser.parse_args(argv)) == problem
 
 
+def test_a_pipeline_of_one_microbatch_is_said_in_the_singular():
+    """`--pp 2 --microbatches 1` printed "pipeline: 1f1b schedule, 1 microbatches of 8"."""
+    for example in ("examples/train_gpt.py", "examples/train_moe_gpt.py"):
+        out = _run(example, "--ranks", "2", "--pp", "2", "--microbatches", "1", "--layers", "2", "--d-model", "16",
+                   "--seq", "8", "--steps", "1", "--no-check", *(["--sample", "0"] if "moe" not in example else []))
+        assert out.returncode == 0, out.stderr
+        assert "pipeline: 1f1b schedule, 1 microbatch of 8" in out.stdout, out.stdout
+
+
 def test_the_examples_refuse_a_schedule_without_a_pipeline_in_one_line():
     for example in ("examples/train_gpt.py", "examples/train_moe_gpt.py"):
         out = _run(example, "--schedule", "1f1b", "--ranks", "8")
