@@ -14,6 +14,7 @@ from spmdsim.base.once_parser import OnceParser
 from spmdsim.base.suggest import close_matches, did_you_mean
 from spmdsim.errors import LayoutError
 from spmdsim.tools.cli.main import build_parser, main
+from docs_commands import run_example
 from testkit import unfold
 
 #: The lab's MPI programs (docs/howto/mpi4py-lab.md).
@@ -113,6 +114,17 @@ def test_a_script_parser_suggests_alike(capsys):
     # parse_known_args leaves no record of the parse on the namespace
     args, extra = parser.parse_known_args(["--dry_run"])
     assert extra == ["--dry_run"] and vars(args) == {"ranks": None, "dry_run": False}
+
+
+@pytest.mark.parametrize("flag, meant", [("--hsdp", "--shard-group"), ("--fsdp", "--zero"),
+                                         ("--sequence-parallel", "--sp"), ("--tensor-model-parallel-size", "--tp"),
+                                         ("--pipeline-model-parallel-size", "--pp")])
+def test_the_gpt_examples_name_their_flag_for_pytorchs_and_megatrons(flag, meant):
+    """`train_gpt.py --zero 3 --hsdp 2` said "did you mean --sp or --dp?" (difflib's), `--sequence-parallel`
+    nothing: the flag that does the work is named."""
+    out = run_example("examples/train_gpt.py", "--ranks", "8", flag, "2")
+    assert out.returncode == 2
+    assert out.stderr.splitlines()[-1] == f"train_gpt.py: error: unrecognized arguments: {flag} 2; did you mean {meant}?"
 
 
 def test_close_matches_take_another_spelling_alone_then_prefixes_then_typos():

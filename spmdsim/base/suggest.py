@@ -10,8 +10,14 @@ from typing import Iterable
 
 __all__ = ["close_matches", "did_you_mean", "did_you_mean_each", "word_list"]
 
-#: Names from other tools, and the one of spmdsim's that does their work.
-SYNONYMS = {"mpiexec": "mpirun", "srun": "mpirun"}
+#: Names from other tools, and the one of spmdsim's that does their work: PyTorch's sharding and Megatron-LM's
+#: parallelism flags for the GPT examples' (`--hsdp 2` was met with "did you mean --sp or --dp?"), each taken
+#: only where the command has it.
+SYNONYMS = {"mpiexec": "mpirun", "srun": "mpirun", "--hsdp": "--shard-group", "--hybrid-shard": "--shard-group",
+            "--fsdp": "--zero", "--sequence-parallel": "--sp", "--tensor-model-parallel-size": "--tp",
+            "--pipeline-model-parallel-size": "--pp", "--context-parallel-size": "--cp",
+            "--expert-model-parallel-size": "--ep", "--expert-tensor-parallel-size": "--etp",
+            "--virtual-pipeline-model-parallel-size": "--virtual-stages"}
 
 
 def close_matches(word: str, names: Iterable[object], most: int = 3) -> list[str]:
