@@ -224,6 +224,24 @@ def test_a_resumed_runs_trend_is_judged_from_the_trainings_first_loss():
     assert loss_trend([4.8], first=4.7)[1] is False  # one resumed step is judged too: it has a first loss
 
 
+@pytest.mark.parametrize("flag", ["--save", "--resume"])
+def test_an_empty_checkpoint_directory_is_named_as_empty(flag, capsys):
+    """`--save ""` said "--save : cannot make the directory: No such file or directory" after the run's checks,
+    and `--resume ""` "--resume : does not exist": the value unseen in both."""
+    import argparse
+
+    from spmdsim.models.gpt.options import checkpoint_arguments
+
+    parser = argparse.ArgumentParser(prog="train_gpt.py")
+    checkpoint_arguments(parser)
+    with pytest.raises(SystemExit) as exc:
+        parser.parse_args([flag, ""])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"train_gpt.py: error: argument {flag}: '' is empty; expected a directory's path")
+    assert getattr(parser.parse_args([flag, "ckpt"]), flag[2:]) == "ckpt"
+
+
 def test_the_example_refuses_a_dry_run_in_one_line(tmp_path):
     common = ("--layers", "1", "--d-model", "16", "--heads", "2", "--seq", "8", "--batch", "4", "--sample", "0")
     done = run_example("examples/train_gpt.py", "--ranks", "4", "--tp", "2", "--dry-run", *common, "--steps", "1",

@@ -25,6 +25,7 @@ names this module gives too); `model_config` refuses a bad one in one line namin
 """
 from __future__ import annotations
 
+import argparse
 import math
 from typing import Any, Optional
 
@@ -83,15 +84,23 @@ def model_arguments(parser: Any) -> None:
     architecture_arguments(parser)
 
 
+def directory(text: str) -> str:
+    """argparse type of ``--save`` and ``--resume``: a directory's path, refused when empty (`--save ""` said
+    "--save : cannot make the directory: No such file or directory", the value unseen)."""
+    if not text:
+        raise argparse.ArgumentTypeError("'' is empty; expected a directory's path")
+    return text
+
+
 def checkpoint_arguments(parser: Any) -> None:
     """Add the trainer's checkpoint options (spmdsim.models.gpt.train's `save`, `save_every`, `resume`) to a parser."""
-    parser.add_argument("--save", default=None, metavar="DIR",
+    parser.add_argument("--save", type=directory, default=None, metavar="DIR",
                         help="write a checkpoint into DIR after the last step (a file per rank and checkpoint.json; "
                              "docs/howto/train.md, \"Stopping and resuming\")")
     add_noted(parser, "--save-every", type=int, default=0, metavar="N",
               help="with --save: a checkpoint after every N-th step too (each replaces the last; 0, the "
                    "default: after the last step only)")
-    parser.add_argument("--resume", default=None, metavar="DIR",
+    parser.add_argument("--resume", type=directory, default=None, metavar="DIR",
                         help="continue from the checkpoint in DIR to --steps, as the run that never stopped")
 
 
