@@ -55,7 +55,7 @@ from spmdsim.models.gpt.memory import (memory_line, recompute_problem, reshard_p
 from spmdsim.models.gpt.options import (architecture_words, check_lines, checkpoint_arguments, context_arguments,
                                         context_line, context_of, default_split, model_arguments, model_config,
                                         padding_line, saved_line, sizes_problem, step_header, step_row,
-                                        unused_flags_problem)
+                                        unused_flags_problem, other_example_flags)
 from spmdsim.models.gpt.checkpoint import checkpoint_problem, first_loss, read_meta
 from spmdsim.models.gpt.reference import generate
 from spmdsim.models.gpt.train import reference_sample, replay_problem, train
@@ -86,6 +86,7 @@ pipeline_arguments(parser)  # --pp, --microbatches, --schedule, --virtual-stages
 parser.add_argument("--trace-out", default=None, metavar="PATH", help="with a pipeline: the last step as a "
                     "Perfetto trace (a track per rank: messages, collectives and the F/B cells); not with --dry-run")
 model_arguments(parser)  # --vocab, --pad-vocab-to, the sizes, --dropout, --lr, --seed, Llama's (spmdsim.models.gpt.options)
+other_example_flags(parser, moe=False)  # --ep and the like: said to be train_moe_gpt.py's
 parser.add_argument("--clip", type=flag_float, default=0.0, help="clip the gradients' joint norm to this (0: none)")
 parser.add_argument("--every", type=int, default=20, help="print every N steps")
 add_noted(parser, "--sample", type=int, default=120, help="characters to generate at the end (0: none)")

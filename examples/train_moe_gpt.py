@@ -63,7 +63,7 @@ from spmdsim.models.nets.train import loss_trend, run_main
 from spmdsim.models.gpt.options import (architecture_words, check_lines, checkpoint_arguments, context_arguments,
                                         context_line, context_of, default_split, model_arguments, model_config,
                                         moe_problem, padding_line, routing_problem, saved_line, sizes_problem,
-                                        step_header, step_row, unused_flags_problem)
+                                        step_header, step_row, unused_flags_problem, other_example_flags)
 from spmdsim.programs.pipeline.options import (layer_split, microbatches, pipeline_arguments,
                                       pipelined, split_words, virtual_stages)
 from spmdsim.runtime.door import gather_object
@@ -132,6 +132,7 @@ parser.add_argument("--dispatch", action="store_true",
                     help="print each reported step's dispatch of the first MoE layer: tokens rank -> rank, "
                          "per expert, dropped")
 model_arguments(parser)  # --vocab, --pad-vocab-to, the sizes, --dropout, --lr, --seed, Llama's (spmdsim.models.gpt.options)
+other_example_flags(parser, moe=True)  # --sample and the like: said to be train_gpt.py's
 parser.add_argument("--every", type=int, default=10, help="print every N steps")
 parser.add_argument("--no-check", action="store_true", help="skip the single-process reference")
 checkpoint_arguments(parser)  # --save DIR, --save-every N, --resume DIR (spmdsim.models.gpt.checkpoint)

@@ -127,6 +127,20 @@ def test_the_gpt_examples_name_their_flag_for_pytorchs_and_megatrons(flag, meant
     assert out.stderr.splitlines()[-1] == f"train_gpt.py: error: unrecognized arguments: {flag} 2; did you mean {meant}?"
 
 
+@pytest.mark.parametrize("example, argv, line", [
+    ("train_gpt.py", ["--ep", "2"], "--ep 2; --ep is examples/train_moe_gpt.py's (the mixture-of-experts GPT: "
+                                    "docs/howto/experts.md)"),  # was "did you mean --kept or --help?"
+    ("train_moe_gpt.py", ["--sample", "0"], "--sample 0; --sample is examples/train_gpt.py's (the dense GPT's)"),
+    ("train_moe_gpt.py", ["--clip", "1", "--stepz", "1"], "--clip 1 --stepz 1; --clip is examples/train_gpt.py's "
+                                                          "(the dense GPT's); did you mean --steps?"),
+])
+def test_a_gpt_examples_flag_given_to_the_other_names_the_example_that_takes_it(example, argv, line):
+    """`train_moe_gpt.py --sample 0` (copied from a train_gpt.py command) said "did you mean --save?"."""
+    out = run_example(f"examples/{example}", "--ranks", "8", *argv)
+    assert out.returncode == 2
+    assert unfold(out.stderr).splitlines()[-1] == f"{example}: error: unrecognized arguments: {line}"
+
+
 def test_close_matches_take_another_spelling_alone_then_prefixes_then_typos():
     names = ["ring-allreduce", "ring-allgather", "bruck-alltoall"]
     assert close_matches("ring_allreduce", names) == ["ring-allreduce"]

@@ -56,13 +56,15 @@ def _shown(value: object) -> str:
 
 def _unrecognized(parser: argparse.ArgumentParser, extra: list) -> str:
     """argparse's "unrecognized arguments: ..." for the words `parser` left, and the flags of its own close to
-    each unknown one: its other spelling (`--device_matrix`: --device-matrix) or a typo's (`--hiden`)."""
+    each unknown one: its other spelling (`--device_matrix`: --device-matrix) or a typo's (`--hiden`); a flag of
+    another program's (the parser's `elsewhere`) is said to be that program's instead."""
     flags = [flag for action in parser._actions if action.help != argparse.SUPPRESS for flag in action.option_strings]
     unknown = [word.split("=", 1)[0] for word in extra]
     unknown = [name for name in unknown if name.startswith("-") and not parser._negative_number_matcher.match(name)]
-    hint = did_you_mean_each(unknown, flags, quoted=False)
-    message = f"unrecognized arguments: {' '.join(extra)}"
-    return f"{message}; {hint}" if hint else message
+    elsewhere = getattr(parser, "elsewhere", {})  # another program's flag: where it runs, not a close match
+    notes = [f"{name} is {elsewhere[name]}" for name in dict.fromkeys(unknown) if name in elsewhere]
+    hint = did_you_mean_each([name for name in unknown if name not in elsewhere], flags, quoted=False)
+    return "; ".join([f"unrecognized arguments: {' '.join(extra)}", *notes, *([hint] if hint else [])])
 
 
 def _twice(flag: str, first: object, again: str, value: object, takes_value: bool) -> str:
@@ -93,6 +95,9 @@ class OnceParser(argparse.ArgumentParser):
     message: under ``mpiexec -n 8`` a typo gave eight usage blocks. The other
     ranks still exit with the same code, without MPI (nothing has started).
     """
+
+    #: Flags another program takes (flag -> "examples/train_moe_gpt.py's ..."): an unknown one is said to be its.
+    elsewhere: dict = {}
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

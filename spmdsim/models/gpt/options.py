@@ -14,7 +14,7 @@ cannot be (spmdsim.models.nets.train.run_main asks it);
 ``context_arguments(parser)`` adds ``--cp``, ``--cp-method`` and ``--cp-split``, and ``context_of(args)`` is the
 Context they say (spmdsim.models.gpt.context; None without ``--cp``), ``context_line(args)`` the header's line on it;
 ``unused_flags_problem(args)`` why one of their flags (or ``--schedule``), typed, would do nothing in the run
-asked for;
+asked for; ``other_example_flags(parser, moe)`` notes the other GPT example's own flags on its parser;
 ``step_header(check)`` and ``step_row(result, check)`` are the table of the steps a run reports, ``saved_line(args,
 ranks)`` the line on the checkpoint ``--save`` wrote.
 
@@ -46,7 +46,7 @@ from ..moe.fold import fold_problem
 __all__ = ["model_arguments", "model_config", "padding_line", "check_lines", "sizes_problem", "moe_problem",
            "capacity_problem", "routing_problem", "printing_problem",
            "checkpoint_arguments", "context_arguments", "context_of", "context_line", "step_header", "step_row",
-           "saved_line", "unused_flags_problem",
+           "saved_line", "unused_flags_problem", "other_example_flags",
            "architecture_arguments", "architecture_problem", "architecture_fields", "architecture_flags",
            "architecture_words"]
 
@@ -59,6 +59,22 @@ MAX_LAYERS = 1024
 MODEL_SAID = {"vocab": "--vocab", "vocab_pad_to": "--pad-vocab-to", "layers": "--layers", "d_model": "--d-model",
               "heads": "--heads", "seq": "--seq", "batch": "--batch", "dropout": "--dropout", "lr": "--lr",
               "seed": "--seed"}
+
+
+#: The flags of examples/train_moe_gpt.py that examples/train_gpt.py lacks, and the reverse (`other_example_flags`).
+MOE_ONLY = ("--ep", "--etp", "--experts", "--top-k", "--moe-every", "--capacity-factor", "--dropless", "--routing",
+            "--aux-loss-coeff", "--z-loss-coeff", "--algorithm", "--dispatch")
+DENSE_ONLY = ("--sample", "--temperature", "--clip", "--trace-out", "--reshard-after-forward", "--prefetch",
+              "--shard-group")
+
+
+def other_example_flags(parser: Any, moe: bool) -> None:
+    """Note on `parser` (a spmdsim.base.once_parser.OnceParser: its `elsewhere`) the flags only the other GPT
+    example takes, so that one typed here is said to be that example's: `train_gpt.py --ep 2` was met with "did
+    you mean --kept or --help?", `train_moe_gpt.py --sample 0` with "did you mean --save?"."""
+    where = "examples/train_gpt.py's (the dense GPT's)" if moe else \
+        "examples/train_moe_gpt.py's (the mixture-of-experts GPT: docs/howto/experts.md)"
+    parser.elsewhere = {flag: where for flag in (DENSE_ONLY if moe else MOE_ONLY)}
 
 
 def model_arguments(parser: Any) -> None:
