@@ -318,7 +318,7 @@ def mesh_lines(args, run):
     split_tp = f" (tp {tp // args.etp} x etp {args.etp})" if folded(args) and args.etp > 1 else ""
     parts = [f"mesh {f'pp {args.pp} x ' if pipelined(args) else ''}dp {dp} x ep {ep} x "
              f"{f'cp {args.cp} x ' if args.cp > 1 else ''}tp {tp}{split_tp}"
-             f"{' with sequence parallelism' if args.sp else ''}:",
+             f"{(' with sequence parallelism' + ' (a no-op: tp 1 splits nothing)' * (tp == 1)) * args.sp}:",
              f"experts {run.cfg.moe.experts // ep} per ep rank, batch over dp x ep = {dp * ep}" + (alg and ";"),
              alg[2:]]
     if folded(args):  # Megatron-Core's parallel folding: the experts' groups over the same ranks

@@ -510,3 +510,9 @@ def test_sequence_parallelism_on_tp_1_is_said_to_split_nothing():
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[3] == ("mesh dp 2 x tp 1 with sequence parallelism (a no-op: tp 1 splits nothing); "
                                           "AdamW lr 0.003")
+    # the MoE example's header said "with sequence parallelism" alone
+    out = _run("examples/train_moe_gpt.py", "--ranks", "2", "--ep", "2", "--tp", "1", "--sp", "--layers", "2",
+               "--d-model", "16", "--seq", "8", "--batch", "2", "--steps", "1")
+    assert out.returncode == 0, out.stderr
+    assert "mesh dp 1 x ep 2 x tp 1 with sequence parallelism (a no-op: tp 1 splits nothing):\n" in out.stdout, \
+        out.stdout
