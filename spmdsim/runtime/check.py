@@ -195,7 +195,7 @@ def agree(comm: Any, stats: np.ndarray, rtol: float, atol: float, polite: bool =
 
     On a dry run's communicator (spmdsim.runtime.sim.dry) the Allgather is made as a real check makes it (its call
     and its table's bytes count), but the table is not read: it holds no rank's figures (this rank's record
-    repeated while it fits in 64 KiB, zeros past 1,365 ranks) and nothing was compared. The verdict is then
+    repeated while it fits in 64 KiB, zeros past 1,170 ranks) and nothing was compared. The verdict is then
     the same at every rank count: passed (a program's raise_if_failed() lets its dry run go on), with
     ``dry_run=True``, no error, and `elements` (the global elements the check stands for; else this rank's
     record's, once per rank)."""
