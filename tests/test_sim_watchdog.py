@@ -91,6 +91,26 @@ def test_mpi4py_calls_through_the_emulator(monkeypatch, held):
                                "within 0.2 s: rank 0 waits in it; rank 1 is computing (at ")
 
 
+def test_the_printed_report_keeps_each_clause_whole_after_its_prefix(held, capsys):
+    """`SPMDSIM_WATCHDOG=2 python prog.py --ranks 4` printed "spmdsim: error on simulated rank 0: [rank 0] spmdsim:
+    allreduce ... did not\n  complete within 2.0 s: ranks 0,2,3 wait in\n  it; rank 1 is computing": the head's
+    line, folded once in the report and again with the prefix, cut its clause in two. The clause is the line
+    after the head."""
+    from spmdsim.runtime.sim.launch import run_on_ranks
+
+    def main():
+        debug.configure(watchdog=0.2)
+        mesh = Mesh(Layout((4,), ("mp",)))
+        if mesh.rank == 1:
+            held.wait(30)
+        return collectives.allreduce(mesh, np.ones(3), "mp")
+
+    assert run_on_ranks(4, main) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("spmdsim: error on simulated rank ") and lines[1].endswith(" within 0.2 s:")
+    assert lines[2].startswith("  ranks 0,2,3 wait in it; rank 1 is computing (at "), lines
+
+
 def test_a_thread_a_rank_started_is_watched_and_a_join_is_not(held):
     from mpi4py import MPI
 

@@ -32,7 +32,7 @@ def explain(world: Any, polling: Optional[tuple] = None,
             first: Optional[int] = None) -> str:
     """Who waits in what, where in their program, and for each waited-on call where the others are
     (`polling`: (key, request, why: '' for "no rank left can complete it", call) of a rank, or a thread a rank
-    started, that polls in vain), after `head`; `first`: the key whose call `head` names (described on its line)."""
+    started, that polls in vain), after `head`; `first`: the key whose call `head` names (described first)."""
     by_call: dict[tuple, tuple[Any, list[int]]] = {}
     if first is not None:
         by_call[world.waiting[first].key()] = (world.waiting[first], [])
@@ -78,10 +78,10 @@ def explain(world: Any, polling: Optional[tuple] = None,
         clauses.append(f"and {len(by_call) - MAX_CLAUSES + (polling is not None)} more calls, where "
                        f"{ranks_text(rest)} wait")
     # One call (or hint) a line, each folded within 100 columns: at 4 ranks the report
-    # was one line of 465 columns. unfold() gives back the one-line form.
-    if first is not None:  # the head's call first, on its line
-        head, clauses = f"{head}: {clauses[0]}", clauses[1:]
-    return fold_message(head + (":" if first is None else "") + "".join(f"\n  {clause}" for clause in clauses + hints))
+    # was one line of 465 columns. unfold() gives back the one-line form. The call the head names is the
+    # first line after it, not on the head's line: a printer that puts "spmdsim: error on rank 0: " before
+    # the head folds that line again, which cut the call's clause in two ("ranks 0,2,3 wait in\n  it;").
+    return fold_message(head + ":" + "".join(f"\n  {clause}" for clause in clauses + hints))
 
 
 def _why_stuck(world: Any, token: Any) -> tuple[str, str]:
