@@ -118,13 +118,30 @@ def test_a_script_parser_suggests_alike(capsys):
 
 @pytest.mark.parametrize("flag, meant", [("--hsdp", "--shard-group"), ("--fsdp", "--zero"),
                                          ("--sequence-parallel", "--sp"), ("--tensor-model-parallel-size", "--tp"),
-                                         ("--pipeline-model-parallel-size", "--pp")])
+                                         ("--pipeline-model-parallel-size", "--pp"), ("--num-layers", "--layers"),
+                                         ("--hidden-size", "--d-model"), ("--num-attention-heads", "--heads"),
+                                         ("--global-batch-size", "--batch"), ("--seq-length", "--seq")])
 def test_the_gpt_examples_name_their_flag_for_pytorchs_and_megatrons(flag, meant):
     """`train_gpt.py --zero 3 --hsdp 2` said "did you mean --sp or --dp?" (difflib's), `--sequence-parallel`
     nothing: the flag that does the work is named."""
     out = run_example("examples/train_gpt.py", "--ranks", "8", flag, "2")
     assert out.returncode == 2
     assert out.stderr.splitlines()[-1] == f"train_gpt.py: error: unrecognized arguments: {flag} 2; did you mean {meant}?"
+
+
+def test_the_estimate_names_its_flags_for_megatrons_and_micro_batch_size_is_explained_in_the_examples(capsys):
+    """`spmdsim estimate gpt --hidden-size 64` named --hidden (train_gpt.py's is --d-model: the first a command
+    has); `train_gpt.py --micro-batch-size 2` said "did you mean --microbatches?", a count, not a size."""
+    assert _parser_error(capsys, ["estimate", "gpt", "--hidden-size", "64", "--micro-batch-size", "2",
+                                  "--global-batch-size", "8"])[-1].endswith(
+        "did you mean --hidden for --hidden-size; --micro-batch for --micro-batch-size; --global-batch for "
+        "--global-batch-size?")
+    out = run_example("examples/train_gpt.py", "--ranks", "8", "--micro-batch-size", "2")
+    assert out.returncode == 2
+    assert unfold(out.stderr).splitlines()[-1] == (
+        "train_gpt.py: error: unrecognized arguments: --micro-batch-size 2; --micro-batch-size is Megatron-LM's "
+        "sequences per microbatch on each data-parallel rank; here --batch N is a step's sequences on all ranks "
+        "together and --microbatches M cuts each rank's share into M")
 
 
 @pytest.mark.parametrize("example, argv, line", [

@@ -10,14 +10,21 @@ from typing import Iterable
 
 __all__ = ["close_matches", "did_you_mean", "did_you_mean_each", "word_list"]
 
-#: Names from other tools, and the one of spmdsim's that does their work: PyTorch's sharding and Megatron-LM's
-#: parallelism flags for the GPT examples' (`--hsdp 2` was met with "did you mean --sp or --dp?"), each taken
-#: only where the command has it.
-SYNONYMS = {"mpiexec": "mpirun", "srun": "mpirun", "--hsdp": "--shard-group", "--hybrid-shard": "--shard-group",
-            "--fsdp": "--zero", "--sequence-parallel": "--sp", "--tensor-model-parallel-size": "--tp",
-            "--pipeline-model-parallel-size": "--pp", "--context-parallel-size": "--cp",
-            "--expert-model-parallel-size": "--ep", "--expert-tensor-parallel-size": "--etp",
-            "--virtual-pipeline-model-parallel-size": "--virtual-stages"}
+#: Names from other tools, and spmdsim's that do their work (the first a command has is named): PyTorch's
+#: sharding flags and Megatron-LM's (`--hsdp 2` was met with "did you mean --sp or --dp?", `--hidden-size`
+#: with nothing in train_gpt.py; train_gpt.py's `--d-model` is the estimate's `--hidden`).
+SYNONYMS = {"mpiexec": ("mpirun",), "srun": ("mpirun",), "--hsdp": ("--shard-group",),
+            "--hybrid-shard": ("--shard-group",), "--fsdp": ("--zero",), "--sequence-parallel": ("--sp",),
+            "--tensor-model-parallel-size": ("--tp",), "--pipeline-model-parallel-size": ("--pp",),
+            "--context-parallel-size": ("--cp",), "--expert-model-parallel-size": ("--ep",),
+            "--expert-tensor-parallel-size": ("--etp",), "--virtual-pipeline-model-parallel-size": ("--virtual-stages",),
+            "--num-layers": ("--layers",), "--hidden-size": ("--d-model", "--hidden"),
+            "--num-attention-heads": ("--heads",), "--seq-length": ("--seq",), "--ffn-hidden-size": ("--ffn",),
+            "--num-query-groups": ("--kv-heads",), "--vocab-size": ("--vocab",), "--num-experts": ("--experts",),
+            "--moe-router-topk": ("--top-k",), "--moe-expert-capacity-factor": ("--capacity-factor",),
+            "--global-batch-size": ("--batch", "--global-batch"), "--micro-batch-size": ("--micro-batch",),
+            "--train-iters": ("--steps",), "--normalization": ("--norm",), "--recompute-granularity": ("--recompute",),
+            "--use-distributed-optimizer": ("--zero",), "--untie-embeddings-and-output-weights": ("--untied",)}
 
 
 def close_matches(word: str, names: Iterable[object], most: int = 3) -> list[str]:
@@ -25,7 +32,7 @@ def close_matches(word: str, names: Iterable[object], most: int = 3) -> list[str
     (`_` for `-` or the reverse, another case, a synonym); else the names it begins (`matmul_2x4` of
     `matmul_2x4_4x1`), then difflib's close matches; at most `most`. Flags are compared without their dashes."""
     names = [str(n) for n in names]
-    for other in (word.replace("_", "-"), word.replace("-", "_"), word.lower(), SYNONYMS.get(word)):
+    for other in (word.replace("_", "-"), word.replace("-", "_"), word.lower(), *SYNONYMS.get(word, ())):
         if other and other != word and other in names:
             return [other]
     bare: dict[str, str] = {}

@@ -68,6 +68,11 @@ DENSE_ONLY = ("--sample", "--temperature", "--clip", "--trace-out", "--reshard-a
               "--shard-group")
 
 
+#: What Megatron-LM's --micro-batch-size is in the GPT examples' flags, which have no flag for it.
+MICRO_BATCH_SIZE = ("Megatron-LM's sequences per microbatch on each data-parallel rank; here --batch N is a step's "
+                    "sequences on all ranks together and --microbatches M cuts each rank's share into M")
+
+
 def other_example_flags(parser: Any, moe: bool) -> None:
     """Note on `parser` (a spmdsim.base.once_parser.OnceParser: its `elsewhere`) the flags only the other GPT
     example takes, so that one typed here is said to be that example's: `train_gpt.py --ep 2` was met with "did
@@ -75,6 +80,7 @@ def other_example_flags(parser: Any, moe: bool) -> None:
     where = "examples/train_gpt.py's (the dense GPT's)" if moe else \
         "examples/train_moe_gpt.py's (the mixture-of-experts GPT: docs/howto/experts.md)"
     parser.elsewhere = {flag: where for flag in (DENSE_ONLY if moe else MOE_ONLY)}
+    parser.elsewhere["--micro-batch-size"] = MICRO_BATCH_SIZE  # (difflib's "did you mean --microbatches?": a count)
 
 
 def model_arguments(parser: Any) -> None:
