@@ -20,7 +20,8 @@ from ...programs.pipeline.options import split_words
 from ...programs.viz.table import wrap_lines
 from ..estimate.ledger import (_RUN, PRECISIONS, gpt_ledger, kernel_bytes, layers_activations, peak_bytes, stage_memory,
                                stage_times, unmappable)
-from ..estimate.machine import fp8_peak_refusal, load_machine
+from ..estimate.held import peak_refusal
+from ..estimate.machine import load_machine
 from ...nn.autograd.kept import FP8
 from ..estimate.steptime import Pipeline, assumptions, utilization
 
@@ -35,8 +36,7 @@ def report(args: argparse.Namespace, record: dict, cfg: Any, microbatches: int, 
     `record`); exit code 0."""
     machine = load_machine(args.machine)
     fp8 = PRECISIONS[args.precision].fp8
-    if fp8:
-        fp8_peak_refusal(machine)
+    peak_refusal(machine, args.precision)
     start = time.perf_counter()
     try:
         stages = gpt_ledger(cfg, args.pp, args.dp, args.tp, sp=args.sp, microbatches=microbatches,

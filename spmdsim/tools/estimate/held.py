@@ -24,10 +24,11 @@ from ...base.sizes import format_size
 from ...errors import SpmdsimError
 from ...models.gpt.memory import BLOCK_KINDS, MASKS
 from ...nn.autograd.kept import FP8
+from .machine import precision_peak_refusal
 
 __all__ = ["Widths", "PRECISIONS", "ROLES", "priced", "least_bytes", "unmappable", "layers_activations",
            "own_width", "Transient", "largest_transient", "backward_gradients", "StageMemory", "stage_memory",
-           "peak_bytes"]
+           "peak_bytes", "peak_refusal"]
 
 #: What a rank holds, by role, in the order the ledger prints them.
 ROLES = ("parameters", "gradients", "master copy", "optimizer states", "buffers", "activations", "fp8 scales")
@@ -72,6 +73,21 @@ TRAINED_ONLY = {
 }
 
 _RUN = 8  # the program's bytes per element (float64)
+
+
+def peak_refusal(machine: Any, precision: str) -> None:
+    """SpmdsimError, before any dry run, where `machine` (spmdsim.tools.estimate.machine) has no peak for a dtype
+    `precision`'s products run at (its FP8 products' and the others', `Widths.compute`), naming the precisions
+    the machine's file does price."""
+    others = tuple(sorted((name for name, w in PRECISIONS.items()
+                           if name != precision and all(d in machine.dtypes for d in _product_dtypes(w))),
+                          key=lambda name: not PRECISIONS[name].mixed))  # a mixed precision first
+    precision_peak_refusal(machine, precision, _product_dtypes(PRECISIONS[precision]), others)
+
+
+def _product_dtypes(w: Widths) -> tuple[str, ...]:
+    """The dtypes whose peaks price the products under `w`: fp8's FP8 products first, then the rest's."""
+    return (("fp8",) if w.fp8 else ()) + (w.compute,)
 
 
 def priced(stage: Any, precision: str, zero: int) -> dict:

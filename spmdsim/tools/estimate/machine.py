@@ -53,7 +53,7 @@ from .machine_records import (_MISSING, ALGORITHMS, DTYPES, Achieved, AttentionE
 from .machine_units import check_units
 from .records import LEVELS
 
-__all__ = ["load_machine", "machines", "machine_from_dict", "machine_to_dict", "save_machine", "fp8_peak_refusal"]
+__all__ = ["load_machine", "machines", "machine_from_dict", "machine_to_dict", "save_machine", "precision_peak_refusal"]
 
 #: Format tag every machine file carries.
 FORMAT = "spmdsim machine 1"
@@ -258,12 +258,21 @@ def machines() -> tuple[str, ...]:
     return tuple(sorted(p.stem for p in _SHIPPED.glob("*.json")))
 
 
-def fp8_peak_refusal(machine: Machine) -> None:
-    """SpmdsimError where `machine`'s file gives no fp8 peak, which `--precision fp8` prices the FP8 products at
-    (`spmdsim estimate` and `spmdsim autoshard` alike)."""
-    if "fp8" not in machine.dtypes:
-        raise SpmdsimError(f"--precision fp8: machine {machine.name!r} has no fp8 peak (peak_flops gives "
-                           f"{', '.join(machine.dtypes)}); give a machine whose file has one, such as h100-dgx")
+def precision_peak_refusal(machine: Machine, precision: str, dtypes: tuple[str, ...],
+                           others: tuple[str, ...]) -> None:
+    """SpmdsimError, before any dry run, where `machine`'s file gives no peak for one of `dtypes`, those
+    `--precision precision` prices the products at (`spmdsim estimate` and `spmdsim autoshard` alike): its line names
+    the precisions among `others` the file does price (a V100's file has fp16 but no bf16, the default's)."""
+    missing = [d for d in dtypes if d not in machine.dtypes]
+    if not missing:
+        return
+    if missing[0] == "fp8":
+        instead = "give a machine whose file has one, such as h100-dgx"
+    else:
+        instead = (f"give --precision {' or '.join(others)}, or a machine whose file has one" if others else
+                   "give a machine whose file has one")
+    raise SpmdsimError(f"--precision {precision}: machine {machine.name!r} has no {missing[0]} peak (peak_flops "
+                       f"gives {', '.join(machine.dtypes)}); {instead}")
 
 
 def load_machine(name_or_path: str | os.PathLike) -> Machine:

@@ -56,8 +56,8 @@ from .closed_forms import bounds_and_sums, dense_layer_elements
 from .configs import (RECOMPUTE, SEARCHED_METHODS, Config, configurations, fixed_configurations, model_of,
                       vocab_note)
 from .ahead import LookAhead
+from .held import peak_refusal
 from .ledger import PRECISIONS, dry_key, gpt_ledger, least_bytes, peak_bytes, stage_memory, stage_times
-from .machine import fp8_peak_refusal
 from .steptime import Pipeline
 
 __all__ = ["Candidate", "SearchResult", "price", "search", "OVER", "STATES", "KEPT", "ABOVE", "UNPRICED",
@@ -167,8 +167,7 @@ def search(cfg: Any, devices: int, machine: Any, memory_limit: int, *, precision
     was chosen).
     """
     _check_search(precision, kept, max_dry_runs, memory_limit, jobs, fixed)
-    if PRECISIONS[precision].fp8:
-        fp8_peak_refusal(machine)
+    peak_refusal(machine, precision)
     zero = (fixed or {}).get("zero")
     # (the collector less often: spmdsim.base.collector)
     with fewer_collections(), LookAhead(jobs) if jobs > 1 and pricer is None else nullcontext() as ahead:
