@@ -128,6 +128,7 @@ def placed(calls: tuple, groups: dict, rank: int, gpus_per_node: int) -> tuple[C
     merged: dict = {}
     for op, g, n, axes, phase, count, sent, width, role in calls:
         level, lanes = levels[axes]
+        lanes = min(lanes, g)  # a message's group is its 2 ranks, its axes' the whole pipeline (pp 8 x dp 2: 4)
         key = (op, g, n, level, phase, sent, width, role, lanes)
         merged[key] = merged.get(key, 0) + count
     return tuple(Calls(op, g, n, level, phase, count, sent, width, role, lanes)
