@@ -656,6 +656,8 @@ def test_zero_2_is_searched_and_its_estimate_command_prints_its_figures(capsys):
     (["tp=2", "zero=2"], "--fix zero=2 leaves no configuration of the GPT on 2 devices with --fix tp=2; zero can be 0"),
     (["v=0"], "--fix v=0 must be an integer >= 1"),
     (["tp=2", "tp=1"], "--fix tp=2 and --fix tp=1 hold tp two ways; give one"),
+    # --gpt's comma-separated spelling: it was "--fix tp=2,pp=1 must be an integer >= 1"
+    (["tp=2,pp=1"], "--fix 'tp=2,pp=1' holds one degree a --fix; expected --fix tp=2 --fix pp=1"),
     (["etp=0"], "--fix etp=0 must be an integer >= 1 (the experts' tp: 1, whole; below tp, the rest of attention's "
                 "tp folded into their ep) or tp (the experts split over attention's tp)"),
     (["etp=1"], "--fix etp=1 holds the experts' tp, and this GPT has none: give it MoE layers (--gpt ...,experts=N)"),

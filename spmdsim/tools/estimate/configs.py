@@ -232,6 +232,9 @@ def parse_fixed(items: Any) -> dict[str, Any]:
         if not sep or not name or not text:
             raise SpmdsimError(f"--fix {item!r} must read DEGREE=VALUE with --machine, e.g. 'tp=8' (DEGREE one of "
                                f"{names})")
+        if "=" in text:  # --gpt's comma-separated spelling: "--fix tp=2,pp=2"
+            each = " ".join(f"--fix {part.strip()}" for part in f"{name}={text}".split(","))
+            raise SpmdsimError(f"--fix {item!r} holds one degree a --fix; expected {each}")
         if name not in FIXABLE:
             raise SpmdsimError(f"--fix {name}={text} holds an operator's strategy; with --machine --fix holds a "
                                f"degree of the configuration, one of {names} (e.g. --fix tp=8)")
