@@ -196,6 +196,17 @@ def test_a_search_with_no_fit_names_the_limit_it_used(tmp_path, capsys):
     assert "--memory-limit" not in err, err
 
 
+def test_a_limit_without_its_unit_says_it_counts_bytes(capsys):
+    """A GPU's memory in GB written without its unit (--memory-limit 80): the line said "80 B" and the need, not
+    how to write 80 GiB."""
+    argv = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=32,heads=2,seq=64,batch=4",
+            "--devices", "2", "--machine", "a100-dgx", "--max-dry-runs", "2", "--memory-limit", "80"]
+    assert main(argv) == 2
+    assert unfold(capsys.readouterr().err).rstrip("\n") == (
+        "spmdsim: error: no configuration fits --memory-limit 80 B on 2 devices; the least needs 223 KiB (a limit "
+        "without a unit is bytes: 80G is 80 GiB)")
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--network", "attention"], "--machine chooses the GPT's configuration; --network 'attention' is not 'gpt'"),
     (["--max-dry-runs", "0"], "--max-dry-runs 0 must be >= 1"),

@@ -133,8 +133,9 @@ def run_machine(args: argparse.Namespace) -> int:
                                "priced: raise --max-dry-runs")
         least = min(priced) if priced else min(c.bound_bytes for c in result.candidates)
         plural = "s" if devices != 1 else ""
+        unit = f" (a limit without a unit is bytes: {limit}G is {limit} GiB)" if limit < 1024 else ""  # "80": GB?
         raise SpmdsimError(f"no configuration fits {within} on {devices:,} device{plural}; the least needs "
-                           f"{format_size(least)}" + (" at its peak" if priced else ""))
+                           f"{format_size(least)}" + (" at its peak" if priced else "") + unit)
     return 0
 
 
