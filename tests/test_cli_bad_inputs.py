@@ -334,6 +334,19 @@ def test_estimate_says_a_size_left_at_its_default_is_the_default(capsys, argv, l
     assert _fails(capsys, ["estimate", "gpt", *argv], line) == f"spmdsim: error: {line}"
 
 
+@pytest.mark.parametrize("argv, line", [
+    # it said "--prefetch with --pp 1 or several microbatches a step: a pipeline's chunks do not prefetch"
+    (["--dp", "2"], "--prefetch with 4 microbatches a step: a prefetching step runs one; give --global-batch 2 "
+                    "(--micro-batch x --dp) or leave out --prefetch"),
+    (["--experts", "2", "--ep", "2", "--micro-batch", "2"],
+     "--prefetch with 2 microbatches a step: a prefetching step runs one; give --global-batch 4 (--micro-batch x "
+     "--dp x --ep) or leave out --prefetch"),
+    (["--pp", "2"], "--prefetch with --pp 2: a pipeline's chunks do not prefetch; leave out --prefetch"),
+])
+def test_estimate_says_why_zero3_does_not_prefetch(capsys, argv, line):
+    assert _fails(capsys, ["estimate", "gpt", "--zero", "3", "--prefetch", *argv], line) == f"spmdsim: error: {line}"
+
+
 @pytest.mark.parametrize("argv, expected", [
     (["--d-model", "100", "--heads", "3"],
      "--d-model 100 must be divisible by --heads 3 (each head takes --d-model / --heads features)"),

@@ -307,10 +307,15 @@ def _fsdp(args: argparse.Namespace) -> None:
     spmdsim.models.gpt.pipeline's trainer, which does not prefetch)."""
     if args.prefetch and args.zero != 3:
         raise SpmdsimError("--prefetch gathers parameters ahead: give --zero 3 with it")
-    if args.prefetch and sharded_problem(args.pp, args.global_batch // (args.micro_batch * args.dp * args.ep),
-                                         args.ep, args.virtual_stages):
-        raise SpmdsimError(f"--prefetch with --pp {args.pp} or several microbatches a step: a pipeline's chunks do "
-                           "not prefetch; leave out --prefetch")
+    sequences = args.micro_batch * args.dp * args.ep  # a step of one microbatch
+    microbatches = args.global_batch // sequences
+    if args.prefetch and sharded_problem(args.pp, microbatches, args.ep, args.virtual_stages):
+        if args.pp > 1 or args.virtual_stages > 1:
+            raise SpmdsimError(f"--prefetch with --pp {args.pp}: a pipeline's chunks do not prefetch; leave out "
+                               "--prefetch")
+        by = "--micro-batch x --dp" + (" x --ep" if args.ep > 1 else "")
+        raise SpmdsimError(f"--prefetch with {microbatches} microbatches a step: a prefetching step runs one; give "
+                           f"--global-batch {sequences} ({by}) or leave out --prefetch")
 
 
 def _split(args: argparse.Namespace) -> Any:
