@@ -489,7 +489,8 @@ def test_a_block_no_address_space_holds_ends_the_estimate_in_one_line_saying_it_
 
 
 def test_a_model_larger_than_this_machine_is_estimated_not_refused():
-    """docs/howto/estimate.md: a 48.8 GiB float64 shard (the embedding at tp 1) is more than this machine has, and a
+    """docs/explanation/estimate.md, "A dry run is not this machine" (its flags, which the page quoted without
+    --heads, --seq and --global-batch: those gave 974.36 GiB): a 48.8 GiB float64 shard (the embedding at tp 1) is more than this machine has, and a
     dry run writes none of it: the estimate runs and says the rank does not fit the A100."""
     done = _cli("--layers", "1", "--hidden", "65536", "--heads", "64", "--seq", "128", "--vocab", "100000",
                 "--tp", "1", "--global-batch", "1", "--micro-batch", "1")
