@@ -92,6 +92,10 @@ SHOW = ["--alias", "dp,mp", "--tensor-map", "mp,None", "--shape", "8,6"]
                                              "you mean --hidden?"),
     (["estimate", "gpt", "--hiden=4096"], "spmdsim estimate: error: unrecognized arguments: --hiden=4096; did you "
                                           "mean --hidden?"),
+    # examples/train_gpt.py's names of the sizes: --batch is a step's sequences (it named --micro-batch)
+    (["estimate", "gpt", "--d-model", "512", "--batch", "64"], "spmdsim estimate: error: unrecognized arguments: "
+                                                               "--d-model 512 --batch 64; did you mean --hidden for "
+                                                               "--d-model; --global-batch for --batch?"),
     (["lab", "start", "5", "--exercisez", "x"], "spmdsim lab start: error: unrecognized arguments: --exercisez x; "
                                                 "did you mean --exercises?"),
     (["show", "--bogus", *SHOW], "spmdsim show: error: unrecognized arguments: --bogus"),
@@ -100,6 +104,20 @@ def test_an_unknown_flag_names_the_flags_of_its_own_command_close_to_it(capsys, 
     lines = _parser_error(capsys, argv)
     command = " ".join(argv[:2 if argv[0] == "lab" else 1])
     assert lines[0].startswith(f"usage: spmdsim {command} ") and lines[-1] == line, lines
+
+
+def test_the_trainer_takes_the_estimates_names_of_the_sizes_as_its_own(capsys):
+    """`spmdsim estimate gpt`'s --hidden and --global-batch given to examples/train_gpt.py's parser (an OnceParser
+    with its flags): it named nothing for --hidden."""
+    parser = OnceParser(prog="train_gpt.py")
+    for flag in ("--d-model", "--batch", "--microbatches"):
+        parser.add_argument(flag, type=int)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--hidden", "512", "--global-batch", "64"])
+    err = capsys.readouterr().err
+    assert " ".join(err[err.index("train_gpt.py: error:"):].split()) == (
+        "train_gpt.py: error: unrecognized arguments: --hidden 512 --global-batch 64; did you mean --d-model for "
+        "--hidden; --batch for --global-batch?")
 
 
 def test_a_script_parser_suggests_alike(capsys):

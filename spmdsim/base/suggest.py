@@ -24,7 +24,11 @@ SYNONYMS = {"mpiexec": ("mpirun",), "srun": ("mpirun",), "--hsdp": ("--shard-gro
             "--moe-router-topk": ("--top-k",), "--moe-expert-capacity-factor": ("--capacity-factor",),
             "--global-batch-size": ("--batch", "--global-batch"), "--micro-batch-size": ("--micro-batch",),
             "--train-iters": ("--steps",), "--normalization": ("--norm",), "--recompute-granularity": ("--recompute",),
-            "--use-distributed-optimizer": ("--zero",), "--untie-embeddings-and-output-weights": ("--untied",)}
+            "--use-distributed-optimizer": ("--zero",), "--untie-embeddings-and-output-weights": ("--untied",),
+            # train_gpt.py's sizes and the estimate's: its --batch is a step's sequences, --global-batch (a
+            # typo's match named --micro-batch)
+            "--d-model": ("--hidden",), "--hidden": ("--d-model",), "--batch": ("--global-batch",),
+            "--global-batch": ("--batch",)}
 
 
 def close_matches(word: str, names: Iterable[object], most: int = 3) -> list[str]:
