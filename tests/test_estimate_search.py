@@ -281,6 +281,21 @@ def test_equal_times_are_ordered_by_the_fixed_order_not_by_their_last_bits():
     assert twins(faster) == {False}
 
 
+def test_the_refusal_of_every_configuration_names_what_cp_must_divide(capsys):
+    """On 6 devices a factor 3 goes to dp, tp, pp or cp: the refusal named the first three's rules alone, though
+    seq 96 (not 64) runs cp 3."""
+    argv = ["autoshard", "--network", "gpt", "--gpt", "layers=4,d_model=64,heads=4,seq=64,batch=8", "--devices", "6",
+            "--machine", "a100-dgx", "--max-dry-runs", "1"]
+    assert main(argv) == 2
+    assert unfold(capsys.readouterr().err).rstrip("\n") == (
+        "spmdsim: error: no configuration of the GPT runs on 6 devices (tp must divide the heads 4 and vocab 128 "
+        "within a node of 8, pp the layers 4, dp the batch 8, 2 x cp the seq 64 with tp x cp within a node)")
+    argv[4] = argv[4].replace("seq=64", "seq=96")
+    assert main(argv) == 0
+    chosen = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("chosen: "))
+    assert re.search(r", cp [36] ring, ", chosen), chosen  # the factor 3 in cp
+
+
 def test_the_search_refuses_bad_arguments():
     with pytest.raises(SpmdsimError, match=r"^max dry runs 0 must be an integer >= 1$"):
         search(CFG, 2, A100, 1 << 30, max_dry_runs=0)
@@ -536,7 +551,8 @@ def test_a_vocabulary_no_tp_divides_is_said_and_padded_with_vocab_pad_to(capsys)
     assert main(bare) == 2
     assert unfold(capsys.readouterr().err).rstrip("\n") == (
         "spmdsim: error: no configuration of the GPT runs on 4 devices (tp must divide the heads 4 and vocab 1001 "
-        "within a node of 8, pp the layers 2, dp the batch 1); tp 2, 4 left out: they do not divide vocab 1001 (the "
+        "within a node of 8, pp the layers 2, dp the batch 1, 2 x cp the seq 250 with tp x cp within a node); tp 2, 4 "
+        "left out: they do not divide vocab 1001 (the "
         "embedding is split over tp); pad it, e.g. vocab_pad_to=512 (Megatron pads to 128 x tp)")
     bare[4] += ",vocab_pad_to=512"
     assert main(bare) == 0 and "chosen: tp 2, pp 2, dp 1" in capsys.readouterr().out
