@@ -196,6 +196,16 @@ def test_a_search_with_no_fit_names_the_limit_it_used(tmp_path, capsys):
     assert "--memory-limit" not in err, err
 
 
+def test_one_configuration_priced_is_said_in_the_singular(capsys):
+    """--max-dry-runs 1 where the one priced does not fit: it said "none of the 1 configurations priced fits"."""
+    argv = ["autoshard", "--network", "gpt", "--gpt", "layers=8,d_model=32,heads=2,seq=128,batch=2,experts=4,top_k=1",
+            "--devices", "8", "--machine", "h100-dgx", "--max-dry-runs", "1", "--memory-limit", "1M"]
+    assert main(argv) == 2
+    err = unfold(capsys.readouterr().err)
+    assert re.fullmatch(r"spmdsim: error: the 1 configuration priced does not fit --memory-limit 1 MiB; [0-9,]+ "
+                        r"not priced: raise --max-dry-runs\n", err), err
+
+
 def test_a_limit_without_its_unit_says_it_counts_bytes(capsys):
     """A GPU's memory in GB written without its unit (--memory-limit 80): the line said "80 B" and the need, not
     how to write 80 GiB."""

@@ -129,8 +129,9 @@ def run_machine(args: argparse.Namespace) -> int:
         within = (f"--memory-limit {format_size(limit)}" if args.memory_limit is not None else
                   f"machine {machine.name}'s {format_size(limit)} a GPU")
         if unpriced:
-            raise SpmdsimError(f"none of the {len(priced)} configurations priced fits {within}; {unpriced:,} not "
-                               "priced: raise --max-dry-runs")
+            those = "the 1 configuration priced does not fit" if len(priced) == 1 else \
+                f"none of the {len(priced)} configurations priced fits"  # (--max-dry-runs 1: "none of the 1 ...")
+            raise SpmdsimError(f"{those} {within}; {unpriced:,} not priced: raise --max-dry-runs")
         least = min(priced) if priced else min(c.bound_bytes for c in result.candidates)
         plural = "s" if devices != 1 else ""
         unit = f" (a limit without a unit is bytes: {limit}G is {limit} GiB)" if limit < 1024 else ""  # "80": GB?
