@@ -255,24 +255,24 @@ def _wait(proc: subprocess.Popen, timeout: float, watch: "_SegmentWatch", hint: 
                 if left <= _WATCH_INTERVAL_S:
                     raise
     except subprocess.TimeoutExpired:
-        _kill_group(proc, signal.SIGTERM)
-        try:
-            proc.wait(timeout=_KILL_GRACE_S)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc, signal.SIGKILL)
-            proc.wait()
+        _stop(proc, signal.SIGTERM)
         # Said once the job is gone, after MPICH's banner on the kill ("BAD TERMINATION ... signal 15"): the last line.
         print(fold_message(f"spmdsim: error: job exceeded the {timeout:g} s timeout; stopped it (any banner above "
                            f"is mpiexec's on the kill){hint}"), file=sys.stderr)
         return 124
     except KeyboardInterrupt:
-        _kill_group(proc, signal.SIGINT)
-        try:
-            proc.wait(timeout=_KILL_GRACE_S)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc, signal.SIGKILL)
-            proc.wait()
+        _stop(proc, signal.SIGINT)
         return 130
+
+
+def _stop(proc: subprocess.Popen, sig: int) -> None:
+    """Send `sig` to the job's process group, give it _KILL_GRACE_S to end, then SIGKILL the group and reap it."""
+    _kill_group(proc, sig)
+    try:
+        proc.wait(timeout=_KILL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc, signal.SIGKILL)
+        proc.wait()
 
 
 def _exit_status(returncode: int) -> int:
