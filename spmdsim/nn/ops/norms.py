@@ -262,19 +262,25 @@ def _fused_layer_norm(x: Any, d: int, eps: float, weight: Optional[Any], bias: O
         return y
 
     dtype = _affine_dtypes("layer_norm", x.dtype, w, b)[1]
-    out = make_dtensor(x.mesh, _engine_local(kernel, broadcast_zero(x.local.shape, dtype), x.local),
-                       x.layout, x.global_shape)
-    stat = np.dtype(np.float32) if low else x.dtype  # bfloat16's statistics are float32
-    rows = (x.local.shape[:d] + (1,) + x.local.shape[d + 1:], stat)
+    out, rows = _fused_out(x, kernel, dtype, d)
     if any_open():  # else nothing is counted: no blocks to gather
         sweep("layer_norm", (x.local, None if w is None else w.local, None if b is None else b.local),
               (out.local, rows, rows))  # y and each row's mean and root
     if all(t is None or t._ag is None for t in (x, w, b)):
         return out
     if x.mesh.engine.dry:  # the statistics the rule keeps, sized (the dry engine's zeros)
-        rows = broadcast_zero(x.local.shape[:d] + (1,) + x.local.shape[d + 1:], stat)
+        rows = broadcast_zero(*rows)
         stats.update(mean=_engine_local(np.copy, rows, rows), root=_engine_local(np.copy, rows, rows))
     return record_layer_norm(out, x, w, b, stats, d)
+
+
+def _fused_out(x: Any, kernel: Any, dtype: np.dtype, d: int) -> tuple[Any, tuple]:
+    """A fused norm's output, `kernel` run on x's block (a dry run's: zeros of `dtype`), and its per-row
+    statistics' (shape, dtype): x's block with dim d of one; float32 for bfloat16 x, x's dtype else."""
+    out = make_dtensor(x.mesh, _engine_local(kernel, broadcast_zero(x.local.shape, dtype), x.local),
+                       x.layout, x.global_shape)
+    stat = np.dtype(np.float32) if is_low(x.dtype) else x.dtype  # bfloat16's statistics are float32
+    return out, (x.local.shape[:d] + (1,) + x.local.shape[d + 1:], stat)
 
 
 def _replicated(t: Optional[Any]) -> Optional[Any]:
@@ -338,15 +344,12 @@ def _fused_rms_norm(x: Any, d: int, eps: float, weight: Optional[Any]) -> Any:
         return rounded(y, dtype) if low else y  # (dtype: the graph's ops.mul's: float32 beside float32)
 
     dtype = _affine_dtypes("rms_norm", x.dtype, w, None)[1]
-    out = make_dtensor(x.mesh, _engine_local(kernel, broadcast_zero(x.local.shape, dtype), x.local),
-                       x.layout, x.global_shape)
-    stat = np.dtype(np.float32) if low else x.dtype  # bfloat16's statistics are float32
-    rows = (x.local.shape[:d] + (1,) + x.local.shape[d + 1:], stat)
+    out, rows = _fused_out(x, kernel, dtype, d)
     if any_open():  # else nothing is counted: no blocks to gather
         sweep("rms_norm", (x.local, None if w is None else w.local), (out.local, rows))  # y and each row's root
     if all(t is None or t._ag is None for t in (x, w)):
         return out
     if x.mesh.engine.dry:  # the statistics the rule keeps, sized (the dry engine's zeros)
-        rows = broadcast_zero(x.local.shape[:d] + (1,) + x.local.shape[d + 1:], stat)
+        rows = broadcast_zero(*rows)
         stats["root"] = _engine_local(np.copy, rows, rows)
     return record_rms_norm(out, x, w, stats, d)
