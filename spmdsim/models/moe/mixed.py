@@ -37,7 +37,7 @@ from ...base.precision import product, wide
 from ...references.forward import softmax
 from .config import MoEConfig
 from .reference import chosen, in_groups, unrouted
-from .routing import gates_backward, route
+from .routing import by_expert, gates_backward, route
 
 __all__ = ["moe_forward_mixed", "moe_backward_mixed"]
 
@@ -78,11 +78,8 @@ def moe_forward_mixed(P: dict, pre: str, x: np.ndarray, B: int, moe: MoEConfig, 
                     chosen(logits, probs, x, P[pre + "moe.router"], B, moe.top_k, follow))
     acc = np.zeros((N, D), _F32)
     experts = []
-    token = np.arange(N).reshape(B, T)[..., None] + np.zeros_like(routing.experts)
     swiglu = pre + "moe.w3" in P
-    for e in range(E):
-        where = routing.kept & (routing.experts == e)
-        tok, gate = token[where], routing.gates[where]
+    for e, (where, tok, gate) in enumerate(by_expert(routing)):
         h = _linear(x[tok], P[pre + "moe.w1"][e], _bias(P, pre + "moe.b1", e), r)
         if swiglu:  # the gate's sigmoid kept in float32 (t), silu rounded, times u rounded
             u = _linear(x[tok], P[pre + "moe.w3"][e], _bias(P, pre + "moe.b3", e), r)

@@ -21,7 +21,7 @@ import numpy as np
 
 from ...references.activations import gelu, gelu_backward, sigmoid
 from .config import MoEConfig
-from .routing import followed, gates_backward, ranked, route, tie_margin
+from .routing import by_expert, followed, gates_backward, ranked, route, tie_margin
 
 __all__ = ["moe_forward", "moe_backward", "router_losses", "chosen", "in_groups", "unrouted"]
 
@@ -91,11 +91,8 @@ def moe_forward(params: Params, pre: str, x: np.ndarray, B: int, moe: MoEConfig,
                     chosen(logits, probs, x, params[pre + "moe.router"], B, moe.top_k, follow))
     out = np.zeros_like(x)
     experts = []
-    token = np.arange(N).reshape(B, T)[..., None] + np.zeros_like(routing.experts)
     swiglu = pre + "moe.w3" in params
-    for e in range(E):
-        where = routing.kept & (routing.experts == e)
-        tok, gate = token[where], routing.gates[where]
+    for e, (where, tok, gate) in enumerate(by_expert(routing)):
         h = _biased(x[tok] @ params[pre + "moe.w1"][e], params, pre + "moe.b1", e)
         if swiglu:  # silu(h) * u
             u = _biased(x[tok] @ params[pre + "moe.w3"][e], params, pre + "moe.b3", e)

@@ -32,14 +32,15 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 
 from ...errors import SpmdsimError
 from ...base.validate import as_int
 
-__all__ = ["Routing", "route", "planned", "ROUTINGS", "gates_backward", "dispatch_rows", "followed", "tie_margin"]
+__all__ = ["Routing", "route", "planned", "ROUTINGS", "gates_backward", "dispatch_rows", "by_expert", "followed",
+           "tie_margin"]
 
 #: The rules a dry run routes by (`planned`).
 ROUTINGS = ("balanced", "worst")
@@ -224,6 +225,16 @@ def gates_backward(probs: np.ndarray, routing: Routing, dgates: np.ndarray) -> n
     d = (dgates - (dgates * routing.gates).sum(axis=-1, keepdims=True)) / total
     np.put_along_axis(dprobs, routing.experts, d, axis=-1)
     return dprobs
+
+
+def by_expert(routing: Routing) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per expert in order, its kept assignments as a one-process layer runs them: the (S, T, k) mask, their
+    tokens' rows (sequence-major: s * T + t, in assignment order) and their gates."""
+    S, T, _ = routing.experts.shape
+    token = np.arange(S * T).reshape(S, T)[..., None] + np.zeros_like(routing.experts)
+    for e in range(routing.counts.shape[1]):
+        where = routing.kept & (routing.experts == e)
+        yield where, token[where], routing.gates[where]
 
 
 def dispatch_rows(routing: Routing, dropless: bool, ep: int = 1) -> tuple[np.ndarray, int, np.ndarray]:
