@@ -110,7 +110,7 @@ def saved(tmp_path_factory):
 @pytest.mark.parametrize("change, expected", [
     ({"cfg": dataclasses.replace(SMALL, lr=0.01)},
      "the checkpoint's config has lr 0.003, this run's 0.01 (resume with the settings it was saved with)"),
-    ({"dp": 4, "tp": 1}, "the checkpoint's mesh has dp 2, this run's 4"),
+    ({"dp": 4, "tp": 1}, "the checkpoint's mesh has dp 2 and tp 2, this run's dp 4 and tp 1"),  # each, not dp's alone
     ({"world": 8, "dp": 4}, "the checkpoint's world size is 4, this run's 8"),
     ({"zero": 1}, "the checkpoint's optimizer is 'AdamW', this run's 'DistributedAdamW'"),
     ({"precision": "fp32"}, "the checkpoint's precision is 'fp64', this run's 'fp32'"),
@@ -378,7 +378,7 @@ def test_another_moe_setting_is_named_by_its_own_field(tmp_path):
 
 
 def test_a_checkpoint_of_context_parallel_ranks_is_said_by_its_cp(tmp_path):
-    # a resume that leaves out --cp 2 is told cp, not "the checkpoint's mesh has dp 2, this run's 4"
+    # a resume that leaves out --cp 2 is told cp first, not "the checkpoint's mesh has dp 2, this run's 4" alone
     from spmdsim.models.gpt import checkpoint
     from spmdsim.models.gpt.checkpoint import checkpoint_meta
 
@@ -386,6 +386,7 @@ def test_a_checkpoint_of_context_parallel_ranks_is_said_by_its_cp(tmp_path):
                                              "step": 1, **checkpoint_meta(SMALL, 8, 2, 2, cp=2)}))
     assert checkpoint_problem(SMALL, 8, 2, 2, 5, cp=2, resume=str(tmp_path)) is None
     assert checkpoint_problem(SMALL, 8, 4, 2, 5, resume=str(tmp_path)) == (
-        f"--resume {tmp_path}: the checkpoint's mesh has cp 2, this run's none (resume with the settings it was "
-        "saved with)")
-    assert "mesh has cp 2, this run's 4" in checkpoint_problem(SMALL, 8, 1, 2, 5, cp=4, resume=str(tmp_path))
+        f"--resume {tmp_path}: the checkpoint's mesh has cp 2 and dp 2, this run's cp none and dp 4 (resume with the "
+        "settings it was saved with)")
+    assert "mesh has cp 2 and dp 2, this run's cp 4 and dp 1" in checkpoint_problem(SMALL, 8, 1, 2, 5, cp=4,
+                                                                                     resume=str(tmp_path))

@@ -156,8 +156,8 @@ def test_a_checkpoint_of_etp_2_resumes_bit_for_bit_and_only_at_etp_2(tmp_path):
     assert run(1, save=str(tmp_path)) == whole[:1] and run(2, resume=str(tmp_path)) == whole[1:]
     split_over_tp = GPTConfig(**SMALL, moe=MoEConfig(experts=4, top_k=2, capacity_factor=1.0))
     assert checkpoint_problem(split_over_tp, 8, 2, 4, 2, ep=1, resume=str(tmp_path)) == (
-        f"--resume {tmp_path}: the checkpoint's mesh has etp 2, this run's none (resume with the settings it was "
-        "saved with)")
+        f"--resume {tmp_path}: the checkpoint's mesh has etp 2 and tp 2, this run's etp none and tp 4 (resume with "
+        "the settings it was saved with)")
 
 
 def test_sizes_that_do_not_fold_are_refused_in_one_line():

@@ -1,29 +1,26 @@
-"""Checkpoints of the GPT trainer (spmdsim.models.gpt.train): save, validate and resume, per rank (docs/howto/train-gpt.md,
-"Stopping and resuming").
+"""Checkpoints of the GPT trainer (spmdsim.models.gpt.train): save, validate and resume, per rank (train-gpt.md).
 
-A checkpoint is a directory: one file per rank, ``rank-00000.npz`` ..., that rank's parameter blocks, its
-optimizer's `state_dict()` (spmdsim.nn.optim: this rank's moments, ZeRO-1's slices, a bfloat16 parameter's float32
-master; a pipeline stage's rank, its stage's), under FP8 its scales and amax histories (each chunk's on a pipeline
-stage) and the step reached; and ``checkpoint.json``, written by rank 0,
-which records what a resume must match: the model's config (GPTConfig, its MoE config too), the world size and
-the mesh (pp, dp, ep, cp, tp, sequence parallelism), every parameter's layout, the precision policy and the
-optimizer, the pipeline (schedule, microbatches, chunks, split; None without), the step reached and the
-training's first loss (step 0's: a resumed run judges its loss's trend from it, `first_loss`). Each file
-is written aside and renamed into place; a save ends with a barrier (the whole checkpoint is there when a
-trainer returns). The files hold arrays and text only (numpy's .npz read with
-``allow_pickle=False``; the optimizer's dict as JSON beside its arrays, bfloat16 as its 16 bits): no pickle.
+A checkpoint is a directory: one file per rank, ``rank-00000.npz`` ..., that rank's parameter blocks, its optimizer's
+`state_dict()` (spmdsim.nn.optim: this rank's moments, ZeRO-1's slices, a bfloat16 parameter's float32 master; a
+pipeline stage's rank, its stage's), under FP8 its scales and amax histories (each chunk's on a pipeline stage) and
+the step reached; and ``checkpoint.json``, written by rank 0, which records what a resume must match: the model's
+config (GPTConfig, its MoE config too), the world size and the mesh (pp, dp, ep, cp, tp, sequence parallelism), every
+parameter's layout, the precision policy and the optimizer, the pipeline (schedule, microbatches, chunks, split; None
+without), the step reached and the training's first loss (step 0's: a resumed run judges its loss's trend from it,
+`first_loss`). Each file is written aside and renamed into place; a save ends with a barrier (the whole checkpoint is
+there when a trainer returns). The files hold arrays and text only (numpy's .npz read with ``allow_pickle=False``;
+the optimizer's dict as JSON beside its arrays, bfloat16 as its 16 bits): no pickle.
 
-The data and the randomness of a step are functions of its index (spmdsim.models.gpt.data.batch, the dropout seeds of
-spmdsim.models.gpt.params), so the step reached is the whole data position: a run resumed at step s steps as the run
-that never stopped, bit for bit.
+A step's data and randomness are functions of its index (spmdsim.models.gpt.data.batch, params' dropout seeds), so
+the step reached is the whole data position: a run resumed at step s steps as the run that never stopped, bit for bit.
 
-On resume every rank reads ``checkpoint.json`` and refuses, alike and before any collective, a missing or
-unreadable directory or metadata file, another config, mesh, world size, layout, precision or optimizer, and a
-checkpoint at or past the run's last step (`resume_problem`); a config field the checkpoint lacks (added to
-GPTConfig after it was saved, as Llama's options were) reads as its default, the model it was saved of. Then
-each rank reads its own file; what a rank finds wrong there (its file missing or unreadable, blocks of another
-shape, another step) can differ between ranks, so the ranks agree on it by one Allgather of their problems and
-every rank raises the first one: one line, exit 2, never a hang (`load`).
+On resume every rank reads ``checkpoint.json`` and refuses, alike and before any collective, a missing or unreadable
+directory or metadata file, another config, mesh, world size, layout, precision or optimizer, and a checkpoint at or
+past the run's last step (`resume_problem`); a config field the checkpoint lacks (added to GPTConfig after it was
+saved, as Llama's options were) reads as its default, the model it was saved of. Then each rank reads its own file;
+what a rank finds wrong there (its file missing or unreadable, blocks of another shape, another step) can differ
+between ranks, so the ranks agree on it by one Allgather of their problems and every rank raises the first one: one
+line, exit 2, never a hang (`load`).
 """
 from __future__ import annotations
 
@@ -132,15 +129,13 @@ def resume_problem(directory: str, meta: dict, steps: int) -> Optional[str]:
                 if here.get(k) != there.get(k):
                     return (f"--resume {directory}: the checkpoint's pipeline has {_pipeline_flag(k, there.get(k))}, "
                             f"this run's {_pipeline_flag(k, here.get(k))} (resume with the settings it was saved with)")
-        if isinstance(here, dict) and isinstance(there, dict):  # a key one side lacks first (the mesh's "etp")
-            for k in sorted(list(here) + [k for k in there if k not in here], key=lambda k: k in here and k in there):
-                mine, theirs = here.get(k), there.get(k)
-                if isinstance(mine, dict) and isinstance(theirs, dict) and mine != theirs:  # the MoE config's field
-                    k, mine, theirs = next((f"{k}.{j}", mine.get(j), theirs.get(j)) for j in {**theirs, **mine}
-                                           if mine.get(j) != theirs.get(j))
-                if mine != theirs:
-                    return (f"--resume {directory}: the checkpoint's {key} has {k} {_shown(theirs)}, "
-                            f"this run's {_shown(mine)} (resume with the settings it was saved with)")
+        if isinstance(here, dict) and isinstance(there, dict):  # keys one side lacks first (the mesh's "etp")
+            said = [_field(k, here.get(k), there.get(k)) for k in sorted(list(here) + [k for k in there if k not in
+                    here], key=lambda k: k in here and k in there) if here.get(k) != there.get(k)]
+            mine = said[0][2] if len(said) == 1 else " and ".join(f"{k} {m}" for k, _, m in said)  # each that differs
+            if said:  # (`--tp 2` resumed with `--tp 4` said "mesh has dp 2, this run's 1")
+                return (f"--resume {directory}: the checkpoint's {key} has {' and '.join(f'{k} {t}' for k, t, _ in said)}"
+                        f", this run's {mine} (resume with the settings it was saved with)")
         return (f"--resume {directory}: the checkpoint's {key} is {_shown(there)}, this run's {_shown(here)} "
                 "(resume with the settings it was saved with)")
     if saved["step"] >= steps:
@@ -173,6 +168,14 @@ def _shown(value: Any) -> str:
     return "none" if value is None else json.dumps(value) if isinstance(value, (dict, list)) else repr(value)
 
 
+def _field(k: str, mine: Any, theirs: Any) -> tuple[str, str, str]:
+    """(name, the checkpoint's, this run's) of a field that differs, shown; of a dict (the MoE config) its first."""
+    if isinstance(mine, dict) and isinstance(theirs, dict):
+        k, mine, theirs = next((f"{k}.{j}", mine.get(j), theirs.get(j)) for j in {**theirs, **mine}
+                               if mine.get(j) != theirs.get(j))
+    return k, _shown(theirs), _shown(mine)
+
+
 #: The pipeline's recorded fields -> the flag that sets each (spmdsim.programs.pipeline.options.pipeline_arguments).
 _PIPELINE_FLAGS = {"schedule": "--schedule", "microbatches": "--microbatches", "virtual": "--virtual-stages",
                    "split": "--stage-layers"}
@@ -196,12 +199,9 @@ def _pipeline_words(meta: dict) -> str:
         return "without a pipeline"
     mesh = meta.get("mesh")
     pp = mesh.get(PIPELINE) if isinstance(mesh, dict) else None
-    words = ([f"--pp {pp}"] if pp is not None else []) + [_pipeline_flag(k, pipeline.get(k))
-                                                          for k in ("schedule", "microbatches")]
-    if pipeline.get("virtual", 1) != 1:
-        words.append(_pipeline_flag("virtual", pipeline.get("virtual")))
-    if pipeline.get("split") is not None:
-        words.append(_pipeline_flag("split", pipeline["split"]))
+    words = [f"--pp {pp}"] * (pp is not None) + [_pipeline_flag(k, pipeline.get(k)) for k in ("schedule", "microbatches")]
+    words += [_pipeline_flag("virtual", pipeline.get("virtual"))] * (pipeline.get("virtual", 1) != 1)
+    words += [_pipeline_flag("split", pipeline.get("split"))] * (pipeline.get("split") is not None)  # not balanced
     return "with " + " ".join(words)
 
 
