@@ -247,9 +247,8 @@ def test_the_example_refuses_a_dry_run_in_one_line(tmp_path):
     done = run_example("examples/train_gpt.py", "--ranks", "4", "--tp", "2", "--dry-run", *common, "--steps", "1",
                        "--resume", str(tmp_path))
     assert done.returncode == 2
-    assert unfold(done.stderr).splitlines()[-1] == (
-        "spmdsim: error: --save and --resume: a dry run holds shapes, no values; leave out --dry-run to save or "
-        "resume")
+    assert unfold(done.stderr).splitlines()[-1] == (  # the flag given ("--save and --resume" it said)
+        "spmdsim: error: --resume: a dry run holds shapes, no values; leave out --dry-run to save or resume")
 
 
 def test_the_examples_refuse_save_every_0_without_save_and_take_it_with_save(tmp_path):

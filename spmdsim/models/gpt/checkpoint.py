@@ -182,8 +182,7 @@ _PIPELINE_FLAGS = {"schedule": "--schedule", "microbatches": "--microbatches", "
 
 
 def _pipeline_flag(field: str, value: Any) -> str:
-    """A pipeline's recorded field as the flag that gives it: "--schedule 1f1b", "--stage-layers 1,3"; the split
-    None is the default, balanced (not "none")."""
+    """A pipeline's recorded field as the flag that gives it: "--schedule 1f1b", "--stage-layers 1,3" (None: balanced)."""
     if field == "split":
         return ("a balanced split (no --stage-layers)" if value is None else
                 f"--stage-layers {','.join(map(str, value)) if isinstance(value, list) else value}")
@@ -391,7 +390,8 @@ def checkpoint_meta(cfg: GPTConfig, world: int, dp: int, tp: int, *, sp: bool = 
 def _checkpoint_problem(meta: dict, steps: int, save: Optional[str], save_every: Any,
                         resume: Optional[str]) -> Optional[str]:
     if dry_run_active():
-        return "--save and --resume: a dry run holds shapes, no values; leave out --dry-run to save or resume"
+        given = " and ".join(f for f, v in (("--save", save), ("--resume", resume)) if v is not None) or "--save-every"
+        return f"{given}: a dry run holds shapes, no values; leave out --dry-run to save or resume"
     if type(save_every) is not int or save_every < 0:
         return f"--save-every {save_every!r} must be an integer >= 0 (0: save after the last step only)"
     if save_every and save is None:
