@@ -110,3 +110,16 @@ def test_overlap_params_hides_zeros_gathers_of_the_updated_parameters_under_the_
     assert "ZeRO's gathers of the updated parameters under the forward" in " ".join(text.split())
     for was, now in zip(plain["stages"], on["stages"]):
         assert now["step_time_s"] <= was["step_time_s"]
+
+
+def test_an_moe_gpts_assumptions_name_the_experts_alltoalls_the_layers_phase_hides():
+    """`--overlap tp` on an MoE GPT hides the experts' Alltoalls too (the ledger files them in the layers' phase:
+    docs/explanation/estimate.md, "Overlap"); the assumes: line said "the layers' tp collectives" alone."""
+    moe = ["estimate", "gpt", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "32", "--vocab", "128",
+           "--global-batch", "8", "--dp", "2", "--ep", "2", "--experts", "4", "--overlap", "tp", "--json"]
+    code, out, err = run_here("main", moe)
+    assert code == 0, err
+    assert json.loads(out)["assumptions"][0].startswith(
+        "assumes: dp gradient sums hidden under the backward, the layers' tp collectives and the experts' "
+        "Alltoalls under their GEMMs;")
+    assert "experts" not in _run("--overlap", "tp")  # a dense GPT's line as before

@@ -61,7 +61,7 @@ def report(args: argparse.Namespace, record: dict, cfg: Any, microbatches: int, 
     rows = [(stages[s], memories[s], times[s]) for s in shown]
     ranks = args.pp * args.dp * args.ep * args.cp * args.tp
     use = _utilization(stages, max(t.total_s for t in times), ranks, machine, args.precision)
-    assumed = assumptions(machine, overlap=overlap)
+    assumed = assumptions(machine, overlap=overlap, experts=cfg.moe is not None)
     if args.json:
         print(json.dumps(_json_record(args, record, cfg, microbatches, split, seconds, machine, memories, times, use, assumed,
                                       rows), default=str, indent=1))

@@ -364,12 +364,14 @@ def _fraction(achieved: Any) -> str:
     return "1" if achieved is None else f"{achieved.fraction:g}"
 
 
-def assumptions(machine: Machine, *, overlap: Iterable[str] = ("gradients",)) -> list[str]:
+def assumptions(machine: Machine, *, overlap: Iterable[str] = ("gradients",), experts: bool = False) -> list[str]:
     """Two short lines naming what `step_time` assumed: which communication it hid under which compute
-    (`overlap`) and the machine file's achieved fractions (the GEMM cap, the HBM and the links' efficiencies)
+    (`overlap`; `experts`: the model's MoE layers, whose Alltoalls the layers' phase holds beside tp's
+    collectives) and the machine file's achieved fractions (the GEMM cap, the HBM and the links' efficiencies)
     with the collectives' formulas."""
+    moe = " and the experts' Alltoalls" if experts else ""
     names = {"gradients": ("dp gradient sums", "under the backward"),
-             "layers": ("the layers' tp collectives", "under their GEMMs"),
+             "layers": (f"the layers' tp collectives{moe}", "under their GEMMs"),
              "pipeline": ("pipeline messages", "under the microbatches' compute"),
              "context": ("ring attention's messages", "under the products"),
              "parameters": ("ZeRO-3's prefetched gathers", "under the layers' compute"),
