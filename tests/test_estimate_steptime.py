@@ -131,14 +131,16 @@ def test_a_ledger_row_has_its_groups_members_on_the_node_as_lanes():
 def test_a_pipelines_messages_have_at_most_their_two_ranks_as_lanes():
     """pp 8 x dp 2 on nodes of 8: a node holds 4 of a pipeline's 8 stages, and its messages (a group of 2, the
     sender and the receiver) were given lanes 4, which the step time refused: `spmdsim estimate gpt --pp 8
-    --dp 2` exited 2 with "transfer lanes 4 must be an integer from 1 to its group 2"."""
+    --dp 2` exited 2 with "transfer lanes 4 must be an integer from 1 to its group 2". A message between two stages
+    of one node is a "node" row, lanes 1 (tests/test_estimate_pipeline_hops.py)."""
     from spmdsim.models.gpt import GPTConfig
     from spmdsim.tools.estimate.ledger import gpt_ledger
 
     cfg = GPTConfig(layers=8, d_model=32, heads=4, seq=16, batch=4, dropout=0.0)
     stages = gpt_ledger(cfg, 8, 2, 1, microbatches=2, gpus_per_node=8)
     messages = {(t.kind, t.group, t.level, t.lanes) for st in stages for t in st.transfers if t.phase == "pipeline"}
-    assert messages == {("send", 2, "cluster", 2), ("recv", 2, "cluster", 2)}
+    assert messages == {("send", 2, "cluster", 2), ("recv", 2, "cluster", 2), ("send", 2, "node", 1),
+                        ("recv", 2, "node", 1)}
     assert all(step_time(A100, [], st.transfers).comm_s > 0 for st in stages)
 
 

@@ -130,7 +130,7 @@ def test_the_doors_point_to_point_refuses_a_description_its_messages_do_not_fit_
         comm, other = mesh.group("pp"), 1 - mesh.rank
         receives, sends = [(np.empty(4), other, 7)], [(np.full(4, float(mesh.rank)), other, 7)]
         known = messages(comm, "pp", receives, sends)
-        assert known == ("sendrecv", ("pp",), 2, 32, 32, 1)
+        assert known == ("sendrecv", ("pp",), 2, 32, 32, 1, ((other, 32, 32),))
         if wrong:
             known = known[:3] + (64,) + known[4:]
         with collect_trace() as trace:
@@ -138,13 +138,14 @@ def test_the_doors_point_to_point_refuses_a_description_its_messages_do_not_fit_
             point_to_point(mesh, comm, ("pp",), receives, sends, "x")
         a, b = trace.entries
         assert receives[0][0][0] == other
-        return [(e.op, e.axes, e.group_size, e.bytes_sent, e.bytes_received, e.peers) for e in (a, b)]
+        return [(e.op, e.axes, e.group_size, e.bytes_sent, e.bytes_received, e.peers, e.partners) for e in (a, b)]
 
     for check in (False, True):
-        for rows in spmdsim.simulate(2, lambda: main(check, False)):
-            assert rows == [("sendrecv", ("pp",), 2, 32, 32, 1)] * 2
-    with pytest.raises(SpmdsimError, match=r"^point_to_point: known \('sendrecv', \('pp',\), 2, 64, 32, 1\) does not "
-                       r"describe the messages posted; expected \('sendrecv', \('pp',\), 2, 32, 32, 1\)\n"):
+        for rank, rows in enumerate(spmdsim.simulate(2, lambda: main(check, False))):
+            assert rows == [("sendrecv", ("pp",), 2, 32, 32, 1, ((1 - rank, 32, 32),))] * 2
+    with pytest.raises(SpmdsimError, match=r"^point_to_point: known \('sendrecv', \('pp',\), 2, 64, 32, 1, "
+                       r"\(\((\d), 32, 32\),\)\) does not describe the messages posted; expected "
+                       r"\('sendrecv', \('pp',\), 2, 32, 32, 1, \(\(\1, 32, 32\),\)\)\n"):
         spmdsim.simulate(2, lambda: main(True, True))
 
 

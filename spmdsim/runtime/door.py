@@ -169,17 +169,19 @@ def barrier(comm: Any, wait: Any = None) -> None:
 def messages(comm: Any, axes: Any, receives: list, sends: list) -> tuple:
     """What `point_to_point`'s trace row says of a group of messages besides its times and label: (op:
     "send", "recv" or "sendrecv"; `axes` as a tuple; `comm`'s size; bytes sent; bytes received; how many
-    peers), counted from the buffers. A caller that posts groups of the same sizes to the same peers again
-    (a pipeline's schedule, step after step) works each out once and passes it to `point_to_point`."""
-    sent, received, peers = 0, 0, set()
-    for buf, peer, _ in sends:
-        sent += buf.nbytes
-        peers.add(peer)
-    for buf, peer, _ in receives:
-        received += buf.nbytes
-        peers.add(peer)
+    peers; each peer's (rank in `comm`, bytes sent to it, bytes received from it), by peer), counted from the
+    buffers. A caller that posts groups of the same sizes to the same peers again (a pipeline's schedule, step
+    after step) works each out once and passes it to `point_to_point`
+    (spmdsim.programs.plan.messages.Messages.described)."""
+    partners: dict = {}
+    for way, posted in enumerate((sends, receives)):
+        for buf, peer, _ in posted:
+            partners.setdefault(peer, [0, 0])[way] += buf.nbytes
+    sent = sum(way[0] for way in partners.values())
+    received = sum(way[1] for way in partners.values())
     op = "sendrecv" if receives and sends else ("recv" if receives else "send")
-    return op, axes if type(axes) is tuple else normalize_axes(axes), comm.Get_size(), sent, received, len(peers)
+    return (op, axes if type(axes) is tuple else normalize_axes(axes), comm.Get_size(), sent, received,
+            len(partners), tuple((peer, out, got) for peer, (out, got) in sorted(partners.items())))
 
 
 def point_to_point(mesh: Mesh, comm: Any, axes: Any, receives: list, sends: list, label: str | None,
@@ -221,10 +223,10 @@ def point_to_point(mesh: Mesh, comm: Any, axes: Any, receives: list, sends: list
         known = counted
     if traces:
         ended = perf_counter()
-        op, axes, size, sent, received, peers = known
+        op, axes, size, sent, received, peers, partners = known
         # A dry run's groups of one description fold into one row each (their times are the dry engine's).
         (fold_to if engine.dry else record_to)(traces, op, axes, size, sent, received, ended - t0, label, 0,
-                                               ended, peers)
+                                               ended, peers, partners)
 
 
 def untraced(comm: Any, run: Callable[..., None], *args: Any, wait: Any = None) -> None:

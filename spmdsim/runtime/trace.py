@@ -51,20 +51,20 @@ def record(op: str, axes: tuple[str, ...], group_size: int, sent: int, received:
 
 
 def record_to(traces: list, op: str, axes: tuple[str, ...], group_size: int, sent: int, received: int,
-              seconds: float, label: str | None, copied: int, ended: float, peers: int) -> None:
+              seconds: float, label: str | None, copied: int, ended: float, peers: int, partners: tuple = ()) -> None:
     """`record`'s entry, appended to `traces` (the running rank's open collectors, read by the caller) with
-    its end time `ended` given."""
-    row = (op, axes, group_size, sent, received, seconds, label, copied, ended, peers, None)
+    its end time `ended` given (`partners`: a group of messages' TraceEntry.partners)."""
+    row = (op, axes, group_size, sent, received, seconds, label, copied, ended, peers, None, partners)
     for trace in traces:
         trace._rows.append(row)
 
 
 def fold_to(traces: list, op: str, axes: tuple[str, ...], group_size: int, sent: int, received: int,
-            seconds: float, label: str | None, copied: int, ended: float, peers: int) -> None:
+            seconds: float, label: str | None, copied: int, ended: float, peers: int, partners: tuple = ()) -> None:
     """`record_to`'s entry, folded into an equal one of each trace that differs in its times alone
     (engines.trace.Trace.fold: a dry run's)."""
-    row = (op, axes, group_size, sent, received, seconds, label, copied, ended, peers, None)
-    key = (op, axes, group_size, sent, received, label, copied, peers)
+    row = (op, axes, group_size, sent, received, seconds, label, copied, ended, peers, None, partners)
+    key = (op, axes, group_size, sent, received, label, copied, peers, partners)
     for trace in traces:
         trace.fold(row, key)
 
@@ -80,6 +80,6 @@ def record_call(traces: list, op: str, axes: Any, group_size: int, nbytes: Any, 
     """
     if type(axes) is not tuple and type(axes) is not str:  # a list the caller may change later
         axes = tuple(axes)
-    row = (op, axes, group_size, nbytes, None, seconds, label, copied, ended, counts, dtype)
+    row = (op, axes, group_size, nbytes, None, seconds, label, copied, ended, counts, dtype, ())
     for trace in traces:
         trace._rows.append(row)

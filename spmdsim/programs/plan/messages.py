@@ -48,7 +48,7 @@ class Messages:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_described", (self.op, self.axes, self.group_size, self.bytes_sent,
-                                                 self.bytes_received, self.peers))
+                                                 self.bytes_received, self.peers, self.partners))
 
     @classmethod
     def of(cls, axes: tuple[str, ...], group_size: int, receives: Sequence, sends: Sequence) -> "Messages":
@@ -75,9 +75,19 @@ class Messages:
         """How many ranks the group talks to."""
         return len({peer for peer, _, _ in self.sends + self.receives})
 
+    @property
+    def partners(self) -> tuple:
+        """(peer, bytes sent to it, bytes received from it) of each peer, by peer: where each message goes, which
+        an estimate prices within a node or across nodes (spmdsim.tools.estimate.transfers.placed)."""
+        out: dict = {}
+        for way, messages in enumerate((self.sends, self.receives)):
+            for peer, _, n in messages:
+                out.setdefault(peer, [0, 0])[way] += n
+        return tuple((peer, sent, got) for peer, (sent, got) in sorted(out.items()))
+
     def described(self) -> tuple:
         """What the trace row says of the group besides its times and label (spmdsim.runtime.door.messages):
-        (op, axes, group size, bytes sent, bytes received, peers)."""
+        (op, axes, group size, bytes sent, bytes received, peers, partners)."""
         return self._described  # type: ignore[attr-defined]
 
     def conjugate(self) -> "Messages":

@@ -35,6 +35,9 @@ class TraceEntry:
     # numpy's name of the moved elements' type ("float64", "uint8": FP8 values moved as bytes); "" where the
     # row does not say (a group of messages, a call on a group of one)
     dtype: str = ""
+    # a group of messages (send, recv, sendrecv): each peer's (rank in the group, bytes sent to it, bytes
+    # received from it), by peer, as the estimate prices each within a node or across nodes; () otherwise
+    partners: tuple = ()
 
     @property
     def started_at(self) -> float:
@@ -193,11 +196,11 @@ class Trace:
 def _build(rows: Any) -> list[TraceEntry]:
     """The entries of raw rows (see Trace.__init__)."""
     out = []
-    for op, axes, g, sent, received, seconds, label, copied, ended, peers, dtype in rows:
+    for op, axes, g, sent, received, seconds, label, copied, ended, peers, dtype, partners in rows:
         if received is None:  # a row as runtime.door.issue appends it: finish it here
             op, axes, sent, received, peers = _as_called(op, axes, g, sent, peers)
         out.append(TraceEntry(op, axes, g, int(sent), int(received), float(seconds), label, int(copied), ended,
-                              int(peers), "" if dtype is None else dtype.name))
+                              int(peers), "" if dtype is None else dtype.name, partners))
     return out
 
 

@@ -20,7 +20,8 @@ class Calls:
     group: ranks in the communicator (2 for a message);
     nbytes: the call's per-rank buffer as spmdsim.programs.cost.model takes it (the gathered output of an
         allgather, the unreduced input of a reduce_scatter, the buffer of an allreduce, the message);
-    level: "node" when every member is on this rank's node, else "cluster";
+    level: "node" when every member is on this rank's node, else "cluster" (a pipeline's message: "node"
+        when its peer is on this rank's node);
     phase: "layers" (tensor/sequence-parallel collectives inside the forward and backward),
         "gradients" (data-parallel sums, ZeRO-1's buckets) or "pipeline" (messages between stages);
     count: how many such calls one step makes;

@@ -56,8 +56,9 @@ def trace_transfers(trace: Any, mesh: Any, rank: int, gpus_per_node: int) -> tup
 
 def trace_calls(trace: Any, mesh: Any, rank: int) -> tuple[tuple, dict]:
     """`trace_transfers`' rows before they are placed on nodes, and the groups they ran on: ((kind, group, nbytes,
-    axes, phase, count, sent, width, role), ...: Calls' fields, `_widths`, PARAMETER_LABELS) and {axes: the ranks
-    of `rank`'s group over them} (a message's: the axes it crosses). A dry run's rows do not depend on the machine's node size, which
+    axes, phase, count, sent, width, role, to), ...: Calls' fields, `_widths`, PARAMETER_LABELS; `to`: a pipeline
+    message's peers, `_messages`) and {axes: the ranks of `rank`'s group over them} (a message's: the axes it
+    crosses). A dry run's rows do not depend on the machine's node size, which
     `placed` applies: a search or an estimate that asks for the same run on nodes of another size places them
     again (spmdsim.tools.estimate.ledger.gpt_ledger)."""
     merged: dict = {}
@@ -72,21 +73,33 @@ def trace_calls(trace: Any, mesh: Any, rank: int) -> tuple[tuple, dict]:
         width, scale = _widths(e.dtype)
         role = "parameters" if (e.label or "").startswith(PARAMETER_LABELS) else ""
         if e.op in ("send", "recv", "sendrecv"):
-            rows = [("send", e.bytes_sent, e.bytes_sent)] if e.bytes_sent else []
-            rows += [("recv", e.bytes_received, 0)] if e.bytes_received else []
             phase = "context" if CONTEXT in axes else "pipeline"
+            rows = _messages(e, groups[axes] if phase == "pipeline" else ())
         else:
             sent = e.bytes_sent * scale
             n = sizes.get((e.op, e.group_size, sent))
             if n is None:
                 n = sizes[e.op, e.group_size, sent] = _buffer_bytes(e.op, e.group_size, sent)
-            rows = [(e.op, n, sent)]
+            rows = [(e.op, n, sent, ())]
             phase = _phase(e.op, e.label or "", axes)
-        for op, n, sent in rows:
-            key = (op, e.group_size if op not in ("send", "recv") else 2, n, axes, phase, sent, width, role)
+        for op, n, sent, to in rows:
+            key = (op, e.group_size if op not in ("send", "recv") else 2, n, axes, phase, sent, width, role, to)
             merged[key] = merged.get(key, 0) + times
-    return tuple((op, g, n, axes, phase, count, sent, width, role) for (op, g, n, axes, phase, sent, width, role),
-                 count in merged.items()), groups
+    return tuple((op, g, n, axes, phase, count, sent, width, role, to)
+                 for (op, g, n, axes, phase, sent, width, role, to), count in merged.items()), groups
+
+
+def _messages(e: Any, members: tuple) -> list:
+    """The (kind, n, sent, to) rows of a trace's group of messages `e`: its sends, then its receives, each one
+    row; `to`: the bytes each way by peer, (the peer's rank, bytes), where `members` (the ranks of the
+    group, in its order) names them and the entry says its partners (a pipeline's), else ()."""
+    partners = e.partners if members else ()
+    rows = []
+    for way, kind, total in ((1, "send", e.bytes_sent), (2, "recv", e.bytes_received)):
+        if total:
+            to = tuple((members[p[0]], p[way]) for p in partners if p[way])
+            rows.append((kind, total, total if kind == "send" else 0, to))
+    return rows
 
 
 @lru_cache(maxsize=None)
@@ -120,19 +133,30 @@ def _phase(op: str, label: str, axes: tuple) -> str:
 
 def placed(calls: tuple, groups: dict, rank: int, gpus_per_node: int) -> tuple[Calls, ...]:
     """`trace_calls`' rows and groups of `rank` as Calls rows on nodes of `gpus_per_node`: "node" where every member
-    of the row's group shares `rank`'s node, else "cluster"; rows then equal merged into counts (in the trace's
+    of the row's group shares `rank`'s node, else "cluster"; a message that names its peers (a pipeline's: its
+    `to`) by its peers instead, "node" where the peer shares `rank`'s node (a group of messages to peers of
+    both kinds: a row of each, the bytes of its peers); rows then equal merged into counts (in the trace's
     order)."""
     node = rank // gpus_per_node
     here = {axes: sum(m // gpus_per_node == node for m in members) for axes, members in groups.items()}
     levels = {axes: ("node", 1) if here[axes] == len(groups[axes]) else ("cluster", here[axes]) for axes in groups}
     merged: dict = {}
-    for op, g, n, axes, phase, count, sent, width, role in calls:
+    for op, g, n, axes, phase, count, sent, width, role, to in calls:
         level, lanes = levels[axes]
         lanes = min(lanes, g)  # a message's group is its 2 ranks, its axes' the whole pipeline (pp 8 x dp 2: 4)
-        key = (op, g, n, level, phase, sent, width, role, lanes)
-        merged[key] = merged.get(key, 0) + count
+        for level, n, sent in _by_level(to, node, gpus_per_node, op) if to else ((level, n, sent),):
+            key = (op, g, n, level, phase, sent, width, role, lanes if level == "cluster" else 1)
+            merged[key] = merged.get(key, 0) + count
     return tuple(Calls(op, g, n, level, phase, count, sent, width, role, lanes)
                  for (op, g, n, level, phase, sent, width, role, lanes), count in merged.items())
+
+
+def _by_level(to: tuple, node: int, gpus_per_node: int, op: str) -> tuple:
+    """(level, n, sent) of the messages `to` ((peer, bytes), ...) of kind `op` a rank on `node` posts together:
+    the bytes to (or from) peers on its node, then to others, each a message of its level."""
+    near = sum(n for peer, n in to if peer // gpus_per_node == node)
+    far = sum(n for _, n in to) - near
+    return tuple((level, n, n if op == "send" else 0) for level, n in (("node", near), ("cluster", far)) if n)
 
 
 def _buffer_bytes(op: str, group_size: int, sent: int) -> int:
