@@ -712,9 +712,11 @@ def test_a_byte_count_is_echoed_as_typed_and_infinity_is_refused():
 
     from spmdsim.tools.cli.calibrate import parse_size
 
-    for text in ("inf", "1e400", "abc"):
+    for text in ("inf", "1e400", "abc", "1P"):
         with pytest.raises(argparse.ArgumentTypeError, match=rf"^size '{text}' is not a byte count"):
             parse_size(text)
+    # T too (`--memory-limit 1.5T`, a node's memory, was "not a byte count like 64K or 4M")
+    assert [parse_size(t) for t in ("1.5T", "2TiB", "80G")] == [3 << 39, 2 << 40, 80 << 30]
 
 
 def test_main_builds_each_parser_once_and_answers_every_call_alike(capsys, monkeypatch):

@@ -42,12 +42,12 @@ flag_float.__name__ = "float"  # argparse names the type: "argument --timeout: i
 
 
 def byte_count(text: str) -> int:
-    """'64K' -> 65536, '-4' -> -4: the number a size reads as (binary units, K, M or G, a B or iB after them
+    """'64K' -> 65536, '-4' -> -4: the number a size reads as (binary units, K, M, G or T, a B or iB after them
     optional), its sign unchecked, for a caller that states its own range (spmdsim collective's --size,
     spmdsim mpirun's --eager-limit); ArgumentTypeError when it reads as none."""
     given = text
     text = text.strip().upper().removesuffix("B").removesuffix("I")
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(text[-1:], 1)  # T: 1.5T of a GH200 node
     number = text[:-1] if scale != 1 else text
     try:
         value = float(number) * scale
