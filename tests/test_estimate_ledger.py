@@ -536,6 +536,7 @@ def test_a_transient_block_beyond_the_gpus_memory_does_not_fit_and_is_named():
                            "--sp", "--recompute", "selective", "--kept", "megatron", "--global-batch", "1",
                            "--json").stdout)
     assert data["fits"] is False and data["stages"][0]["transient"]["bytes"] == 3 * 4 * 2 ** 40 * 2
+    assert " ".join(data["to_fit"].split()) == "to fit: " + text.split(" to fit: ")[1].split(" predicted step")[0]
 
 
 @pytest.mark.parametrize("precision, width", [("bf16-mixed", 2), ("fp64", 8)])
@@ -754,4 +755,4 @@ def test_a_65b_gpt_at_tp_8_pp_2_with_full_recomputation_fits_an_a100():
     out = json.loads(done.stdout)
     first = out["stages"][0]
     assert first["bytes"]["buffers"] == 2 * 4 * (1 << 16)
-    assert out["fits"] is True and max(s["peak_bytes"] for s in out["stages"]) < 70 << 30
+    assert out["fits"] is True and out["to_fit"] is None and max(s["peak_bytes"] for s in out["stages"]) < 70 << 30

@@ -135,6 +135,7 @@ def _json_record(args: argparse.Namespace, record: dict, cfg: Any, microbatches:
             "chunk_layers": [p.stop - p.first for p in chunk_parts(cfg, args.pp * args.virtual_stages, split)],
             "memory_bytes_per_gpu": machine.memory_bytes,
             "fits": peak_bytes(memories) <= machine.memory_bytes,
+            "to_fit": _to_fit(memories, machine, args) or None,  # the text's "to fit:" line (None: it fits)
             "step_time_s": max(t.total_s for t in times),
             "utilization": use.as_json(), "assumptions": assumed,
             "stages": [_as_json(st, mem, timing, args.precision, getattr(args, "gradient_accumulation_fusion", False))
