@@ -18,7 +18,8 @@ from functools import cached_property
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 from ..errors import LayoutError
-from .notation import DIALECT_FUNCTIONS, MapEntry, dialect_hint, format_tensor_map, normalize_entry
+from .notation import (DIALECT_FUNCTIONS, MapEntry, dialect_hint, format_tensor_map, normalize_entry,
+                       numbered_map_by_name)
 from .rank_groups import RankGroups
 from .shards import TensorShards
 from .slicing import CUTS
@@ -245,7 +246,11 @@ class TensorLayout(TensorShards):
             raise LayoutError(f"layout {self.layout!r} must be a Layout")
         if isinstance(self.tensor_map, (str, type(None))):
             raise LayoutError(f"tensor_map {self.tensor_map!r} must be a sequence of entries, one per tensor dim")
-        entries = tuple(normalize_entry(e) for e in self.tensor_map)
+        try:
+            entries = tuple(normalize_entry(e) for e in self.tensor_map)
+        except LayoutError as error:  # MindSpore's integer tensor_map: written by name where it can be
+            by_name = numbered_map_by_name(self.tensor_map, self.layout.alias_name)
+            raise (LayoutError(f"{error}{by_name}") if by_name else error) from None
         # A bare string is one axis name, never a sequence of one-letter axes.
         partial = (self.partial,) if isinstance(self.partial, str) else tuple(self.partial)
         seen: set[str] = set()
@@ -265,7 +270,8 @@ class TensorLayout(TensorShards):
         """Why a name is not an axis, where it is another notation's: an axis number (MindSpore's integer map),
         a placement (S(0), Shard(0)) or a PartitionSpec; the functions that read the latter two."""
         if alias.lstrip("-").isdigit():
-            return " (an axis number? MindSpore's integer tensor_map is not read: write the axis's name)"
+            by_name = numbered_map_by_name(self.tensor_map, self.layout.alias_name)
+            return f" (an axis number? MindSpore's integer tensor_map is not read: write the axis's name{by_name})"
         entries = [e for e in self.tensor_map if isinstance(e, str)]
         hint = dialect_hint(alias, entries, DIALECT_FUNCTIONS, "build the layout with")
         return f"; {hint}, from spmdsim.layouts.dialects" if hint else ""

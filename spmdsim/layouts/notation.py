@@ -14,7 +14,7 @@ from ..errors import LayoutError
 from ..base.validate import as_int
 
 __all__ = ["MapEntry", "normalize_entry", "format_entry", "format_tensor_map", "move_name", "dialect_hint",
-           "DIALECT_FUNCTIONS"]
+           "DIALECT_FUNCTIONS", "numbered_map_by_name"]
 
 #: One tensor-map entry as a user writes it: alias, None/"None", or tuple of aliases.
 MapEntry = Union[str, None, Sequence[str]]
@@ -83,6 +83,26 @@ def dialect_hint(entry: str, entries: Sequence[Any], takes: Mapping[str, str], v
     if not readers:
         return ""
     return f"{entry!r} is {syntax}: {verb} {' or '.join(readers)}"
+
+
+def numbered_map_by_name(entries: Sequence[Any], names: Sequence[str]) -> str:
+    """For a tensor map with MindSpore's axis numbers in it (its integer tensor_map: axes counted from the right,
+    -1 for none): "; this map by name is ("dp", None)", the map with each number written as the name of the axis
+    of `names` it numbers; "" where an entry is a tuple, or a number no axis has."""
+    written = []
+    for entry in entries:
+        number = as_int(entry)
+        if isinstance(entry, str) and entry not in names and re.fullmatch(r"-?\d+", entry.strip()):
+            number = int(entry)
+        if number is not None:
+            if not -1 <= number < len(names):
+                return ""
+            written.append(() if number == -1 else (names[len(names) - 1 - number],))
+        elif entry is None or isinstance(entry, str):
+            written.append(() if entry in (None, "None", "none") else (entry,))
+        else:
+            return ""
+    return f"; this map by name is {format_tensor_map(tuple(written))}" if written else ""
 
 
 def format_entry(axes: tuple[str, ...]) -> str:
