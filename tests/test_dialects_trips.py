@@ -38,3 +38,28 @@ def test_run_matmul_writes_an_integer_map_by_its_alias_names(capsys):
     code, _, err = _run(["run", "matmul", "--device-matrix", "2,4", "--alias", "dp,mp", "--x-map", "dp,mp",
                          "--w-map", "mp,None", "--shape", "64,32,48", "--ranks", "8"], capsys)
     assert code == 0, err  # the map it wrote runs
+
+
+# -- a MindSpore MatMul strategy with a dim too many for --shape ------------------------------------------
+@pytest.mark.parametrize("strategy, said", [
+    ("((2,4,1),(4,1))", "matmul shape (64, 32, 48) has no batch dim but strategy ((2, 4, 1), (4, 1)) gives x 3 "
+                        "dims (1 batch dim); expected 4 sizes, B,M,K,N"),
+    ("((2,4),(4,1,1))", "matmul shape (64, 32, 48) has no batch dim but strategy ((2, 4), (4, 1, 1)) gives w 3 "
+                        "dims (1 batch dim); expected w's strategy with at most 2 slice counts, as many as x's"),
+])
+@pytest.mark.parametrize("ranks", [["--ranks", "8"], []])
+def test_a_matmul_strategy_with_a_dim_too_many_says_so(capsys, strategy, said, ranks):
+    """A slip of one count, ((2,4,1),(4,1)) for ((2,4),(4,1)) on M,K,N = 64,32,48, read x's last two counts as
+    (m, k) = (4, 1) and was refused as "contraction dim of x is split 1 way but of w 4 ways": true of the
+    batched reading, no word of the dim too many. The shape's dims are now checked first (on simulated ranks
+    and on one MPI rank alike)."""
+    from spmdsim.tools.demo.jobs import strategy_matmul_job
+
+    if ranks:
+        code, _, err = _run(["run", "matmul", "--strategy", strategy, "--shape", "64,32,48", *ranks], capsys)
+        assert code == 2 and err == f"spmdsim: error: {said}", err
+        return
+    comm = type("Comm", (), {"Get_size": lambda self: 8})()
+    with pytest.raises(ValueError) as info:
+        strategy_matmul_job(comm, strategy, (64, 32, 48))
+    assert str(info.value) == said

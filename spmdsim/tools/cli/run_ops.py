@@ -13,7 +13,7 @@ from ...errors import RankCountError, SpmdsimError
 from ...layouts.dialects._common import parse_name_list, parse_tensor_map
 from ...layouts.dialects.paddle import split_layouts
 from ...layouts.dialects.sbp import sbp_to_layout
-from ...layouts.dialects.strategy import matmul_layouts, parse_strategy
+from ...layouts.dialects.strategy import parse_strategy
 from ...layouts.layout import Layout, TensorLayout
 from ...programs.infer import infer_matmul, matmul_shape, out_layout_from_strategy
 from ...runtime.engines import engine_of, launcher, ways_out
@@ -140,8 +140,7 @@ def _job_maker(args: argparse.Namespace, ranks: int | None = None) -> Callable[[
     if args.strategy:
         out = _out_strategy(args.out_strategy) if args.out_strategy else None
         if ranks is not None:  # "needs 8 devices but the world size is 4", as the job says on the ranks
-            m = matmul_layouts(args.strategy, ranks, args.transpose_a, args.transpose_b)
-            jobs.check_batch_dims(dims, m.strategy, m.x.ndim)  # strategy_matmul_job's refusal
+            m = jobs.strategy_matmul_layouts(args.strategy, ranks, dims, args.transpose_a, args.transpose_b)
             x_shape, w_shape = _operand_shapes(dims, args.transpose_a, args.transpose_b, m.w.ndim)
             _check_matmul_shapes(args, m.x, m.w, x_shape, w_shape,
                                  None if out is None else out_layout_from_strategy(m.out, out))

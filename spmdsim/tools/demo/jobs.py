@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from ...layouts.datagen import SeededTensor
-from ...layouts.dialects.strategy import format_strategy, matmul_layouts
+from ...layouts.dialects.strategy import format_strategy, matmul_layouts, parse_strategy
 from ...errors import OperatorError
 from ...layouts.layout import Layout, TensorLayout
 from ...layouts.notation import format_entry
@@ -92,7 +92,8 @@ def _batch_dims(n: int) -> str:
 
 
 def check_batch_dims(dims: Sequence[int], strategy: Any, x_ndim: int) -> None:
-    """Refuse a (batch..., M, K, N) `dims` whose batch dims are not the x of `strategy`'s (`x_ndim` dims) less 2."""
+    """Refuse a (batch..., M, K, N) `dims` whose batch dims are not the x of `strategy`'s (`x_ndim` dims) less 2,
+    or fewer than its w's (w's batch counts line up with x's last ones)."""
     have, want = len(dims) - 3, x_ndim - 2
     if have != want:
         batch = ",".join(["B"] if want == 1 else [f"B{i}" for i in range(1, want + 1)])
@@ -101,6 +102,28 @@ def check_batch_dims(dims: Sequence[int], strategy: Any, x_ndim: int) -> None:
             f"{counted(x_ndim, 'dim')} ({_batch_dims(want)}); expected {counted(want + 3, 'size')}, "
             f"{batch + ',' if batch else ''}M,K,N"
         )
+    parsed = parse_strategy(strategy)
+    if len(parsed) == 2 and len(parsed[1]) - 2 > have:
+        w_ndim = len(parsed[1])
+        raise OperatorError(
+            f"matmul shape {tuple(dims)!r} has {_batch_dims(have)} but strategy {strategy!r} gives w "
+            f"{counted(w_ndim, 'dim')} ({_batch_dims(w_ndim - 2)}); expected w's strategy with at most "
+            f"{counted(x_ndim, 'slice count')}, as many as x's"
+        )
+
+
+def strategy_matmul_layouts(strategy: Any, world: int, dims: Sequence[int], transpose_a: bool = False,
+                            transpose_b: bool = False) -> Any:
+    """`matmul_layouts` of `strategy` on `world` ranks, for the (batch..., M, K, N) `dims`: a strategy with a dim
+    too many for them is refused as such, before it reads as a contraction or batch count that differs."""
+    if len(dims) < 3:
+        raise OperatorError(f"matmul shape {tuple(dims)!r} must be M,K,N (or B,...,M,K,N)")
+    parsed = parse_strategy(strategy)
+    if len(parsed) == 2 and min(map(len, parsed)) >= 2:
+        check_batch_dims(dims, parsed, len(parsed[0]))
+    m = matmul_layouts(strategy, world, transpose_a, transpose_b)
+    check_batch_dims(dims, m.strategy, m.x.ndim)
+    return m
 
 
 def strategy_matmul_job(
@@ -109,11 +132,8 @@ def strategy_matmul_job(
     out_strategy: Optional[Sequence[int]] = None, shape_flag: str = "--shape",
 ) -> Job:
     """MindSpore ``MatMul().shard(strategy)`` on (batch..., M, K, N) = `dims` (`shape_flag`: matmul_job's)."""
-    m = matmul_layouts(strategy, comm.Get_size(), transpose_a, transpose_b)
     dims = tuple(int(d) for d in dims)
-    if len(dims) < 3:
-        raise OperatorError(f"matmul shape {dims!r} must be M,K,N (or B,...,M,K,N)")
-    check_batch_dims(dims, m.strategy, m.x.ndim)
+    m = strategy_matmul_layouts(strategy, comm.Get_size(), dims, transpose_a, transpose_b)
     *batch, mm, k, n = dims
     x_shape = tuple(batch) + ((k, mm) if transpose_a else (mm, k))
     w_batch = tuple(batch)[len(batch) - (m.w.ndim - 2):] if m.w.ndim > 2 else ()
