@@ -63,3 +63,19 @@ def test_a_matmul_strategy_with_a_dim_too_many_says_so(capsys, strategy, said, r
     with pytest.raises(ValueError) as info:
         strategy_matmul_job(comm, strategy, (64, 32, 48))
     assert str(info.value) == said
+
+
+# -- OneFlow: an output SBP that keeps P -------------------------------------------------------------------
+@pytest.mark.parametrize("out_sbp, axes", [("P,P", "axes 0 and 1"), ("partial_sum,B", "axis 0")])
+def test_an_out_sbp_that_keeps_a_pending_sum_is_refused_in_sbp_terms(capsys, out_sbp, axes):
+    """OneFlow lets S(1) x S(0) end as P, unsummed; run matmul checks the summed output. --out-sbp P was refused
+    in Layout words an SBP user never wrote: "requested output (None, None) partial ('axis_0', 'axis_1') must be
+    a non-partial layout with 2 dims"."""
+    code, _, err = _run(["run", "matmul", "--placement", "2,4", "--x-sbp", "S(1),S(1)", "--w-sbp", "S(0),S(0)",
+                         "--out-sbp", out_sbp, "--shape", "64,32,48", "--ranks", "8"], capsys)
+    assert code == 2 and err == (
+        f"spmdsim: error: --out-sbp {out_sbp!r} keeps P (a pending sum) on placement {axes}; run matmul checks the "
+        "summed output: expected B (Allreduce) or S(d) (Reduce_scatter) there, or no --out-sbp"), err
+    code, _, err = _run(["run", "matmul", "--placement", "2,4", "--x-sbp", "S(1),B", "--w-sbp", "S(0),B",
+                         "--out-sbp", "S(0),B", "--shape", "64,32,48", "--ranks", "8"], capsys)
+    assert code == 0, err

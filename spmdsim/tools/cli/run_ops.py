@@ -256,6 +256,12 @@ def _sbp_matmul_maker(args: argparse.Namespace, dims: Sequence[int], common: dic
     w = _of_flag("--w-sbp", args.w_sbp, lambda sbp: sbp_to_layout(sbp, placement, len(w_shape)))
     out = _of_flag("--out-sbp", args.out_sbp, lambda sbp: sbp_to_layout(sbp, placement, len(dims) - 1)) \
         if args.out_sbp else None
+    if out is not None and out.partial:  # OneFlow leaves a P output unsummed; the check here sums it first
+        axes = [i for i, name in enumerate(out.layout.alias_name) if name in out.partial]
+        raise SpmdsimError(f"--out-sbp {args.out_sbp!r} keeps P (a pending sum) on placement "
+                           f"{'axis' if len(axes) == 1 else 'axes'} {word_list([str(a) for a in axes], 'and')}; "
+                           "run matmul checks the summed output: expected B (Allreduce) or S(d) (Reduce_scatter) "
+                           "there, or no --out-sbp")
     check_ranks(x.layout, f"--placement {args.placement!r}", ranks)
     if ranks is not None:
         _check_matmul_shapes(args, x, w, x_shape, w_shape, out)
