@@ -79,3 +79,27 @@ def test_an_out_sbp_that_keeps_a_pending_sum_is_refused_in_sbp_terms(capsys, out
     code, _, err = _run(["run", "matmul", "--placement", "2,4", "--x-sbp", "S(1),B", "--w-sbp", "S(0),B",
                          "--out-sbp", "S(0),B", "--shape", "64,32,48", "--ranks", "8"], capsys)
     assert code == 0, err
+
+
+# -- a framework's mesh object copied onto a mesh flag -----------------------------------------------------
+@pytest.mark.parametrize("argv, said", [
+    (["slices", "--placements", "[dist.Shard(0), dist.Shard(1)]", "--device-matrix",
+      "dist.ProcessMesh([[0,1,2,3],[4,5,6,7]], dim_names=['dp','mp'])", "--shape", "8,8"],
+     "--device-matrix \"dist.ProcessMesh([[0,1,2,3],[4,5,6,7]], dim_names=['dp','mp'])\" is Paddle's ProcessMesh, "
+     "which spmdsim does not read; expected its shape, --device-matrix 2,4, with its names as --alias dp,mp"),
+    (["run", "matmul", "--placement", "flow.placement('cuda', ranks=[[0, 1], [2, 3]])", "--x-sbp", "S(0),B",
+      "--w-sbp", "B,S(1)", "--shape", "8,8,8", "--ranks", "4"],
+     "--placement \"flow.placement('cuda', ranks=[[0, 1], [2, 3]])\" is OneFlow's flow.placement, which spmdsim "
+     "does not read; expected its shape, --placement 2,2"),
+    (["plan", "--device-matrix", "init_device_mesh('cpu', (2, 4), mesh_dim_names=('dp', 'tp'))", "--from",
+      "dp,None", "--to", "None,tp", "--shape", "8,8"],
+     "--device-matrix \"init_device_mesh('cpu', (2, 4), mesh_dim_names=('dp', 'tp'))\" is PyTorch's "
+     "init_device_mesh, which spmdsim does not read; expected its shape, --device-matrix 2,4, with its names as "
+     "--alias dp,tp"),
+])
+def test_a_framework_mesh_on_a_mesh_flag_names_the_flags_that_say_it(capsys, argv, said):
+    """A Paddle user copies dist.ProcessMesh(..., dim_names=[...]) onto --device-matrix: it was "must be
+    comma-separated integers such as 2,4", no word of the ranks or names it holds (OneFlow's flow.placement(...) on
+    --placement: "is not a mesh")."""
+    code, _, err = _run(argv, capsys)
+    assert code == 2 and err == f"spmdsim: error: {said}", err

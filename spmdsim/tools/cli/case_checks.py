@@ -14,6 +14,7 @@ from ...layouts.dialects._common import parse_name_list, parse_tensor_map, ranks
 from ...errors import DialectError, SpmdsimError
 from ...layouts.layout import TensorLayout, default_axis_names
 from ...layouts.notation import dialect_hint
+from .mesh_text import framework_mesh_hint
 
 __all__ = ["Case", "MAX_DEVICES", "check_device_count", "checked_axis_names", "multi_axis_hint", "integer_map_hint",
            "default_names", "mesh_names", "world_size_mismatch", "with_partial_axes", "indivisible",
@@ -299,7 +300,8 @@ def parse_int_list(text: str, key: str = "value") -> tuple[int, ...]:
         parts = split_top_level(text)
         values = tuple(int(p) for p in parts if p)
     except ValueError:
-        raise SpmdsimError(f"{key} {text!r} must be comma-separated integers such as 2,4") from None
+        raise SpmdsimError(framework_mesh_hint(text, key)
+                           or f"{key} {text!r} must be comma-separated integers such as 2,4") from None
     if len(values) != len(parts) and parts != [""]:  # '4,,2': a size left out, not a shape of 2 dims
         raise SpmdsimError(f"{key} {text!r} has an empty entry; expected comma-separated integers such as 2,4")
     return values
@@ -312,8 +314,8 @@ def ranks_mesh(value: object, flag: str) -> Optional[tuple[int, ...]]:
     Ranks in another order than spmdsim's row-major one are one line naming `flag` and the value."""
     ranks = _rank_items(value) if isinstance(value, str) else value
     if isinstance(value, str) and ranks is None and any(c in "([" for c in value.strip()[1:]):
-        raise SpmdsimError(f"{flag} {value!r} is not a mesh; expected sizes such as 2,4, or its ranks such as "
-                           "[[0,1],[2,3]] (rectangular, integers)")
+        raise SpmdsimError(framework_mesh_hint(value, flag) or f"{flag} {value!r} is not a mesh; expected sizes "
+                           "such as 2,4, or its ranks such as [[0,1],[2,3]] (rectangular, integers)")
     if not isinstance(ranks, (list, tuple)) or not ranks:
         return None
     try:  # (a flat list other than 0..n-1 is no ranks array: None)
