@@ -103,3 +103,25 @@ def test_a_framework_mesh_on_a_mesh_flag_names_the_flags_that_say_it(capsys, arg
     --placement: "is not a mesh")."""
     code, _, err = _run(argv, capsys)
     assert code == 2 and err == f"spmdsim: error: {said}", err
+
+
+# -- OneFlow SBP text as a OneFlow script writes it --------------------------------------------------------
+def test_sbp_prefixed_as_after_from_oneflow_import_sbp_reads():
+    """`from oneflow import sbp` writes sbp.split(0), sbp.broadcast: refused with "did you mean 'split(0)'?",
+    where flow.sbp.split(0) read."""
+    from spmdsim.layouts.dialects import sbp_to_layout
+
+    tl = sbp_to_layout("sbp.split(axis=0), sbp.partial_sum", (2, 2), 2)
+    assert tl == sbp_to_layout("S(0), P", (2, 2), 2)
+
+
+@pytest.mark.parametrize("text, commas", [("S(0) B", "'S(0), B'"), ("split(0) broadcast", "'split(0), broadcast'")])
+def test_sbp_entries_parted_by_spaces_ask_for_commas(text, commas):
+    """'S(0) B' was "sbp 'S(0) B' is not valid; expected 'B', 'P' or 'S(d)'": both entries are valid."""
+    from spmdsim import DialectError
+    from spmdsim.layouts.dialects import sbp_to_layout
+
+    with pytest.raises(DialectError) as info:
+        sbp_to_layout(text, (2, 2), 2)
+    assert str(info.value) == (f"sbp {text!r} is not valid; expected 'B', 'P' or 'S(d)' with tensor dim d >= 0; "
+                               f"separate the entries with commas: {commas}")

@@ -66,7 +66,7 @@ SBP = Union[Broadcast, Split, PartialSum]
 # called, ``flow.sbp.broadcast()``: these read as the short forms do, and so do spmdsim's own classes as their reprs
 # write them (``Split(tensor_dim=0)``, ``Broadcast()``, ``PartialSum()``).
 _SPLIT = re.compile(r"^(?:S|split|Split)\s*\(\s*(?:(?:dim|axis|tensor_dim)\s*=\s*)?(\d+)\s*\)$")
-_PREFIX = re.compile(r"^(?:oneflow|flow)\.sbp\.")
+_PREFIX = re.compile(r"^(?:(?:oneflow|flow)\.)?sbp\.")  # `from oneflow import sbp`: sbp.split(0)
 _NAMED = {"B": Broadcast(), "broadcast": Broadcast(), "broadcast()": Broadcast(), "Broadcast()": Broadcast(),
           "P": PartialSum(), "partial_sum": PartialSum(), "partial_sum()": PartialSum(), "PartialSum()": PartialSum()}
 _EXPECTED = "expected 'B', 'P' or 'S(d)' with tensor dim d >= 0"
@@ -93,7 +93,10 @@ def _parse_one(token: object, shown: object) -> SBP:
 
 def _meant(text: str) -> str:
     """"; did you mean 'broadcast'?" for a mistyped name ('brodcast', 'b', 's(0)', 'spilt(0)'), what reads a DTensor
-    placement for one ('Shard(0)'), or ""."""
+    placement for one ('Shard(0)'), the commas that entries written with spaces lack ('S(0) B'), or ""."""
+    words = text.split()
+    if len(words) > 1 and all(_PREFIX.sub("", w) in _NAMED or _SPLIT.match(_PREFIX.sub("", w)) for w in words):
+        return f"; separate the entries with commas: {', '.join(words)!r}"
     if _PLACEMENT.match(text):
         return (f"; {text!r} is DTensor placement syntax: read it with placements_to_layout (--placements on the "
                 "command line)")
