@@ -125,3 +125,26 @@ def test_sbp_entries_parted_by_spaces_ask_for_commas(text, commas):
         sbp_to_layout(text, (2, 2), 2)
     assert str(info.value) == (f"sbp {text!r} is not valid; expected 'B', 'P' or 'S(d)' with tensor dim d >= 0; "
                                f"separate the entries with commas: {commas}")
+
+
+# -- another framework's keyword on a converter ------------------------------------------------------------
+@pytest.mark.parametrize("call, said", [
+    (lambda d: d.placements_to_layout("[dist.Shard(0), dist.Replicate()]", [[0, 1], [2, 3]], 2,
+                                      dim_names=["dp", "mp"]),
+     "(dim_names= is Paddle's ProcessMesh name for mesh_axis_names)"),
+    (lambda d: d.sbp_to_layout("S(0), B", ndim=2, placement=[[0, 1], [2, 3]]),
+     "(placement= is OneFlow's name for the mesh: pass its shape or ranks as mesh_shape)"),
+    (lambda d: d.strategy_to_layout((2, 1), 8, alias_name=("dp", "mp")),
+     "(alias_name= is MindSpore's Layout name for mesh_axis_names)"),
+    (lambda d: d.partition_spec_to_layout(("x", None), (2, 4), axis_names=("x", "y")),
+     "(axis_names= is JAX's Mesh name for mesh_axis_names)"),
+])
+def test_a_framework_keyword_on_a_converter_says_which_one_to_use(call, said):
+    """Paddle names a mesh's axes dim_names, MindSpore alias_name: placements_to_layout(..., dim_names=...) said
+    only "got unexpected keyword arguments ['dim_names']" (strategy_to_layout: Python's own line), not that
+    mesh_axis_names is the same."""
+    import spmdsim.layouts.dialects as dialects
+
+    with pytest.raises(TypeError) as info:
+        call(dialects)
+    assert str(info.value).endswith(said), info.value

@@ -164,6 +164,15 @@ def axis_names(
     return tuple(out)
 
 
+#: Other frameworks' names for the converters' keywords, for the refusal of one: what to write here.
+_KEYWORDS = {"dim_names": "Paddle's ProcessMesh name for mesh_axis_names",
+             "alias_name": "MindSpore's Layout name for mesh_axis_names",
+             "axis_names": "JAX's Mesh name for mesh_axis_names",
+             "placement": "OneFlow's name for the mesh: pass its shape or ranks as mesh_shape",
+             "process_mesh": "Paddle's name for the mesh: pass its shape or ranks as mesh_shape",
+             "device_mesh": "PyTorch's name for the mesh: pass its shape or ranks as mesh_shape"}
+
+
 def renamed_keyword(kwargs: dict, old: str, new: str, value: object, function: str) -> object:
     """`value`, or the deprecated keyword `old` from `kwargs` (with a DeprecationWarning)."""
     if old in kwargs:
@@ -171,9 +180,17 @@ def renamed_keyword(kwargs: dict, old: str, new: str, value: object, function: s
         if value is not None:
             raise DialectError(f"{function} got both {old}= and {new}=; expected only {new}=")
         value = kwargs.pop(old)
-    if kwargs:
-        raise TypeError(f"{function}() got unexpected keyword arguments {sorted(kwargs)!r}")
+    refuse_keywords(kwargs, function)
     return value
+
+
+def refuse_keywords(kwargs: dict, function: str) -> None:
+    """Refuse the keywords a converter does not take, saying what another framework's name is here
+    (``dim_names=``: mesh_axis_names)."""
+    if kwargs:
+        meant = [f"{key}= is {_KEYWORDS[key]}" for key in sorted(kwargs) if key in _KEYWORDS]
+        raise TypeError(f"{function}() got unexpected keyword arguments {sorted(kwargs)!r}"
+                        + (f" ({'; '.join(meant)})" if meant else ""))
 
 
 def require_layout(tl: object) -> None:

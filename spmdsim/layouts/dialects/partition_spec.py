@@ -14,7 +14,7 @@ from ...errors import DialectError
 from ..layout import Layout, TensorLayout
 from ...base.validate import counted
 from ...errors import SpmdsimError
-from ._common import as_items, mesh_of, ndim_of, parse_partition_spec, require_layout
+from ._common import as_items, mesh_of, ndim_of, parse_partition_spec, refuse_keywords, require_layout
 from ...base.deprecated import deprecated
 
 __all__ = ["partition_spec_to_layout", "layout_to_partition_spec", "format_partition_spec"]
@@ -96,6 +96,7 @@ def partition_spec_to_layout(
     ndim: Optional[int] = None,
     mesh_axis_names: Optional[Sequence[str]] = None,
     cut: Optional[str] = None,
+    **others: object,
 ) -> TensorLayout:
     """TensorLayout of a tensor sharded by `spec` over a mesh of `mesh_shape`.
 
@@ -110,6 +111,7 @@ def partition_spec_to_layout(
     ``(spec, mesh_axis_names, mesh_shape, ndim)`` still works, with a
     DeprecationWarning.
     """
+    refuse_keywords(others, "partition_spec_to_layout")
     if as_items(mesh_shape) and all(isinstance(n, str) for n in as_items(mesh_shape)):
         deprecated("partition_spec_to_layout(spec, mesh_axis_names, mesh_shape, ndim)",
                    "partition_spec_to_layout(spec, mesh_shape, ndim, mesh_axis_names)")

@@ -18,8 +18,8 @@ from typing import Optional, Sequence, Union
 from ...errors import DialectError, StrategySizeError
 from ..layout import Layout, TensorLayout
 from ...base.validate import counted
-from ._common import (as_flag, as_int, as_items, axis_names, mesh_of, positive_int, refuse_mesh_as_count,
-                      require_layout)
+from ._common import (as_flag, as_int, as_items, axis_names, mesh_of, positive_int, refuse_keywords,
+                      refuse_mesh_as_count, require_layout)
 from ...base.deprecated import deprecated
 
 __all__ = [
@@ -142,6 +142,7 @@ def strategy_to_layout(
     mesh_shape: Union[int, Sequence[int], Layout, object],
     ndim: Optional[int] = None,
     mesh_axis_names: Optional[Sequence[str]] = None,
+    **others: object,
 ) -> TensorLayout:
     """TensorLayout of one tensor sharded by `strategy` on the ranks of `mesh_shape`.
 
@@ -153,6 +154,7 @@ def strategy_to_layout(
     on ``Layout((2, 4), ("dp", "mp"))`` is ``("dp", None)``), and the mesh names its axes.
     ``()`` is a scalar (only the "rep" axis); `ndim`, when given, must equal the strategy's length.
     """
+    refuse_keywords(others, "strategy_to_layout")
     # () alone is ambiguous for parse_strategy (no inputs); here it can only be a scalar.
     parsed = ((),) if as_items(strategy) == [] else parse_strategy(strategy)
     if len(parsed) != 1:
