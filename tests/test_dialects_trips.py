@@ -148,3 +148,18 @@ def test_a_framework_keyword_on_a_converter_says_which_one_to_use(call, said):
     with pytest.raises(TypeError) as info:
         call(dialects)
     assert str(info.value).endswith(said), info.value
+
+
+# -- a MindSpore strategy that does not fit --world-size ---------------------------------------------------
+@pytest.mark.parametrize("argv, expected", [
+    (["slices", "--strategy", "(2,4)", "--world-size", "6"], "expected --world-size 8 (case key 'world_size')"),
+    (["explain", "--strategy", "(3,1)", "--world-size", "8"],
+     "expected --world-size 3 or a multiple of it (case key 'world_size')"),
+    (["slices", "--strategy", "((2,1),(1,4))", "--operand", "w", "--world-size", "4"],
+     "expected --world-size 8 (case key 'world_size')"),
+])
+def test_a_strategy_that_does_not_fit_the_world_size_names_the_sizes_that_do(capsys, argv, expected):
+    """run matmul says "expected --ranks 8" for a strategy its ranks cannot hold; slices, explain and show said
+    only "the product of the slice counts must divide the number of ranks", no world size that would do."""
+    code, _, err = _run([*argv, "--shape", "9,8" if "(3,1)" in argv else "8,8"], capsys)
+    assert code == 2 and err.endswith(f"; {expected}, or no --world-size"), err

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from ...errors import DialectError, SpmdsimError
+from ...errors import DialectError, SpmdsimError, StrategySizeError
 from ...layouts.layout import TensorLayout
 from ...base.validate import counted
 from ...layouts.dialects._common import parse_partition_spec
@@ -51,8 +51,18 @@ def strategy_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ...
                            f"has {counted(len(shape), 'dim')}; expected one slice count per tensor dim")
     world = _world_size(data) if "world_size" in data else math.prod(strategy)
     check_device_count(max(world, math.prod(strategy)), f"strategy {value!r}")
-    return Case(_with_partial(strategy_to_layout(strategy, world), partial, _flag_text("strategy", value)), shape,
-                "strategy", strategy=strategy)
+    tl = _on_world(lambda: strategy_to_layout(strategy, world))
+    return Case(_with_partial(tl, partial, _flag_text("strategy", value)), shape, "strategy", strategy=strategy)
+
+
+def _on_world(read):
+    """``read()``, where a strategy that does not fit --world-size says the world sizes that do (as `run`'s
+    "expected --ranks 8"): only a given --world-size can differ, the default is the strategy's own count."""
+    try:
+        return read()
+    except StrategySizeError as exc:
+        raise exc.with_ways(f"; expected --world-size {exc.wanted()} (case key 'world_size'), or no --world-size") \
+            from None
 
 
 def _matmul_operand_case(data: Mapping, value: object, parsed: tuple, operand: object,
@@ -65,7 +75,7 @@ def _matmul_operand_case(data: Mapping, value: object, parsed: tuple, operand: o
     needed = math.prod(xs) * ws[-1]
     world = _world_size(data) if "world_size" in data else needed
     check_device_count(max(world, needed), f"strategy {value!r}")
-    tl = getattr(matmul_layouts(parsed, world), operand)
+    tl = getattr(_on_world(lambda: matmul_layouts(parsed, world)), operand)
     if len(shape) == len(xs) + 1:
         # The M,K,N (or B,...,M,K,N) shape `spmdsim run matmul` takes: this operand's part of it.
         *batch, m, k, n = shape
