@@ -163,3 +163,12 @@ def test_a_strategy_that_does_not_fit_the_world_size_names_the_sizes_that_do(cap
     only "the product of the slice counts must divide the number of ranks", no world size that would do."""
     code, _, err = _run([*argv, "--shape", "9,8" if "(3,1)" in argv else "8,8"], capsys)
     assert code == 2 and err.endswith(f"; {expected}, or no --world-size"), err
+
+
+# -- a Paddle network skipped at this rank count -----------------------------------------------------------
+def test_a_skipped_demo_names_the_rank_count_nearest_this_one(capsys):
+    """Paddle's split network runs on any p dividing 960 and 240; at 7 ranks the demo said "1 run them all
+    (mpiexec -n 1, or --ranks 1)": the smallest count, one rank, where nothing is split and no collective runs."""
+    code, _, err = _run(["demo", "--only", "net_paddle_tp", "--ranks", "7"], capsys)
+    assert code == 3 and err == ("spmdsim demo: every scenario was skipped (0 of 1 ran on 7 ranks); 8 run them all "
+                                 "(mpiexec -n 8, or --ranks 8)"), err

@@ -129,14 +129,17 @@ def coverage(outcomes: Sequence[Any], world_size: int, chosen: Sequence[Any] = (
     """Why a demo that failed nothing still proves too little: "" when at least half ran.
 
     A pass in which every scenario was skipped checked nothing. With `chosen`
-    (the scenarios), the reason names the smallest world size that runs them all.
+    (the scenarios), the reason names a world size that runs them all: the next at or above this one, else
+    the smallest from 2 (1 only when no other does).
     """
     ran = sum(1 for o in outcomes if not o.skipped)
     if outcomes and 2 * ran >= len(outcomes):
         return ""
     what = "every scenario was skipped" if not ran else "fewer than half the scenarios ran"
     text = f"{what} ({ran} of {len(outcomes)} ran on {counted(world_size, 'rank')})"
-    fits = next((w for w in range(1, 1025) if chosen and all(sc.needs(w) is None for sc in chosen)), None)
+    # The next count at or above this one, else the smallest from 2: 1 rank runs Paddle's split too, splitting nothing.
+    nearest = [*range(max(world_size, 2), 1025), *range(2, min(world_size, 1025)), 1]
+    fits = next((w for w in nearest if chosen and all(sc.needs(w) is None for sc in chosen)), None)
     if fits is not None:
         text += f"; {fits} run them all (mpiexec -n {fits}, or --ranks {fits})"
     return text
