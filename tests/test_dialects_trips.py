@@ -172,3 +172,25 @@ def test_a_skipped_demo_names_the_rank_count_nearest_this_one(capsys):
     code, _, err = _run(["demo", "--only", "net_paddle_tp", "--ranks", "7"], capsys)
     assert code == 3 and err == ("spmdsim demo: every scenario was skipped (0 of 1 ran on 7 ranks); 8 run them all "
                                  "(mpiexec -n 8, or --ranks 8)"), err
+
+
+# -- a MindSpore strategy as the script writes it ----------------------------------------------------------
+@pytest.mark.parametrize("text", ["ops.MatMul().shard(((2,4),(4,1)))", "in_strategy=((2, 4), (4, 1))",
+                                  "self.matmul.shard(in_strategy=((2, 4), (4, 1)))", ".shard(((2,4),(4,1)))"])
+def test_a_strategy_copied_with_its_shard_call_reads(text):
+    """MindSpore writes ops.MatMul().shard(((2, 4), (4, 1))), or shard(in_strategy=...): pasted onto --strategy
+    it was "is not a tuple of positive integers or a tuple of such tuples"."""
+    from spmdsim.layouts.dialects import parse_strategy
+
+    assert parse_strategy(text) == ((2, 4), (4, 1))
+
+
+def test_a_shard_call_with_an_out_strategy_says_where_that_goes(capsys):
+    code, _, err = _run(["run", "matmul", "--strategy", "shard(in_strategy=((2,4),(4,1)), out_strategy=((8,1),))",
+                         "--shape", "64,32,48", "--ranks", "8"], capsys)
+    assert code == 2 and err == (
+        "spmdsim: error: strategy 'shard(in_strategy=((2,4),(4,1)), out_strategy=((8,1),))' gives 2 arguments; "
+        "expected the in_strategy alone (an out_strategy is given on its own: --out-strategy on the command line)")
+    code, _, err = _run(["run", "matmul", "--strategy", "in_strategy=((2,4),(4,1))", "--out-strategy",
+                         "out_strategy=((8,1),)", "--shape", "64,32,48", "--ranks", "8"], capsys)
+    assert code == 0, err

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import math
+import re
 import threading
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
@@ -51,9 +52,10 @@ def parse_strategy(value: StrategyLike) -> tuple[tuple[int, ...], ...]:
     """
     shown = value
     if isinstance(value, str):
+        text = _strategy_text(value)
         try:
             with _AST_LOCK:
-                value = ast.literal_eval(value.strip())
+                value = ast.literal_eval(text.strip())
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             raise DialectError(
                 f"strategy {shown!r} is not a tuple of positive integers or a tuple of "
@@ -77,6 +79,31 @@ def parse_strategy(value: StrategyLike) -> tuple[tuple[int, ...], ...]:
         f"strategy {shown!r} mixes integers and tuples; expected either one tensor's slice "
         f"counts or one tuple per input ({_EXAMPLE})"
     )
+
+
+#: MindSpore's own call text around a strategy: ``ops.MatMul().shard(...)``, ``in_strategy=...``.
+_SHARD_CALL = re.compile(r"^\s*(?:(?:[\w.]|\(\))*\.)?shard\s*\((?P<args>.*)\)\s*$", re.S)
+_KEYWORD = re.compile(r"^\s*(?:in_strategy|out_strategy|strategy)\s*=")
+
+
+def _strategy_text(text: str) -> str:
+    """The strategy in text copied from a MindSpore script: ``shard(((2, 1), (1, 4)))``, ``in_strategy=((2, 1),
+    (1, 4))`` and ``ops.MatMul().shard(in_strategy=...)`` are ``((2, 1), (1, 4))``; other text as it is. A call
+    that gives an out_strategy too is refused: it is a strategy of its own (``--out-strategy``)."""
+    match = _SHARD_CALL.match(text)
+    args = match.group("args") if match else text if _KEYWORD.match(text) else None
+    if args is None:
+        return text
+    try:
+        with _AST_LOCK:
+            call = ast.parse(f"f({args})", mode="eval").body
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return text
+    parts = [*call.args, *(k.value for k in call.keywords)]  # type: ignore[attr-defined]
+    if len(parts) != 1:
+        raise DialectError(f"strategy {text!r} gives {counted(len(parts), 'argument')}; expected the in_strategy "
+                           "alone (an out_strategy is given on its own: --out-strategy on the command line)")
+    return ast.get_source_segment(f"f({args})", parts[0]) or text
 
 
 def _refuse_deeper(nested: list, shown: object) -> None:
