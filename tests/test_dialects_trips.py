@@ -194,3 +194,16 @@ def test_a_shard_call_with_an_out_strategy_says_where_that_goes(capsys):
     code, _, err = _run(["run", "matmul", "--strategy", "in_strategy=((2,4),(4,1))", "--out-strategy",
                          "out_strategy=((8,1),)", "--shape", "64,32,48", "--ranks", "8"], capsys)
     assert code == 0, err
+
+
+# -- OneFlow's target placement on run redistribute --------------------------------------------------------
+def test_to_placement_is_the_target_device_matrix_as_placement_is_the_source(capsys):
+    """--placement is --device-matrix's other name, but the target had none: --to-placement 4 was taken by
+    argparse as an abbreviation of --to-placements (DTensor's), and refused as "--to-sbp and --to-placements both
+    give the target layout", a flag the user never typed. The source's flag is also named as typed."""
+    code, out, err = _run(["run", "redistribute", "--placement", "2,2", "--from-sbp", "S(0),B", "--to-sbp", "S(1)",
+                           "--to-placement", "4", "--shape", "8,8", "--ranks", "4"], capsys)
+    assert code == 0 and "PASS" in out, err
+    code, _, err = _run(["run", "redistribute", "--placement", "2,2", "--from-sbp", "S(0),B", "--to-sbp", "B,S(1)",
+                         "--shape", "8,8", "--ranks", "8"], capsys)
+    assert code == 2 and err == "spmdsim: error: --placement '2,2' has 4 devices but --ranks is 8; expected --ranks 4"

@@ -98,7 +98,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
                    help="target JAX PartitionSpec over the target mesh's axis names")
     g.add_argument("--from-strategy", metavar="S", help='source .shard strategy, e.g. "((8,1),)"')
     g.add_argument("--to-strategy", metavar="S", help='target .shard strategy, e.g. "((1,8),)"')
-    g.add_argument("--to-device-matrix", metavar="N,..", help="target device matrix (same device count)")
+    g.add_argument("--to-device-matrix", "--to-placement", dest="to_device_matrix", metavar="N,..",
+                   help="target device matrix (same device count; --to-placement: the same, as --placement)")
     g.add_argument("--to-alias", metavar="NAME,..", help="target axis names")
     g.add_argument("--cut", choices=CUTS, help="how a dim that does not divide is cut: even (refused), chunk "
                    "(DTensor's torch.chunk rule) or balanced (sizes differ by at most one)")

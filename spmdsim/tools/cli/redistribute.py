@@ -32,7 +32,8 @@ def check_redistribute(args: argparse.Namespace, ranks: int) -> None:
     check_trace_out(args)
     check_seed(args)
     source, _, _, _ = layouts_from_args(args)
-    check_ranks(source.layout, f"--device-matrix {args.device_matrix!r}", ranks)
+    flag = (getattr(args, "device_matrix_given", None) or [("--device-matrix", None)])[0][0]  # or --placement
+    check_ranks(source.layout, f"{flag} {args.device_matrix!r}", ranks)
 
 
 def run_redistribute(args: argparse.Namespace) -> int:
