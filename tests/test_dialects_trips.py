@@ -207,3 +207,13 @@ def test_to_placement_is_the_target_device_matrix_as_placement_is_the_source(cap
     code, _, err = _run(["run", "redistribute", "--placement", "2,2", "--from-sbp", "S(0),B", "--to-sbp", "B,S(1)",
                          "--shape", "8,8", "--ranks", "8"], capsys)
     assert code == 2 and err == "spmdsim: error: --placement '2,2' has 4 devices but --ranks is 8; expected --ranks 4"
+
+
+@pytest.mark.parametrize("strategy, said", [("((1,2,1),(2,1))", "x 3 slice counts"),
+                                            ("((1,2),(2,1,1))", "w 3 slice counts")])
+def test_show_matmul_names_a_strategy_with_a_count_too_many(capsys, strategy, said):
+    """show --matmul draws M,K,N; ((1,2,1),(2,1)) read x's counts as batched and said "contraction dim of x is
+    split 1 way but of w 2 ways"."""
+    code, _, err = _run(["show", "--matmul", "--strategy", strategy, "--shape", "2,4,2"], capsys)
+    assert code == 2 and err == (f"spmdsim: error: --matmul draws 2-D x and w (--shape M,K,N), but --strategy "
+                                 f"{strategy!r} gives {said}; expected 2 per tensor"), err

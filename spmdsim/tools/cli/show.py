@@ -5,6 +5,7 @@ import argparse
 import math
 from typing import Any
 
+from ...base.validate import counted
 from ...errors import SpmdsimError
 from ...programs.viz.ascii import render_layout_ascii
 from ...programs.viz.model import layout_picture
@@ -83,6 +84,10 @@ def _matmul(args: argparse.Namespace) -> int:
     if len(mkn) != 3:
         raise SpmdsimError(f"--matmul takes --shape M,K,N, got {args.shape!r}")
     strategy = parse_strategy(args.strategy)
+    for name, counts in zip("xw", strategy):  # a count too many would read as a batch dim, then as a mismatch
+        if len(counts) != 2:
+            raise SpmdsimError(f"--matmul draws 2-D x and w (--shape M,K,N), but --strategy {args.strategy!r} gives "
+                               f"{name} {counted(len(counts), 'slice count')}; expected 2 per tensor")
     world = args.world_size or math.prod(strategy[0]) * strategy[1][-1]
     layouts = matmul_layouts(strategy, world)
     for tl, shape in ((layouts.x, mkn[:2]), (layouts.w, mkn[1:]), (layouts.out, (mkn[0], mkn[2]))):
