@@ -217,3 +217,39 @@ def test_show_matmul_names_a_strategy_with_a_count_too_many(capsys, strategy, sa
     code, _, err = _run(["show", "--matmul", "--strategy", strategy, "--shape", "2,4,2"], capsys)
     assert code == 2 and err == (f"spmdsim: error: --matmul draws 2-D x and w (--shape M,K,N), but --strategy "
                                  f"{strategy!r} gives {said}; expected 2 per tensor"), err
+
+
+# -- OneFlow's names on a DTensor --------------------------------------------------------------------------
+def _on_one_rank(body):
+    import numpy as np
+
+    import spmdsim
+    from spmdsim.runtime.dtensor import DTensor
+    from spmdsim.runtime.mesh import Mesh
+
+    def main():
+        body(DTensor.from_global(Mesh(Layout((1,), ("dp",)), spmdsim.world()), np.ones((2, 2))))
+
+    spmdsim.simulate(1, main)
+
+
+def test_a_dtensor_s_sbp_names_a_module_that_exists():
+    """x.sbp (OneFlow's) was refused naming spmdsim.dialects.layout_to_sbp: no such module (ModuleNotFoundError
+    for whoever typed it); the function is spmdsim.layouts.dialects.layout_to_sbp."""
+    import importlib
+
+    with pytest.raises(AttributeError) as info:
+        _on_one_rank(lambda x: x.sbp)
+    said = str(info.value)
+    module = said.split("as SBP ")[1].split(".layout_to_sbp")[0]
+    assert hasattr(importlib.import_module(module), "layout_to_sbp"), said
+
+
+def test_redistribute_with_oneflow_s_sbp_keyword_names_the_layout_to_pass():
+    """x.redistribute(sbp=...) (OneFlow's to_global(placement, sbp)) was Python's "unexpected keyword argument
+    'sbp'" with a traceback, where PyTorch's placements= was one line naming the layout to pass."""
+    from spmdsim import SpmdsimError
+
+    with pytest.raises(SpmdsimError) as info:
+        _on_one_rank(lambda x: x.redistribute(sbp="S(0), B"))
+    assert "x.redistribute(sbp_to_layout(sbp, x.mesh, x.ndim)), from spmdsim.layouts.dialects" in str(info.value)

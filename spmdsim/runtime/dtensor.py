@@ -146,12 +146,15 @@ class DTensor(_Constructors, _Methods):
     def redistribute(self, target: TensorLayout | None = None, *placements: Any, **foreign: Any) -> "DTensor":
         """This tensor re-laid out as `target` by the least-communication plan (`spmdsim.redistribute`).
 
-        PyTorch's ``(device_mesh, placements)``, positional or by keyword, are refused in one line naming the
-        layout to pass; its ``async_op=False`` and dtypes of None are taken (spmdsim.base.foreign)."""
+        PyTorch's ``(device_mesh, placements)``, positional or by keyword, and OneFlow's ``sbp=`` are refused in
+        one line naming the layout to pass; its ``async_op=False`` and dtypes of None are taken (spmdsim.base.foreign)."""
         if placements or "device_mesh" in foreign or "placements" in foreign:
             raise PlanError("redistribute takes the target TensorLayout alone, not PyTorch's (device_mesh, "
                             "placements): x.redistribute(placements_to_layout(placements, x.mesh, x.ndim)), "
                             "from spmdsim.layouts.dialects")
+        if "sbp" in foreign:  # OneFlow's x.to_global(placement, sbp)
+            raise PlanError("redistribute takes the target TensorLayout alone, not OneFlow's (placement, sbp): "
+                            "x.redistribute(sbp_to_layout(sbp, x.mesh, x.ndim)), from spmdsim.layouts.dialects")
         if foreign:
             take_foreign("redistribute", foreign, _REDISTRIBUTE_KEYWORDS)
         return redistribute(self, target)

@@ -86,7 +86,7 @@ _FOREIGN = {
     "addressable_shards": ("JAX's", "x.local, this rank's block, and x.slices, where it lies in the tensor"),
     "addressable_data()": ("JAX's", "x.local, this rank's block"),
     "sharding": ("JAX's", "x.layout, as a PartitionSpec x.partition_spec"),
-    "sbp": ("OneFlow's", "x.layout, as SBP spmdsim.dialects.layout_to_sbp(x.layout)"),
+    "sbp": ("OneFlow's", "x.layout, as SBP spmdsim.layouts.dialects.layout_to_sbp(x.layout)"),
     "placement": ("OneFlow's", "x.mesh"),
     "to_global()": ("OneFlow's", "x.redistribute(layout), or DTensor.from_local(mesh, block, layout) from a block"),
     "process_mesh": ("Paddle's", "x.mesh"),
