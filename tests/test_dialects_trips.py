@@ -28,6 +28,13 @@ def test_an_integer_tensor_map_over_named_axes_is_written_by_name(entries, by_na
     assert str(info.value).endswith(f"this map by name is {by_name}" + (")" if "1" in entries else "")), info.value
 
 
+def test_an_integer_map_whose_names_would_repeat_an_axis_gets_no_map():
+    """("mp", 0) numbers mp twice: a map written by name would name it twice, itself refused."""
+    with pytest.raises(LayoutError) as info:
+        Layout((2, 4), ("dp", "mp"))("mp", 0)
+    assert "this map by name" not in str(info.value) and "write the name of the axis it numbers" in str(info.value)
+
+
 def test_run_matmul_writes_an_integer_map_by_its_alias_names(capsys):
     code, _, err = _run(["run", "matmul", "--device-matrix", "2,4", "--alias", "dp,mp", "--x-map", "1,0",
                          "--w-map", "0,-1", "--shape", "64,32,48", "--ranks", "8"], capsys)

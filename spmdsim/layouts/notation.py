@@ -88,7 +88,7 @@ def dialect_hint(entry: str, entries: Sequence[Any], takes: Mapping[str, str], v
 def numbered_map_by_name(entries: Sequence[Any], names: Sequence[str]) -> str:
     """For a tensor map with MindSpore's axis numbers in it (its integer tensor_map: axes counted from the right,
     -1 for none): "; this map by name is ("dp", None)", the map with each number written as the name of the axis
-    of `names` it numbers; "" where an entry is a tuple, or a number no axis has."""
+    of `names` it numbers; "" where an entry is a tuple, a number no axis has, or the map would name an axis twice."""
     written = []
     for entry in entries:
         number = as_int(entry)
@@ -102,7 +102,10 @@ def numbered_map_by_name(entries: Sequence[Any], names: Sequence[str]) -> str:
             written.append(() if entry in (None, "None", "none") else (entry,))
         else:
             return ""
-    return f"; this map by name is {format_tensor_map(tuple(written))}" if written else ""
+    named = [axis for axes in written for axis in axes]
+    if not written or len(set(named)) != len(named):  # ("mp", 0): no map names "mp" twice
+        return ""
+    return f"; this map by name is {format_tensor_map(tuple(written))}"
 
 
 def format_entry(axes: tuple[str, ...]) -> str:
