@@ -260,3 +260,16 @@ def test_redistribute_with_oneflow_s_sbp_keyword_names_the_layout_to_pass():
     with pytest.raises(SpmdsimError) as info:
         _on_one_rank(lambda x: x.redistribute(sbp="S(0), B"))
     assert "x.redistribute(sbp_to_layout(sbp, x.mesh, x.ndim)), from spmdsim.layouts.dialects" in str(info.value)
+
+
+def test_a_strategy_of_layouts_names_the_layout_form_with_its_maps(capsys):
+    """MindSpore's advanced form, shard((layout("mp", ("sp", "dp")), layout(("sp", "dp"), "None"))), on --strategy
+    was "is not a tuple of positive integers", no word of the Layout form that takes the same maps."""
+    code, _, err = _run(["run", "matmul", "--strategy", "(layout('mp', ('sp', 'dp')), layout(('sp', 'dp'), 'None'))",
+                         "--shape", "64,32,48", "--ranks", "8"], capsys)
+    assert code == 2 and err.endswith(
+        "; a strategy of Layouts is the Layout form, a tensor map per input: Layout(device_matrix, alias_name)(*map) "
+        "(--x-map 'mp,(sp,dp)' --w-map '(sp,dp),None' with --device-matrix and --alias on the command line)"), err
+    code, _, err = _run(["run", "matmul", "--device-matrix", "2,2,2", "--alias", "dp,sp,mp", "--x-map", "mp,(sp,dp)",
+                         "--w-map", "(sp,dp),None", "--shape", "64,32,48", "--ranks", "8"], capsys)
+    assert code == 0, err  # the flags it names run

@@ -59,7 +59,7 @@ def parse_strategy(value: StrategyLike) -> tuple[tuple[int, ...], ...]:
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             raise DialectError(
                 f"strategy {shown!r} is not a tuple of positive integers or a tuple of "
-                f"such tuples ({_EXAMPLE})"
+                f"such tuples ({_EXAMPLE}){_layout_maps(text)}"
             ) from None
     items = as_items(value)
     if items is None:
@@ -104,6 +104,32 @@ def _strategy_text(text: str) -> str:
         raise DialectError(f"strategy {text!r} gives {counted(len(parts), 'argument')}; expected the in_strategy "
                            "alone (an out_strategy is given on its own: --out-strategy on the command line)")
     return ast.get_source_segment(f"f({args})", parts[0]) or text
+
+
+def _layout_maps(text: str) -> str:
+    """For MindSpore's strategy of Layouts, ``(layout("mp", ("sp", "dp")), layout(("sp", "dp"), "None"))``: the
+    Layout form that says the same, each input's tensor map as the command line writes it; else ""."""
+    try:
+        with _AST_LOCK:
+            node = ast.parse(text.strip(), mode="eval").body
+        calls = node.elts if isinstance(node, ast.Tuple) else [node]
+        maps = [",".join(_map_entry(ast.literal_eval(arg)) for arg in call.args) for call in calls
+                if isinstance(call, ast.Call) and not call.keywords]  # type: ignore[attr-defined]
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return ""
+    if not maps or len(maps) != len(calls):
+        return ""
+    flags = {1: f"--tensor-map {maps[0]!r}", 2: f"--x-map {maps[0]!r} --w-map {maps[-1]!r}"}.get(len(maps), "")
+    return (f"; a strategy of Layouts is the Layout form, a tensor map per input: Layout(device_matrix, "
+            f"alias_name)(*map) ({flags + ' with ' if flags else ''}--device-matrix and --alias on the "
+            "command line)")
+
+
+def _map_entry(entry: object) -> str:
+    """One tensor-map entry as a map flag writes it: mp, (sp,dp) or None."""
+    if isinstance(entry, (tuple, list)):
+        return "(" + ",".join(str(e) for e in entry) + ")"
+    return "None" if entry is None else str(entry)
 
 
 def _refuse_deeper(nested: list, shown: object) -> None:
