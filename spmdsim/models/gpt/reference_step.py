@@ -175,8 +175,8 @@ def _checked_reference(where: Regions, start: np.ndarray, moments: dict, x: np.n
                        laid: Optional[tuple] = None) -> tuple:
     """`_reference_step` from the step's start as gathered (`_table`'s rows that `where.used` keeps), and the peaks
     (spmdsim.models.gpt.wholes.peaks) of its gradients and updated parameters: the work the ranks share
-    (spmdsim.runtime.shared_once; spmdsim.models.gpt.pipeline's too, with its `microbatches`); the peaks' "overflow":
-    where the step first overflowed (`Overflows`), or None."""
+    (spmdsim.runtime.shared_reference.shared_once; spmdsim.models.gpt.pipeline's too, with its `microbatches`);
+    the peaks' "overflow": where the step first overflowed (`Overflows`), or None."""
     watch = Overflows()
     moments, loss, grads, updated = _reference_step(moments, assemble(where, start)[0], x, y, cfg, step, microbatches,
                                                     routes, laid, watch)

@@ -207,7 +207,7 @@ def stop_if_reference_diverged(step: int, loss: float, ref_loss: float, top: dic
     finite while the run's loss `loss` and parameters are (stop_if_diverged passed them): the values outgrew their
     dtype in the reference's order of operations first, and the check has nothing to compare them with. Its
     differences came out NaN and it said PASS (`train_gpt.py --lr 1e20 --steps 6`). Alike on every rank (the
-    reference is the ranks' one, spmdsim.runtime.shared_once), before any collective of the check's."""
+    reference is the ranks' one, spmdsim.runtime.shared_reference.shared_once), before any collective of the check's."""
     if not math.isfinite(ref_loss):
         said = f"its loss is {ref_loss}"
     else:

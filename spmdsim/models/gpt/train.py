@@ -137,7 +137,7 @@ def gathered(model: Any, blocks: Optional[dict] = None) -> dict:
 def reference_sample(model: Any, cfg: GPTConfig, prompt: Any, n: int, temperature: float = 0.0) -> np.ndarray:
     """What the single-process model draws (spmdsim.models.gpt.reference.generate) from `model`'s parameters: a
     collective (one Allgather of every rank's blocks, as `gathered`), the parameters made whole and the draw
-    made by one rank for all (spmdsim.runtime.shared_once)."""
+    made by one rank for all (spmdsim.runtime.shared_reference.shared_once)."""
     where = regions(model.params, model.mesh.size)
     return shared_once(model.mesh, ("gpt-sample", cfg), _sample_from, where, _params_rows(model, where), cfg,
                        prompt, n, temperature)

@@ -11,7 +11,7 @@ element comes from the last rank that holds it: the same bits as placing every r
 order. Only the last holders' rows of the table are read (`Regions.used`): with dp replicas, the last
 dp's ranks.
 
-The trainers call `assemble` inside the work spmdsim.runtime.shared_once does for all the ranks:
+The trainers call `assemble` inside the work spmdsim.runtime.shared_reference.shared_once does for all the ranks:
 simulated ranks build the wholes once between them, and under MPI rank 0 alone builds them.
 Pure numpy.
 """
