@@ -41,8 +41,10 @@ class ForeignAttribute:
         self.owner, self.spelled, self.whose, self.ours = owner, spelled, whose, ours
 
     def __get__(self, obj: Any, cls: Any = None) -> Any:
-        raise ForeignName(f"{self.owner}.{self.spelled} is {self.whose}; spmdsim's is {self.ours} "
-                          "(docs/tutorials/porting.md)")
+        # PyTorch's and JAX's names: the porting tutorial's; OneFlow's and Paddle's: the dialects' reference
+        page = "docs/tutorials/porting.md" if "PyTorch" in self.whose or "JAX" in self.whose else \
+            "docs/reference/dialects.md"
+        raise ForeignName(f"{self.owner}.{self.spelled} is {self.whose}; spmdsim's is {self.ours} ({page})")
 
 
 def _same(value: Any, accepted: Any) -> bool:
