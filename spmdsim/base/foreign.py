@@ -10,11 +10,11 @@ outside the table is Python's TypeError, as before. Another framework's attribut
 from __future__ import annotations
 
 import numbers
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from ..errors import OperatorError
 
-__all__ = ["ANY", "ForeignKeyword", "take_foreign", "ForeignName", "ForeignAttribute"]
+__all__ = ["ANY", "ForeignKeyword", "take_foreign", "ForeignName", "ForeignAttribute", "CallableInt"]
 
 #: A table's accepted values for a keyword whose every value asks for what spmdsim does (a hint).
 ANY = "any value"
@@ -45,6 +45,23 @@ class ForeignAttribute:
         page = "docs/tutorials/porting.md" if "PyTorch" in self.whose or "JAX" in self.whose else \
             "docs/reference/dialects.md"
         raise ForeignName(f"{self.owner}.{self.spelled} is {self.whose}; spmdsim's is {self.ours} ({page})")
+
+
+class CallableInt(int):
+    """An int attribute that another framework calls as a method (numpy's and JAX's ``x.size`` against PyTorch's
+    ``x.size()`` and ``mesh.size(dim)``): the int, compared and computed with as one, and called, `call(*args)`.
+    Pickled and copied as the plain int (a message, a record): the call's object stays behind."""
+
+    def __new__(cls, value: int, call: Callable[..., Any]) -> "CallableInt":
+        self = super().__new__(cls, value)
+        self._call = call
+        return self
+
+    def __call__(self, *args: Any) -> Any:
+        return self._call(*args)
+
+    def __reduce__(self) -> tuple:
+        return int, (int(self),)
 
 
 def _same(value: Any, accepted: Any) -> bool:

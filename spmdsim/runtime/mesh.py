@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import math
 import os
+from functools import partial
 from typing import Any, Iterable
 
 import numpy as np
 
 from ..base import buffers
-from ..base.foreign import ForeignAttribute, ForeignName
+from ..base.foreign import CallableInt, ForeignAttribute, ForeignName
 from ..errors import LayoutError, MeshSizeError, RuntimeMismatchError
 from ..layouts.layout import Layout
 from ..base.context import current
@@ -56,29 +57,19 @@ _FOREIGN = {
 }
 
 
-class _Size(int):
-    """``mesh.size``: the number of ranks (an int, as JAX's ``mesh.size``), that PyTorch's ``mesh.size()`` and
-    ``mesh.size(mesh_dim)`` call for it or for one mesh dim's size (its index, or its name: ``mesh.size("tp")``)."""
-
-    def __new__(cls, layout: Layout) -> "_Size":
-        self = super().__new__(cls, layout.num_devices)
-        self._layout = layout
-        return self
-
-    def __call__(self, mesh_dim: Any = None) -> int:
-        if mesh_dim is None:
-            return int(self)
-        names, sizes = self._layout.alias_name, self._layout.device_matrix
-        if isinstance(mesh_dim, str) and mesh_dim in names:
-            return sizes[names.index(mesh_dim)]
-        dim = None if isinstance(mesh_dim, str) else as_int(mesh_dim)
-        if dim is None or not -len(sizes) <= dim < len(sizes):
-            raise LayoutError(f"mesh.size({mesh_dim!r}): expected a mesh dim, an index from {-len(sizes)} to "
-                              f"{len(sizes) - 1} or a name in {tuple(names)!r}")
-        return sizes[dim]
-
-    def __reduce__(self) -> tuple:
-        return int, (int(self),)  # pickled and copied as the plain int (a message, a record)
+def _mesh_size(layout: Layout, mesh_dim: Any = None) -> int:
+    """PyTorch's ``mesh.size()`` (the number of ranks) and ``mesh.size(mesh_dim)`` (one mesh dim's size: its
+    index, or its name, ``mesh.size("tp")``); ``mesh.size`` itself is the number, an int, as JAX's."""
+    if mesh_dim is None:
+        return layout.num_devices
+    names, sizes = layout.alias_name, layout.device_matrix
+    if isinstance(mesh_dim, str) and mesh_dim in names:
+        return sizes[names.index(mesh_dim)]
+    dim = None if isinstance(mesh_dim, str) else as_int(mesh_dim)
+    if dim is None or not -len(sizes) <= dim < len(sizes):
+        raise LayoutError(f"mesh.size({mesh_dim!r}): expected a mesh dim, an index from {-len(sizes)} to "
+                          f"{len(sizes) - 1} or a name in {tuple(names)!r}")
+    return sizes[dim]
 
 
 def _sub_mesh(mesh: Any, axes: Any) -> Any:
@@ -137,7 +128,8 @@ class Mesh(_ForeignNames):
             # share one Layout per device matrix, so that the layouts of a plan one rank made hold the
             # very Layout every rank's mesh holds, and placement checks stop at `is`.
             layout = _SHARED_LAYOUTS.setdefault(layout, layout)
-        self.layout, self.comm, self.size, self.rank = layout, comm, _Size(layout), comm.Get_rank()
+        self.layout, self.comm, self.rank = layout, comm, comm.Get_rank()
+        self.size = CallableInt(layout.num_devices, partial(_mesh_size, layout))  # JAX's int, PyTorch's call
         #: The rank's context the mesh was made in (spmdsim.base.context: its open traces, its debug settings),
         #: read by runtime.door.point_to_point without asking which thread runs.
         self.context = current()

@@ -12,12 +12,14 @@ methods of its class that call the functions this table gives them. spmdsim.nn.o
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any, Callable
 
 import numpy as np
 
 from ..autograd.engine import backward
 from ..autograd.graph import requires_grad_, set_grad
+from ...base.foreign import CallableInt
 from ...errors import OperatorError
 from ...runtime.dtensor import DTensor
 from ...runtime.dtensor_methods import _reduce_args, install_operators
@@ -56,21 +58,11 @@ def _size(x: Any, dim: Any = None) -> Any:
     return tuple(x.global_shape) if dim is None else x.global_shape[_dims(x, dim)]
 
 
-class _Size(int):
+def _size_of(x: Any) -> CallableInt:
     """``x.size``: numpy's attribute, the global number of elements (an int: ``x.size == 24``, ``x.sum() / x.size``),
     that PyTorch's ``x.size()`` and ``x.size(dim)`` call for the global shape or one dim's size. A bound method in
     its place compared unequal to every number, silently (``x.size == 24`` was False)."""
-
-    def __new__(cls, x: Any) -> "_Size":
-        self = super().__new__(cls, math.prod(x.global_shape))
-        self._x = x
-        return self
-
-    def __call__(self, dim: Any = None) -> Any:
-        return _size(self._x, dim)
-
-    def __reduce__(self) -> tuple:
-        return int, (int(self),)  # pickled and copied as the plain int (sent to another MPI rank, say)
+    return CallableInt(math.prod(x.global_shape), partial(_size, x))
 
 
 def _unsqueeze(x: Any, dim: int) -> Any:
@@ -344,7 +336,7 @@ _METHODS = {
     "T": lambda x: transpose(x, None), "swapaxes": _swapaxes,
     "permute": lambda x, *perm: transpose(x, perm[0] if len(perm) == 1 else perm), "t": _t,
     "view": lambda x, *shape: reshape(x, shape[0] if len(shape) == 1 else shape),
-    "size": _Size, "numel": lambda x: math.prod(x.global_shape), "dim": lambda x: len(x.global_shape),
+    "size": _size_of, "numel": lambda x: math.prod(x.global_shape), "dim": lambda x: len(x.global_shape),
     "unsqueeze": _unsqueeze, "squeeze": _squeeze, "flatten": _flatten, "contiguous": lambda x: x,
     "detach": _detach, "split": _split, "softmax": lambda x, dim=-1: softmax(x, dim),
     "log_softmax": lambda x, dim=-1: log_softmax(x, dim), "masked_fill": masked_fill,
