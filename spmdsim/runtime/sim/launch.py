@@ -80,9 +80,9 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
     A count that cannot be is refused in one line before anything else (exit 2).
     """
     problem = ranks_problem(n, dry_run)
-    if not problem and launched_problem(n):
-        problem = launched_problem(n)
-        if launcher_rank() != 0:  # every process refuses; one says so
+    if not problem:
+        problem = launched_problem(n)  # --ranks under mpiexec: every process refuses; one says so
+        if problem and launcher_rank() != 0:
             return after_rank0_says(2)
     if problem:
         print(fold_message(f"spmdsim: error: {problem}"), file=sys.stderr)
