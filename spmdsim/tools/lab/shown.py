@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 
-__all__ = ["printable", "file_name", "shortened", "shortened_apart"]
+__all__ = ["printable", "file_name", "shown_path", "shortened", "shortened_apart"]
 
 #: A lone surrogate: a byte of a file name that is not UTF-8 (os.listdir's surrogateescape), or one a submission's
 #: message holds; a terminal or a UTF-8 grade book refuses it (UnicodeEncodeError, the grade book cut short).
@@ -26,7 +26,12 @@ def printable(text: str) -> str:
 
 def file_name(path: str) -> str:
     """The submission's file name as a verdict says it: printable, its control characters (a newline) escaped."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in printable(os.path.basename(path)))
+    return shown_path(os.path.basename(path))
+
+
+def shown_path(path: str) -> str:
+    """`path` printable (`printable`), its control characters (a newline) escaped as Python writes them."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in printable(path))
 
 
 def shortened(name: str, width: int) -> str:

@@ -7,7 +7,7 @@ import sys
 from typing import NamedTuple, Union
 
 from .exercise import LabError
-from .shown import file_name, printable
+from .shown import file_name, shown_path
 
 __all__ = ["NotGraded", "submissions"]
 
@@ -93,7 +93,7 @@ def _dangling(path: str) -> str:
     """What `path` is where it is a link that leads to no file (its target named), else ""."""
     if not os.path.islink(path) or os.path.exists(path):
         return ""
-    target = "".join(c if c.isprintable() else repr(c)[1:-1] for c in printable(os.readlink(path)))
+    target = shown_path(os.readlink(path))
     try:
         os.stat(path)
     except FileNotFoundError:
