@@ -210,6 +210,9 @@ _THREAD_LEVEL = """
     thread.start()
     thread.join()
     sys.stdout.write(f"{got}\\n")
+    sys.stdout.flush()
+    if mode == "init":  # MPI initialized by the program, not by mpi4py: finalized by it too (else MPICH may end
+        MPI.Finalize()  # the job as this rank exits, before the other rank's line is out)
     """
 
 
