@@ -15,7 +15,6 @@ from spmdsim.layouts.holdings import holdings
 from spmdsim.nn.ops import paddle_mesh, split
 from spmdsim.references.forward import embedding_region
 from spmdsim.errors import RankCountError
-from spmdsim.runtime.engines import ways_out
 from spmdsim import DTensor, collect_trace, install_excepthook
 from spmdsim.runtime.ranked import print_ranked, trace_lines
 
@@ -34,7 +33,7 @@ vocab, dim = 960, 48
 if vocab % p:
     # Raised on every rank alike: the excepthook prints it once and exits 2.
     raise RankCountError(f"the vocabulary {vocab} does not split over {p} ranks: run a number that divides it, "
-                         f"such as 8", 8, p).with_ways(ways_out(8, p))
+                         f"such as 8", 8, p)
 
 # A 1-D mesh ("mp",) over every rank: Paddle's model-parallel group.
 mesh = paddle_mesh(p)

@@ -13,7 +13,6 @@ from spmdsim import Layout, SeededTensor
 from spmdsim.layouts.holdings import holdings
 from spmdsim.nn.ops import ColumnParallelLinear
 from spmdsim.errors import RankCountError
-from spmdsim.runtime.engines import ways_out
 from spmdsim import DTensor, Mesh, collect_trace, install_excepthook
 from spmdsim.runtime.ranked import print_ranked, trace_lines
 
@@ -32,7 +31,7 @@ k, n = 200, 240
 if n % p:
     # Raised on every rank alike: the excepthook prints it once and exits 2.
     raise RankCountError(f"out_features {n} does not split over {p} ranks: run a number that divides it, such as 8",
-                         8, p).with_ways(ways_out(8, p))
+                         8, p)
 
 mesh = Mesh(Layout((p,), ("mp",)), comm)
 xs = SeededTensor((24, k), "float32", seed=0)

@@ -14,7 +14,6 @@ from spmdsim.layouts.holdings import holdings
 from spmdsim.nn.ops import paddle_mesh, split
 from spmdsim.references.forward import linear_region, matmul_rounding
 from spmdsim.errors import RankCountError
-from spmdsim.runtime.engines import ways_out
 from spmdsim import DTensor, collect_trace, install_excepthook
 from spmdsim.runtime.ranked import print_ranked, trace_lines
 
@@ -33,7 +32,7 @@ k, n = 240, 72
 if k % p:
     # Raised on every rank alike: the excepthook prints it once and exits 2.
     raise RankCountError(f"in_features {k} does not split over {p} ranks: run a number that divides it, such as 8",
-                         8, p).with_ways(ways_out(8, p))
+                         8, p)
 
 mesh = paddle_mesh(p)  # 1-D ("mp",) over every rank
 xs = SeededTensor((24, k), "float32", seed=0)

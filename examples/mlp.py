@@ -13,7 +13,6 @@ from spmdsim import Layout, SeededTensor
 from spmdsim.layouts.holdings import holdings
 from spmdsim.nn.ops import ParallelMLP
 from spmdsim.errors import RankCountError
-from spmdsim.runtime.engines import ways_out
 from spmdsim import DTensor, Mesh, collect_trace, install_excepthook
 from spmdsim.runtime.ranked import print_ranked, trace_lines
 
@@ -32,7 +31,7 @@ hidden, ffn = 96, 480
 if ffn % p:
     # Raised on every rank alike: the excepthook prints it once and exits 2.
     raise RankCountError(f"the inner width {ffn} does not split over {p} ranks: run a number that divides it, "
-                         f"such as 8", 8, p).with_ways(ways_out(8, p))
+                         f"such as 8", 8, p)
 
 mesh = Mesh(Layout((p,), ("mp",)), comm)
 xs = SeededTensor((24, hidden), "float32", seed=0)

@@ -15,7 +15,6 @@ from spmdsim import Layout, SeededTensor
 from spmdsim.layouts.holdings import holdings
 from spmdsim.nn.ops import ParallelMLP
 from spmdsim.errors import RankCountError
-from spmdsim.runtime.engines import ways_out
 from spmdsim import DTensor, Mesh, collect_trace, install_excepthook
 from spmdsim.runtime.ranked import print_ranked, trace_lines
 
@@ -34,7 +33,7 @@ seq, batch, hidden, ffn = 48, 2, 96, 480
 if seq % p or ffn % p:
     # Raised on every rank alike: the excepthook prints it once and exits 2.
     raise RankCountError(f"sequence {seq} and inner width {ffn} do not split over {p} ranks: run a number that "
-                         f"divides both, such as 8", 8, p).with_ways(ways_out(8, p))
+                         f"divides both, such as 8", 8, p)
 
 mesh = Mesh(Layout((p,), ("mp",)), comm)
 xs = SeededTensor((seq, batch, hidden), "float32", seed=0)

@@ -15,7 +15,6 @@ import spmdsim
 from spmdsim.tools.cli.main import OnceParser  # usage and errors printed once, not by every rank
 from spmdsim.runtime.sim import script
 from spmdsim.errors import RankCountError
-from spmdsim.runtime.engines import ways_out
 from spmdsim.models.nets import NetworkRunner, mindspore_layout
 from spmdsim import install_excepthook
 from spmdsim.runtime.ranked import print_ranked
@@ -34,7 +33,7 @@ if comm.size != 8:
     # Raised on every rank alike: the excepthook prints it once, with how to get 8 ranks as this run was
     # launched (--ranks, spmdsim mpirun or mpiexec), and exits 2.
     raise RankCountError(f"Layout((2,2,2)) and Layout((8,)) need 8 ranks, not {comm.size}", 8,
-                         comm.size).with_ways(ways_out(8, comm.size))
+                         comm.size)
 
 net = mindspore_layout(comm.size, seed=0)
 runner = NetworkRunner(net, comm)

@@ -17,7 +17,6 @@ import spmdsim
 from spmdsim.tools.cli.main import OnceParser  # usage and errors printed once, not by every rank
 from spmdsim.runtime.sim import script
 from spmdsim.errors import RankCountError
-from spmdsim.runtime.engines import ways_out
 from spmdsim.layouts.holdings import rank_blocks
 from spmdsim.models.nets import NetworkRunner, mindspore_tutorial
 from spmdsim import install_excepthook
@@ -37,7 +36,7 @@ if comm.size != 8:
     # Raised on every rank alike: the excepthook prints it once, with how to get 8 ranks as this run was
     # launched (--ranks, spmdsim mpirun or mpiexec), and exits 2.
     raise RankCountError(f"the tutorial's strategies need 8 ranks, not {comm.size}", 8,
-                         comm.size).with_ways(ways_out(8, comm.size))
+                         comm.size)
 
 # Every operator has its own device matrix, derived from its strategy:
 #   MatMul1 (2,4,1) axes (m,k,n): rank r = 4m + k holds x[16m:16m+16, 196k:196k+196]

@@ -18,7 +18,6 @@ from spmdsim.runtime.sim import script
 from spmdsim.layouts.holdings import holdings
 from spmdsim.models.nets import NetworkRunner, paddle_needs, paddle_tp
 from spmdsim.errors import RankCountError
-from spmdsim.runtime.engines import ways_out
 from spmdsim import install_excepthook
 from spmdsim.runtime.ranked import print_ranked
 
@@ -36,7 +35,7 @@ p = comm.size
 reason = paddle_needs(p)
 if reason:
     # Raised on every rank alike: the excepthook prints it once and exits 2.
-    raise RankCountError(f"{reason}: run a number that divides both, such as 8", 8, p).with_ways(ways_out(8, p))
+    raise RankCountError(f"{reason}: run a number that divides both, such as 8", 8, p)
 
 # Every rank holds the ids (4, 16) whole (they are tiny; Paddle feeds each mp rank alike).
 # Embedding: rank r holds table rows [960r/p, 960(r+1)/p) plus one zero padding row; ids

@@ -158,6 +158,12 @@ class RankCountError(SpmdsimError):
         """The same error (its class and numbers) with `ways`, how to get the ranks, after its message."""
         return type(self)(f"{self}{ways}", self.needed, self.size, self.divides, self.ways + ways)
 
+    def advise(self, ways: str) -> None:
+        """Add `ways`, how to get the ranks, after this error's own message (in place: a report that has this
+        exception keeps what else it noted on it, its traceback among them)."""
+        self.args = (f"{self}{ways}",)
+        self.ways += ways
+
     def wanted(self) -> str:
         """The rank counts that fit, as a flag's value reads: "8", or "3 or a multiple of it"."""
         return f"{self.needed} or a multiple of it" if self.divides else f"{self.needed}"

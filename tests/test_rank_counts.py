@@ -4,6 +4,7 @@ not patched into its text afterwards."""
 from __future__ import annotations
 
 import pickle
+import traceback
 from types import SimpleNamespace
 
 import pytest
@@ -14,7 +15,7 @@ from spmdsim.base.context import MPIEXEC, MPIRUN, ONE_PROCESS, SIMULATE
 from spmdsim.errors import (DialectError, MeshSizeError, RankCountError, RuntimeMismatchError, SpmdsimError,
                             StrategySizeError)
 from spmdsim.layouts.dialects import strategy_to_layout
-from spmdsim.runtime.engines import launcher, ways_out
+from spmdsim.runtime.engines import advised, launcher, ways_out
 
 SIMULATED_WAYS = " (simulate 8 ranks with `--ranks 8` / spmdsim.simulate(8, main), or launch them with `mpiexec -n 8 ...`)"
 
@@ -59,6 +60,36 @@ def test_a_mesh_over_one_rank_of_a_bigger_world_says_no_way_to_more_ranks():
     assert raised.value.ways == ways_out(8, 1, ONE_PROCESS) != ""
     assert str(raised.value).endswith(" (one process: launch 8 ranks with `mpiexec -n 8 ...`, or simulate them in "
                                       "this process with `--ranks 8` / spmdsim.simulate(8, main))")
+
+
+def _needs_8(part: bool = False, ways: str = "") -> None:
+    comm = spmdsim.world()
+    if part:
+        comm = comm.Split(comm.Get_rank() // 2)
+    raise RankCountError(f"this program needs 8 ranks, not {comm.size}", 8, comm.size, ways=ways)
+
+
+def test_a_programs_own_rank_count_error_gets_the_launchers_ways_when_reported():
+    """The examples raise ``RankCountError(text, 8, comm.size)`` and the reporter (a simulated rank's end, an MPI
+    rank's excepthook) adds how to get 8 ranks as this world was started: they imported
+    spmdsim.runtime.engines.ways_out each to add it themselves. Not over a sub-communicator (the program's own
+    split), nor where the error already says its way; the error keeps its class, numbers and traceback."""
+    with pytest.raises(RankCountError) as raised:
+        spmdsim.simulate(4, _needs_8)
+    got = raised.value
+    assert (str(got), got.ways, got.needed, got.size) == (f"this program needs 8 ranks, not 4{SIMULATED_WAYS}",
+                                                          SIMULATED_WAYS, 8, 4)
+    assert "_needs_8" in {frame.name for frame in traceback.extract_tb(got.__traceback__)}
+    with pytest.raises(RankCountError) as raised:
+        spmdsim.simulate(4, _needs_8, True)
+    assert (str(raised.value), raised.value.ways) == ("this program needs 8 ranks, not 2", "")
+    with pytest.raises(RankCountError) as raised:
+        spmdsim.simulate(4, _needs_8, False, "; its own way")
+    assert str(raised.value) == "this program needs 8 ranks, not 4"  # (`ways` notes advice its text has)
+    mpi = RankCountError("needs 8 ranks, not 4", 8, 4)  # an MPI rank's (outside any simulation: mpiexec's ways)
+    assert advised(mpi, 4) is mpi and str(mpi) == f"needs 8 ranks, not 4{ways_out(8, 4, MPIEXEC)}"
+    assert str(advised(RankCountError("x", 8, 4), 8)) == "x"  # over part of an 8-rank world
+    assert str(advised(ValueError("x"), 4)) == "x"
 
 
 @pytest.mark.parametrize("strategy, world, needed, divides", [((4, 4), 8, 16, False), ((3, 1), 8, 3, True),

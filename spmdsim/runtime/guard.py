@@ -34,7 +34,7 @@ from ..errors import SpmdsimError, fold_message, mark_guarded
 from ..base.context import simulated as _simulated
 from ..base.sizes import out_of_memory
 from ..base.threads import launched
-from .engines import engine_of, world
+from .engines import advised, engine_of, world
 from .process import (_PRIVATE, FORWARD_S, abort_job, release_segments_once, release_shared_segments,
                       tune_mpi_process)
 
@@ -140,6 +140,7 @@ def handle_exception(exc: BaseException, comm: Any = None, private: Any = None) 
         # Out of memory despite the estimate (spmdsim.programs.memory): one line, no traceback.
         exc = SpmdsimError(out_of_memory(exc))
     if isinstance(exc, SpmdsimError):
+        exc = advised(exc, comm.Get_size())
         if private is None:
             private = _private(comm)
         if _all_failed(private, GRACE_S):

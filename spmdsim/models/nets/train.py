@@ -390,7 +390,7 @@ def run_main(main: Any, args: Any, ranks: Optional[int], needs: Optional[Callabl
     size = MPI.COMM_WORLD.Get_size()
     problem = needs(size) if needs is not None else None
     if problem:  # raised on every rank alike: the excepthook prints it once and exits 2
-        raise RankCountError(problem, fits, size).with_ways(ways_out(fits, size))
+        raise RankCountError(problem, fits, size)  # the excepthook says how to get `fits`
     if checks is not None:  # (raised alike too)
         checks(size)
     return main(args)

@@ -31,9 +31,10 @@ from ...base.context import simulated
 from ...base.context import _THREAD  # the running thread's context (current()'s read, without its call)
 from ...base.once import once
 from ...base.ranks import is_ranks_flag
+from ...errors import RankCountError
 
 __all__ = ["Engine", "MpiEngine", "MPI", "DONE", "SimulationError", "engine_of", "RankContext", "PROCESS", "current", "simulated",
-           "enter", "leave", "local", "c_order", "matmul", "once", "world", "launcher", "ways_out"]
+           "enter", "leave", "local", "c_order", "matmul", "once", "world", "launcher", "ways_out", "advised"]
 
 
 def launcher(size: int) -> str:
@@ -63,6 +64,18 @@ def ways_out(n: int, size: int = 1, started: Optional[str] = None) -> str:
                 f"`mpiexec -n {n} ...`)")
     return (f" (launch {n} ranks with `mpiexec -n {n} ...`, or simulate them in one process with `--ranks {n}` / "
             f"spmdsim.simulate({n}, main))")
+
+
+def advised(exc: BaseException, size: int) -> BaseException:
+    """A RankCountError over the whole world as its report shows it: with how to get its ranks as this world was started.
+
+    `exc` (a RankCountError of a world of `size` ranks that does not yet say how to get the ranks it needs) gains
+    that advice, ways_out's, after its message, in place; any other exception (one over part of the world: the
+    program's own split) is returned as it is. The reporters call it (an MPI rank's excepthook, a simulated rank's
+    end), so a program raises ``RankCountError(text, needed, comm.size)`` and its user reads the way that fits."""
+    if isinstance(exc, RankCountError) and not exc.ways and exc.needed > 0 and exc.size == size:
+        exc.advise(ways_out(exc.needed, size, launcher(size)))
+    return exc
 
 
 def _ranks_given() -> bool:

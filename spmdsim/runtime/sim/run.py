@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional
 
 from ...base import context as _local
 from ...base.context import SIMULATE, RankContext
-from ..engines import memory
+from ..engines import advised, memory
 from ...errors import SpmdsimError, exception_text, same_class
 from ...base.validate import as_int
 from .engine import Aborted, SimulationError, World
@@ -177,7 +177,7 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict, eager_lim
         except Aborted:
             pass  # stopped because another rank failed; that rank's error is the one reported
         except BaseException as exc:  # noqa: BLE001 - reported in the caller
-            engine.fail(rank, exc)
+            engine.fail(rank, advised(exc, size))
         finally:
             try:
                 end_lines()  # its unended line, a line of its own: not run together with another rank's
