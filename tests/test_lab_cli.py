@@ -229,11 +229,13 @@ def test_grade_names_what_it_leaves_out_shows_progress_and_says_why_odd_files_fa
     (folder / "notes.txt").write_text("not code")
     (folder / "old.py").mkdir()  # a folder named like a submission: a student's, not a FAIL row "Is a directory"
     (folder / "__pycache__").mkdir()  # Python's, beside files it ran: no student's
+    (folder / "__MACOSX").mkdir()  # unzipped from a zip made on macOS: the companions' folder, no student's
+    (folder / "__MACOSX" / "._right.py").write_bytes(b"\x00\x05\x16\x07")
     book = tmp_path / "grades.csv"
     assert main(["lab", "grade", "1", str(folder), "--csv", str(book), "--exercises", tiny]) == 0
     said = capsys.readouterr()
     err = said.err
-    assert "left out (not a .py file, or hidden): ._right.py, __pycache__/, notes.txt\n" in err, err
+    assert "left out (not a .py file, or hidden): ._right.py, __MACOSX/, __pycache__/, notes.txt\n" in err, err
     assert "grading 5 submissions of exercise 1, 2 at a time, each stopped 10 s after its first case" in err
     assert err.count(" of 5: ") == 5 and re.search(r"\ngraded in \d+\.\d s; grade book: ", err), err
     assert said.out.splitlines()[-1] == "0 of 6 submissions pass, 1 not graded", said.out

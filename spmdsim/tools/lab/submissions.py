@@ -11,8 +11,9 @@ from .shown import file_name, shown_path
 
 __all__ = ["NotGraded", "submissions"]
 
-#: Entries of a submission folder that are no student's: a folder Python writes beside the files it runs.
-NO_STUDENT = ("__pycache__",)
+#: Entries of a submission folder that are no student's: a folder Python writes beside the files it runs, and the
+#: one a zip made on macOS unpacks beside its files (their ._name.py companions: a learning platform's download).
+NO_STUDENT = ("__pycache__", "__MACOSX")
 
 
 class NotGraded(NamedTuple):
