@@ -51,10 +51,10 @@ def desk(tmp_path, monkeypatch, capsys):
     (["check", "7", "mine.py", "--ranks", "-1"], "--ranks '-1' is not a rank count; expected whole numbers, "
      "space- or comma-separated (--ranks 4 8, or --ranks 4,8)"),
     # a file for grade's folder was "submission folder 's/right.py' does not exist"
-    (["grade", "5", "s/right.py", "--csv", "g.csv"], "lab grade takes a folder of submissions, and 's/right.py' is "
-     "a file; for one file: spmdsim lab check 5 s/right.py"),
+    (["grade", "5", "s/right.py", "--csv", "g.csv"], "lab grade takes a folder of submissions (or a zip of one), "
+     "and 's/right.py' is a file; for one file: spmdsim lab check 5 s/right.py"),
     (["grade", "1", "s/right.py", "--csv", "g.csv", "--exercises", "course"], "lab grade takes a folder of "
-     "submissions, and 's/right.py' is a file; for one file: spmdsim lab check 1 s/right.py --exercises course"),
+     "submissions (or a zip of one), and 's/right.py' is a file; for one file: spmdsim lab check 1 s/right.py --exercises course"),
     (["grade", "s", "--csv", "g.csv"], "lab grade needs the exercise's number before the folder: spmdsim lab grade "
      "N s --csv g.csv (spmdsim lab list lists the exercises)"),
     (["grade", "5", "--csv", "g.csv"], "lab grade needs the folder of submissions after the exercise's number: "

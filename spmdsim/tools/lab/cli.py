@@ -22,6 +22,7 @@ from ...base.validate import counted
 from ..cli.paths import check_output_file
 from .exercise import EXERCISES, Exercise, LabError, find_exercise, load_exercises
 from .shown import file_name, shortened, shortened_apart
+from .archive import a_zip, unpacked
 from .submissions import submissions
 
 __all__ = ["register"]
@@ -46,7 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     # said 'the following arguments are required: FILE'; and `--ranks 4 8 FILE` gives --ranks the file
     for action in (*numbers[1:], p_check.add_argument("file", metavar="FILE", help="the submission: a .py file "
                                                       "defining the exercise's function"),
-                   p_grade.add_argument("dir", metavar="DIR", help="the folder of submissions (every .py file in it)")):
+                   p_grade.add_argument("dir", metavar="DIR", help="the folder of submissions (every .py file "
+                                        "in it), or a zip of it")):
         action.required = False  # (still shown, and matched, as one value each)
     for sub in (p_check, p_grade):
         sub.add_argument("--time-limit", type=flag_float, metavar="S", help="seconds of wall time per submission "
@@ -200,6 +202,18 @@ def _not_a_file(path: str, exercise: Any) -> str:
 
 
 def _grade(args: argparse.Namespace) -> int:
+    exercise = _grade_inputs(args)
+    if not 1 <= args.jobs <= MOST_JOBS:
+        raise LabError(f"--jobs {args.jobs!r} is out of range; expected 1 to {MOST_JOBS:,}")
+    _writable(args.csv, args.dir)
+    limits = _limits(args, max(exercise.ranks))
+    with unpacked(args.dir) as folder:  # (a zip: its temporary folder, removed after)
+        return _grade_folder(args, exercise, limits, folder)
+
+
+def _grade_folder(args: argparse.Namespace, exercise: Exercise, limits: dict, folder: str) -> int:
+    """Grade the submissions of `folder` (args.dir, or the folder its zip unpacked to): the table on stdout, the
+    grade book written, progress on stderr."""
     import concurrent.futures  # (a thread pool and the CSV writer: `spmdsim --help` loads neither)
     import csv
     import time
@@ -207,12 +221,7 @@ def _grade(args: argparse.Namespace) -> int:
     from .report import CSV_HEADER, csv_row  # (the runner: imported when a grade runs)
     from .sandbox import check
 
-    exercise = _grade_inputs(args)
-    if not 1 <= args.jobs <= MOST_JOBS:
-        raise LabError(f"--jobs {args.jobs!r} is out of range; expected 1 to {MOST_JOBS:,}")
-    _writable(args.csv, args.dir)
-    limits = _limits(args, max(exercise.ranks))
-    entries = submissions(args.dir, f"{exercise.name}.py")  # (says what it leaves out: once the options are good)
+    entries = submissions(folder, f"{exercise.name}.py", args.dir)  # (says what it leaves out: once the options are good)
     files = [entry for entry in entries if isinstance(entry, str)]  # (the others: students not graded, and why)
     _mpi_module_loads()
     limit = exercise.time_limit if limits["time_limit"] is None else limits["time_limit"]
@@ -230,7 +239,7 @@ def _grade(args: argparse.Namespace) -> int:
         try:
             for future in concurrent.futures.as_completed(pending):
                 path = pending[future]  # a student's folder named with its file (alice/ring_allreduce.py)
-                label = "/".join(map(file_name, os.path.relpath(path, args.dir).split(os.sep)))
+                label = "/".join(map(file_name, os.path.relpath(path, folder).split(os.sep)))
                 row = done[path] = (label, *csv_row(future.result())[1:])
                 print(f"  {len(done)} of {len(files)}: {shortened(row[0], NAME_COLUMNS)} {row[1]} ({row[5]} s)",
                       file=sys.stderr)
@@ -307,9 +316,12 @@ def _grade_inputs(args: argparse.Namespace) -> Exercise:
     if args.dir is None:
         raise LabError(f"lab grade needs the folder of submissions after the exercise's number: spmdsim lab grade "
                        f"{exercise.number} DIR --csv {csv}")
-    if os.path.isfile(args.dir):
-        raise LabError(f"lab grade takes a folder of submissions, and {args.dir!r} is a file; for one file: "
-                       f"spmdsim lab check {exercise.number} {shlex.quote(args.dir)}{_course(args)}")
+    if os.path.isfile(args.dir) and not a_zip(args.dir):
+        if args.dir.lower().endswith(".zip"):
+            raise LabError(f"{args.dir!r} is not a zip file that can be read (cut short, or damaged?); expected a "
+                           "zip of the submissions, or their folder")
+        raise LabError(f"lab grade takes a folder of submissions (or a zip of one), and {args.dir!r} is a file; "
+                       f"for one file: spmdsim lab check {exercise.number} {shlex.quote(args.dir)}{_course(args)}")
     return exercise
 
 

@@ -23,12 +23,14 @@ class NotGraded(NamedTuple):
     reason: str
 
 
-def submissions(folder: str, starter: str) -> list:
+def submissions(folder: str, starter: str, given: str = "") -> list:
     """The submissions of `folder`, sorted: each a path to check, or a NotGraded. Its .py files, and of each
     folder in it (a learning platform's download, one folder per student) its one .py file, or the one named
     `starter` (the file `lab start` writes); a folder with none, or several and none the starter, is a
     NotGraded. Hidden entries (the ._name.py files a zip made on macOS carries) and other files are named on
-    stderr as left out; refused in one line when there is no file to check."""
+    stderr as left out; refused in one line when there is no file to check. `given`: what the user gave (a zip
+    unpacked into `folder`), named in a refusal; `folder` by default."""
+    given = given or folder
     if not os.path.isdir(folder):
         raise LabError(f"submission folder {folder!r} does not exist")
     entries, skipped = [], []
@@ -46,7 +48,7 @@ def submissions(folder: str, starter: str) -> list:
         print(f"left out (not a .py file, or hidden): {_listed(skipped)}", file=sys.stderr)
     if not any(isinstance(entry, str) for entry in entries):
         unread = [f"{entry.label} ({entry.reason})" for entry in entries]
-        raise LabError(f"submission folder {folder!r} holds no .py file" + (
+        raise LabError(f"submission folder {given!r} holds no .py file" + (
             f" to grade: {_listed(unread)}" if unread else ", and no folder holding one") +
             "; expected one file per student, side by side in DIR (alice.py, bob.py) or each in its own folder" +
             (f", named {starter} where it holds several" if unread else ""))
