@@ -8,19 +8,11 @@ import zipfile
 
 import pytest
 
-from test_lab_cli import SUBMISSIONS, TINY
+from test_lab_cli import SUBMISSIONS
+from test_lab_odd_submissions import course  # noqa: F401 - the instructor's folder, a fixture
 
 from spmdsim.tools.cli.main import main
 from spmdsim.tools.lab import archive
-
-
-@pytest.fixture
-def course(tmp_path, monkeypatch):
-    """The instructor's one exercise (double), in course/, named relative to the working directory."""
-    (tmp_path / "course").mkdir()
-    (tmp_path / "course" / "01_double.py").write_text(TINY)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
 
 
 def _zipped(path, members: dict) -> str:
