@@ -8,6 +8,7 @@ where MPI would hang or abort"), where MPI hangs or aborts.
 from __future__ import annotations
 
 import io
+import pickle
 import re
 import sys
 import textwrap
@@ -1077,10 +1078,24 @@ def test_a_none_buffer_is_mpi4pys_type_error(capsys):
         "list/tuple, got None (Python objects go with the lowercase methods: send, bcast, allreduce, ...)\n"), err
 
 
+def _local_pickled() -> str:
+    """What pickle says of main's local function f in this Python ("Can't pickle local object 'main.<locals>.f'";
+    3.13 says "Can't get local object")."""
+    def main():
+        def f(x):
+            return x
+        return pickle.dumps(f)
+    try:
+        main()
+    except AttributeError as exc:
+        return str(exc).replace("_local_pickled.<locals>.", "")
+    raise AssertionError("a local function pickled")
+
+
 @pytest.mark.parametrize("program, first", [
     ("def main():\n    def f(x):\n        return x\n    comm.send(f, dest=1)\nif comm.rank == 0:\n    main()\n"
      "elif comm.rank == 1:\n    comm.recv(source=0)",
-     "spmdsim mpirun: error on simulated rank 0: AttributeError: Can't pickle local object 'main.<locals>.f'"),
+     f"spmdsim mpirun: error on simulated rank 0: AttributeError: {_local_pickled()}"),
     ("if comm.rank == 1:\n    input()\n",
      "spmdsim mpirun: error on simulated rank 1: EOFError: simulated rank 1 reads stdin, which goes to rank 0 only "
      "(as mpiexec forwards it): read it on rank 0 and send it on (comm.bcast)"),
