@@ -243,3 +243,67 @@ def test_a_neighbour_collective_meets_once_and_fills_each_member_from_its_neighb
 
     results = simulate(4, short)
     assert results[1:] == [[1.0] * 4] * 3 and isinstance(results[0], str) and "Deadlock" not in results[0], results
+
+
+def test_ranks_in_a_line_that_stands_still_get_a_slot_anyway(two_slots):
+    """Ranks 0 and 1 take the two slots and wait outside MPI (a threading.Barrier, as a loop on a flag) for all
+    four to begin: ranks 2 and 3 stood in line until the barrier broke (20 s), as ranks computing long between
+    MPI calls held back the others' first lines. After PATIENCE_S of a line standing still its ranks get a slot
+    beyond the two, and each slot given back while they hold it pays one back."""
+    met = threading.Barrier(4, timeout=20)
+    worlds = []
+
+    def body():
+        comm = world()
+        worlds.append(comm._group.world)
+        try:
+            met.wait()
+        except threading.BrokenBarrierError:
+            return "alone"
+        comm.Barrier()
+        return "met"
+
+    assert simulate(4, body) == ["met"] * 4
+    w = worlds[0]
+    assert (w._overdrawn, w._free, list(w._queue)) == (0, w.slots, [])  # settled back to the two slots
+
+
+def test_an_overdraft_goes_up_to_the_most_computing_and_is_paid_back(two_slots, monkeypatch):
+    # No threads: World's bookkeeping itself, at chosen times (time.monotonic() readings).
+    from spmdsim.runtime.sim import sleepers
+
+    monkeypatch.setattr(sleepers, "MOST_COMPUTING", 3)
+    w = engine.World(5)
+    start, patience = w._stood[0], sleepers.PATIENCE_S
+    with w.lock:
+        for rank in range(5):
+            w._line_up(rank)  # 0 and 1 get the slots, 2, 3 and 4 stand in line
+    assert w.overdraw(start + patience / 2) == 0  # not yet
+    assert w.overdraw(start + patience) == 1  # one more: three compute, the most
+    assert (w._overdrawn, list(w._queue)) == (1, [3, 4])
+    with w.lock:
+        for rank in (0, 1, 2):
+            w._await_slot(rank)  # (granted: takes it at once)
+        w._give_slot(0)  # pays the overdraft back: the line does not move
+        assert (w._overdrawn, list(w._queue)) == (0, [3, 4])
+        w._give_slot(1)  # a slot of the two: rank 3's
+        assert list(w._queue) == [4] and 3 in w._granted
+    assert w.overdraw(start + 2 * patience) == 0  # the line moved: it stands still from now on
+    assert w.overdraw(start + 2.5 * patience) == 0
+    assert w.overdraw(start + 3 * patience) == 1 and list(w._queue) == [] and w._overdrawn == 1
+
+
+def test_a_rank_in_line_aborts_the_job_while_the_others_compute(tmp_path):
+    """The last of 3 ranks calls Abort while ranks 0 and 1 hold the two slots in a loop of many seconds: its
+    print and Abort waited for the loops to end (under mpiexec they come at once). A subprocess: its run ends as
+    the Abort ends the job, the loops unfinished."""
+    prog = tmp_path / "starve.py"
+    prog.write_text("from mpi4py import MPI\ncomm = MPI.COMM_WORLD\nif comm.rank == comm.size - 1:\n"
+                    "    print('rank', comm.rank, 'aborts', flush=True)\n    comm.Abort(3)\ntotal = 0\n"
+                    "for i in range(200_000_000):\n    total += i\nprint('rank', comm.rank, 'looped', flush=True)\n")
+    code = ("import sys\nfrom spmdsim.runtime.sim import engine\nengine.run_slots = lambda size: min(size, 2)\n"
+            "from spmdsim.emulator.mpirun import main\nsys.exit(main(['-n', '3', 'python', sys.argv[1]]))\n")
+    run = subprocess.run(["timeout", "-k", "5", "120", sys.executable, "-c", code, str(prog)],
+                         capture_output=True, text=True, timeout=150)
+    assert run.returncode == 3, run
+    assert run.stdout.splitlines() == ["rank 2 aborts"], run

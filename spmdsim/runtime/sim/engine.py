@@ -27,6 +27,9 @@ failing rank's error.
 At most `World.slots` ranks compute at once (the cores, at least 2, at most
 32): a rank holds a run slot from its start, gives it to the next rank in
 line while it waits in a collective and takes one back before it goes on.
+A line that stood still for PATIENCE_S (the ranks holding the slots compute
+on) gets slots beyond these, up to MOST_COMPUTING ranks computing, paid back
+as ranks give theirs (spmdsim.runtime.sim.sleepers).
 The interpreter runs one thread's Python at a time anyway; the cap bounds how
 many ranks are inside numpy's BLAS together. OpenBLAS as numpy ships it keeps
 per-caller buffers for 64 threads and past about 128 concurrent callers
@@ -38,7 +41,6 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections import deque
 from typing import Any, Optional
 
 from ...base.context import current as _context
@@ -137,12 +139,7 @@ class World(Sleepers, RankThreads):
         # send completed (spmdsim.runtime.sim.landing.rewritten)
         self.rewritten: list[tuple] = []
         self.root = Group(self, tuple(range(size)))
-        # Run slots: how many more ranks may compute now, who waits for one (in order), who got one.
-        self.slots = run_slots(size)
-        self._free = self.slots
-        self._queue: deque = deque()
-        self._granted: set[int] = set()
-        self._holding: set[int] = set()
+        self._init_slots(run_slots(size))  # run slots (spmdsim.runtime.sim.sleepers)
         self.threads: dict[int, int] = {}  # rank -> its thread's ident: its program line (spmdsim.runtime.sim.report)
         self._rank_of_thread: dict[int, int] = {}  # and back
         # rank -> how it exited: "sys.exit(3)" (spmdsim mpirun: a non-zero code), "SystemExit(0)" (simulate)

@@ -118,12 +118,11 @@ def _check_call(fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
 
 
 class Results(list):
-    """The per-rank results of a simulation, with `unreceived`: the point-to-point messages sent and
-    never received, and receives never matched, when the ranks ended (spmdsim.runtime.sim.p2p.unreceived); and
-    `uncompleted`: the program's nonblocking requests never completed nor freed (spmdsim.runtime.sim.p2p.uncompleted);
-    and `rewritten`: its nonblocking sends whose buffer it wrote into before the send completed
-    (spmdsim.runtime.sim.landing.rewritten). Each lists by world rank, then in the order that rank posted them (the same
-    every run)."""
+    """The per-rank results of a simulation, with `unreceived`: the point-to-point messages sent and never received,
+    and receives never matched, when the ranks ended (spmdsim.runtime.sim.p2p.unreceived); `uncompleted`: the
+    program's nonblocking requests never completed nor freed (spmdsim.runtime.sim.p2p.uncompleted); `rewritten`: its
+    nonblocking sends whose buffer it wrote into before the send completed (spmdsim.runtime.sim.landing.rewritten).
+    Each lists by world rank, then in the order that rank posted them (the same every run)."""
 
     unreceived: tuple = ()
     uncompleted: tuple = ()
@@ -188,8 +187,7 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict, eager_lim
             ended[rank].set()
 
     ended = [threading.Event() for _ in range(size)]
-    threads = [threading.Thread(target=body, args=(r,), name=f"spmdsim rank {r}", daemon=True)
-               for r in range(size)]
+    threads = [threading.Thread(target=body, args=(r,), name=f"spmdsim rank {r}", daemon=True) for r in range(size)]
     _run_threads(engine, threads, size, ended)
     _raise_failure(engine, size)
     if exited:
@@ -203,7 +201,8 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict, eager_lim
 
 def _run_threads(engine: World, threads: list, size: int, ended: list) -> None:
     """Start the ranks' `threads` and wait for their `ended` Events (a Thread.join Ctrl-C interrupts marks a live
-    thread ended on Python 3.11), watching memory; Ctrl-C or memory nearly out stops the ranks and is raised."""
+    thread ended on Python 3.11), watching memory and the run slots' line (World.overdraw); Ctrl-C or memory nearly
+    out stops the ranks and is raised."""
     with _simulating(engine.slots):
         try:
             for started, t in enumerate(threads):
@@ -225,6 +224,7 @@ def _run_threads(engine: World, threads: list, size: int, ended: list) -> None:
                         t.join()  # (its last lines, after the Event)
                     if time.monotonic() - looked >= memory.POLL_S:
                         looked = time.monotonic()
+                        engine.overdraw(looked)  # a line for run slots that stood still gets slots anyway
                         why = memory.problem(size)
                         if why is not None:
                             raise memory.MemoryLimitError(why)

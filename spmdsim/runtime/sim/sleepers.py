@@ -1,18 +1,51 @@
 """How a simulated rank sleeps and is woken under the world lock (`_sleep`, `_wake`), is let go from a wait
-(`release`), and takes turns for a run slot (`_line_up`, `_give_slot`): the part of
-spmdsim.runtime.sim.engine.World that hands the interpreter from one rank's thread to the next."""
+(`release`), and takes turns for a run slot (`_line_up`, `_give_slot`, `overdraw`): the part of
+spmdsim.runtime.sim.engine.World that hands the interpreter from one rank's thread to the next.
+
+A rank gives its slot away only when it enters an MPI call, sleeps or ends, so ranks that compute long
+between calls keep the ranks in line from starting: 3 ranks looping 30 s held back a 4th rank's print and
+``Abort``, which under mpiexec come at once. When the line has not moved for PATIENCE_S (no rank in it got a
+slot), every rank in it gets one anyway, an overdraft (`overdraw`, which simulate()'s thread calls as it
+watches the ranks): those ranks compute beside the others, the interpreter sharing the CPU among them, up to
+MOST_COMPUTING ranks at once. Each slot a rank gives away while ranks are overdrawn pays one back, so the
+count of ranks computing settles back to `slots` as they reach their MPI calls. A rank in line is not
+waiting (a deadlock report counts it as one that may yet go on), overdrawn or not.
+"""
 from __future__ import annotations
 
 import contextlib
 import threading
+import time
+from collections import deque
 from typing import Any, Iterator, Optional
 
 from .groups import Group, _lets_go
 
+#: How long the line for a run slot may stand still (no rank in it given a slot) before every rank in it
+#: gets one anyway: a program's first lines come this late (and up to a look of simulate()'s thread, every
+#: 0.2 s, later), where ranks starting a long computation held every slot until they ended. Above the longest
+#: the line stood still in programs that do not starve it: one look, 0.2-0.4 s (docs/howto/simulate.md).
+PATIENCE_S = 0.5
+
+#: The most ranks that compute at once, overdrafts included: numpy's OpenBLAS keeps per-caller buffers
+#: for 64 threads, and past about 128 callers at once corrupted its memory (spmdsim.runtime.sim.engine).
+MOST_COMPUTING = 64
+
 
 class Sleepers:
-    """World's sleeping, waking and run slots (its state: `lock`, `_wakers`, `_asleep`, `waiting`, `_free`,
-    `_queue`, `_granted`, `_holding`, set by World.__init__)."""
+    """World's sleeping, waking and run slots (its state: `lock`, `_wakers`, `_asleep`, `waiting`, set by
+    World.__init__, and the slots' own, set by `_init_slots`)."""
+
+    def _init_slots(self, slots: int) -> None:
+        """`slots` ranks compute at once (spmdsim.runtime.sim.engine.run_slots), none yet."""
+        self.slots = slots
+        self._free = slots  # how many more ranks may compute now
+        self._queue: deque = deque()  # who waits for a slot, in order
+        self._granted: set[int] = set()  # given a slot, not yet woken to take it
+        self._holding: set[int] = set()
+        self._overdrawn = 0  # slots given beyond `slots` (`overdraw`), not yet given back
+        self._handed = 0  # slots given to the line so far: whether it moved
+        self._stood = (time.monotonic(), 0)  # (since when the line stands still, `_handed` then)
 
     def _take_slot(self, rank: int) -> None:
         self._line_up(rank)
@@ -57,12 +90,37 @@ class Sleepers:
         if rank not in self._holding:
             return
         self._holding.discard(rank)
-        if self._queue:
+        if self._overdrawn:
+            self._overdrawn -= 1  # paid back: the count of ranks computing settles back to `slots`
+        elif self._queue:
             nxt = self._queue.popleft()
+            self._handed += 1
             self._granted.add(nxt)
             self._wake(nxt)
         else:
             self._free += 1
+
+    def overdraw(self, now: float) -> int:
+        """Give every rank in line a slot beyond `slots` if the line has stood still for PATIENCE_S (`now`:
+        time.monotonic()), up to MOST_COMPUTING ranks computing; return how many got one. Called now and then
+        (simulate()'s thread, every few tenths of a second), without the world lock."""
+        with self.lock:
+            since, handed = self._stood
+            if not self._queue or handed != self._handed:  # empty, or moving: it stands still from now on
+                self._stood = (now, self._handed)
+                return 0
+            if now - since < PATIENCE_S:
+                return 0
+            room = MOST_COMPUTING - (self.slots - self._free + self._overdrawn)
+            given = 0
+            while self._queue and given < room:
+                nxt = self._queue.popleft()
+                self._granted.add(nxt)
+                self._wake(nxt)
+                given += 1
+            self._overdrawn += given
+            self._stood = (now, self._handed)
+            return given
 
     def release(self, rank: int, token: Any = None, group: Optional[Group] = None) -> None:
         """Let `rank` go on if it waits (for `token`'s request, when given; else in `group`'s collective):
