@@ -1,6 +1,7 @@
 """``time.sleep`` on a simulated rank gives the rank's run slot to the next rank in line while it sleeps.
 
-At most `World.slots` ranks compute at once (spmdsim.runtime.sim.engine: the cores, at least 2). A rank that
+`World.slots` ranks compute at once (spmdsim.runtime.sim.engine: the cores, at least 2), more only while a line
+that stood still is overdrawn (spmdsim.runtime.sim.sleepers). A rank that
 sleeps computes nothing, but held its slot: 8 ranks each sleeping 1 s took 4 s on 2 cores, where 8 MPI
 processes sleep side by side (1 s). While a simulation runs (spmdsim.runtime.sim.run's `_simulating`),
 ``time.sleep`` is `sleep` below: on a rank's own thread it gives the slot away (`World.stepped_aside`),
