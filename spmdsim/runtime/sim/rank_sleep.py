@@ -1,16 +1,16 @@
 """``time.sleep`` on a simulated rank gives the rank's run slot to the next rank in line while it sleeps.
 
-`World.slots` ranks compute at once (spmdsim.runtime.sim.engine: the cores, at least 2), more only while a line
-that stood still is overdrawn (spmdsim.runtime.sim.sleepers). A rank that
-sleeps computes nothing, but held its slot: 8 ranks each sleeping 1 s took 4 s on 2 cores, where 8 MPI
-processes sleep side by side (1 s). While a simulation runs (spmdsim.runtime.sim.run's `_simulating`),
-``time.sleep`` is `sleep` below: on a rank's own thread it gives the slot away (`World.stepped_aside`),
-sleeps, and takes one back in line before it returns; on any other thread (the caller's, a thread a rank
-started, which holds no slot) it is Python's own. The rank stops in its sleep, as at a wait, at once when the
-caller is interrupted (Ctrl-C in a notebook's cell), and once GO_ON_S have passed after another rank failed
-(`World.sleep_ends`): no rank sleeps on in a thread of the process after simulate() raised, and simulate()
-does not wait out a failed run's sleeps (a dry run's rank stops in its sleep too: `_dry_sleep`). Modules that
-took ``from time import sleep`` before the simulation started keep Python's own.
+`World.slots` ranks compute at once (spmdsim.runtime.sim.engine: the cores, at least 2), more only while a
+line that stood still is overdrawn (spmdsim.runtime.sim.sleepers). A rank that sleeps computes nothing, but
+held its slot: 8 ranks each sleeping 1 s took 4 s on 2 cores, where 8 MPI processes sleep side by side (1 s).
+While a simulation runs (spmdsim.runtime.sim.run's `_simulating`), ``time.sleep`` is `sleep` below: on a
+rank's own thread it gives the slot away (`World.stepped_aside`), sleeps, and takes one back in line before it
+returns; on any other thread (the caller's, a thread a rank started, which holds no slot) it is Python's own.
+The rank stops in its sleep, as at a wait, at once when the caller is interrupted (Ctrl-C in a notebook's
+cell), and once GO_ON_S have passed after another rank failed (`World.sleep_ends`): no rank sleeps on in a
+thread of the process after simulate() raised, and simulate() does not wait out a failed run's sleeps (a dry
+run's rank stops in its sleep too: `_dry_sleep`). Modules that took ``from time import sleep`` before the
+simulation started keep Python's own.
 """
 from __future__ import annotations
 
