@@ -165,6 +165,39 @@ def test_launch_cli_runs_the_job_and_enforces_its_timeout():
     assert bad.returncode == 2 and "needs a command" in bad.stderr
 
 
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_launch_stopped_by_a_signal_stops_its_job_first(sig, tmp_path):
+    """A batch system's time limit (SIGTERM) or a closed terminal (SIGHUP) ended `spmdsim launch` at once, and its
+    job, a session of its own that no signal for launch reaches, ran on: ranks spinning with no launch to stop
+    them. Now the job is stopped first: one line, exit 128 + N, no rank left."""
+    import signal
+
+    program = ("import os, sys, time; open(os.path.join(sys.argv[1], str(os.getpid())), 'w').close(); "
+               "time.sleep(120)")
+    proc = subprocess.Popen([sys.executable, "-m", "spmdsim", "launch", "-n", "2", "--timeout", "100", "--",
+                             "python", "-c", program, str(tmp_path)], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(os.listdir(tmp_path)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        ranks = [int(name) for name in os.listdir(tmp_path)]
+        assert len(ranks) == 2
+        proc.send_signal(getattr(signal, sig))
+        _, err = proc.communicate(timeout=BOUND_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + getattr(signal, sig), err
+    assert err.splitlines()[-1] == f"spmdsim: launch got {sig}; stopped the job", err
+    for pid in ranks:  # each rank gone (a zombie its parent has not reaped yet is gone as well)
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                assert fh.read().split(") ")[1][0] == "Z", f"rank {pid} runs on"
+        except FileNotFoundError:
+            pass
+
+
 @pytest.mark.skipif(not MPICH, reason="MPICH's mpiexec forwards Ctrl-C to the ranks; Open MPI's prterun handles it "
                                       "itself (its own 'Abort is in progress' banner, exit 1)")
 @pytest.mark.parametrize("wait", ["polite", "busy"])

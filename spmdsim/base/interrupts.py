@@ -16,14 +16,21 @@ the hook is raised inside it, where it is lost again. The thread waits until no 
 stack is the hook's (starting the thread waits inside the hook for it to start, and on a loaded machine the
 main thread can stay there for milliseconds: a fixed delay lost the interrupt so, one CI run in four under
 load). Should it land in another callback, the hook gives it back again. ``import spmdsim`` changes nothing.
+
+`terminations_raise` turns a SIGTERM or SIGHUP (a batch system's time limit, `timeout`, a closed terminal) into
+an exception for as long as it is entered, where Python's default would end the process at once and run no
+``finally``: `spmdsim launch` then stops the job it started in a session of its own, which no signal sent to
+launch reaches.
 """
 from __future__ import annotations
 
 import _thread
+import contextlib
+import signal
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Iterator
 
 _KEPT: list = []  # the hook before ours, once installed
 
@@ -65,3 +72,32 @@ def _again(code: Any) -> None:
         if frame is None:
             break
     _thread.interrupt_main()
+
+
+class Terminated(BaseException):
+    """A SIGTERM or SIGHUP received inside `terminations_raise`; `signum` is which."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise Terminated(signum)
+
+
+@contextlib.contextmanager
+def terminations_raise() -> Iterator[None]:
+    """Within it, SIGTERM and SIGHUP raise `Terminated` in the main thread where their action was the default
+    (the process ended at once); a handler the program set, an ignored signal and other threads are left alone."""
+    taken = []
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) is signal.SIG_DFL:
+                signal.signal(sig, _terminated)
+                taken.append(sig)
+    try:
+        yield
+    finally:
+        for sig in taken:
+            signal.signal(sig, signal.SIG_DFL)

@@ -2,7 +2,8 @@
 
 Runs the mpiexec that belongs to this Python's mpi4py under a timeout and
 returns its exit code (124 on timeout, like coreutils `timeout`; 128 + N when
-a signal N killed mpiexec itself, as a shell says). For the
+a signal N killed mpiexec itself, as a shell says; 143 or 129 when launch itself
+gets SIGTERM or SIGHUP, which stop the job first). For the
 child it sets, unless already set:
 
 * ``SPMDSIM_WAIT`` (``--wait``; default auto = polite wait when ranks outnumber cores);
@@ -38,6 +39,7 @@ import sys
 import time
 from typing import Sequence
 
+from ...base.interrupts import Terminated, terminations_raise
 from ...base.malloc import glibc_env
 from ...base.threads import THREAD_VARS, thread_cap
 from ...errors import RuntimeMismatchError, SpmdsimError, fold_message
@@ -222,7 +224,8 @@ def run_with_timeout(cmd: list[str], env: dict, timeout: float) -> int:
     except OSError as exc:
         raise SpmdsimError(f"cannot start {cmd[0]!r}: {exc.strerror or exc}") from None
     try:
-        return _wait(proc, timeout, watch, _hint(cmd, env))
+        with terminations_raise():  # the job is a session of its own: a SIGTERM for launch alone left it running
+            return _wait(proc, timeout, watch, _hint(cmd, env))
     finally:
         removed = watch.remove_left()
         if removed:
@@ -263,6 +266,18 @@ def _wait(proc: subprocess.Popen, timeout: float, watch: "_SegmentWatch", hint: 
     except KeyboardInterrupt:
         _stop(proc, signal.SIGINT)
         return 130
+    except Terminated as exc:  # a batch system's time limit, `timeout`, a closed terminal
+        _stop(proc, signal.SIGTERM)
+        _say(f"spmdsim: launch got {signal.Signals(exc.signum).name}; stopped the job")
+        return 128 + exc.signum
+
+
+def _say(line: str) -> None:
+    """`line` on stderr, which a closed terminal (SIGHUP) may have taken away."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 def _stop(proc: subprocess.Popen, sig: int) -> None:
