@@ -22,6 +22,7 @@ from spmdsim.programs.cost import (
     normalize_op,
     predict_plan,
 )
+from spmdsim.programs.cost.terms import OPS
 
 A, B, C = 1e-5, 1e-9, 5e-10
 MIB = 1 << 20
@@ -158,6 +159,19 @@ def test_a_collectives_own_fit_puts_its_size_term_in_beta():
                 for op in ("allgather", "allreduce") for n in (4096, 262144, 2097152)]
         fitted = CostModel.fit(data)
         assert fitted.per_op and all(p.beta_s_per_byte > 0 and p.gamma_s_per_byte == 0 for p in fitted.per_op)
+
+
+def test_a_collective_whose_times_do_not_grow_is_priced_by_the_shared_fit():
+    """`mpiexec -n 4 spmdsim calibrate` on 2 cores: alltoall on 2 ranks timed flat over 64K..16M (noise), its own
+    override fit beta 0 (a 16 MiB message as cheap as 64 KiB), and calibrate refused to save the whole fit ("the
+    fit's beta of alltoall on 2 ranks is 0.0 s/byte"). The shared fit, which has a bandwidth term, prices it."""
+    truth = CostModel(A, B)
+    data = [(op, g, n, 2e-3 if (op, g) == ("alltoall", 2) else truth.predict(op, g, n))
+            for op in OPS for g in (2, 4) for n in (64 << 10, MIB, 4 * MIB, 16 * MIB)]
+    fitted = CostModel.fit(data)
+    assert fitted.per_op and all(p.beta_s_per_byte > 0 for p in fitted.per_op)
+    assert ("alltoall", 2) not in {(p.op, p.group_size) for p in fitted.per_op}
+    assert fitted.predict("alltoall", 2, 16 * MIB) > 10 * fitted.predict("alltoall", 2, 64 << 10)
 
 
 def test_fit_accepts_tuples_and_rejects_too_little():

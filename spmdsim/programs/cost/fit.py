@@ -1,7 +1,8 @@
 """Fitting: a `CostModel` from timed calls (log-ratio least squares, with overrides).
 
 Pure (numpy only; never imports mpi4py). `CostModel.fit` is the public entry point;
-it keeps a per-collective or per-group-size override only where that fits better.
+it keeps a per-collective or per-group-size override only where that fits better and has a bandwidth term
+(`_priced_by_size`).
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def fit_model(cls: type[_Model], measurements: Iterable[Measurement | Sequence[A
                 # One collective's beta and gamma terms are proportional (terms.call_terms): its own points
                 # cannot split them, and a split left to the fit's start gave beta 0 at random. Beta carries both.
                 own = OpParams(op, *_log_fit(mine, algo, use_gamma=False))
-                if cls(0.0, 0.0, 0.0, algo, (own,)).log_error(mine) < shared.log_error(mine):
+                if _priced_by_size(own) and cls(0.0, 0.0, 0.0, algo, (own,)).log_error(mine) < shared.log_error(mine):
                     overrides.append(own)
         model = replace(shared, per_op=tuple(overrides))
         if per_group:
@@ -64,9 +65,17 @@ def _fit_groups(model: _Model, data: Sequence[Measurement], algorithm: str) -> _
                 continue
             own = OpParams(op, *_log_fit(mine, algorithm, use_gamma=False), group_size=g)
             alone = type(model)(0.0, 0.0, 0.0, algorithm, (own,))
-            if alone.log_error(mine) < model.log_error(mine):
+            if _priced_by_size(own) and alone.log_error(mine) < model.log_error(mine):
                 overrides.append(own)
     return replace(model, per_op=tuple(overrides))
+
+
+def _priced_by_size(own: OpParams) -> bool:
+    """Whether an override's cost grows with the bytes (beta > 0). One whose times did not grow with the size (a
+    collective's few points on a busy, oversubscribed machine: `mpiexec -n 4 spmdsim calibrate` on 2 cores, one run
+    in three) fit best with beta 0, which prices any message, however large, as free of bandwidth; calibrate then
+    refused to save the whole fit. Such a collective is left to the shared fit, which has a bandwidth term."""
+    return own.beta_s_per_byte > 0
 
 
 def _rows(data: Sequence[Measurement], algorithm: str, use_gamma: bool) -> np.ndarray:
