@@ -53,9 +53,25 @@ def test_user_setting_wins(clean_env):
     assert capped == [3, 3]
     env.setenv("OPENBLAS_NUM_THREADS", "many")  # not a count: OMP_NUM_THREADS's 2
     _threads.cap_blas_threads_under_launcher()
-    env.setenv("OMP_NUM_THREADS", "0")  # no usable count: the loaded BLAS is left alone
+    env.setenv("OMP_NUM_THREADS", "4,2")  # OpenMP's list: its first level
     _threads.cap_blas_threads_under_launcher()
-    assert capped == [3, 3, 2]
+    assert capped == [3, 3, 2, 4]
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-1", ""])
+def test_a_thread_count_that_is_no_count_is_capped_as_if_unset(clean_env, value):
+    """OMP_NUM_THREADS=abc (or 0, -1) under `mpiexec -n 8` on 2 cores left numpy's BLAS alone, and OpenBLAS
+    started a thread per core in every rank: the pools that made a job 20x slower. It asks for no count."""
+    env, capped = clean_env
+    env.setenv("MPI_LOCALNRANKS", "8")
+    env.setenv("OMP_NUM_THREADS", value)
+    env.setenv("OPENBLAS_NUM_THREADS", "many")
+    assert not _threads.threads_set_by_user()
+    assert _threads.cap_blas_threads_under_launcher() == 1 and capped == [1]
+    assert [os.environ[v] for v in _threads.THREAD_VARS] == ["1", "1", "1"]
+    from spmdsim.tools.cli import launch  # launch's ranks get the cap in place of the value, as unset
+    assert launch.launch_env(8, None, base={"OMP_NUM_THREADS": value})["OMP_NUM_THREADS"] == "1"
+    assert launch.launch_env(8, None, base={"OMP_NUM_THREADS": "3"})["OMP_NUM_THREADS"] == "3"
 
 
 # In a fresh interpreter under a launcher's environment: what `import spmdsim` did to the process.

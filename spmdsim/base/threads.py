@@ -202,35 +202,44 @@ def blas_kernels_text() -> str:
 
 
 def threads_set_by_user() -> bool:
-    """Whether any of THREAD_VARS is set: then the user's choice stands."""
-    return any(var in os.environ for var in THREAD_VARS)
+    """Whether the user asked for a thread count in THREAD_VARS: then their choice stands. A value that is no
+    count (``abc``, ``0``, ``-1``) asks for none: OpenBLAS then starts a thread per core in every rank, the pools
+    that made 8 ranks on 2 cores 20x slower, so it is capped as if unset."""
+    return user_thread_count() is not None
+
+
+def thread_count(value: str | None) -> int | None:
+    """The count a *_NUM_THREADS value asks for: a positive integer, or the first of OpenMP's list (``4,2``); else
+    None."""
+    first = (value or "").split(",")[0].strip()
+    return int(first) if first.isdigit() and int(first) > 0 else None
 
 
 def user_thread_count() -> int | None:
     """The BLAS thread count the user's variables ask for (OpenBLAS's and MKL's own first), or None."""
     for var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS"):
-        value = os.environ.get(var, "").strip()
-        if value.isdigit() and int(value) > 0:
-            return int(value)
+        count = thread_count(os.environ.get(var))
+        if count is not None:
+            return count
     return None
 
 
 def cap_blas_threads_under_launcher() -> int | None:
     """Under an MPI launcher, cap BLAS threads at this rank's share of the cores; the cap or None.
 
-    When the user set any of THREAD_VARS, their value goes to the loaded BLAS
+    When the user set a count in any of THREAD_VARS, it goes to the loaded BLAS
     instead and None is returned (a variable set after numpy loaded its BLAS is
     otherwise never read: 8 ranks on 2 cores with two threads each ran a
-    training step 15x slower). Else sets the variables (for BLAS loaded later
-    and child processes) and the loaded BLAS libraries.
+    training step 15x slower). Else (none set, or only values that are no count:
+    `threads_set_by_user`) sets the variables (for BLAS loaded later and child
+    processes) and the loaded BLAS libraries.
     """
     ranks = launcher_local_ranks()
     if ranks is None:
         return None
-    if threads_set_by_user():
-        users = user_thread_count()
-        if users is not None:
-            cap_loaded_blas(users)
+    users = user_thread_count()
+    if users is not None:
+        cap_loaded_blas(users)
         return None
     threads = thread_cap(ranks)
     for var in THREAD_VARS:

@@ -41,7 +41,7 @@ from typing import Sequence
 
 from ...base.interrupts import Terminated, terminations_raise
 from ...base.malloc import glibc_env
-from ...base.threads import THREAD_VARS, thread_cap
+from ...base.threads import THREAD_VARS, thread_cap, thread_count
 from ...errors import RuntimeMismatchError, SpmdsimError, fold_message
 from ...runtime.debug import add_cli_arguments, watchdog_setting
 from ...base.validate import counted
@@ -155,8 +155,9 @@ def launch_env(ranks: int, wait: str | None, base: dict | None = None) -> dict:
     else:
         env.setdefault("SPMDSIM_WAIT", "auto")
     threads = str(thread_cap(ranks))
-    for var in THREAD_VARS:
-        env.setdefault(var, threads)
+    for var in THREAD_VARS:  # a value that is no count (abc, 0) asks for none: capped as if unset
+        if thread_count(env.get(var)) is None:
+            env[var] = threads
     env["SPMDSIM_EXPECT_WORLD"] = str(ranks)
     return glibc_env(env)
 
