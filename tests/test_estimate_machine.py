@@ -327,6 +327,22 @@ def test_a_calibrated_machine_file_prices_every_precision_in_estimate_and_the_se
     assert "devices on calibrated-box" in capsys.readouterr().out and seconds > 0
 
 
+def test_a_calibrated_cpus_mfu_line_gives_its_rate_in_digits_that_show(tmp_path, capsys):
+    """On a CPU's calibrated file (peaks of 1e11 FLOP/s) the rate printed with one decimal read "MFU 32.5%: 0.0
+    TFLOP/s per GPU of the bf16 peak 0.1029": a rate of nothing at a third of the peak."""
+    from spmdsim.tools.cli.main import main
+
+    model = CostModel(alpha_s=20e-6, beta_s_per_byte=2.0 ** -32, source="fit")
+    path = save_machine(calibrate.calibrated_machine(model, RATES, 2e10, 2, 64 << 30, "box"), tmp_path / "m.json")
+    argv = ["estimate", "gpt", "--layers", "2", "--hidden", "64", "--heads", "4", "--tp", "2", "--machine", str(path)]
+    assert main([*argv, "--json"]) == 0
+    use = json.loads(capsys.readouterr().out)["utilization"]
+    assert 0 < use["tflops_per_gpu"] < 0.1
+    assert main(argv) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("MFU "))
+    assert line.startswith(f"MFU {use['mfu']:.1%}: {use['tflops_per_gpu']:.4g} TFLOP/s per GPU of the bf16 peak 0.1,")
+
+
 def test_machine_out_is_checked_before_measuring(tmp_path):
     args = build_parser().parse_args(["calibrate", "--dry-run", "--machine-out", "m.json"])
     with pytest.raises(SpmdsimError, match=r"^--machine-out 'm.json' has no effect with --dry-run"):

@@ -153,17 +153,23 @@ def _utilization(stages: list, step_s: float, gpus: int, machine: Any, precision
 
 def _utilization_lines(use: Any, precision: str, worst: bool) -> list[str]:
     """MFU (and HFU, where recomputation adds products) at the predicted step time: the papers' figures."""
-    out = [f"MFU {use.mfu:.1%}: {use.tflops_per_gpu:,.1f} TFLOP/s per GPU of the {PRECISIONS[precision].compute} "
+    out = [f"MFU {use.mfu:.1%}: {_tflops(use.tflops_per_gpu)} TFLOP/s per GPU of the {PRECISIONS[precision].compute} "
            f"peak {use.peak / 1e12:,.4g}, from {use.model_flops:.4e} model FLOPs a step"]
     what = "the dry run's forward and backward products, all ranks" + (
         ", each as busy as rank 0: at most" if worst else "") + (
         ", the FP8 ones against the bf16 peak too, as NVIDIA reports MFU" if PRECISIONS[precision].fp8 else "")
     if use.hardware_flops > use.model_flops:
-        out += [f"  ({what})", f"HFU {use.hfu:.1%}: {use.hardware_tflops_per_gpu:,.1f} TFLOP/s per GPU with the "
+        out += [f"  ({what})", f"HFU {use.hfu:.1%}: {_tflops(use.hardware_tflops_per_gpu)} TFLOP/s per GPU with the "
                                f"{use.hardware_flops - use.model_flops:.4e} FLOPs recomputed"]
     else:
         out.append(f"  ({what}; nothing recomputed: HFU the same)")
     return out
+
+
+def _tflops(rate: float) -> str:
+    """A TFLOP/s figure: one decimal, or four digits below 0.1 (a CPU's calibrated machine file: "0.03345",
+    where one decimal printed "MFU 32.5%: 0.0 TFLOP/s per GPU of the bf16 peak 0.1029")."""
+    return f"{rate:,.1f}" if rate >= 0.1 else f"{rate:.4g}"
 
 
 def _to_fit(memories: list, machine: Any, args: argparse.Namespace) -> str:
