@@ -645,6 +645,20 @@ def test_launch_bad_mpiexec_and_timeout(capsys):
         _fails(capsys, ["launch", "-n", "2", "--mpiexec", true, "--", "true"], "is not an MPI launcher")
 
 
+@pytest.mark.parametrize("flag, value", [("-f", "hosts"), ("--hostfile", "/no/such/hosts"), ("-host", "node1"),
+                                         ("-ppn", "4")])
+def test_launch_refuses_mpiexecs_placement_options_saying_what_to_run(flag, value, capsys):
+    """`spmdsim launch -n 8 -f hosts -- ...` said "unrecognized arguments: -f" (`-host node1`: "-h: ignored explicit
+    argument 'ost'"), whether or not the file existed: launch starts every rank on this machine."""
+    with pytest.raises(SystemExit) as info:
+        main(["launch", "-n", "8", flag, value, "--", "python", "prog.py"])
+    assert info.value.code == 2
+    assert unfold(capsys.readouterr().err).splitlines()[-1] == (
+        f"spmdsim launch: error: {flag} {value} places ranks on other hosts; spmdsim launch starts every rank on "
+        f"this machine: run your site's launcher, e.g. timeout -k 5 600 mpiexec {flag} {value} -n 8 python prog.py "
+        "(each rank tunes itself: docs/howto/cluster-mpi.md)")
+
+
 # -- 10, 11, 12: plan's cost column, device counts, size limits --------------------------------------
 def test_plan_says_why_predictions_are_missing(tmp_path, monkeypatch, capsys):
     cost = tmp_path / "cost.json"

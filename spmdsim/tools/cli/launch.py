@@ -71,8 +71,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     # Not --no-check: --check is the divergence guard, as in `spmdsim run`.
     p.add_argument("--no-mpi-check", action="store_true", help="skip the mpiexec/mpi4py MPI match check")
     add_cli_arguments(p)
+    p.add_argument(*PLACEMENT, dest="placement", nargs=1, action=_Placement, help=argparse.SUPPRESS)
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command each rank runs")
     p.set_defaults(func=run)
+
+
+#: mpiexec's options that place ranks on other hosts (MPICH's and Open MPI's): launch starts every rank on this
+#: machine (its thread cap, its segment watch), so they are refused saying what to run (they read "unrecognized
+#: arguments: -f", and a hostfile that does not exist was never said).
+PLACEMENT = ("-f", "-hostfile", "--hostfile", "-machinefile", "--machinefile", "-host", "--host", "-hosts", "-ppn")
+
+
+class _Placement(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        parser.error(f"{option_string} {values[0]} places ranks on other hosts; spmdsim launch starts every rank on "
+                     f"this machine: run your site's launcher, e.g. timeout -k 5 600 mpiexec {option_string} "
+                     f"{values[0]} -n 8 python prog.py (each rank tunes itself: docs/howto/cluster-mpi.md)")
 
 
 def find_mpiexec(explicit: str | None = None) -> str:
