@@ -645,6 +645,13 @@ def test_launch_bad_mpiexec_and_timeout(capsys):
         _fails(capsys, ["launch", "-n", "2", "--mpiexec", true, "--", "true"], "is not an MPI launcher")
 
 
+def test_launch_takes_mpiexecs_np_spelling():
+    """`spmdsim launch -np 2` (mpiexec's and `spmdsim mpirun`'s spelling) was read as `-n p`: "invalid int value:
+    'p'"."""
+    for flag in ("-n", "-np", "--np"):
+        assert build_parser().parse_args(["launch", flag, "2", "--", "python", "prog.py"]).ranks == 2
+
+
 @pytest.mark.parametrize("flag, value", [("-f", "hosts"), ("--hostfile", "/no/such/hosts"), ("-host", "node1"),
                                          ("-ppn", "4")])
 def test_launch_refuses_mpiexecs_placement_options_saying_what_to_run(flag, value, capsys):

@@ -63,7 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="run a command under mpiexec with oversubscription-safe settings and a timeout",
         description=__doc__.split("\n\n")[0],
     )
-    p.add_argument("-n", "--np", dest="ranks", type=int, required=True, help="number of MPI ranks")
+    p.add_argument("-n", "-np", "--np", dest="ranks", type=int, required=True, help="number of MPI ranks")
     p.add_argument("--timeout", type=flag_float, default=600.0, help="seconds before the job is killed (default 600)")
     p.add_argument("--wait", choices=("auto", "busy", "polite"), default=None,
                    help="collective wait mode (default: $SPMDSIM_WAIT or auto)")
