@@ -29,7 +29,7 @@ def fit_model(cls: type[_Model], measurements: Iterable[Measurement | Sequence[A
     if len(data) < 2:
         raise SpmdsimError(f"fit needs at least 2 measurements, got {len(data)}")
     choices = ALGORITHMS if algorithm is None else (algorithm,)
-    best: tuple[float, _Model] | None = None
+    best: tuple[tuple[bool, float], _Model] | None = None
     for algo in choices:
         if algo not in ALGORITHMS:
             raise SpmdsimError(f"algorithm {algo!r} is unknown; expected one of {ALGORITHMS!r}")
@@ -48,7 +48,10 @@ def fit_model(cls: type[_Model], measurements: Iterable[Measurement | Sequence[A
         model = replace(shared, per_op=tuple(overrides))
         if per_group:
             model = _fit_groups(model, data, algo)
-        err = model.log_error(data)
+        # A shared fit with no bandwidth term (tree's beta 0, its gamma taking the reducing collectives' growth
+        # and the overrides the others') prices every message but the overridden ones as free of bandwidth, and
+        # calibrate can neither save it nor make a machine file of it: the other algorithm's wins, if it has one.
+        err = (shared.beta_s_per_byte <= 0, model.log_error(data))
         if best is None or err < best[0]:
             best = (err, model)
     assert best is not None  # choices is never empty
