@@ -46,7 +46,7 @@ from ...errors import RuntimeMismatchError, SpmdsimError, fold_message
 from ...runtime.debug import add_cli_arguments, watchdog_setting
 from ...base.validate import counted
 from ...base.typed_numbers import flag_float, typed
-from .segments import MPI_SEGMENT_PREFIXES, SHM, held
+from .segments import WATCH_INTERVAL_S as _WATCH_INTERVAL_S, SegmentWatch as _SegmentWatch
 
 __all__ = ["register", "run", "launch_env", "find_mpiexec", "build_command"]
 
@@ -312,84 +312,6 @@ def _exit_status(returncode: int) -> int:
     SIGKILL, which no shell convention reads as a signal).
     """
     return 128 - returncode if returncode < 0 else returncode
-
-
-#: How often the job's maps are read: MPI creates its segment at MPI_Init and
-#: keeps it mapped for the job's life, so a job alive this long is seen.
-_WATCH_INTERVAL_S = 0.2
-
-
-class _SegmentWatch:
-    """The /dev/shm files a job's processes map, noted while it runs (Linux /proc; else nothing)."""
-
-    def __init__(self) -> None:
-        self.before = self._names()
-        self.seen: set[str] = set()
-
-    @staticmethod
-    def _names() -> set[str]:
-        try:
-            return set(os.listdir(SHM))
-        except OSError:
-            return set()
-
-    def note(self, root: int) -> None:
-        """Add the /dev/shm files mapped by `root` and its descendants now."""
-        for pid in _descendants(root):
-            try:
-                with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as fh:
-                    for line in fh:
-                        at = line.find(SHM + "/")
-                        if at >= 0:
-                            name = line[at + len(SHM) + 1:].split()[0]
-                            if "/" not in name and name not in self.before:
-                                self.seen.add(name)
-            except OSError:
-                continue  # the process ended meanwhile
-
-    def orphans(self) -> set[str]:
-        """MPI segments new since the job started that no process on this machine holds open or mapped.
-
-        The maps are read every _WATCH_INTERVAL_S, so a rank that dies within one poll of its MPI_Init (a
-        crash at start-up, a SIGKILL) is never seen mapping its segment: three of three such jobs left
-        MPICH's 2 MB segment behind. A segment no process holds can never be attached again (MPI opens it
-        by name only while its creator maps it), so removing it takes nothing from a live job.
-        """
-        new = {name for name in self._names() - self.before - self.seen
-               if name.startswith(MPI_SEGMENT_PREFIXES)}
-        return new - held(new) if new else set()
-
-    def remove_left(self) -> list[str]:
-        """Remove the noted files and the orphaned new MPI segments that still exist and are this user's."""
-        removed = []
-        for name in sorted(self.seen | self.orphans()):
-            path = os.path.join(SHM, name)
-            try:
-                if os.stat(path).st_uid == os.getuid():
-                    os.unlink(path)
-                    removed.append(name)
-            except OSError:
-                continue  # gone already: the job ended normally and removed it
-        return removed
-
-
-def _descendants(root: int) -> list[int]:
-    """`root` and every process below it (/proc/PID/task/TID/children), root first."""
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        try:
-            tasks = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for tid in tasks:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/children", encoding="ascii") as fh:
-                    todo.extend(int(c) for c in fh.read().split())
-            except (OSError, ValueError):
-                continue
-    return out
 
 
 def _kill_group(proc: subprocess.Popen, sig: int) -> None:
