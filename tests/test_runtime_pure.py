@@ -103,6 +103,11 @@ def test_launch_command_env_and_family(monkeypatch, tmp_path):
     # A script that is not there: refused once, not by Python once per rank ("can't open file ...").
     with pytest.raises(SpmdsimError, match=r"launch: script 'prog.py' does not exist \(in "):
         launch.build_command("/venv/bin/mpiexec", 8, ["--", "python", "prog.py"])
+    # A script that does not compile: refused once, not by Python once per rank (8 SyntaxErrors at -n 8).
+    (tmp_path / "prog.py").write_text("def f(:\n    pass\n")
+    with pytest.raises(SpmdsimError, match=r"^launch: script 'prog.py', line 1: SyntaxError: invalid syntax; "
+                                           r"expected a Python program this Python compiles"):
+        launch.build_command("/venv/bin/mpiexec", 8, ["--", "python", "prog.py"])
     (tmp_path / "prog.py").write_text("print(1)\n")
     cmd = launch.build_command("/venv/bin/mpiexec", 8, ["--", "python", "prog.py"])
     assert cmd == ["/venv/bin/mpiexec", "-n", "8", sys.executable, "prog.py"]

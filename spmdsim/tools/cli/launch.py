@@ -188,6 +188,8 @@ def build_command(mpiexec: str, ranks: int, command: Sequence[str]) -> list[str]
         if not script.startswith("-") and not os.path.exists(script):  # else Python says so once per rank
             raise SpmdsimError(f"launch: script {script!r} does not exist (in {os.getcwd()}); "
                                "expected e.g. spmdsim launch -n 8 -- python prog.py")
+        if script.endswith(".py"):
+            _check_compiles(script)
     elif shutil.which(command[0]) is None:  # else mpiexec prints its own failure once per rank
         # A program of this venv (`spmdsim` itself) where the venv is not activated: the one beside this Python,
         # as `python` is this Python and mpiexec the one beside it (`find_mpiexec`).
@@ -198,6 +200,21 @@ def build_command(mpiexec: str, ranks: int, command: Sequence[str]) -> list[str]
                                "expected e.g. spmdsim launch -n 8 -- python prog.py")
         command[0] = beside
     return [mpiexec, "-n", str(ranks), *command]
+
+
+def _check_compiles(script: str) -> None:
+    """Refuse, once, a script this Python cannot compile: every rank printed the same SyntaxError (8 at -n 8).
+    A .py file that cannot be read is left for Python to say."""
+    try:
+        with open(script, "rb") as fh:
+            source = fh.read()
+        compile(source, script, "exec", dont_inherit=True)
+    except (OSError, ValueError):
+        return
+    except SyntaxError as exc:
+        where = f", line {exc.lineno}" if exc.lineno else ""
+        raise SpmdsimError(f"launch: script {script!r}{where}: {type(exc).__name__}: {exc.msg}; expected a "
+                           "Python program this Python compiles (each rank would stop there)") from None
 
 
 #: Most ranks `spmdsim launch` starts: the mpiexec it runs starts every rank as a process of this machine (as
