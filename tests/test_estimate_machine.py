@@ -259,6 +259,17 @@ def test_files_that_cannot_be_read(tmp_path):
         load_machine(listed)
 
 
+def test_a_cost_model_given_as_the_machine_file_says_which_file_to_give(tmp_path):
+    """`spmdsim calibrate --output cost.json --machine-out machine.json`, then `--machine cost.json`: "key 'version'
+    is 1; expected no such key; a machine file has (...)", which named neither file."""
+    cost = CostModel(20e-6, 2.0 ** -32).save(tmp_path / "cost.json")
+    with pytest.raises(SpmdsimError) as info:
+        load_machine(cost)
+    assert str(info.value) == (
+        f"machine file {str(cost)!r}: is a cost model (spmdsim calibrate --output's alpha_s, beta_s_per_byte), not a "
+        "machine file; expected the file spmdsim calibrate --machine-out PATH writes")
+
+
 def test_a_file_saved_with_a_byte_order_mark_is_read(tmp_path):
     """Windows Notepad saves UTF-8 with a BOM: such a file was refused "is not JSON (Unexpected UTF-8 BOM ...)".
     Every file spmdsim reads through read_bounded (cost models, cases, schedules) drops it, a stream's too."""

@@ -304,4 +304,8 @@ def load_machine(name_or_path: str | os.PathLike) -> Machine:
                            "expected a JSON machine file") from None
     except RecursionError:  # the parser recurses per bracket (spmdsim.base.validate.loads_json's case too)
         raise SpmdsimError(f"{where}: nests too deeply; expected a JSON machine file") from None
+    if isinstance(data, dict) and "beta_s_per_byte" in data and "format" not in data:
+        # (its first key was refused: "key 'version' is 1; expected no such key")
+        raise SpmdsimError(f"{where}: is a cost model (spmdsim calibrate --output's alpha_s, beta_s_per_byte), not "
+                           "a machine file; expected the file spmdsim calibrate --machine-out PATH writes")
     return machine_from_dict(data, where)
