@@ -62,3 +62,24 @@ def test_a_run_on_simulated_ranks_keeps_the_interrupt():
                "assert run_on_ranks(2, lambda: spmdsim.world().barrier()) == 0")
     out = _run(install)
     assert out.stdout.splitlines()[-1] == "interrupted" and out.stderr == "", out.stdout + out.stderr
+
+
+def test_a_termination_raises_once_inside_and_the_default_is_back_after():
+    """spmdsim.base.interrupts.terminations_raise: SIGTERM raises Terminated once (a second one while the first is
+    handled, as coreutils `timeout` sends one to the process and one to its group, is ignored), and the default
+    action is back once it is left."""
+    code = """
+import os, signal
+from spmdsim.base.interrupts import Terminated, terminations_raise
+with terminations_raise():
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        print("not raised")
+    except Terminated as exc:
+        os.kill(os.getpid(), signal.SIGTERM)  # while the first is handled
+        os.kill(os.getpid(), signal.SIGHUP)
+        print("raised", exc.signum == signal.SIGTERM)
+print(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, signal.getsignal(signal.SIGHUP) is signal.SIG_DFL)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.split() == ["raised", "True", "True", "True"], done.stderr

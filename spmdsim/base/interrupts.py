@@ -83,6 +83,11 @@ class Terminated(BaseException):
 
 
 def _terminated(signum: int, frame: Any) -> None:
+    """Raise Terminated once: a second SIGTERM (coreutils `timeout` sends one to the process and one to its group)
+    landing while the first is handled would raise again inside its handler, a traceback."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is _terminated:
+            signal.signal(sig, signal.SIG_IGN)
     raise Terminated(signum)
 
 
