@@ -136,6 +136,16 @@ def test_launch_command_env_and_family(monkeypatch, tmp_path):
     assert launch._family("something else") is None
 
 
+def test_launch_with_no_mpiexec_names_a_systems_mpi_too(monkeypatch, tmp_path):
+    """A cluster user without the `mpi` extra read "install the 'mpi' extra" alone, not their site's MPI."""
+    monkeypatch.setattr(launch.sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(SpmdsimError, match=r"^no mpiexec found beside this Python or on PATH; install the 'mpi' extra "
+                                           r"\(pip install mpich\), or use your system's MPI \(its mpiexec on PATH, "
+                                           r"or --mpiexec PATH\)$"):
+        launch.find_mpiexec()
+
+
 @pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM"])
 def test_launch_reports_a_killed_mpiexec_as_a_shell_does(sig, tmp_path):
     """An mpiexec ended by signal N (the OOM killer's SIGKILL, a kill from outside): exit 128 + N, as a shell and

@@ -44,6 +44,7 @@ from ...base.malloc import glibc_env
 from ...base.threads import THREAD_VARS, thread_cap, thread_count
 from ...errors import RuntimeMismatchError, SpmdsimError, fold_message
 from ...runtime.debug import add_cli_arguments, watchdog_setting
+from ...runtime.mpi_library import INSTALL_MPI
 from ...base.validate import counted
 from ...base.typed_numbers import flag_float, typed
 from .segments import WATCH_INTERVAL_S as _WATCH_INTERVAL_S, SegmentWatch as _SegmentWatch
@@ -103,7 +104,8 @@ def find_mpiexec(explicit: str | None = None) -> str:
         return beside
     found = shutil.which("mpiexec") or shutil.which("mpirun")
     if not found:
-        raise RuntimeMismatchError("no mpiexec found beside this Python or on PATH; install the 'mpi' extra")
+        raise RuntimeMismatchError(f"no mpiexec found beside this Python or on PATH; install {INSTALL_MPI} (its "
+                                   "mpiexec on PATH, or --mpiexec PATH)")
     return found
 
 
