@@ -142,8 +142,10 @@ def test_the_removal_note_counts_its_segments_in_the_singular_and_plural(monkeyp
     """The note said "removed 1 shared-memory segment(s)"; now "1 shared-memory segment", "2 ... segments"."""
     from spmdsim.tools.cli import launch
 
-    for left in (["mpich_shm_a"], ["mpich_shm_a", "sm_segment.b"]):
+    for left in (["mpich_shm_a"], ["mpich_shm_a", "sm_segment.b"], ["mpich_shm_a", "mpich_shm_c"]):
         class Watch:
+            seen = {"mpich_shm_a", "sm_segment.b"}  # mapped by the job's processes; mpich_shm_c by none seen
+
             def note(self, pid):
                 pass
 
@@ -152,9 +154,12 @@ def test_the_removal_note_counts_its_segments_in_the_singular_and_plural(monkeyp
 
         monkeypatch.setattr(launch, "_SegmentWatch", Watch)
         assert launch.run_with_timeout([sys.executable, "-c", "pass"], dict(os.environ), 60) == 0
-    assert capsys.readouterr().err.splitlines() == [
+    assert capsys.readouterr().err.replace("\n  ", " ").splitlines() == [
         "spmdsim: removed 1 shared-memory segment the job left: mpich_shm_a",
-        "spmdsim: removed 2 shared-memory segments the job left: mpich_shm_a, sm_segment.b"]
+        "spmdsim: removed 2 shared-memory segments the job left: mpich_shm_a, sm_segment.b",
+        "spmdsim: removed 1 shared-memory segment the job left: mpich_shm_a",
+        "spmdsim: removed 1 shared-memory segment made since the job started that no process holds (a rank's that "
+        "died at its start, or another job's): mpich_shm_c"]
 
 
 def _test_sh_cleanup(started: str) -> subprocess.CompletedProcess:
