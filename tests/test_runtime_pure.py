@@ -128,8 +128,11 @@ def test_launch_command_env_and_family(monkeypatch, tmp_path):
     env = launch.launch_env(8, None, base={"PATH": "/bin"})
     assert env["SPMDSIM_WAIT"] == "auto" and env["OMP_NUM_THREADS"] == "1"
     assert env["SPMDSIM_EXPECT_WORLD"] == "8" and env["OPENBLAS_NUM_THREADS"] == "1"
-    env = launch.launch_env(1, "busy", base={"OMP_NUM_THREADS": "4"})
-    assert env["SPMDSIM_WAIT"] == "busy" and env["OMP_NUM_THREADS"] == "4" and env["MKL_NUM_THREADS"] == "2"
+    env = launch.launch_env(1, "busy", base={"OMP_NUM_THREADS": "4"})  # the user's count for every library:
+    assert env["SPMDSIM_WAIT"] == "busy" and env["OMP_NUM_THREADS"] == "4" and env["MKL_NUM_THREADS"] == "4"
+    assert env["OPENBLAS_NUM_THREADS"] == "4"  # (OpenBLAS reads its own first: the cap there lost the user's 4)
+    env = launch.launch_env(8, None, base={"OMP_NUM_THREADS": "abc", "MKL_NUM_THREADS": "3"})
+    assert [env[v] for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")] == ["3", "3", "3"]
     assert launch._family("HYDRA build details:\n Version: 5.0.2") == "mpich"
     assert launch._family("mpirun (Open MPI) 5.0.3") == "openmpi"
     assert launch._family("libmpi.so.40") == "openmpi" and launch._family("libmpi.so.12") == "mpich"

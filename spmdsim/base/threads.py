@@ -16,7 +16,7 @@ import ctypes
 import os
 import re
 import time
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping, Optional
 
 from .context import MPIRUN, current
 
@@ -215,10 +215,12 @@ def thread_count(value: str | None) -> int | None:
     return int(first) if first.isdigit() and int(first) > 0 else None
 
 
-def user_thread_count() -> int | None:
-    """The BLAS thread count the user's variables ask for (OpenBLAS's and MKL's own first), or None."""
+def user_thread_count(env: Optional[Mapping[str, str]] = None) -> int | None:
+    """The BLAS thread count the user's variables (in `env`, default this process's) ask for (OpenBLAS's and MKL's
+    own first), or None."""
+    env = os.environ if env is None else env
     for var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS"):
-        count = thread_count(os.environ.get(var))
+        count = thread_count(env.get(var))
         if count is not None:
             return count
     return None

@@ -41,7 +41,7 @@ from typing import Sequence
 
 from ...base.interrupts import Terminated, terminations_raise
 from ...base.malloc import glibc_env
-from ...base.threads import THREAD_VARS, thread_cap, thread_count
+from ...base.threads import THREAD_VARS, thread_cap, thread_count, user_thread_count
 from ...errors import RuntimeMismatchError, SpmdsimError, fold_message
 from ...runtime.debug import add_cli_arguments, watchdog_setting
 from ...runtime.mpi_library import INSTALL_MPI
@@ -170,8 +170,10 @@ def launch_env(ranks: int, wait: str | None, base: dict | None = None) -> dict:
         env["SPMDSIM_WAIT"] = wait
     else:
         env.setdefault("SPMDSIM_WAIT", "auto")
-    threads = str(thread_cap(ranks))
-    for var in THREAD_VARS:  # a value that is no count (abc, 0) asks for none: capped as if unset
+    # The count the user asked for in any of them (OpenBLAS reads its own variable first: OMP_NUM_THREADS=4 beside
+    # a capped OPENBLAS_NUM_THREADS was lost), else the cap; a value that is no count (abc, 0) asks for none.
+    threads = str(user_thread_count(env) or thread_cap(ranks))
+    for var in THREAD_VARS:
         if thread_count(env.get(var)) is None:
             env[var] = threads
     env["SPMDSIM_EXPECT_WORLD"] = str(ranks)
