@@ -652,6 +652,19 @@ def test_launch_takes_mpiexecs_np_spelling():
         assert build_parser().parse_args(["launch", flag, "2", "--", "python", "prog.py"]).ranks == 2
 
 
+@pytest.mark.parametrize("argv, said", [
+    (["--", "python", "prog.py", "-n", "2"], "launch's -n goes before the command, which takes what follows it as "
+     "its own: spmdsim launch -n 2 -- python prog.py"),
+    (["python", "prog.py", "-np", "4", "x"], "launch's -n goes before the command, which takes what follows it as "
+     "its own: spmdsim launch -np 4 -- python prog.py x"),
+    (["--", "python", "prog.py"], "launch needs -n N, the number of ranks: spmdsim launch -n 8 -- python prog.py")])
+def test_launch_without_its_n_says_where_it_goes(argv, said, capsys):
+    """`spmdsim launch -- python prog.py -n 2` (launch's flag after the command) said only "the following
+    arguments are required: -n/-np/--np" under its usage."""
+    assert main(["launch", *argv]) == 2
+    assert unfold(capsys.readouterr().err) == f"spmdsim: error: {said}\n"
+
+
 @pytest.mark.parametrize("flag, value", [("-f", "hosts"), ("--hostfile", "/no/such/hosts"), ("-host", "node1"),
                                          ("-ppn", "4")])
 def test_launch_refuses_mpiexecs_placement_options_saying_what_to_run(flag, value, capsys):

@@ -64,7 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="run a command under mpiexec with oversubscription-safe settings and a timeout",
         description=__doc__.split("\n\n")[0],
     )
-    p.add_argument("-n", "-np", "--np", dest="ranks", type=int, required=True, help="number of MPI ranks")
+    p.add_argument("-n", "-np", "--np", dest="ranks", type=int, help="number of MPI ranks (required)")
     p.add_argument("--timeout", type=flag_float, default=600.0, help="seconds before the job is killed (default 600)")
     p.add_argument("--wait", choices=("auto", "busy", "polite"), default=None,
                    help="collective wait mode (default: $SPMDSIM_WAIT or auto)")
@@ -226,7 +226,20 @@ def _check_compiles(script: str) -> None:
 MAX_LAUNCH_RANKS = 4096
 
 
+def _ranks_given(command: Sequence[str]) -> None:
+    """Refuse a launch without -n: saying where it went when the command holds it (launch's own flags go before
+    the command; after it they are the program's)."""
+    given = next((i for i, word in enumerate(command) if word in ("-n", "-np", "--np")), None)
+    if given is not None and given + 1 < len(command):
+        program = " ".join(word for i, word in enumerate(command) if word != "--" and i not in (given, given + 1))
+        raise SpmdsimError(f"launch's -n goes before the command, which takes what follows it as its own: spmdsim "
+                           f"launch {command[given]} {command[given + 1]} -- {program}")
+    raise SpmdsimError("launch needs -n N, the number of ranks: spmdsim launch -n 8 -- python prog.py")
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.ranks is None:
+        _ranks_given(args.command)
     if not 1 <= args.ranks <= MAX_LAUNCH_RANKS:  # -n 99999 started mpiexec, which forked until out of files
         raise SpmdsimError(f"-n {args.ranks} must be a number of ranks from 1 to {MAX_LAUNCH_RANKS:,} "
                            "(each one a process of this machine)")
