@@ -741,6 +741,34 @@ def test_plan_refuses_an_alias_no_side_uses(capsys):
                  "--to-strategy", "((1,8),)", "--shape", "8,8"]) == 0
 
 
+def test_plan_takes_two_strategies_device_count_without_device_matrix(capsys):
+    # `plan --from-strategy --to-strategy` said "the following arguments are required: --device-matrix", whose
+    # sizes it then dropped (only their count was used), where `slices --strategy` refuses --device-matrix.
+    pair = ["plan", "--from-strategy", "((2,1),)", "--to-strategy", "((1,8),)", "--shape", "64,64"]
+    assert main(pair) == 0
+    inferred = capsys.readouterr().out
+    assert main(pair + ["--device-matrix", "8"]) == 0
+    assert inferred == capsys.readouterr().out and "Layout(axis_0=2, axis_1=1, rep=4)" in inferred
+    _fails(capsys, ["plan", "--from-strategy", "((4,1),)", "--to-strategy", "((1,6),)", "--shape", "48,48"],
+           "--from-strategy '((4,1),)' uses 4 devices and --to-strategy '((1,6),)' 6, and neither count divides "
+           "the other; expected --device-matrix N with N a multiple of both, such as 12")
+    # Any other form lies over --device-matrix's mesh: its flag named (argparse's line named none of them).
+    _fails(capsys, ["plan", "--from", "x,None", "--to", "None,x", "--shape", "8,8"],
+           "--device-matrix is missing, the mesh --from 'x,None' lies over; expected its sizes, such as "
+           "--device-matrix 2,4 (only two .shard strategies need none")
+    _fails(capsys, ["plan", "--from-strategy", "((8,1),)", "--to-placements", "R,S(1)", "--shape", "8,8"],
+           "--device-matrix is missing, the mesh --to-placements 'R,S(1)' lies over")
+    _fails(capsys, ["plan", "--from-strategy", "((8,1),)", "--shape", "8,8"], "no target layout given")
+    # A strategy beside a target over its own mesh takes that mesh's count.
+    assert main(["plan", "--from-strategy", "((8,1),)", "--to-device-matrix", "2,4", "--to", "None,axis_1",
+                 "--shape", "8,8"]) == 0
+    assert "Layout(axis_0=8, axis_1=1) ->\n  Layout(axis_0=2, axis_1=4)" in capsys.readouterr().out
+    _fails(capsys, ["run", "redistribute", "--from-strategy", "((8,1),)", "--to-strategy", "((1,8),)",
+                    "--shape", "8,8", "--ranks", "4"],
+           "--from-strategy '((8,1),)' with --to-strategy '((1,8),)' has 8 devices but --ranks is 4; expected "
+           "--ranks 8")
+
+
 def test_a_byte_count_is_echoed_as_typed_and_infinity_is_refused():
     import argparse
 

@@ -78,10 +78,9 @@ def _one_device_matrix(args: argparse.Namespace) -> None:
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     """Source/target layout, shape and dtype flags (shared by `plan` and `run redistribute`)."""
     g = parser.add_argument_group("layouts")
-    g.add_argument("--device-matrix", "--placement", dest="device_matrix", required=True, metavar="N,..",
-                   action=_EachGiven,
+    g.add_argument("--device-matrix", "--placement", dest="device_matrix", metavar="N,..", action=_EachGiven,
                    help="e.g. 8 or 2,2,2 (--placement: the same, as OneFlow and `spmdsim show` call it; "
-                        "also its ranks, e.g. [[0,1],[2,3]])")
+                        "also its ranks, e.g. [[0,1],[2,3]]); two .shard strategies need none")
     g.add_argument("--alias", "--alias-name", metavar="NAME,..", help="axis names (default axis_0,axis_1,..)")
     g.add_argument("--from", dest="from_map", metavar="MAP", help='source tensor map, e.g. "x,None"')
     g.add_argument("--to", dest="to_map", metavar="MAP", help='target tensor map, e.g. "None,(sp,dp)"')
@@ -161,17 +160,7 @@ def _side(args, which: str, mesh: Layout, ndim: int, world: int) -> TensorLayout
     sbp, strategy = getattr(args, f"{which}_sbp"), getattr(args, f"{which}_strategy")
     placements = getattr(args, f"{which}_placements")
     spec = getattr(args, f"{which}_partition_spec")
-    given = [flag for flag, v in (("map", tmap), ("sbp", sbp), ("strategy", strategy),
-                                  ("placements", placements), ("partition-spec", spec)) if v is not None]
-    if len(given) != 1:  # it said "give exactly one of ..., got []" (or "got ['map', 'sbp']", no flag's name)
-        side = "source" if which == "from" else "target"
-        flags = " and ".join(f"--{which}" + ("" if f == "map" else f"-{f}") for f in given)
-        both = "both" if len(given) == 2 else "all"
-        raise SpmdsimError(
-            (f"no {side} layout given" if not given else f"{flags} {both} give the {side} layout")
-            + f"; expected one of --{which}, --{which}-sbp, --{which}-placements, --{which}-partition-spec "
-            f"and --{which}-strategy"
-        )
+    given = [flag[len(which) + 3:] or "map" for flag, _ in _one_form(args, which)]
     if strategy is not None and which == "to" and (args.to_device_matrix is not None or args.to_alias is not None):
         # A strategy brings its own device matrix; the target mesh flags would be dropped.
         raise SpmdsimError("--to-strategy gives the target's device matrix itself; "
@@ -229,7 +218,8 @@ def layouts_from_args(args: argparse.Namespace) -> tuple[TensorLayout, TensorLay
     """(source, target, shape, dtype) from the flags."""
     _one_device_matrix(args)
     shape = flag_ints(args.shape, "--shape", 0)  # "shape (8, -8) must not have negative sizes" named no flag
-    source_mesh = _mesh(args.device_matrix, args.alias)
+    matrix = args.device_matrix if args.device_matrix is not None else _strategies_world(args)
+    source_mesh = _mesh(matrix, args.alias)
     if args.to_device_matrix is not None:
         target_mesh = _mesh(args.to_device_matrix, args.to_alias, "to-")
     elif args.to_alias is not None:
@@ -272,6 +262,49 @@ def layouts_from_args(args: argparse.Namespace) -> tuple[TensorLayout, TensorLay
             raise ShapeError(f"{exc}; --cut chunk or balanced cuts it unevenly (--to-cut for the target alone)") \
                 from None
     return source, target, shape, args.dtype
+
+
+def _one_form(args: argparse.Namespace, which: str) -> list[tuple[str, str]]:
+    """[(flag, value)] of the one form that gives the --{which} side's layout; none or several refused."""
+    given = [(f"--{which}" + ("" if form == "map" else f"-{form}"), value) for form, value in (
+        ("map", getattr(args, f"{which}_map")), ("sbp", getattr(args, f"{which}_sbp")),
+        ("strategy", getattr(args, f"{which}_strategy")), ("placements", getattr(args, f"{which}_placements")),
+        ("partition-spec", getattr(args, f"{which}_partition_spec"))) if value is not None]
+    if len(given) != 1:  # it said "give exactly one of ..., got []" (or "got ['map', 'sbp']", no flag's name)
+        side = "source" if which == "from" else "target"
+        both = "both" if len(given) == 2 else "all"
+        raise SpmdsimError(
+            (f"no {side} layout given" if not given else f"{' and '.join(f for f, _ in given)} {both} give the "
+             f"{side} layout") + f"; expected one of --{which}, --{which}-sbp, --{which}-placements, "
+            f"--{which}-partition-spec and --{which}-strategy")
+    return given
+
+
+def _strategies_world(args: argparse.Namespace) -> str:
+    """The device matrix (one axis) that --device-matrix, left out, stands for: as `slices --strategy` takes the
+    strategy's own device count, two .shard strategies take the larger of theirs (the other one dividing it:
+    its repeats fill the rest), a strategy beside --to-device-matrix that mesh's count. Any other form lies
+    over --device-matrix's mesh: refused, naming it."""
+    for which in ("from", "to"):
+        [(flag, value)] = _one_form(args, which)
+        if flag != f"--{which}-strategy" and (which == "from" or args.to_device_matrix is None):
+            raise SpmdsimError(f"--device-matrix is missing, the mesh {flag} {value!r} lies over; expected its "
+                               "sizes, such as --device-matrix 2,4 (only two .shard strategies need none: they "
+                               "bring their own device counts)")
+    if args.to_device_matrix is not None:
+        return str(math.prod(mesh_sizes(args.to_device_matrix, "--to-device-matrix")))
+    counts = {}
+    for flag, text in (("--from-strategy", args.from_strategy), ("--to-strategy", args.to_strategy)):
+        slices = led_by_flag(f"{flag} {text!r}", text, lambda: parse_strategy(text))
+        counts[flag] = math.prod(slices[0]) if len(slices) == 1 else 1  # two tensors: _side refuses them
+        check_device_count(counts[flag], f"{flag} {text!r}", MAX_PLAN_DEVICES)
+    low, high = sorted(counts.values())
+    if high % low:
+        raise SpmdsimError(f"--from-strategy {args.from_strategy!r} uses {counts['--from-strategy']} devices and "
+                           f"--to-strategy {args.to_strategy!r} {counts['--to-strategy']}, and neither count "
+                           f"divides the other; expected --device-matrix N with N a multiple of both, such as "
+                           f"{math.lcm(low, high)}")
+    return str(high)
 
 
 def _check_target_names(args: argparse.Namespace, source_mesh: Layout, target_mesh: Layout) -> None:

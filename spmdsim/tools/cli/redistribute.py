@@ -32,8 +32,13 @@ def check_redistribute(args: argparse.Namespace, ranks: int) -> None:
     check_trace_out(args)
     check_seed(args)
     source, _, _, _ = layouts_from_args(args)
-    flag = (getattr(args, "device_matrix_given", None) or [("--device-matrix", None)])[0][0]  # or --placement
-    check_ranks(source.layout, f"{flag} {args.device_matrix!r}", ranks)
+    if args.device_matrix is None:  # the count two .shard strategies (or --to-device-matrix) give
+        what = (f"--to-device-matrix {args.to_device_matrix!r}" if args.to_device_matrix is not None else
+                f"--from-strategy {args.from_strategy!r} with --to-strategy {args.to_strategy!r}")
+    else:
+        flag = (getattr(args, "device_matrix_given", None) or [("--device-matrix", None)])[0][0]  # or --placement
+        what = f"{flag} {args.device_matrix!r}"
+    check_ranks(source.layout, what, ranks)
 
 
 def run_redistribute(args: argparse.Namespace) -> int:
