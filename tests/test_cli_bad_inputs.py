@@ -22,6 +22,7 @@ from spmdsim.tools.cli import run_ops as run_cli
 from spmdsim.tools.cli.cases import MAX_CASE_TEXT, case_from_args
 from spmdsim.tools.cli.main import build_parser, main
 from spmdsim.errors import SpmdsimError
+import docs_commands
 from testkit import MPIEXEC, mpi_batch_streams, unfold
 
 CASE = ["--device-matrix", "8", "--alias", "x", "--tensor-map", "x,None", "--shape", "8,8"]
@@ -767,6 +768,14 @@ def test_plan_takes_two_strategies_device_count_without_device_matrix(capsys):
                     "--shape", "8,8", "--ranks", "4"],
            "--from-strategy '((8,1),)' with --to-strategy '((1,8),)' has 8 devices but --ranks is 4; expected "
            "--ranks 8")
+
+
+def test_the_redistribution_page_names_the_target_axes_plan_prints(capsys):
+    # The page said a target strategy's axes are named `t0, t1, ...`; plan prints to_0, to_1.
+    assert main(["plan", "--from-strategy", "((8,1),)", "--to-strategy", "((1,8),)", "--shape", "8,8"]) == 0
+    assert '-> ("to_0", "to_1") on' in capsys.readouterr().out
+    page = " ".join((docs_commands.ROOT / "docs/explanation/redistribution.md").read_text().split())
+    assert "the target's axes are then named `to_0, to_1, ...`" in page
 
 
 def test_a_byte_count_is_echoed_as_typed_and_infinity_is_refused():
