@@ -59,6 +59,19 @@ def test_a_closed_pipe_stops_quietly(capsys):
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.parametrize("argv, code", [(["pipeline", "--stages", "2", "--microbatches", "2"], 0),
+                                         (["collective", "ring-allreduce", "--ranks", "2", "--size", "8"], 141)])
+def test_a_reader_gone_ends_a_command_with_the_code_the_exit_codes_page_gives(argv, code):
+    # The page said 0 for every command under `| head`; a run on simulated ranks ends with 141.
+    import subprocess
+
+    proc = subprocess.Popen([sys.executable, "-m", "spmdsim", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # before the first line: as `| true` leaves, and no race with the output's end
+    assert (proc.wait(timeout=120), proc.stderr.read()) == (code, b"")
+    page = " ".join((pathlib.Path(__file__).parents[1] / "docs/reference/exit-codes.md").read_text().split())
+    assert "0 when the reader of a pipe went away (`| head`), 141 from simulated ranks (`--ranks N`, `mpirun`)" in page
+
+
 def test_ranks_under_a_launched_job_is_refused_once(monkeypatch, capsys):
     # mpiexec -n 2 spmdsim demo --ranks 8: each process ran all 8 simulated ranks, every line printed twice.
     from spmdsim.runtime.sim.launch import run_on_ranks

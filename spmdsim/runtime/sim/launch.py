@@ -89,8 +89,11 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
         return 2
 
     keep_ctrl_c()  # a Ctrl-C that lands in a weakref callback still stops the run (spmdsim.base.interrupts)
-    # With --json, stdout is the JSON document alone: the banner goes to stderr.
-    print(banner(n, dry_run), file=sys.stderr if as_json else sys.stdout, flush=True)
+    try:  # With --json, stdout is the JSON document alone: the banner goes to stderr.
+        print(banner(n, dry_run), file=sys.stderr if as_json else sys.stdout, flush=True)
+    except BrokenPipeError:  # a reader gone before it (`| true`) ends the run as one gone later (`| head -1`)
+        quiet_stdout()
+        return 141
     try:
         if dry_run:
             with contextlib.redirect_stdout(io.StringIO()):  # values of a dry run are not results
