@@ -90,6 +90,16 @@ def test_the_command_draws_the_ring_within_100_columns_and_refuses_in_one_line()
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) <= 2 and "Traceback" not in bad.stderr
 
 
+def test_the_command_counts_one_chunk_and_one_token_in_the_singular():
+    # "context parallel 1, 16 tokens, balanced causal split: 1 chunks of 16 tokens" (and "of 1 tokens").
+    assert _context("--cp", "1", "--seq", "16").stdout.startswith(
+        "context parallel 1, 16 tokens, balanced causal split: 1 chunk of 16 tokens\n")
+    assert _context("--cp", "64", "--seq", "128").stdout.startswith(
+        "context parallel 64, 128 tokens, balanced causal split: 128 chunks of 1 token\n")
+    assert _context("--cp", "4", "--seq", "4096", "--split", "naive").stdout.startswith(
+        "context parallel 4, 4,096 tokens, naive split: 4 chunks of 1,024 tokens\n")
+
+
 def test_the_command_says_the_all_to_all_cannot_split_heads_cp_does_not_divide():
     """6 heads over cp 4 (or 2 K/V heads over 4): no all-to-all byte counts, a line saying why, as a run
     refuses it (check_heads); heads cp divides keep their counts."""

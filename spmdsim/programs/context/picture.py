@@ -8,6 +8,7 @@ split's earlier rank), ``-`` (a naive split's later rank: masked whole, skipped)
 """
 from __future__ import annotations
 
+from ...base.validate import counted
 from ..viz.table import WIDTH, nbytes
 from .methods import METHODS, traffic, undivided_heads
 from .ring import Attend, ring_program
@@ -58,7 +59,9 @@ def render(cp: int, seq: int, balanced: bool = True, kv_bytes: int = 0, q_bytes:
     check_split(cp, seq, balanced)
     parts = 2 * cp if balanced and cp > 1 else cp
     how = "balanced causal split" if balanced else "naive split"
-    lines = [f"context parallel {cp}, {seq:,} tokens, {how}: {parts} chunks of {seq // parts:,} tokens",
+    size = seq // parts
+    lines = [f"context parallel {cp}, {seq:,} tokens, {how}: {counted(parts, 'chunk')} of {size:,} "
+             f"token{'' if size == 1 else 's'}",
              "ring: at each step a rank attends with the K/V of rank rN while passing them to the next rank", ""]
     lines += _grid(cp, balanced, width)
     work = [causal_pairs(r, cp, seq, balanced) for r in range(cp)]
