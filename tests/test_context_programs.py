@@ -7,6 +7,7 @@ import subprocess
 import pytest
 
 from docs_commands import run_here
+from testkit import unfold
 from spmdsim.errors import ShapeError
 from spmdsim.programs.context import (Attend, Pass, causal_pairs, check_heads, check_split, imbalance, order,
                                       positions, ring_program, traffic)
@@ -98,6 +99,13 @@ def test_the_command_counts_one_chunk_and_one_token_in_the_singular():
         "context parallel 64, 128 tokens, balanced causal split: 128 chunks of 1 token\n")
     assert _context("--cp", "4", "--seq", "4096", "--split", "naive").stdout.startswith(
         "context parallel 4, 4,096 tokens, naive split: 4 chunks of 1,024 tokens\n")
+
+
+def test_the_command_says_how_it_spells_numpy_s_dtype_names():
+    # `--dtype float32`, as plan and collective take it, got no hint: fp32 is not a close match of float32.
+    bad = _context("--cp", "4", "--seq", "4096", "--dtype", "float32")
+    assert bad.returncode == 2 and "invalid choice: 'float32'; 'float32' is written 'fp32' here (choose from" \
+        in unfold(bad.stderr)
 
 
 def test_the_command_says_the_all_to_all_cannot_split_heads_cp_does_not_divide():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ...base.once_parser import Choices
 from ...errors import SpmdsimError
 from ...programs.context import SPLITS
 from ...programs.context.picture import render
@@ -21,6 +22,9 @@ __all__ = ["register", "run", "MAX_CP"]
 #: Most context-parallel ranks the grid draws (cp rows of cp steps).
 MAX_CP = 64
 _ITEMSIZE = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp64": 8}
+#: numpy's names, which `plan --dtype` and `collective --dtype` take, as this command spells them.
+_NUMPY_NAMES = {numpy: f"{numpy!r} is written {short!r} here" for numpy, short in (
+    ("float32", "fp32"), ("bfloat16", "bf16"), ("float16", "fp16"), ("float64", "fp64"))}
 #: A gradient's bytes an element as summed and sent: float32 below it (spmdsim.base.precision.sent_itemsize).
 _SUMMED = {name: max(size, 4) for name, size in _ITEMSIZE.items()}
 
@@ -43,7 +47,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--heads", type=int, default=32, help="query heads (default 32)")
     parser.add_argument("--kv-heads", type=int, default=None, help="key/value heads (default: --heads)")
     parser.add_argument("--head-dim", type=int, default=128, help="head dim (default 128)")
-    parser.add_argument("--dtype", choices=tuple(_ITEMSIZE), default="bf16", help="activations' dtype (default bf16)")
+    parser.add_argument("--dtype", choices=Choices(tuple(_ITEMSIZE), _NUMPY_NAMES), default="bf16",
+                        help="activations' dtype (default bf16)")
     parser.add_argument("--width", type=int, default=WIDTH, help=f"terminal columns (default {WIDTH}, at least 40)")
     parser.set_defaults(func=run)
 
