@@ -164,6 +164,18 @@ def test_cli_error_is_one_line_exit_2(tmp_path, capsys, monkeypatch):
     assert code == 2 and "stdin is not valid JSON" in err
 
 
+def test_a_word_parted_from_its_flag_by_a_space_is_said_to_be_one(capsys):
+    # `--tensor-map mp None` (or `--placements S(0), R`) read the stray word as a case file:
+    # "cannot read case file 'None': No such file or directory", no word of the flag it belonged to.
+    for argv, word in ((["--device-matrix", "2,4", "--alias", "dp,mp", "--tensor-map", "mp", "None"], "None"),
+                       (["--placements", "S(0),", "R", "--device-matrix", "2,4"], "R")):
+        code, out, err = _run(["slices", *argv, "--shape", "8,8"], capsys)
+        assert (code, out) == (2, "") and err.replace("\n  ", " ") == (
+            f"spmdsim: error: cannot read case file {word!r}: No such file or directory; beside the flags, a word "
+            "that no flag takes is read as a case file: write a flag's value as one word, its entries parted by "
+            "commas (--tensor-map mp,None), or quote it (--placements \"S(0), R\")\n")
+
+
 def test_parse_tensor_map_forms():
     assert parse_tensor_map("b,d,e,c,a") == ("b", "d", "e", "c", "a")
     assert parse_tensor_map('("mp", ("sp", "dp"), None)') == ("mp", ("sp", "dp"), None)

@@ -296,7 +296,7 @@ def case_from_args(args: argparse.Namespace, stdin: Optional[TextIO] = None) -> 
         raise SpmdsimError(_NO_LAYOUT_FLAGS)  # flags alone, none of a layout's: said in flags, not JSON keys
     data: dict[str, Any] = {}
     if args.case is not None or not flags:
-        data = _read_case_source(args.case, stdin)
+        data = _read_case_source(args.case, stdin, bool(flags))
     # A flag of another form replaces the file's form instead of mixing with it;
     # --device-matrix/--alias also give the mesh of the DTensor and JAX forms.
     mesh_keys = _LAYOUT_KEYS[:2]
@@ -320,8 +320,14 @@ def case_from_args(args: argparse.Namespace, stdin: Optional[TextIO] = None) -> 
 MAX_CASE_TEXT = 4_000_000
 
 
-def _read_case_source(path: Optional[str], stdin: Optional[TextIO]) -> dict:
-    """The JSON object of the case file `path` (stdin for None or "-"), read up to MAX_CASE_TEXT characters."""
+#: Why a case file that is not there came with flags: a word of a flag's value, parted from it by a space.
+_STRAY_WORD = ("; beside the flags, a word that no flag takes is read as a case file: write a flag's value as one "
+               "word, its entries parted by commas (--tensor-map mp,None), or quote it (--placements \"S(0), R\")")
+
+
+def _read_case_source(path: Optional[str], stdin: Optional[TextIO], flags: bool = False) -> dict:
+    """The JSON object of the case file `path` (stdin for None or "-"), read up to MAX_CASE_TEXT characters;
+    `flags`: case flags came with it (a `path` not there is likely a stray word of one's value)."""
     if path in (None, "-"):
         stream = stdin if stdin is not None else sys.stdin
         if path is None and stream.isatty():
@@ -340,7 +346,8 @@ def _read_case_source(path: Optional[str], stdin: Optional[TextIO]) -> dict:
         try:
             text = read_bounded(path, MAX_CASE_TEXT, where, "a JSON case")
         except OSError as exc:
-            raise SpmdsimError(f"cannot read case file {path!r}: {exc.strerror}") from None
+            stray = _STRAY_WORD if flags and isinstance(exc, FileNotFoundError) else ""
+            raise SpmdsimError(f"cannot read case file {path!r}: {exc.strerror}{stray}") from None
         except UnicodeDecodeError as exc:
             raise SpmdsimError(f"{where} is not UTF-8 text (a JSON case expected): {exc.reason} "
                                f"at byte {exc.start}") from None
