@@ -770,6 +770,26 @@ def test_plan_takes_two_strategies_device_count_without_device_matrix(capsys):
            "--ranks 8")
 
 
+def test_a_sharding_in_a_mesh_flag_names_the_flag_typed_and_the_one_that_reads_it(capsys):
+    # --placement (OneFlow's mesh) for --placements (DTensor's sharding): plan said "--to-device-matrix 'R,S(1)'
+    # is not a mesh; expected sizes such as 2,4", naming a flag not typed and none that reads 'R,S(1)'.
+    plan = ["plan", "--shape", "64,64"]
+    _fails(capsys, plan + ["--device-matrix", "2,4", "--from-placements", "S(0),P", "--to-placement", "R,S(1)"],
+           "--to-placement 'R,S(1)' is a sharding, not a mesh: 'S(1)' is DTensor placement syntax: give the layout "
+           "with --to-placements; expected the mesh's sizes, such as --to-placement 2,4")
+    _fails(capsys, plan + ["--placement", "S(0),R", "--to-placements", "R,S(1)"],
+           "--placement 'S(0),R' is a sharding, not a mesh: 'S(0)' is DTensor placement syntax: give the layout with "
+           "--from-placements; expected")
+    _fails(capsys, plan + ["--placement", "2,4", "--from-sbp", "S(0),P", "--to-placement", "4", "--to", "axis_0,None"],
+           "--to-placement '4' has 4 devices but --placement '2,4' has 8; expected the same count")
+    _fails(capsys, ["slices", "--placement", "B,S(0)", "--shape", "8,8"],
+           "--placement 'B,S(0)' is a sharding, not a mesh: 'S(0)' is OneFlow SBP syntax: give the layout with --sbp; "
+           "expected the mesh's sizes, such as --placement 2,4")
+    _fails(capsys, ["slices", "--device-matrix", "S(0),R", "--shape", "8,8"],
+           "--device-matrix 'S(0),R' is a sharding, not a mesh: 'S(0)' is DTensor placement syntax: give the layout "
+           "with --placements;")
+
+
 def test_the_redistribution_page_names_the_target_axes_plan_prints(capsys):
     # The page said a target strategy's axes are named `t0, t1, ...`; plan prints to_0, to_1.
     assert main(["plan", "--from-strategy", "((8,1),)", "--to-strategy", "((1,8),)", "--shape", "8,8"]) == 0

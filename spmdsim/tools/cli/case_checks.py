@@ -18,7 +18,7 @@ from .mesh_text import framework_mesh_hint
 
 __all__ = ["Case", "MAX_DEVICES", "check_device_count", "checked_axis_names", "multi_axis_hint", "integer_map_hint",
            "default_names", "mesh_names", "world_size_mismatch", "with_partial_axes", "indivisible",
-           "parse_int_list", "ranks_mesh", "mesh_sizes", "dialect_flags", "led_by_flag"]
+           "parse_int_list", "ranks_mesh", "mesh_sizes", "sharding_as_mesh", "dialect_flags", "led_by_flag"]
 
 #: Most devices a layout may have here: the commands list or compare every rank,
 #: and a teaching tool that answers after minutes (or never) has failed.
@@ -324,9 +324,30 @@ def ranks_mesh(value: object, flag: str) -> Optional[tuple[int, ...]]:
         raise SpmdsimError(str(exc).replace(f"{flag} {ranks!r}", f"{flag} {value!r}", 1)) from None
 
 
-def mesh_sizes(text: str, flag: str) -> tuple[int, ...]:
-    """A mesh flag's sizes: '2,2', or the mesh's ranks as OneFlow's placement writes them, '[[0,1],[2,3]]'."""
-    return ranks_mesh(text, flag) or parse_int_list(text, flag)
+def mesh_sizes(text: str, flag: str, takes: Optional[Mapping[str, str]] = None) -> tuple[int, ...]:
+    """A mesh flag's sizes: '2,2', or the mesh's ranks as OneFlow's placement writes them, '[[0,1],[2,3]]'.
+    A sharding written there ('S(0),R' for --placement, the mesh, where --placements was meant) is refused
+    naming the flag of `takes` (dialect_flags) that reads it."""
+    try:
+        return ranks_mesh(text, flag) or parse_int_list(text, flag)
+    except SpmdsimError:
+        hint = sharding_as_mesh(text, flag, takes or {})
+        if hint:
+            raise SpmdsimError(hint) from None
+        raise
+
+
+def sharding_as_mesh(text: object, flag: str, takes: Mapping[str, str]) -> str:
+    """"--placement 'S(0),R' is a sharding, not a mesh: 'S(0)' is DTensor placement syntax: give the layout
+    with --placements; expected the mesh's sizes, such as --placement 2,4" for a mesh flag given a layout in
+    another dialect's syntax, else ""."""
+    try:
+        parts = [part.strip() for part in split_top_level(text)] if isinstance(text, str) else []
+    except ValueError:
+        return ""
+    said = next(filter(None, (dialect_hint(part, parts, takes, "give the layout with") for part in parts)), "")
+    return f"{flag} {text!r} is a sharding, not a mesh: {said}; expected the mesh's sizes, such as {flag} 2,4" \
+        if said else ""
 
 
 def _rank_items(text: str) -> Optional[list]:

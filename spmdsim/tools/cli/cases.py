@@ -39,7 +39,8 @@ from . import case_dialects
 from .case_checks import (_DTENSOR_KEYS, _FLAG_OF, _FORM_TRIGGERS, _KNOWN_KEYS, _LAYOUT_KEYS, _SBP_KEYS,
                           _SPEC_KEYS, _STRATEGY_KEYS, Case, _device_count_checked, _flag_text, _int_list, _name_list,
                           _require, _tensor_map, default_names, dialect_flags, indivisible, led_by_flag,
-                          mesh_names, multi_axis_hint, parse_int_list, ranks_mesh, world_size_mismatch)
+                          mesh_names, multi_axis_hint, parse_int_list, ranks_mesh, sharding_as_mesh,
+                          world_size_mismatch)
 
 __all__ = [
     "case_from_dict",
@@ -253,6 +254,17 @@ def flag_ints(text: str, flag: str, minimum: int) -> tuple[int, ...]:
     return values
 
 
+def _mesh_flag(text: str, flag: str, ranks: bool = True) -> tuple[int, ...]:
+    """A mesh flag's sizes (`ranks`: or its ranks, [[0,1],[2,3]]); a sharding there named with its own flag."""
+    try:
+        return (ranks_mesh(text, flag) if ranks else None) or flag_ints(text, flag, 1)
+    except SpmdsimError:
+        hint = sharding_as_mesh(text, flag, dialect_flags())
+        if hint:  # '--placement "S(0),R"', the mesh's flag given where --placements was meant
+            raise SpmdsimError(hint) from None
+        raise
+
+
 _NO_LAYOUT_FLAGS = ("the flags give no layout: expected --device-matrix, --alias and --tensor-map "
                      "(e.g. --device-matrix 2,4 --alias dp,mp --tensor-map mp,None), --strategy (+ --world-size), "
                      "--sbp + --placement, --placements + --device-matrix (PyTorch DTensor) or "
@@ -264,8 +276,7 @@ def case_from_args(args: argparse.Namespace, stdin: Optional[TextIO] = None) -> 
     flags: dict[str, Any] = {}
     if args.device_matrix is not None:
         text = args.device_matrix  # sizes, or the ranks of PyTorch's DeviceMesh and Paddle's ProcessMesh
-        flags["device_matrix"] = (ranks_mesh(text, "--device-matrix") if text.lstrip()[:1] in "[(" else None) \
-            or flag_ints(text, "--device-matrix", 1)
+        flags["device_matrix"] = _mesh_flag(text, "--device-matrix", text.lstrip()[:1] in "[(")
     if args.alias is not None:
         flags["alias_name"] = parse_name_list(args.alias, "--alias")
     if args.tensor_map is not None:
@@ -285,7 +296,7 @@ def case_from_args(args: argparse.Namespace, stdin: Optional[TextIO] = None) -> 
     if args.sbp is not None:
         flags["sbp"] = args.sbp
     if args.placement is not None:
-        flags["placement"] = ranks_mesh(args.placement, "--placement") or flag_ints(args.placement, "--placement", 1)
+        flags["placement"] = _mesh_flag(args.placement, "--placement")
     if args.placements is not None:
         flags["placements"] = args.placements
     if args.partition_spec is not None:

@@ -97,7 +97,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
                    help="target JAX PartitionSpec over the target mesh's axis names")
     g.add_argument("--from-strategy", metavar="S", help='source .shard strategy, e.g. "((8,1),)"')
     g.add_argument("--to-strategy", metavar="S", help='target .shard strategy, e.g. "((1,8),)"')
-    g.add_argument("--to-device-matrix", "--to-placement", dest="to_device_matrix", metavar="N,..",
+    g.add_argument("--to-device-matrix", "--to-placement", dest="to_device_matrix", metavar="N,..", action=_EachGiven,
                    help="target device matrix (same device count; --to-placement: the same, as --placement)")
     g.add_argument("--to-alias", metavar="NAME,..", help="target axis names")
     g.add_argument("--cut", choices=CUTS, help="how a dim that does not divide is cut: even (refused), chunk "
@@ -141,10 +141,15 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
+def _typed(args: argparse.Namespace, dest: str) -> str:
+    """The flag the user typed for `dest` (--device-matrix or --placement; --to-device-matrix or --to-placement)."""
+    return (getattr(args, f"{dest}_given", None) or [("--" + dest.replace("_", "-"), None)])[0][0]
+
+
 def _mesh(matrix: str, alias: str | None, prefix: str = "", flag: str = "") -> Layout:
     """The mesh of `matrix` (--{prefix}device-matrix's text, or `flag`'s) named by `alias` (--{prefix}alias's)."""
     flag = flag or f"--{prefix}device-matrix"
-    dims = mesh_sizes(matrix, flag)
+    dims = mesh_sizes(matrix, flag, dialect_flags(prefix or "from-"))
     if not dims:
         raise SpmdsimError(f"{flag} {matrix!r} gives no axis; expected at least one size, such as 2,4")
     check_device_count(math.prod(dims), f"{flag} {matrix!r}", MAX_PLAN_DEVICES)
@@ -219,11 +224,11 @@ def layouts_from_args(args: argparse.Namespace) -> tuple[TensorLayout, TensorLay
     _one_device_matrix(args)
     shape = flag_ints(args.shape, "--shape", 0)  # "shape (8, -8) must not have negative sizes" named no flag
     matrix = args.device_matrix if args.device_matrix is not None else _strategies_world(args)
-    source_mesh = _mesh(matrix, args.alias)
+    source_mesh = _mesh(matrix, args.alias, flag=_typed(args, "device_matrix"))
     if args.to_device_matrix is not None:
-        target_mesh = _mesh(args.to_device_matrix, args.to_alias, "to-")
+        target_mesh = _mesh(args.to_device_matrix, args.to_alias, "to-", _typed(args, "to_device_matrix"))
     elif args.to_alias is not None:
-        target_mesh = _mesh(args.device_matrix, args.to_alias, "to-", "--device-matrix")
+        target_mesh = _mesh(matrix, args.to_alias, "to-", _typed(args, "device_matrix"))
     else:
         target_mesh = source_mesh
     world = source_mesh.num_devices
@@ -231,8 +236,9 @@ def layouts_from_args(args: argparse.Namespace) -> tuple[TensorLayout, TensorLay
     # would otherwise be reported as an unknown alias.
     if target_mesh.num_devices != world:
         raise SpmdsimError(
-            f"--to-device-matrix {args.to_device_matrix!r} has {counted(target_mesh.num_devices, 'device')} "
-            f"but --device-matrix {args.device_matrix!r} has {world}; expected the same count"
+            f"{_typed(args, 'to_device_matrix')} {args.to_device_matrix!r} has "
+            f"{counted(target_mesh.num_devices, 'device')} but {_typed(args, 'device_matrix')} "
+            f"{args.device_matrix!r} has {world}; expected the same count"
         )
     source_side = _side(args, "from", source_mesh, len(shape), world)
     if args.to_device_matrix is not None and args.to_alias is None:
@@ -292,7 +298,8 @@ def _strategies_world(args: argparse.Namespace) -> str:
                                "sizes, such as --device-matrix 2,4 (only two .shard strategies need none: they "
                                "bring their own device counts)")
     if args.to_device_matrix is not None:
-        return str(math.prod(mesh_sizes(args.to_device_matrix, "--to-device-matrix")))
+        flag = _typed(args, "to_device_matrix")
+        return str(math.prod(mesh_sizes(args.to_device_matrix, flag, dialect_flags("to-"))))
     counts = {}
     for flag, text in (("--from-strategy", args.from_strategy), ("--to-strategy", args.to_strategy)):
         slices = led_by_flag(f"{flag} {text!r}", text, lambda: parse_strategy(text))
