@@ -137,6 +137,17 @@ def test_bad_files_get_one_line(tmp_path, text, message):
     assert message in err.replace("\n  ", " "), err
 
 
+def test_a_file_whose_lines_all_name_stage_0_says_it_has_one_stage(tmp_path):
+    # `stage 0:` typed on both lines (continuation lines of one stage) read as 1 stage; the refusal said only
+    # "stage 0 has send act 0 -> stage 0, a message to the stage itself; expected none (chunks 0..0)".
+    typo = tmp_path / "typo.txt"
+    typo.write_text(WRONG.replace("stage 1:", "stage 0:"))
+    code, out, err = _run(["pipeline", "--file", str(typo)])
+    assert (code, out) == (2, "") and unfold(err) == (
+        "spmdsim: error: schedule 'typo.txt': stage 0 has send act 0 -> stage 0, a message to the stage itself; "
+        "expected none: the schedule has 1 stage (each other stage's line starts 'stage 1:', 'stage 2:', ...)\n")
+
+
 def test_usage_errors_exit_2():
     for argv in (["pipeline", "--stages", "2", "--microbatches", "two"],
                  ["pipeline", "--schedule", "zb", "--stages", "2", "--microbatches", "2"]):

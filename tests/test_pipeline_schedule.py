@@ -270,7 +270,8 @@ def test_a_ring_of_waits_over_interleaved_stages_names_every_stage():
     ("stage 0: F0 send-act0 send-act0 recv-grad0 B0\nstage 1: recv-act0 F0 B0 send-grad0",
      "stage 0 has send act 0 -> stage 1 a second time; expected each message once"),
     ("stage 0: F3", "stage 0 runs F3, but microbatch 3 is outside 0..0"),
-    ("stage 0: F0 send-act0 B0", "has send act 0 -> stage 0, a message to the stage itself; expected none"),
+    ("stage 0: F0 send-act0 B0", "has send act 0 -> stage 0, a message to the stage itself; expected none: the "
+                                 "schedule has 1 stage"),
     ("stage 0: F0 send-grad0 recv-grad0 B0\nstage 1: recv-act0 F0 B0 send-grad0",
      "stage 0 has send grad 0 -> stage 1, a message to chunk -1, which does not exist"),
 ])

@@ -85,10 +85,12 @@ def _misplaced(schedule: Schedule, s: int, record: object) -> None:
 
 def _misaddressed(schedule: Schedule, s: int, record: Union[Send, Recv], neighbour: int) -> None:
     p, chunks, what = schedule.stages, schedule.chunks, record.label(schedule.virtual)
-    if p == 1 or not 0 <= neighbour < chunks:
-        whom = "the stage itself" if p == 1 else f"chunk {neighbour}, which does not exist"
-        raise PipelineError(f"{_where(schedule, s)} has {what}, a message to {whom}; "
-                            f"expected none (chunks 0..{chunks - 1})")
+    if p == 1:  # (a file whose lines all say `stage 0:`, one meant `stage 1:`, read as 1 stage)
+        raise PipelineError(f"{_where(schedule, s)} has {what}, a message to the stage itself; expected none: the "
+                            "schedule has 1 stage (each other stage's line starts 'stage 1:', 'stage 2:', ...)")
+    if not 0 <= neighbour < chunks:
+        raise PipelineError(f"{_where(schedule, s)} has {what}, a message to chunk {neighbour}, which does not "
+                            f"exist; expected none (chunks 0..{chunks - 1})")
     raise PipelineError(f"{_where(schedule, s)} has {what}, but chunk {neighbour} lives "
                         f"on stage {neighbour % p}; expected peer {neighbour % p}")
 
