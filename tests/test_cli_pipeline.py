@@ -148,6 +148,16 @@ def test_a_file_whose_lines_all_name_stage_0_says_it_has_one_stage(tmp_path):
         "expected none: the schedule has 1 stage (each other stage's line starts 'stage 1:', 'stage 2:', ...)\n")
 
 
+def test_a_file_with_a_microbatch_number_too_long_names_the_token(tmp_path):
+    # It said "schedule 'long.txt' has no token naming a microbatch", of a file whose token names one.
+    long = tmp_path / "long.txt"
+    long.write_text("stage 0: F99999999999999999999\n")
+    code, out, err = _run(["pipeline", "--file", str(long)])
+    assert (code, out) == (2, "") and unfold(err) == (
+        "spmdsim: error: stage 0 of 'long.txt' has token 'F99999999999999999999', a number of more than 9 digits; "
+        "expected a microbatch below 65,536\n")
+
+
 def test_usage_errors_exit_2():
     for argv in (["pipeline", "--stages", "2", "--microbatches", "two"],
                  ["pipeline", "--schedule", "zb", "--stages", "2", "--microbatches", "2"]):

@@ -99,8 +99,8 @@ def sizes(text: str, name: str = "hand-written") -> tuple[int, int, int]:
         stages = max(stages, _number(match.group(1)) + 1)
         for word in match.group(2).replace("[", " ").replace("]", " ").split():
             token = _TOKEN.match(word)
-            if token:
-                microbatches = max(microbatches, _number(token.group(2)) + 1)
+            if token:  # (a number of over _DIGITS digits, -1, names a microbatch too: `parse` refuses it by name)
+                microbatches = max(microbatches, _number(token.group(2)) + 1, 1)
                 chunks = max(chunks, _number(token.group(3)) + 1 if token.group(3) else 0)
     if not stages or not microbatches:
         missing = "'stage N: tokens' line" if not stages else "token naming a microbatch"
