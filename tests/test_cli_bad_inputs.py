@@ -790,6 +790,20 @@ def test_a_sharding_in_a_mesh_flag_names_the_flag_typed_and_the_one_that_reads_i
            "with --placements;")
 
 
+@pytest.mark.parametrize("argv", [["collective", "ring-allreduce", "-n", "4"], ["demo", "-np", "4"],
+                                  ["run", "mlp", "--shape", "24,96,360", "--np", "4"]])
+def test_mpiexec_s_rank_flag_given_to_a_command_says_whose_it_is(capsys, argv):
+    # `spmdsim collective ring-allreduce -n 4` said only "unrecognized arguments: -n 4".
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    out, err = capsys.readouterr()
+    assert info.value.code == 2
+    flag = argv[-2]
+    assert out == "" and unfold(err).splitlines()[-1].endswith(
+        f"error: unrecognized arguments: {flag} 4; {flag} is mpiexec's (mpiexec -n N spmdsim ...); here --ranks N "
+        "simulates N ranks in this process")
+
+
 def test_the_redistribution_page_names_the_target_axes_plan_prints(capsys):
     # The page said a target strategy's axes are named `t0, t1, ...`; plan prints to_0, to_1.
     assert main(["plan", "--from-strategy", "((8,1),)", "--to-strategy", "((1,8),)", "--shape", "8,8"]) == 0

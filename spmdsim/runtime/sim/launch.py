@@ -35,7 +35,7 @@ from .waiting import ranks_text
 from .run import MAX_DRY_RANKS, MAX_RANKS, exit_status, simulate
 from ..mpi_library import MPILibraryError, load_mpi
 
-__all__ = ["run_on_ranks", "script", "ranks_argument", "banner", "ways_out"]
+__all__ = ["run_on_ranks", "script", "ranks_argument", "note_mpiexec_flags", "banner", "ways_out"]
 
 
 def banner(n: int, dry_run: bool = False) -> str:
@@ -202,9 +202,17 @@ def ranks_argument(parser: Any) -> None:
     parser.add_argument("--ranks", type=int, metavar="N", default=None,
                         help="run on N simulated ranks in this process (no mpiexec); "
                              "see docs/howto/simulate.md")
+    note_mpiexec_flags(parser)
     parser.add_argument("--dry-run", action="store_true",
                         help="with --ranks: shapes only, no data; print each rank's bytes sent, "
                              "received and peak bytes held")
+
+
+def note_mpiexec_flags(parser: Any) -> None:
+    """Have a parser of a command that takes --ranks say, of mpiexec's `-n 4` given to it, whose flag that is
+    (OnceParser's `elsewhere`), where it said only "unrecognized arguments: -n 4"."""
+    said = "mpiexec's (mpiexec -n N spmdsim ...); here --ranks N simulates N ranks in this process"
+    parser.elsewhere = {**getattr(parser, "elsewhere", {}), **{flag: said for flag in ("-n", "-np", "--np")}}
 
 
 def one_rank_hint(ranks: int) -> str:

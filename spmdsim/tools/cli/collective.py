@@ -27,6 +27,7 @@ from ...programs.viz.png import require_matplotlib
 from .paths import check_output_dir
 from ...programs.algorithms.picture import check_picture_ranks, render_rounds_png
 from .common import guarded
+from ...runtime.sim.launch import note_mpiexec_flags
 from ...programs.cost import DEFAULT_MODEL, load_or_default
 from ...programs.algorithms.table import format_rounds, format_states
 from ...programs.viz.table import wrap_lines
@@ -62,6 +63,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--ranks", type=int, default=None, metavar="N",
                         help="run on N simulated ranks in this process instead of MPI ranks "
                              "(compared with the simulated ranks' own collective)")
+    note_mpiexec_flags(parser)
     parser.add_argument("--repeat", type=int, default=3, help="timed runs; the median is shown (default 3)")
     parser.add_argument("--show", action="store_true",
                         help="print every round as a table and what each rank holds after it (not with --json)")
