@@ -14,6 +14,7 @@ from spmdsim.programs.algorithms.schedule import Round, Transfer, split_counts
 from spmdsim.programs.algorithms.symbolic import final_outputs, states
 from spmdsim.programs.cost import CostModel
 from spmdsim.errors import ShapeError, SpmdsimError
+from spmdsim.tools.cli.main import main
 
 # Divisible by every p and p2 up to 16: the formulas are exact there.
 _UNIT = 720720
@@ -122,6 +123,18 @@ def test_uneven_buffers_cut_like_array_split():
     s = schedule("ring-allreduce", 4, 10, 4)
     check(s)
     assert s.slot_counts == (3, 3, 2, 2) and max(s.bytes_sent()) == (3 + 3 + 3 + 3 + 2 + 2) * 4
+
+
+def test_a_name_in_another_case_is_the_name_and_a_collective_s_own_name_lists_its_algorithms(capsys):
+    # "Ring-AllReduce" was refused ("did you mean 'ring-allreduce'?"), where `pipeline --schedule 1F1B` is taken;
+    # "bcast" and "tree-bcast" got no hint at all.
+    assert parse_name("Ring-AllReduce") == parse_name("ring-allreduce") == ("allreduce", "ring")
+    for name in ("bcast", "tree-bcast"):
+        with pytest.raises(SpmdsimError, match=rf"^unknown collective algorithm '{name}' \(did you mean "
+                                               r"'binomial-bcast' or 'scatter-allgather-bcast'\?\); expected one of "):
+            parse_name(name)
+    assert main(["collective", "Binomial-Bcast", "--ranks", "2", "--size", "8", "--repeat", "1"]) == 0
+    assert "binomial-bcast on 2 ranks: 8 B from each rank" in capsys.readouterr().out
 
 
 def test_names_and_errors():

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from ..._lazy import modules_by_name
 from ...errors import ShapeError, SpmdsimError
-from ...base.suggest import did_you_mean
+from ...base.suggest import did_you_mean, word_list
 from ...base.validate import as_int, counted
 from . import moving, reducing
 from .formulas import FORMULAS, busiest_bytes_sent, model_bytes
@@ -52,12 +52,16 @@ NAMES = tuple(f"{a}-{c.replace('_', '-')}" for c, algos in ALGORITHMS.items() fo
 
 
 def parse_name(name: Any) -> tuple[str, str]:
-    """ "ring-allreduce" -> ("allreduce", "ring"); SpmdsimError naming the choices otherwise."""
+    """ "ring-allreduce" -> ("allreduce", "ring"), in any case ("Ring-AllReduce", as `spmdsim pipeline` takes
+    "1F1B"); SpmdsimError naming the choices otherwise (a collective's own name, "bcast", its algorithms)."""
     for collective, algos in ALGORITHMS.items():
         for algo in algos:
-            if name == f"{algo}-{collective.replace('_', '-')}":
+            if isinstance(name, str) and name.lower() == f"{algo}-{collective.replace('_', '-')}":
                 return collective, algo
     hint = did_you_mean(name, NAMES) if isinstance(name, str) else ""
+    if isinstance(name, str) and not hint:
+        ones = [n for n in NAMES if n.endswith("-" + name.lower().replace("_", "-").rsplit("-", 1)[-1])]
+        hint = f"did you mean {word_list([repr(n) for n in ones])}?" if ones else ""
     raise SpmdsimError(f"unknown collective algorithm {name!r}{f' ({hint})' if hint else ''}; "
                        f"expected one of {', '.join(NAMES)}")
 

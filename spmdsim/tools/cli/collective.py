@@ -52,7 +52,7 @@ def register(subparsers: Any) -> None:
                     "print its rounds, bytes per rank against the textbook formula, and times "
                     "next to MPI's and the cost model's. Launch with mpiexec -n N (N >= 2). "
                     f"Algorithms: {', '.join(NAMES)}.")
-    parser.add_argument("name", metavar="NAME", help="the algorithm, e.g. ring-allreduce")
+    parser.add_argument("name", metavar="NAME", help="the algorithm, e.g. ring-allreduce (any case: Ring-AllReduce)")
     parser.add_argument("--size", default="1M",
                         help="message size in bytes, e.g. 64K, 1M, 8M (default 1M): each rank's buffer; "
                              "for allgather the gathered result (each rank gives size/p)")
@@ -92,6 +92,7 @@ def _check_args(args: argparse.Namespace, p: int) -> tuple[str, str, int, int]:
     import numpy as np
 
     collective, algorithm = parse_name(args.name)
+    args.name = f"{algorithm}-{collective.replace('_', '-')}"  # as the output names it ("Ring-Allreduce" taken)
     size = parse_size(args.size)
     if args.repeat < 1:
         raise SpmdsimError(f"--repeat {args.repeat!r} must be at least 1")
