@@ -804,6 +804,22 @@ def test_mpiexec_s_rank_flag_given_to_a_command_says_whose_it_is(capsys, argv):
         "simulates N ranks in this process")
 
 
+@pytest.mark.parametrize("argv, gives", [
+    (["explain", "--device-matrix", "2,2", "--alias", "a,b", "--tensor-map", "a,b", "--shape", "4,4", "--ranks", "4"],
+     "explain runs none: --device-matrix (--placement for --sbp, --world-size for --strategy) gives its ranks"),
+    (["plan", "--device-matrix", "8", "--alias", "x", "--from", "x,None", "--to", "None,x", "--shape", "8,8",
+      "--ranks", "8"], "plan runs none: --device-matrix (or two .shard strategies) gives its ranks"),
+    (["pipeline", "--stages", "4", "--microbatches", "8", "--ranks", "4"], "pipeline runs none: --stages gives its"),
+    (["context", "--cp", "4", "--seq", "4096", "--ranks", "4"], "context runs none: --cp gives its ranks")])
+def test_ranks_given_to_a_command_that_runs_none_says_what_gives_its_ranks(capsys, argv, gives):
+    # `spmdsim explain ... --ranks 4` said "unrecognized arguments: --ranks" (its 4 read as a case file).
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    out, err = capsys.readouterr()
+    assert (info.value.code, out) == (2, "")
+    assert "; --ranks is for the commands that run ranks (run, collective, demo); " + gives in unfold(err)
+
+
 def test_the_redistribution_page_names_the_target_axes_plan_prints(capsys):
     # The page said a target strategy's axes are named `t0, t1, ...`; plan prints to_0, to_1.
     assert main(["plan", "--from-strategy", "((8,1),)", "--to-strategy", "((1,8),)", "--shape", "8,8"]) == 0

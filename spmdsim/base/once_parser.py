@@ -76,6 +76,14 @@ def _twice(flag: str, first: object, again: str, value: object, takes_value: boo
     return f"{flag} {_shown(first)} and {again} {_shown(value)} name one option; expected one of them"
 
 
+def note_no_ranks(parser: argparse.ArgumentParser, command: str, gives: str) -> None:
+    """Have the parser of a command that runs no ranks say, of ``--ranks 8`` given to it, what gives its ranks
+    (`gives`: "--device-matrix"): it said only "unrecognized arguments: --ranks", its 8 read as a case file."""
+    parser.elsewhere = {**getattr(parser, "elsewhere", {}),
+                        "--ranks": f"for the commands that run ranks (run, collective, demo); {command} runs none: "
+                                   f"{gives} gives its ranks"}
+
+
 class Choices(tuple):
     """An option's choices, and for a value another of spmdsim's commands takes instead (`notes`: value -> words),
     what its refusal says in place of a close match: `estimate --precision fp32` is the trainer's, not a typo."""

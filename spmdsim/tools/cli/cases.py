@@ -31,6 +31,7 @@ from typing import Any, Mapping, Optional, TextIO
 
 from ...layouts.dialects._common import parse_name_list, parse_partition_spec, parse_tensor_map
 from ...layouts.dialects.dtensor import check_uneven_shards
+from ...base.once_parser import note_no_ranks
 from ...base.validate import describe, loads_json, read_bounded
 from ...errors import ShapeError, SpmdsimError
 from ...layouts.layout import Layout, TensorLayout
@@ -216,6 +217,8 @@ ONEFLOW_EVEN = ("spmdsim reads OneFlow SBP with even cuts only (OneFlow itself c
 # -- command-line flags -----------------------------------------------------------
 def add_case_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments `slices`, `explain` and `show` share."""
+    note_no_ranks(parser, parser.prog.split()[-1], "--device-matrix (--placement for --sbp, --world-size for "
+                  "--strategy)")
     parser.add_argument(
         "case", nargs="?", default=None,
         help="JSON case file ('-' or omitted with no flags: read stdin)",

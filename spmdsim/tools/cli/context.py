@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ...base.once_parser import Choices
+from ...base.once_parser import Choices, note_no_ranks
 from ...errors import SpmdsimError
 from ...programs.context import SPLITS
 from ...programs.context.picture import render
@@ -40,6 +40,7 @@ def register(subparsers: Any) -> None:
             "block is work), the causal work per rank, and the bytes one rank sends per attention by "
             "each method (ring, allgather, alltoall) for the given shape."),
     )
+    note_no_ranks(parser, "context", "--cp")
     parser.add_argument("--cp", type=int, required=True, metavar="N", help=f"context-parallel ranks (1 to {MAX_CP})")
     parser.add_argument("--seq", type=int, required=True, metavar="T", help="tokens per sequence")
     parser.add_argument("--split", choices=SPLITS, default="balanced", help="how the sequence is cut (default balanced)")

@@ -12,6 +12,7 @@ import argparse
 import os
 from typing import Any
 
+from ...base.once_parser import note_no_ranks
 from ...base.validate import read_bounded
 from ...errors import SpmdsimError
 from ...programs.pipeline.parse import MAX_TEXT, TOKENS, parse, sizes
@@ -42,7 +43,7 @@ def register(subparsers: Any) -> None:
             f"paper's formula and the microbatches in flight per stage. File tokens: {TOKENS}."
         ),
     )
-
+    note_no_ranks(parser, "pipeline", "--stages")
     parser.add_argument("--schedule", type=schedule_choice, choices=SCHEDULES, default=None,
                         help="which schedule to build (default 1f1b; any case: 1F1B, GPipe; not with --file)")
     parser.add_argument("--stages", type=int, metavar="P",

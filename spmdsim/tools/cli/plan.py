@@ -16,6 +16,7 @@ import json
 import math
 from typing import Any
 
+from ...base.once_parser import note_no_ranks
 from ...errors import ShapeError, SpmdsimError
 from ...layouts.layout import Layout, TensorLayout, default_axis_names
 from ...layouts.slicing import CUTS
@@ -133,6 +134,7 @@ def register(subparsers: Any) -> None:
                     "each rank sends and receives per step, and the total against the lower "
                     "bound (each rank receives only the part of its target block it lacks).",
     )
+    note_no_ranks(parser, "plan", "--device-matrix (or two .shard strategies)")
     add_plan_arguments(parser)
     parser.add_argument("--show", action="store_true",
                         help="also draw the layout before and after each step (ASCII, 80 columns)")
