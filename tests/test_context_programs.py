@@ -108,6 +108,15 @@ def test_the_command_says_how_it_spells_numpy_s_dtype_names():
         in unfold(bad.stderr)
 
 
+def test_the_trainer_s_cp_method_flag_says_the_command_prints_every_method():
+    # `spmdsim context --cp 4 --seq 4096 --cp-method ring`, as the trainer and estimate take it, said only
+    # "unrecognized arguments: --cp-method ring".
+    bad = _context("--cp", "4", "--seq", "4096", "--cp-method", "ring")
+    assert bad.returncode == 2 and unfold(bad.stderr).splitlines()[-1].endswith(
+        "unrecognized arguments: --cp-method ring; --cp-method is examples/train_gpt.py's and spmdsim estimate's, "
+        "which run or price one method; context prints each method's bytes (ring, allgather, alltoall)")
+
+
 def test_the_command_says_the_all_to_all_cannot_split_heads_cp_does_not_divide():
     """6 heads over cp 4 (or 2 K/V heads over 4): no all-to-all byte counts, a line saying why, as a run
     refuses it (check_heads); heads cp divides keep their counts."""

@@ -25,6 +25,9 @@ _ITEMSIZE = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp64": 8}
 #: numpy's names, which `plan --dtype` and `collective --dtype` take, as this command spells them.
 _NUMPY_NAMES = {numpy: f"{numpy!r} is written {short!r} here" for numpy, short in (
     ("float32", "fp32"), ("bfloat16", "bf16"), ("float16", "fp16"), ("float64", "fp64"))}
+#: What --cp-method, the trainer's and estimate's flag, given to this command, is said to be.
+_ONE_METHOD = ("examples/train_gpt.py's and spmdsim estimate's, which run or price one method; context prints "
+               "each method's bytes (ring, allgather, alltoall)")
 #: A gradient's bytes an element as summed and sent: float32 below it (spmdsim.base.precision.sent_itemsize).
 _SUMMED = {name: max(size, 4) for name, size in _ITEMSIZE.items()}
 
@@ -41,6 +44,7 @@ def register(subparsers: Any) -> None:
             "each method (ring, allgather, alltoall) for the given shape."),
     )
     note_no_ranks(parser, "context", "--cp")
+    parser.elsewhere.update(dict.fromkeys(("--cp-method", "--method"), _ONE_METHOD))
     parser.add_argument("--cp", type=int, required=True, metavar="N", help=f"context-parallel ranks (1 to {MAX_CP})")
     parser.add_argument("--seq", type=int, required=True, metavar="T", help="tokens per sequence")
     parser.add_argument("--split", choices=SPLITS, default="balanced", help="how the sequence is cut (default balanced)")
