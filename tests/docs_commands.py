@@ -30,7 +30,7 @@ DOCS = ("docs/tutorials/walkthrough.md", "docs/tutorials/lab.md", "docs/tutorial
         "docs/howto/choose-configuration.md", "docs/howto/experts.md", "docs/howto/experts-memory.md",
         "docs/howto/experts-folding.md",
         "docs/howto/train.md", "docs/howto/train-gpt.md", "docs/howto/autoshard.md", "docs/explanation/algorithms.md",
-        "docs/howto/simulate.md")
+        "docs/howto/simulate.md", "docs/explanation/context-parallel.md")
 #: The pages whose `timeout -k 5 N mpiexec -n N spmdsim ...` commands tests/mpi/test_classroom_docs.py runs.
 MPI_DOCS = DOCS + ("docs/howto/install.md", "docs/reference/operators.md")
 #: Pages of DOCS whose commands are run here only in these sections ("": the part before the first "## "
