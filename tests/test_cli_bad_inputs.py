@@ -742,6 +742,21 @@ def test_plan_refuses_an_alias_no_side_uses(capsys):
                  "--to-strategy", "((1,8),)", "--shape", "8,8"]) == 0
 
 
+@pytest.mark.parametrize("side", ["from", "to"])
+def test_plan_names_the_strategy_flag_that_holds_an_operators_strategy(side, capsys):
+    """`plan --from-strategy "((2,1),(1,4))"` (a MatMul's .shard, copied whole) said "strategy ... has 2 inputs;
+    expected one tensor's slice counts", naming no flag of the two."""
+    two, one = "((2,1),(1,4))", "((1,8),)"
+    argv = ["plan", "--from-strategy", two if side == "from" else one, "--to-strategy", one if side == "from" else
+            "((1,8),(8,1))", "--shape", "64,64"]
+    assert main(argv) == 2
+    given = argv[argv.index(f"--{side}-strategy") + 1]
+    first = "((2,1),)" if side == "from" else "((1,8),)"
+    assert unfold(capsys.readouterr().err) == (f"spmdsim: error: --{side}-strategy {given!r} has 2 tensors' slice "
+                                               f"counts (an operator's .shard); expected one tensor's, such as "
+                                               f"{first}\n")
+
+
 def test_plan_takes_two_strategies_device_count_without_device_matrix(capsys):
     # `plan --from-strategy --to-strategy` said "the following arguments are required: --device-matrix", whose
     # sizes it then dropped (only their count was used), where `slices --strategy` refuses --device-matrix.

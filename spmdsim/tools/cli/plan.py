@@ -176,7 +176,10 @@ def _side(args, which: str, mesh: Layout, ndim: int, world: int) -> TensorLayout
         # Both sides of a strategy pair would name their axes axis_0, axis_1, ...: the
         # target's are to_0, to_1, ... so the report tells the two meshes apart.
         counts = parse_strategy(strategy)
-        if len(counts) == 1 and len(counts[0]) != ndim:  # before the layout, whose error names its axis_0, ...
+        if len(counts) != 1:  # an operator's .shard, one tuple per input: whose counts move?
+            raise SpmdsimError(f"--{which}-strategy {strategy!r} has {len(counts)} tensors' slice counts (an "
+                               f"operator's .shard); expected one tensor's, such as {_one_of(counts)}")
+        if len(counts[0]) != ndim:  # before the layout, whose error names its axis_0, ...
             raise SpmdsimError(f"--{which}-strategy {strategy!r} has {counted(len(counts[0]), 'slice count')} but "
                                f"--shape {args.shape!r} has {counted(ndim, 'dim')}; expected one slice count per "
                                "tensor dim")
@@ -314,6 +317,11 @@ def _strategies_world(args: argparse.Namespace) -> str:
                            f"divides the other; expected --device-matrix N with N a multiple of both, such as "
                            f"{math.lcm(low, high)}")
     return str(high)
+
+
+def _one_of(counts: tuple) -> str:
+    """The first tensor's slice counts of a strategy, written as a strategy of one: "((2,1),)"."""
+    return "((" + ",".join(map(str, counts[0])) + "),)"
 
 
 def _check_target_names(args: argparse.Namespace, source_mesh: Layout, target_mesh: Layout) -> None:
