@@ -67,7 +67,7 @@ def ways_out(n: int, size: int = 1, started: Optional[str] = None) -> str:
 
 
 def advised(exc: BaseException, size: int) -> BaseException:
-    """A RankCountError over the whole world as its report shows it: with how to get its ranks as this world was started.
+    """A RankCountError over the whole world as its report shows it: with how to get its ranks as it was started.
 
     `exc` (a RankCountError of a world of `size` ranks that does not yet say how to get the ranks it needs) gains
     that advice, ways_out's, after its message, in place; any other exception (one over part of the world: the

@@ -282,9 +282,9 @@ def run_with_timeout(cmd: list[str], env: dict, timeout: float) -> int:
 def _say_removed(removed: list, seen: set) -> None:
     """Name the segments removed: those the job's processes were seen to map as the job's, the others (new since
     it started, held by no process) as what they may be: a rank's that died at its start, or another job's."""
+    others = "made since the job started that no process holds (a rank's that died at its start, or another job's)"
     for names, whose in (([n for n in removed if n in seen], "the job left"),
-                         ([n for n in removed if n not in seen], "made since the job started that no process holds "
-                                                                 "(a rank's that died at its start, or another job's)")):
+                         ([n for n in removed if n not in seen], others)):
         if names:
             print(fold_message(f"spmdsim: removed {counted(len(names), 'shared-memory segment')} {whose}: "
                                f"{', '.join(names)}"), file=sys.stderr)

@@ -221,7 +221,7 @@ def _grade_folder(args: argparse.Namespace, exercise: Exercise, limits: dict, fo
     from .report import CSV_HEADER, csv_row  # (the runner: imported when a grade runs)
     from .sandbox import check
 
-    entries = submissions(folder, f"{exercise.name}.py", args.dir)  # (says what it leaves out: once the options are good)
+    entries = submissions(folder, f"{exercise.name}.py", args.dir)  # (says what it leaves out: the options good)
     files = [entry for entry in entries if isinstance(entry, str)]  # (the others: students not graded, and why)
     _mpi_module_loads()
     limit = exercise.time_limit if limits["time_limit"] is None else limits["time_limit"]
