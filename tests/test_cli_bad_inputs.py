@@ -785,6 +785,17 @@ def test_plan_takes_two_strategies_device_count_without_device_matrix(capsys):
            "--ranks 8")
 
 
+@pytest.mark.parametrize("value", ["dp,mp", "('x',None)"])
+def test_names_in_device_matrix_say_where_names_go(value, capsys):
+    """`--device-matrix dp,mp` (the axes' names) or a JAX spec's "('x',None)" said only "must be comma-separated
+    integers such as 2,4"."""
+    assert main(["slices", "--device-matrix", value, "--alias", "dp,mp", "--tensor-map", "dp,None",
+                 "--shape", "8,8"]) == 2
+    assert unfold(capsys.readouterr().err) == (
+        f"spmdsim: error: --device-matrix {value!r} must be comma-separated integers such as 2,4 (the mesh's sizes; "
+        "its axes' names go in --alias, a tensor's split over them in --tensor-map)\n")
+
+
 def test_a_sharding_in_a_mesh_flag_names_the_flag_typed_and_the_one_that_reads_it(capsys):
     # --placement (OneFlow's mesh) for --placements (DTensor's sharding): plan said "--to-device-matrix 'R,S(1)'
     # is not a mesh; expected sizes such as 2,4", naming a flag not typed and none that reads 'R,S(1)'.

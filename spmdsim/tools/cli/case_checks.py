@@ -300,11 +300,19 @@ def parse_int_list(text: str, key: str = "value") -> tuple[int, ...]:
         parts = split_top_level(text)
         values = tuple(int(p) for p in parts if p)
     except ValueError:
-        raise SpmdsimError(framework_mesh_hint(text, key)
-                           or f"{key} {text!r} must be comma-separated integers such as 2,4") from None
+        raise SpmdsimError(framework_mesh_hint(text, key) or f"{key} {text!r} must be comma-separated integers such "
+                           f"as 2,4{_names_not_sizes(text, key)}") from None
     if len(values) != len(parts) and parts != [""]:  # '4,,2': a size left out, not a shape of 2 dims
         raise SpmdsimError(f"{key} {text!r} has an empty entry; expected comma-separated integers such as 2,4")
     return values
+
+
+def _names_not_sizes(text: str, key: str) -> str:
+    """What a mesh's sizes given as names add ('dp,mp', a JAX spec's "('x',None)"): where names and splits go."""
+    words = [w.strip().strip("'\"") for w in str(text).strip().strip("()[]").split(",")]
+    if "device" not in key.replace("_", "-") or not all(w.isidentifier() for w in words if w):
+        return ""
+    return " (the mesh's sizes; its axes' names go in --alias, a tensor's split over them in --tensor-map)"
 
 
 def ranks_mesh(value: object, flag: str) -> Optional[tuple[int, ...]]:
