@@ -68,6 +68,8 @@ def test_a_fit_with_no_bandwidth_is_not_saved():
     assert calibrate._fit_problem(args, CostModel(1e-5, 1e-9, per_op=own)).startswith(
         "the fit's beta of bcast on 2 ranks is 0.0 s/byte (infinite bandwidth)")
     assert calibrate._fit_problem(args, CostModel(0.0, 1e-9, per_op=own[:0])) is None  # alpha 0: sizes >= 64K
+    more = build_parser().parse_args(["calibrate", "--sizes", "1K,2K", "--repeats", "9"])  # more than the hint's 7
+    assert calibrate._fit_problem(more, CostModel(1e-5, 0.0)).endswith("--sizes 64K,1M,4M --repeats 18")
 
 
 def test_real_bytes_rounds_to_whole_elements_per_rank():

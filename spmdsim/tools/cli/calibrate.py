@@ -302,7 +302,7 @@ def _fit_problem(args: argparse.Namespace, model: CostModel) -> str | None:
     what, value = zero[0]
     return (f"{what} is {value!r} s/byte (infinite bandwidth): the measured times do not grow with the size, too "
             f"few sizes or repeats to fit (--sizes {args.sizes!r}, --repeats {args.repeats}); not saved. Expected "
-            "sizes further apart and more repeats, such as --sizes 64K,1M,4M --repeats 7")
+            f"sizes further apart and more repeats, such as --sizes 64K,1M,4M --repeats {max(7, 2 * args.repeats)}")
 
 
 def implausible(machine: Machine) -> str | None:
