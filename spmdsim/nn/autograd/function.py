@@ -30,7 +30,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ...base.buffers import as_array, contiguous
-from ...base.validate import counted
+from ...base.validate import counted, dtype_name
 from ...errors import OperatorError
 from .graph import is_grad_enabled, record, with_partial
 
@@ -91,8 +91,8 @@ class Function:
         ctx = FunctionCtx(first.mesh.rank, tuple(t.slices for t in tensors), tuple(t.layout for t in tensors), needs)
         block = cls.forward(ctx, *[a.local if any(a is t for t in tensors) else a for a in args])
         if isinstance(block, tuple) or not _numeric(block):
-            raise OperatorError(f"{name}.forward returned {_what(block)}; expected one numpy array, this rank's "
-                                "block of the output (one output per Function)")
+            raise OperatorError(f"{name}.forward returned {_what(block)}; expected one numpy array of real numbers "
+                                "(bool, integer or float), this rank's block of the output (one output per Function)")
         block = np.asanyarray(block)
         expected = layout.local_shape(shape, first.mesh.rank)
         if block.shape != expected:
@@ -119,8 +119,9 @@ class Function:
                     result.append(None)
                     continue
                 if not _numeric(g):
-                    raise OperatorError(f"{name}.backward returned {_what(g)} as a gradient; expected a numpy "
-                                        "array, the gradient of this rank's block of that argument")
+                    raise OperatorError(f"{name}.backward returned {_what(g)} as a gradient; expected a numpy array of "
+                                        "real numbers (bool, integer or float), the gradient of this rank's block of "
+                                        "that argument")
                 g = as_array(g, t.dtype)
                 if g.shape != t.local.shape:
                     raise OperatorError(f"{name}.backward returned a gradient block of shape {g.shape!r} "
@@ -147,6 +148,9 @@ def _what(value: Any) -> str:
         return f"a DTensor of global shape {tuple(value.global_shape)!r} (blocks are numpy arrays: x.local)"
     if isinstance(value, tuple):
         return f"a tuple of {len(value)}"
+    dtype = getattr(value, "dtype", None)
+    if dtype is not None and getattr(dtype, "kind", "") not in "biufV":  # a complex, string or object array
+        return f"an array of dtype {dtype_name(dtype)!r}"
     return f"a {type(value).__name__}"
 
 
