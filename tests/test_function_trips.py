@@ -59,3 +59,43 @@ def test_a_complex_block_is_named_by_its_dtype():
                                      "gradient of this rank's block of that argument"}
     finally:
         _Double.grad = staticmethod(lambda dy: 2 * dy)
+
+
+def test_arguments_on_two_meshes_are_refused_naming_both():
+    """Its forward multiplied a (2, 2) block by a (1, 4) one: numpy's broadcast error from the user's own
+    line, or, where the blocks' shapes agreed, a silent product of unrelated regions."""
+    def body():
+        layout, x = _rows()
+        cols = Layout((2,), ("tp",))
+        _Double.apply(x, DTensor.from_global(Mesh(cols), A, cols(None, "tp")))
+
+    assert _refused(2, body) == {"_Double.apply: its DTensor arguments live on different meshes: Layout(dp=2) and "
+                                 "Layout(tp=2); redistribute one onto the other's mesh first"}
+
+
+@pytest.mark.parametrize("given, line", [
+    (lambda layout: layout, "layout=Layout(dp=2), a device matrix; expected a TensorLayout on the arguments' mesh, as "
+                            "x.mesh.layout(...) gives, or an argument's own (x.layout: (\"dp\", None))"),
+    (lambda layout: ("dp", None), "layout=tuple ('dp', None); expected a TensorLayout on the arguments' mesh, as "
+                                  "x.mesh.layout(...) gives, or an argument's own (x.layout: (\"dp\", None))"),
+    (lambda layout: Layout((2,), ("tp",))("tp", None), "layout=(\"tp\", None) is over Layout(tp=2), but the "
+                                                       "arguments live on Layout(dp=2); build it on their mesh: "
+                                                       "x.mesh.layout(...)"),
+])
+def test_a_layout_not_on_the_arguments_mesh_is_refused_before_forward(given, line):
+    """A Layout (the device matrix, not a tensor's) or a tuple was an AttributeError ('local_shape') from inside
+    apply; a TensorLayout of another device matrix a complaint about the forward's block shape."""
+    def body():
+        layout, x = _rows()
+        _Double.apply(x, layout=given(layout))
+
+    assert _refused(2, body) == {f"_Double.apply: {line}"}
+
+
+def test_a_shape_given_as_text_is_refused_as_a_shape():
+    """shape="4,4" was read as the characters ('4', ',', '4')."""
+    def body():
+        layout, x = _rows()
+        _Double.apply(x, shape="4,4")
+
+    assert _refused(2, body) == {"_Double.apply: shape= '4,4' must be a sequence of integers"}

@@ -30,8 +30,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from ...base.buffers import as_array, contiguous
-from ...base.validate import counted, dtype_name
+from ...base.validate import counted, describe, dtype_name, shape_arg
 from ...errors import OperatorError
+from ...layouts.layout import Layout, TensorLayout
 from .graph import is_grad_enabled, record, with_partial
 
 __all__ = ["Function", "FunctionCtx"]
@@ -79,13 +80,7 @@ class Function:
         def make_dtensor(mesh: Any, local: Any, layout: Any, shape: Sequence[int]) -> Any:
             return tensor(mesh, contiguous(local), layout, tuple(shape))
 
-        for t in tensors:
-            if t.layout.partial:
-                raise OperatorError(f"{name}.apply: argument of layout {t.layout} is a pending sum; resolve it "
-                                    "first with spmdsim.nn.ops.resolved(x) (one Allreduce, on every rank): spmdsim "
-                                    f"cannot know whether {name} is linear")
-        layout = first.layout if layout is None else layout
-        shape = tuple(first.global_shape) if shape is None else tuple(shape)
+        layout, shape = _output(name, tensors, layout, shape)
         recording = is_grad_enabled()
         needs = tuple(recording and id(a) in positions and a._ag is not None for a in args)
         ctx = FunctionCtx(first.mesh.rank, tuple(t.slices for t in tensors), tuple(t.layout for t in tensors), needs)
@@ -130,6 +125,32 @@ class Function:
             return tuple(result)
 
         return record(out, name, tuple(tensors), backward, with_partial(layout, ()))
+
+
+def _output(name: str, tensors: list, layout: Any, shape: Any) -> tuple[TensorLayout, tuple[int, ...]]:
+    """The output's layout and global shape (`layout=`, `shape=`, else the first DTensor's), the arguments checked
+    first: one mesh, no pending sum; `layout=` a TensorLayout of that mesh. Alike on every rank: layouts only."""
+    mesh = tensors[0].mesh
+    for t in tensors:
+        if t.mesh is not mesh and t.mesh.layout != mesh.layout:
+            raise OperatorError(f"{name}.apply: its DTensor arguments live on different meshes: {mesh.layout} and "
+                                f"{t.mesh.layout}; redistribute one onto the other's mesh first")
+        if t.layout.partial:
+            raise OperatorError(f"{name}.apply: argument of layout {t.layout} is a pending sum; resolve it "
+                                "first with spmdsim.nn.ops.resolved(x) (one Allreduce, on every rank): spmdsim "
+                                f"cannot know whether {name} is linear")
+    if layout is None:
+        layout = tensors[0].layout
+    elif not isinstance(layout, TensorLayout):
+        given = f"{layout}, a device matrix" if isinstance(layout, Layout) else describe(layout)
+        raise OperatorError(f"{name}.apply: layout={given}; expected a TensorLayout on the arguments' "
+                            f"mesh, as x.mesh.layout(...) gives, or an argument's own (x.layout: {tensors[0].layout})")
+    elif layout.layout != mesh.layout:
+        raise OperatorError(f"{name}.apply: layout={layout} is over {layout.layout}, but the arguments live on "
+                            f"{mesh.layout}; build it on their mesh: x.mesh.layout(...)")
+    shape = tuple(tensors[0].global_shape) if shape is None else shape_arg(shape, f"{name}.apply: shape=",
+                                                                          OperatorError)
+    return layout, shape
 
 
 def _numeric(value: Any) -> bool:
