@@ -5,6 +5,8 @@ import contextlib
 import io
 import re
 
+import pytest
+
 from docs_commands import ROOT, mismatch
 
 PAGES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))
@@ -61,12 +63,13 @@ def test_glossary_terms_are_linked_from_the_pages():
         assert term in linked, term
 
 
-def test_the_add_operator_program_prints_what_the_page_shows(monkeypatch):
+@pytest.mark.parametrize("name", ["softsign.py", "rms_split.py"])
+def test_the_add_operator_programs_print_what_the_page_shows(name):
     text = (ROOT / "docs/howto/add-operator.md").read_text()
-    program = re.search(r"^```python\n(.*?)^```", text, re.S | re.M).group(1)
-    shown = re.search(r"^```\n\$ python softsign.py\n(.*?)^```", text, re.S | re.M).group(1)
+    program = re.search(rf"`{name}`.*?^```python\n(.*?)^```", text, re.S | re.M).group(1)
+    shown = re.search(rf"^```\n\$ python {name}\n(.*?)^```", text, re.S | re.M).group(1)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        exec(compile(program, "softsign.py", "exec"), {"__name__": "__main__"})
+        exec(compile(program, name, "exec"), {"__name__": "__main__"})
     assert mismatch(tuple(shown.splitlines()), out.getvalue()) is None, out.getvalue()
     assert "True, True)" in out.getvalue() and "False" not in out.getvalue()

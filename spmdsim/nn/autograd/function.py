@@ -42,12 +42,14 @@ class FunctionCtx:
     """What `forward` passes to `backward`: ``save_for_backward(*arrays)``, ``saved_tensors``, and any attribute.
 
     ``ctx.rank``, ``ctx.slices`` (per DTensor argument, this rank's region of it) and ``ctx.layouts`` say where
-    the blocks sit in the global tensors; ``ctx.needs_input_grad`` (PyTorch's), per argument, whether it is a
-    DTensor that wants a gradient.
+    the blocks sit in the global tensors; ``ctx.mesh``, the arguments' mesh, is what a collective of
+    spmdsim.runtime takes (``allreduce(ctx.mesh, block, "tp")``); ``ctx.needs_input_grad`` (PyTorch's), per
+    argument, whether it is a DTensor that wants a gradient.
     """
 
-    def __init__(self, rank: int, slices: tuple, layouts: tuple, needs_input_grad: tuple = ()) -> None:
-        self.rank, self.slices, self.layouts = rank, slices, layouts
+    def __init__(self, rank: int, slices: tuple, layouts: tuple, needs_input_grad: tuple = (),
+                 mesh: Any = None) -> None:
+        self.rank, self.slices, self.layouts, self.mesh = rank, slices, layouts, mesh
         self.needs_input_grad = needs_input_grad
         self.saved_tensors: tuple = ()
 
@@ -83,7 +85,8 @@ class Function:
         layout, shape = _output(name, tensors, layout, shape)
         recording = is_grad_enabled()
         needs = tuple(recording and id(a) in positions and a._ag is not None for a in args)
-        ctx = FunctionCtx(first.mesh.rank, tuple(t.slices for t in tensors), tuple(t.layout for t in tensors), needs)
+        ctx = FunctionCtx(first.mesh.rank, tuple(t.slices for t in tensors), tuple(t.layout for t in tensors), needs,
+                          first.mesh)
         block = cls.forward(ctx, *[a.local if any(a is t for t in tensors) else a for a in args])
         if isinstance(block, tuple) or not _numeric(block):
             raise OperatorError(f"{name}.forward returned {_what(block)}; expected one numpy array of real numbers "
