@@ -260,3 +260,35 @@ def test_every_package_gives_its_modules_after_a_bare_import():
         "packages whose modules resolve only once something imports them (give the package "
         "`__getattr__ = modules_by_name(__name__)`, spmdsim/_lazy.py): "
         + "; ".join(f"{p}: {', '.join(names)}" for p, names in sorted(unreached.items()) if p not in _NO_GETATTR_YET))
+
+
+#: ``ops/matmul.plan_matmul``: a module by its path under spmdsim/ (or a folder of it), then a name it defines.
+_PATH_NAME = re.compile(r"`((?:[a-z_]+/)+[a-z_]+)\.([A-Za-z_]\w*)`")
+_SUFFIXES = {"py", "md", "sh", "json", "toml", "cfg", "txt"}
+
+
+def _defines(path: pathlib.Path, name: str) -> bool:
+    """Whether the module at `path` binds `name` at its top level (a def, a class, an assignment, an import)."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            return True
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            return True
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and name in {a.asname or a.name for a in node.names}:
+            return True
+    return False
+
+
+def test_every_module_path_and_name_in_the_explanations_exists():
+    """architecture.md walked a MatMul through `ops/_common.operands_mesh`, moved to `ops/_operands` since."""
+    missing = []
+    for page in ("docs/explanation/architecture.md", "docs/howto/add-operator.md"):
+        for folder, name in _PATH_NAME.findall((ROOT / page).read_text()):
+            if name in _SUFFIXES:  # a file's name: the pages' other tests check those
+                continue
+            files = [p for p in (ROOT / "spmdsim").rglob(folder.rsplit("/", 1)[-1] + ".py")
+                     if str(p.with_suffix("")).endswith(folder)]
+            if not any(_defines(f, name) for f in files):
+                missing.append(f"{page}: {folder}.{name}")
+    assert missing == []
