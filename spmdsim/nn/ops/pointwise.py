@@ -19,7 +19,7 @@ import numpy as np
 from ...references.activations import erf as _erf, gelu_erf as _gelu_erf, sigmoid as _sigmoid
 from ..autograd.graph import attach
 from ..autograd.rules.grads import NEED2
-from ..autograd.rules.pointwise import DERIVATIVES, LOUD, PointwiseGrads, quiet, record_pointwise
+from ..autograd.rules.pointwise import DERIVATIVES, LOUD, NO_DERIVATIVE, PointwiseGrads, quiet, record_pointwise
 from ...errors import DTypeError, OperatorError
 from ...base import flops as _flops
 from ...base.flops import sweep
@@ -274,6 +274,9 @@ class _Prepared(Prepared):
                              "takes bool, integer or float operands, not complex")
         super().__init__(infer_pointwise, op, layouts, shapes, dtypes, "out", _promote(op))
         self.derivative = DERIVATIVES.get(op)
+        if self.derivative is None and op not in NO_DERIVATIVE:  # a new op's forgotten rule: never no gradient
+            raise OperatorError(f"{op} has no derivative: add one to spmdsim.nn.autograd.rules.pointwise.DERIVATIVES "
+                                "(or its name to NO_DERIVATIVE there, where its result is bool or integer)")
         self.ways: dict = {}
         self.dtypes = dtypes
         # numpy's integer power raises on a negative exponent (`_negative_powers` checks it on every rank alike)

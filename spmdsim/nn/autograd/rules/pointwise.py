@@ -27,8 +27,8 @@ from .grads import NEED1, NEED2, axes_of, grad_tensor, gradient_block, needs, ze
 
 _SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
 
-__all__ = ["DERIVATIVES", "PointwiseGrads", "quiet", "record_pointwise", "record_activation", "record_bias_add",
-           "record_scale", "record_dropout", "record_dropout_mask"]
+__all__ = ["DERIVATIVES", "NO_DERIVATIVE", "PointwiseGrads", "quiet", "record_pointwise", "record_activation",
+           "record_bias_add", "record_scale", "record_dropout", "record_dropout_mask"]
 
 
 def _half(mask: np.ndarray, ties: np.ndarray) -> np.ndarray:
@@ -91,6 +91,12 @@ DERIVATIVES: dict[str, Callable] = {
     "erf": lambda dy, x, o, n: (dy * _TWO_OVER_SQRT_PI * np.exp(-x[0] * x[0]),),
     "gelu_erf": lambda dy, x, o, n: (dy * _gelu_erf_slope(x[0]),),
 }
+
+#: The ops with no derivative, their results bool or integer: the comparisons, the bitwise and logical ops, the
+#: value tests. Every other op of spmdsim.nn.ops.pointwise has its entry in DERIVATIVES: one with neither is refused
+#: when called, not recorded without a gradient.
+NO_DERIVATIVE = frozenset({"eq", "lt", "gt", "le", "ge", "ne", "and", "or", "xor", "invert", "logical_and",
+                           "logical_or", "logical_xor", "logical_not", "isnan", "isinf", "isfinite"})
 
 
 #: What each derivative reads besides dY (spmdsim.base.flops.sweep's count): "x" its operands, "o" the output;
