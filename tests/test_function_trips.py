@@ -99,3 +99,20 @@ def test_a_shape_given_as_text_is_refused_as_a_shape():
         _Double.apply(x, shape="4,4")
 
     assert _refused(2, body) == {"_Double.apply: shape= '4,4' must be a sequence of integers"}
+
+
+class _Plain(Function):
+    """A PyTorch user's Function with the @staticmethod left off its forward."""
+
+    def forward(self, ctx, x):
+        return 2 * x
+
+
+def test_a_forward_that_is_not_a_static_method_is_refused_as_such():
+    """It was "TypeError: _Plain.forward() missing 1 required positional argument: 'x'"."""
+    def body():
+        layout, x = _rows()
+        _Plain.apply(x)
+
+    assert _refused(2, body) == {"_Plain.forward is not a static method; write @staticmethod above "
+                                 "def forward(ctx, ...), as PyTorch's Function does"}

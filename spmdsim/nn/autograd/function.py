@@ -25,6 +25,7 @@ PyTorch's backward returns them (None for the others).
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, Sequence
 
 import numpy as np
@@ -76,6 +77,10 @@ class Function:
         name = cls.__name__
         if not tensors:
             raise OperatorError(f"{name}.apply: no argument is a DTensor")
+        for method in ("forward", "backward"):  # a plain def: forward's ctx would be the first block
+            if inspect.isfunction(inspect.getattr_static(cls, method)):
+                raise OperatorError(f"{name}.{method} is not a static method; write @staticmethod above "
+                                    f"def {method}(ctx, ...), as PyTorch's Function does")
         first = tensors[0]
         tensor = type(first)  # the runtime's DTensor, taken from the argument: this module imports no runtime
 
