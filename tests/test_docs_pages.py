@@ -63,10 +63,10 @@ def test_glossary_terms_are_linked_from_the_pages():
         assert term in linked, term
 
 
-@pytest.mark.parametrize("name", ["softsign.py", "rms_split.py"])
+@pytest.mark.parametrize("name", ["softsign.py", "rms_split.py", "gather_cols.py"])
 def test_the_add_operator_programs_print_what_the_page_shows(name):
     text = (ROOT / "docs/howto/add-operator.md").read_text()
-    program = re.search(rf"`{name}`.*?^```python\n(.*?)^```", text, re.S | re.M).group(1)
+    program = re.search(rf"[Ss]ave (?:this )?as `{name}`.*?^```python\n(.*?)^```", text, re.S | re.M).group(1)
     shown = re.search(rf"^```\n\$ python {name}\n(.*?)^```", text, re.S | re.M).group(1)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
