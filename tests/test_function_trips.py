@@ -116,3 +116,28 @@ def test_a_forward_that_is_not_a_static_method_is_refused_as_such():
 
     assert _refused(2, body) == {"_Plain.forward is not a static method; write @staticmethod above "
                                  "def forward(ctx, ...), as PyTorch's Function does"}
+
+
+class _SquareSum(Function):
+    """A custom loss: this rank's sum of squares, a pending sum over every axis that splits x."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return float((x * x).sum())  # a Python float, as a researcher writes it
+
+    @staticmethod
+    def backward(ctx, dy):
+        (x,) = ctx.saved_tensors
+        return 2 * x * dy
+
+
+def test_a_function_returning_a_scalar_makes_a_0d_dtensor():
+    """A scalar's block passed the shape check, then was made 1-d: "local shard shape (1,) does not match ()"."""
+    def body():
+        layout, x = _rows()
+        loss = _SquareSum.apply(x, layout=layout(partial="dp"), shape=())
+        loss.backward()
+        return ops.resolved(loss).item(), np.array_equal(x.grad.gather(), 2 * A)
+
+    assert spmdsim.simulate(2, body) == [(pytest.approx((A * A).sum()), True)] * 2

@@ -85,7 +85,8 @@ class Function:
         tensor = type(first)  # the runtime's DTensor, taken from the argument: this module imports no runtime
 
         def make_dtensor(mesh: Any, local: Any, layout: Any, shape: Sequence[int]) -> Any:
-            return tensor(mesh, contiguous(local), layout, tuple(shape))
+            block = contiguous(local)  # (a 0-d block made 1-d: a scalar's, a loss's, made 0-d again)
+            return tensor(mesh, block if np.ndim(local) else block.reshape(()), layout, tuple(shape))
 
         layout, shape = _output(name, tensors, layout, shape)
         recording = is_grad_enabled()
