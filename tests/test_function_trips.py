@@ -141,3 +141,20 @@ def test_a_function_returning_a_scalar_makes_a_0d_dtensor():
         return ops.resolved(loss).item(), np.array_equal(x.grad.gather(), 2 * A)
 
     assert spmdsim.simulate(2, body) == [(pytest.approx((A * A).sum()), True)] * 2
+
+
+class _ForwardOnly(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return 2 * x
+
+
+def test_a_function_without_backward_names_itself_when_a_gradient_is_asked():
+    """It was "NotImplementedError: a Function subclass defines backward(ctx, dy)", naming no class."""
+    def body():
+        layout, x = _rows()
+        ops.sum(_ForwardOnly.apply(x)).backward()
+
+    assert _refused(2, body) == {"_ForwardOnly defines no backward, and an argument of it requires grad; write "
+                                 "@staticmethod def backward(ctx, dy) returning one gradient per DTensor argument "
+                                 "(or call it under spmdsim.nn.autograd.no_grad())"}

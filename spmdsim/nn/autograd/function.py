@@ -107,6 +107,10 @@ class Function:
             return out
 
         def backward(dy: Any) -> tuple:
+            if cls.backward is Function.backward:  # (the base's NotImplementedError named no class)
+                raise OperatorError(f"{name} defines no backward, and an argument of it requires grad; write "
+                                    "@staticmethod def backward(ctx, dy) returning one gradient per DTensor argument "
+                                    "(or call it under spmdsim.nn.autograd.no_grad())")
             grads = cls.backward(ctx, dy.local)
             grads = grads if isinstance(grads, tuple) else (grads,)
             if len(grads) == len(args) != len(tensors):  # PyTorch's habit: one per argument, None for the others
