@@ -143,6 +143,19 @@ def test_a_function_returning_a_scalar_makes_a_0d_dtensor():
     assert spmdsim.simulate(2, body) == [(pytest.approx((A * A).sum()), True)] * 2
 
 
+def test_a_shape_without_its_layout_names_layout_and_the_ways_to_write_it():
+    """shape=() without layout= kept the argument's ("dp", None) and said "tensor map ("dp", None) has 2 entries but
+    shape () has 0 dims", naming neither layout= nor how a scalar's layout reads."""
+    def body():
+        layout, x = _rows()
+        _SquareSum.apply(x, shape=())
+
+    assert _refused(2, body) == {
+        "_SquareSum.apply: shape=() has 0 dims but the first argument's layout (no layout= given) (\"dp\", None) has "
+        "2 entries; give layout= for the output on the arguments' mesh: x.mesh.layout() replicated, or "
+        "x.mesh.layout(partial=('dp',)) where each rank's block is an addend"}
+
+
 class _ForwardOnly(Function):
     @staticmethod
     def forward(ctx, x):

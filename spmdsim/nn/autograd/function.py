@@ -152,6 +152,7 @@ def _output(name: str, tensors: list, layout: Any, shape: Any) -> tuple[TensorLa
             raise OperatorError(f"{name}.apply: argument of layout {t.layout} is a pending sum; resolve it "
                                 "first with spmdsim.nn.ops.resolved(x) (one Allreduce, on every rank): spmdsim "
                                 f"cannot know whether {name} is linear")
+    given_layout = layout is not None
     if layout is None:
         layout = tensors[0].layout
     elif not isinstance(layout, TensorLayout):
@@ -163,6 +164,13 @@ def _output(name: str, tensors: list, layout: Any, shape: Any) -> tuple[TensorLa
                             f"{mesh.layout}; build it on their mesh: x.mesh.layout(...)")
     shape = tuple(tensors[0].global_shape) if shape is None else shape_arg(shape, f"{name}.apply: shape=",
                                                                           OperatorError)
+    if len(layout.tensor_map) != len(shape):  # shape= alone, the first argument's layout kept: say layout=
+        whose = "layout=" if given_layout else "the first argument's layout (no layout= given)"
+        dims = ", ".join(["None"] * len(shape))
+        raise OperatorError(f"{name}.apply: shape={shape!r} has {len(shape)} dims but {whose} {layout} has "
+                            f"{len(layout.tensor_map)} entries; give layout= for the output on the arguments' mesh: "
+                            f"x.mesh.layout({dims}) replicated, or x.mesh.layout({dims}{', ' if dims else ''}"
+                            f"partial={mesh.layout.alias_name!r}) where each rank's block is an addend")
     return layout, shape
 
 
