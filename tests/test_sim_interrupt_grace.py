@@ -40,3 +40,25 @@ def test_ctrl_c_waits_for_a_computing_rank_to_reach_its_next_wait():
     with interrupted_after(0.3, _sigint_to_main), pytest.raises(KeyboardInterrupt):
         simulate(2, rank)
     assert (sorted(left), ran_on) == ([0, 1], [])  # both stopped at the Barrier before simulate raised
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_ctrl_c_stops_a_rank_that_loops_on_its_own(dry_run):
+    # A notebook cell interrupted while a rank computed in a loop with no wait in it: simulate() raised, and the
+    # rank ran on in a thread of the kernel, for good (each such cell added one more), slowing every later cell.
+    stopped = threading.Event()
+
+    def rank():
+        try:
+            while True:
+                pass
+        finally:
+            stopped.set()
+
+    with interrupted_after(0.3), pytest.raises(KeyboardInterrupt):
+        simulate(2, rank, dry_run=dry_run)
+    assert stopped.wait(30)
+    for thread in threading.enumerate():
+        if thread.name.startswith("spmdsim"):
+            thread.join(30)
+    assert [t.name for t in threading.enumerate() if t.name.startswith("spmdsim")] == []

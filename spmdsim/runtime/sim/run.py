@@ -18,6 +18,7 @@ from .waiting import ranks_text
 from .simulating import _simulating, end_lines
 from .thread_engine import THREADS, Member
 from .thread_limits import ThreadLimitError, start_failed, threads_problem
+from .stopping import stop_ranks
 from .p2p import rewrites, uncompleted, unreceived
 from .landing import EAGER_BYTES
 from ..debug import HOOKS, Hooks
@@ -230,15 +231,9 @@ def _run_threads(engine: World, threads: list, size: int, ended: list) -> None:
                             raise memory.MemoryLimitError(why)
         except BaseException as exc:  # Ctrl-C in the caller, or memory: stop the ranks at their next wait
             engine.fail(-1, exc)
-            # Short of memory, a rank inside numpy may not reach its next wait before the
-            # machine runs out: give them all half a second together, then leave (daemon threads).
-            deadline = time.monotonic() + (0.5 if isinstance(exc, memory.MemoryLimitError) else STOP_S)
-            for t, end in zip(threads, ended):
-                try:
-                    if t.ident is not None and end.wait(max(0.0, deadline - time.monotonic())):
-                        t.join(max(0.0, deadline - time.monotonic()))
-                except RuntimeError:  # interrupted (SIGTERM, Ctrl-C), or a thread that could not start
-                    break
+            # Short of memory, a rank inside numpy may not reach its next wait before the machine runs out: half
+            # a second for them all; then those left are stopped (spmdsim.runtime.sim.stopping).
+            stop_ranks(threads, ended, 0.5 if isinstance(exc, memory.MemoryLimitError) else STOP_S)
             raise
 
 
@@ -287,7 +282,7 @@ def _dry_run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> li
                     pass
             except BaseException:  # Ctrl-C in the caller: the dry run stops at its next step, as ranks at a wait
                 context.meter.stopped = True
-                ended.wait(STOP_S)
+                stop_ranks([thread], [ended], STOP_S)
                 raise
         return context, outcome[0]
 
