@@ -93,12 +93,18 @@ class SpmdsimError(Exception):
     """
 
     def _render_traceback_(self) -> list[str]:
-        frames = [f for f in traceback.extract_tb(self.__traceback__)
-                  if not f.filename.startswith(_OWN_FRAMES) and _IPYTHON not in f.filename]
-        shown = "".join(["Traceback (most recent call last):\n", *traceback.StackSummary.from_list(frames).format()]
-                        if frames else [])
-        text = f"{type(self).__name__}: {exception_text(self)}"
-        return [*shown.splitlines(), *text.splitlines(), *getattr(self, "__notes__", ())]
+        return program_traceback(self)
+
+
+def program_traceback(exc: BaseException) -> list[str]:
+    """The lines IPython shows for `exc` (its `_render_traceback_` hook): the program's frames, spmdsim's left out;
+    the message; its notes. simulate gives it to a KeyboardInterrupt too: an interrupted cell shows the cell's line."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not f.filename.startswith(_OWN_FRAMES) and _IPYTHON not in f.filename]
+    shown = "".join(["Traceback (most recent call last):\n", *traceback.StackSummary.from_list(frames).format()]
+                    if frames else [])
+    text = ": ".join([type(exc).__name__, *filter(None, [exception_text(exc)])])
+    return [*shown.splitlines(), *text.splitlines(), *getattr(exc, "__notes__", ())]
 
 
 class LayoutError(SpmdsimError, ValueError):

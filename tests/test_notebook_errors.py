@@ -11,6 +11,7 @@ import pytest
 
 import spmdsim
 from spmdsim.errors import SpmdsimError
+from test_sim_rank_sleep import interrupted_after
 
 PACKAGE = os.path.dirname(os.path.abspath(spmdsim.__file__)) + os.sep
 
@@ -18,6 +19,10 @@ _CELLS = [
     "import spmdsim",
     "def main():\n    comm = spmdsim.world()\n    if comm.Get_rank() != 3:\n        comm.allreduce(1)",
     "spmdsim.simulate(4, main)",
+    # an interrupted cell (the kernel's interrupt is a SIGINT: KeyboardInterrupt in the main thread)
+    "import _thread, signal, threading\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+    "threading.Timer(0.5, _thread.interrupt_main).start()\n"
+    "spmdsim.simulate(2, lambda: [spmdsim.world().allreduce(1) for _ in iter(int, 1)])",
     "print('next', spmdsim.simulate(2, lambda: spmdsim.world().allreduce(1)))",
 ]
 
@@ -59,7 +64,8 @@ def test_a_notebook_cells_deadlock_shows_the_message_and_the_session_goes_on():
     out = run.stdout + run.stderr
     assert run.returncode == 0 and "next [2, 2]" in out, out
     assert "DeadlockError: simulated ranks deadlock" in out and "raised on simulated ranks 0-2 of 4" in out, out
-    assert PACKAGE not in out and "interactiveshell.py" not in out, out
+    assert PACKAGE not in out and "interactiveshell.py" not in out and "threading.py" not in out, out
+    assert "spmdsim.simulate(2, lambda: [spmdsim.world()" in out and "\nKeyboardInterrupt\n" in out, out
 
 
 def _raises_on(rank):
@@ -94,3 +100,20 @@ def test_a_programs_own_error_in_ipython_shows_the_cell_then_the_program(dry_run
     assert PACKAGE not in out and "_programs_frames" not in out, out
     call, raised = out.index(f"spmdsim.simulate(4, f, dry_run={dry_run})"), out.index("raise ValueError('rank 0')")
     assert call < raised < out.index("ValueError: rank 0"), out
+
+
+def _loops():
+    while True:
+        spmdsim.world().allreduce(1)
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_an_interrupted_cell_shows_its_line_not_the_simulators_waits(dry_run):
+    # An interrupted cell showed five frames of spmdsim's and threading's waits with their code (simulate, _run,
+    # _run_threads, Event.wait, Condition.wait) under the cell's line, as if the error were spmdsim's.
+    with interrupted_after(0.3), pytest.raises(KeyboardInterrupt) as info:
+        spmdsim.simulate(2, _loops, dry_run=dry_run)
+    frames = traceback.extract_tb(info.value.__traceback__)
+    assert {f.name for f in frames if f.filename.startswith(PACKAGE)} <= {"simulate"}, frames  # (3.11: none)
+    assert [f.name for f in frames if not f.filename.startswith(PACKAGE)] == [
+        "test_an_interrupted_cell_shows_its_line_not_the_simulators_waits"], frames

@@ -2,6 +2,7 @@
 (or, as a dry run, once as rank 0 of `n` on the dry engine: spmdsim.runtime.sim.dry)."""
 from __future__ import annotations
 
+import functools
 import inspect
 import reprlib
 import threading
@@ -11,7 +12,7 @@ from typing import Any, Callable, Optional
 from ...base import context as _local
 from ...base.context import SIMULATE, RankContext
 from ..engines import advised, memory
-from ...errors import SpmdsimError, exception_text, same_class
+from ...errors import SpmdsimError, exception_text, program_traceback, same_class
 from ...base.validate import as_int
 from .engine import Aborted, SimulationError, World
 from .waiting import ranks_text
@@ -86,9 +87,11 @@ def simulate(n: int, fn: Callable[..., Any], *args: Any, dry_run: bool = False, 
     try:
         return _dry_run(size, fn, args, kwargs) if dry_run else _run(size, fn, args, kwargs, limit)
     except BaseException as exc:
-        if getattr(exc, "simulated_ranks", None) is None:  # not the ranks' (Ctrl-C in the caller): as it is
-            raise
         __tracebackhide__ = True  # noqa: F841 - the caller's frame, then the program's (_programs_frames)
+        if getattr(exc, "simulated_ranks", None) is None:  # not the ranks': Ctrl-C in the caller, memory, threads
+            if isinstance(exc, KeyboardInterrupt):  # the cell's line, not the waits it came in (IPython's hook)
+                exc._render_traceback_ = functools.partial(program_traceback, exc.with_traceback(None))
+            raise
         raise exc.with_traceback(_programs_frames(exc.__traceback__))
 
 
