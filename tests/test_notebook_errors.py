@@ -3,6 +3,7 @@ IPython's `_render_traceback_` hook on SpmdsimError leaves spmdsim's own frames 
 from __future__ import annotations
 
 import os
+import pathlib
 import subprocess
 import sys
 import traceback
@@ -14,6 +15,7 @@ from spmdsim.errors import SpmdsimError
 from test_sim_rank_sleep import interrupted_after
 
 PACKAGE = os.path.dirname(os.path.abspath(spmdsim.__file__)) + os.sep
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 _CELLS = [
     "import spmdsim",
@@ -23,6 +25,10 @@ _CELLS = [
     "import _thread, signal, threading\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
     "threading.Timer(0.5, _thread.interrupt_main).start()\n"
     "spmdsim.simulate(2, lambda: [spmdsim.world().allreduce(1) for _ in iter(int, 1)])",
+    # a program run from a cell: its output, and the cell goes on (IPython showed 'SystemExit: 0' and 'To exit:
+    # use 'exit', 'quit', or Ctrl-D.'); a path that is no file is one line (a FileNotFoundError on every rank)
+    f"spmdsim.script({str(ROOT / 'examples' / 'mlp.py')!r}, ['--ranks', '2'])\nprint('after the script')",
+    "spmdsim.script('no_such_program.py', ['--ranks', '2'])",
     "print('next', spmdsim.simulate(2, lambda: spmdsim.world().allreduce(1)))",
 ]
 
@@ -66,6 +72,9 @@ def test_a_notebook_cells_deadlock_shows_the_message_and_the_session_goes_on():
     assert "DeadlockError: simulated ranks deadlock" in out and "raised on simulated ranks 0-2 of 4" in out, out
     assert PACKAGE not in out and "interactiveshell.py" not in out and "threading.py" not in out, out
     assert "spmdsim.simulate(2, lambda: [spmdsim.world()" in out and "\nKeyboardInterrupt\n" in out, out
+    assert "  PASS\nafter the script\n" in out and "SystemExit" not in out and "To exit" not in out, out
+    assert "spmdsim: error: script: 'no_such_program.py' is no file: expected the path of the program" in out, out
+    assert "FileNotFoundError" not in out, out
 
 
 def _raises_on(rank):

@@ -252,6 +252,10 @@ def script(path: str, argv: Optional[Sequence[str]] = None, *, ranks: Optional[i
             if launcher_size() <= 1:
                 print(one_rank_hint(ranks), file=sys.stderr, flush=True)
         return
+    if not isinstance(path, (str, os.PathLike)) or not os.path.isfile(path):  # not a FileNotFoundError per rank
+        print(fold_message(f"spmdsim: error: script: {path!r} is no file: expected the path of the program to run "
+                           f"on {n} simulated ranks"), file=sys.stderr)
+        _end(2)
     dry_run = "--dry-run" in args
     sys.argv[1:] = [a for a in args if a != "--dry-run"]
 
@@ -267,11 +271,27 @@ def _end(code: int) -> NoReturn:
     RanksEnded; at an interactive prompt (the REPL, python -i's), where any SystemExit ends the session,
     PromptRanksEnded: the caller's statement ends, the session goes on. Both are shown as nothing."""
     prompt = hasattr(sys, "ps1") and not getattr(builtins, "__IPYTHON__", False)
+    if _from_a_cell():  # IPython showed 'SystemExit: 0' and 'To exit: use 'exit', 'quit', or Ctrl-D.'
+        if code == 0:
+            return  # type: ignore[misc] - the cell goes on, as after any call that ran well
+        raise PromptRanksEnded(code)  # the cell fails: its lines after this are the ranks' alone
     if not (sys.flags.interactive or prompt):
         sys.exit(code)
     if not getattr(sys.excepthook, "spmdsim_ranks_ended", False):
         sys.excepthook = _ranks_ended_hook(sys.excepthook)
     raise PromptRanksEnded(code) if prompt else RanksEnded(code)
+
+
+def _from_a_cell() -> bool:
+    """Whether `script(path)` runs in IPython called from outside the file `path`: a notebook's or the ipython
+    shell's cell (``spmdsim.script("prog.py", ["--ranks", "8"])``), not the file itself under ``%run``."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code is not script.__code__:
+        frame = frame.f_back
+    if not getattr(builtins, "__IPYTHON__", False) or frame is None or frame.f_back is None:
+        return False
+    path = frame.f_locals.get("path")
+    return os.path.realpath(frame.f_back.f_code.co_filename) != os.path.realpath(str(path))
 
 
 class RanksEnded(SystemExit):
@@ -287,6 +307,9 @@ class PromptRanksEnded(BaseException):
     def __init__(self, code: int) -> None:
         super().__init__(code)
         self.code = code
+
+    def _render_traceback_(self) -> list[str]:
+        return []  # IPython's hook: the ranks' output and any error line are above
 
 
 def _ranks_ended_hook(previous: Callable) -> Callable:
