@@ -126,3 +126,22 @@ def test_an_interrupted_cell_shows_its_line_not_the_simulators_waits(dry_run):
     assert {f.name for f in frames if f.filename.startswith(PACKAGE)} <= {"simulate"}, frames  # (3.11: none)
     assert [f.name for f in frames if not f.filename.startswith(PACKAGE)] == [
         "test_an_interrupted_cell_shows_its_line_not_the_simulators_waits"], frames
+
+
+def test_a_collective_on_a_communicator_simulate_returned_names_the_mistake():
+    # A cell used a DTensor (or communicator) a simulation returned: `y.gather()` said "simulated ranks deadlock
+    # ...: rank 0 waits in it; rank 1 finished", and each later call repeated that first call's report.
+    layout = spmdsim.Layout((2,), ("x",))
+
+    def rank():
+        seeded = spmdsim.SeededTensor((4, 4), seed=0)
+        return spmdsim.DTensor.from_seeded(spmdsim.Mesh(layout), layout("x", None), seeded), spmdsim.world()
+
+    y, comm = spmdsim.simulate(2, rank)[1]
+    assert y.local.shape == (2, 4)  # its own block is still there to read
+    for call, text in [(y.gather, "allgather on the world (call 2)"),
+                       (comm.Barrier, "barrier on the world (call 3)")]:
+        with pytest.raises(SpmdsimError) as info:
+            call()
+        assert str(info.value).startswith(f"{text}: a collective on simulated rank 1's communicator after its "
+                                          "simulation ended (simulate returned it, in a DTensor"), info.value

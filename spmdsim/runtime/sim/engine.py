@@ -53,7 +53,7 @@ from .rank_threads import RankThreads, _held_lock, _Joined
 from .rank_sleep import real_sleep
 from .sleepers import Sleepers
 from .report import explain, timed_out
-from .waiting import _Waiting
+from .waiting import _Waiting, after_the_end
 
 __all__ = ["World", "Aborted", "DeadlockError", "SimulationError", "run_slots"]
 
@@ -302,6 +302,8 @@ class World(Sleepers, RankThreads):
     def wait(self, rank: int, what: _Waiting) -> None:
         """Block `rank` until another rank releases it; raise when nothing can release it, or, with the
         waiting rank's watchdog on (SPMDSIM_WATCHDOG), when nothing released it within its limit (`_watch`)."""
+        if self.live <= 0:  # every rank ended: simulate returned their communicator, used after it
+            raise SimulationError(after_the_end(what, rank))
         key = self._rank_of_thread.get(threading.get_ident(), rank)  # a thread the rank started: its own key
         if key != rank and self.rank_of(key) != rank:
             # Another rank's thread waits as `rank`: it holds rank `rank`'s communicator (one made where the

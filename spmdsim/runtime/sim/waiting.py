@@ -7,13 +7,21 @@ from typing import Any, Optional
 
 from ...base.ranks import compact_ranks
 
-__all__ = ["ranks_text"]
+__all__ = ["ranks_text", "after_the_end"]
 
 
 def ranks_text(ranks: Any) -> str:
     """'rank 3' or 'ranks 0-2,5' (runs of three or more folded)."""
     ranks = sorted(ranks)
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {compact_ranks(ranks)}"
+
+
+def after_the_end(what: "_Waiting", rank: int) -> str:
+    """Why rank `rank`'s wait in `what` cannot be: its simulation ended (a DTensor or communicator that simulate
+    returned, used in a later cell); it was a deadlock report of ranks that 'finished', or a wait for good."""
+    return (f"{what.text()}: a collective on simulated rank {rank}'s communicator after its simulation ended "
+            "(simulate returned it, in a DTensor or as it is); collectives run inside simulate's fn, on every rank: "
+            "return what you need from there (x.local, the array a gather gives, a check's verdict)")
 
 
 class _Waiting:
