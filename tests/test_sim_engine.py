@@ -652,6 +652,10 @@ def test_simulate_refuses_bad_counts_and_nesting():
         simulate(1, lambda: simulate(1, lambda: None))
     with pytest.raises(spmdsim.SpmdsimError, match=r"^simulate: dry_run 'no' must be True or False$"):
         simulate(8, lambda: None, dry_run="no")  # a truthy string ran a dry run
+    # A notebook's simulate(8, main()): main ran once in the cell, and "simulate: 0 is not callable" followed
+    with pytest.raises(spmdsim.SpmdsimError) as info:
+        simulate(8, 0)
+    assert str(info.value) == "simulate: fn 0 is not callable: expected the function (main, not main())"
 
 
 @pytest.mark.parametrize("dry_run", [False, True])

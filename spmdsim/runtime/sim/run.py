@@ -73,7 +73,7 @@ def simulate(n: int, fn: Callable[..., Any], *args: Any, dry_run: bool = False, 
             f" (a dry run goes to {MAX_DRY_RANKS})" if not dry_run and size else "") + (
             ", given first: simulate(n, fn)" if callable(n) else ""))
     if not callable(fn):
-        raise SpmdsimError(f"simulate: {fn!r} is not callable")
+        raise SpmdsimError(f"simulate: fn {reprlib.repr(fn)} is not callable: expected the function (main, not main())")
     _check_call(fn, args, kwargs)
     limit = EAGER_BYTES if eager_limit is None else as_int(eager_limit)
     if limit is None or limit < 0:
