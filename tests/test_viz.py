@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from spmdsim import Layout
+from spmdsim import Layout, SpmdsimError
 from spmdsim.programs.viz import layout_picture, render_layout_ascii
 from spmdsim.programs.viz.model import compact_ranks
 
@@ -305,3 +305,25 @@ def test_lab_legend_explains_every_label_notation():
     for notation in labels.values():
         assert notation in legend
     assert "`#0: r0, 2, 4, ...`" in legend  # the list under a picture whose labels were cut
+
+
+@pytest.mark.parametrize("render", ["render_layout_ascii", "render_layout_png"])
+def test_a_picture_of_the_wrong_kind_is_one_line_naming_it(render, tmp_path):
+    """A device matrix passed for a tensor layout (`layout`, not `layout("dp", "mp")`) was an AttributeError from
+    inside the renderer ('Layout' object has no attribute 'tensor_layout'); no shape a bare TypeError: in a notebook
+    both showed the renderer's frames. Both are one line now, TypeErrors still."""
+    from spmdsim.programs import viz
+
+    layout = Layout((2, 4), ("dp", "mp"))
+    path = [str(tmp_path / "x.png")] if render == "render_layout_png" else []
+    call = f"{render}(tensor_layout, {'path, ' if path else ''}shape)"
+    with pytest.raises(SpmdsimError) as info:
+        getattr(viz, render)(layout, *path, (8, 8))
+    assert isinstance(info.value, TypeError) and str(info.value) == (
+        f"{call}: picture Layout(device_matrix=(2, 4), alias_name=('dp', 'mp')) is neither a TensorLayout (with a "
+        "shape) nor a LayoutPicture; it is a device matrix: expected a tensor's layout over it, e.g. "
+        "layout('dp', 'mp')")
+    with pytest.raises(SpmdsimError) as info:
+        getattr(viz, render)(layout("dp", "mp"), *path)
+    assert isinstance(info.value, TypeError)
+    assert str(info.value) == f"{call} needs a shape with a tensor layout: the tensor's, e.g. (8, 8)"

@@ -11,7 +11,7 @@ from typing import Optional, Sequence, Union
 
 from ...layouts.layout import TensorLayout
 from ...base.validate import counted
-from .model import LayoutPicture, Panel, layout_picture
+from .model import LayoutPicture, Panel, as_picture
 
 __all__ = ["render_layout_ascii", "tensor_lines", "grid_lines", "wrapped_grid_lines", "hstack"]
 
@@ -184,10 +184,7 @@ def render_layout_ascii(
 
     Pass a LayoutPicture, or a TensorLayout and a shape.
     """
-    if isinstance(picture, TensorLayout):
-        if shape is None:
-            raise TypeError("render_layout_ascii(tensor_layout, shape) needs a shape")
-        picture = layout_picture(picture, shape, name)
+    picture = as_picture(picture, shape, name, "render_layout_ascii(tensor_layout, shape)")
     tl = picture.tensor_layout
     layout = tl.layout
     axes = ", ".join(f"{a}={n}" for a, n in zip(layout.alias_name, layout.device_matrix))

@@ -12,12 +12,14 @@ above one. Pure: no numpy of its own (the layout values bring it).
 from __future__ import annotations
 
 import math
+import reprlib
 from dataclasses import dataclass
 from itertools import product
 from typing import Iterator, Optional, Sequence
 
+from ...errors import SpmdsimError
 from ...layouts.explain import partial_text
-from ...layouts.layout import TensorLayout
+from ...layouts.layout import Layout, TensorLayout
 from ...layouts.notation import format_entry
 from ...layouts.slicing import all_bounds
 from ...base.ranks import compact_ranks
@@ -153,6 +155,27 @@ def _edges(size: int, shards: int | tuple, cut: str = "even") -> tuple[int, ...]
     """Where the shards of a dim start, and its size: the layout's own cut (spmdsim.layouts.slicing; `shards` a count
     or the dim's counts per mesh axis)."""
     return tuple(a for a, _ in all_bounds(size, shards, cut)) + (size,)
+
+
+class PictureArgumentError(SpmdsimError, TypeError):
+    """A picture's argument of the wrong kind (a TypeError, as it was): one line, no traceback in a notebook."""
+
+
+def as_picture(picture: object, shape: Optional[Sequence[int]], name: str, call: str) -> "LayoutPicture":
+    """`picture` as a renderer draws it (`call`: how it is called, for the errors): a LayoutPicture as it is, a
+    TensorLayout with `shape`. A device matrix alone (`Layout`, its tensor map forgotten) was an AttributeError
+    from inside the renderer."""
+    if isinstance(picture, LayoutPicture):
+        return picture
+    if isinstance(picture, TensorLayout):
+        if shape is None:
+            raise PictureArgumentError(f"{call} needs a shape with a tensor layout: the tensor's, e.g. (8, 8)")
+        return layout_picture(picture, shape, name)
+    matrix = isinstance(picture, Layout)
+    hint = ("; it is a device matrix: expected a tensor's layout over it, e.g. "
+            f"layout({', '.join(map(repr, picture.alias_name))})" if matrix else "")
+    raise PictureArgumentError(f"{call}: picture {repr(picture) if matrix else reprlib.repr(picture)} is neither a "
+                               f"TensorLayout (with a shape) nor a LayoutPicture{hint}")
 
 
 def layout_picture(tensor_layout: TensorLayout, shape: Sequence[int], name: str = "x") -> LayoutPicture:

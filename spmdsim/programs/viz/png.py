@@ -10,7 +10,7 @@ from typing import Any, Optional, Sequence, Union
 
 from ...errors import SpmdsimError
 from ...layouts.layout import TensorLayout
-from .model import LayoutPicture, layout_picture
+from .model import LayoutPicture, PictureArgumentError, as_picture
 
 __all__ = ["PICTURE_SUFFIXES", "check_picture_path", "picture_directory", "render_layout_png", "draw_layout",
            "draw_tensor_panel", "shard_colour", "new_figure", "save_figure"]
@@ -74,7 +74,8 @@ def check_picture_path(path: Union[str, os.PathLike], flag: str = "") -> str:
     that gave it (``--png``), named in the message."""
     if not isinstance(path, (str, os.PathLike)):
         given = f"{flag} {path!r}" if flag else f"picture path {path!r}"
-        raise TypeError(f"{given} is not a file path; expected a str or os.PathLike such as 'grid.png'")
+        raise PictureArgumentError(f"{given} is not a file path; expected a str or os.PathLike such as "
+                                   "'grid.png'")
     path = os.fspath(path)
     suffix = os.path.splitext(path)[1].lower().lstrip(".")
     if suffix not in PICTURE_SUFFIXES:
@@ -111,13 +112,11 @@ def render_layout_png(
     """
     if isinstance(shape, (str, os.PathLike)) and not isinstance(path, (str, os.PathLike)):
         # render_layout_ascii(tl, shape) takes the shape second: its order here was a TypeError from os.fspath.
-        raise TypeError(f"render_layout_png(layout, path, shape) takes the path before the shape; got path "
-                        f"{path!r} and shape {shape!r}: expected render_layout_png(layout, {shape!r}, {path!r})")
+        raise PictureArgumentError(f"render_layout_png(layout, path, shape) takes the path before the shape; got "
+                                   f"path {path!r} and shape {shape!r}: expected render_layout_png(layout, {shape!r}, "
+                                   f"{path!r})")
     check_picture_path(path)
-    if isinstance(picture, TensorLayout):
-        if shape is None:
-            raise TypeError("render_layout_png(tensor_layout, path, shape) needs a shape")
-        picture = layout_picture(picture, shape, name)
+    picture = as_picture(picture, shape, name, "render_layout_png(tensor_layout, path, shape)")
     t_rows, t_cols = picture.panel_grid
     d_rows, d_cols = picture.device_grid
     width = min(24.0, 1.0 + 3.4 * (t_cols + d_cols))
