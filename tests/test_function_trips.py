@@ -7,23 +7,11 @@ import pytest
 
 import spmdsim
 from spmdsim import DTensor, Layout, Mesh
-from spmdsim.errors import OperatorError
 from spmdsim.nn import ops
 from spmdsim.nn.autograd import Function
+from test_autograd_api import _refused  # the messages a body raised on each rank
 
 A = np.arange(16.0).reshape(4, 4) / 7 - 1
-
-
-def _refused(ranks: int, body) -> set:
-    """The messages `body` raised on each rank (one entry when every rank raised the same)."""
-    def wrapped():
-        try:
-            body()
-        except OperatorError as e:
-            return str(e)
-        return None
-
-    return set(spmdsim.simulate(ranks, wrapped))
 
 
 class _Double(Function):
