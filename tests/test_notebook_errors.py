@@ -29,6 +29,8 @@ _CELLS = [
     # use 'exit', 'quit', or Ctrl-D.'); a path that is no file is one line (a FileNotFoundError on every rank)
     f"spmdsim.script({str(ROOT / 'examples' / 'mlp.py')!r}, ['--ranks', '2'])\nprint('after the script')",
     "spmdsim.script('no_such_program.py', ['--ranks', '2'])",
+    # no --ranks in a kernel's own arguments (-f kernel.json): it returned having run nothing, without a word
+    "import sys\nsys.argv = ['ipykernel_launcher.py', '-f', 'kernel.json']\nspmdsim.script('prog.py')",
     "print('next', spmdsim.simulate(2, lambda: spmdsim.world().allreduce(1)))",
 ]
 
@@ -75,6 +77,8 @@ def test_a_notebook_cells_deadlock_shows_the_message_and_the_session_goes_on():
     assert "  PASS\nafter the script\n" in out and "SystemExit" not in out and "To exit" not in out, out
     assert "spmdsim: error: script: 'no_such_program.py' is no file: expected the path of the program" in out, out
     assert "FileNotFoundError" not in out, out
+    assert ("spmdsim: script('prog.py') runs nothing: no --ranks N in this session's arguments; give them: "
+            "spmdsim.script('prog.py', ['--ranks', '8'])") in " ".join(out.split()), out
 
 
 def _raises_on(rank):

@@ -243,6 +243,10 @@ def script(path: str, argv: Optional[Sequence[str]] = None, *, ranks: Optional[i
             if launcher_rank() == 0:  # under mpiexec every rank refuses; one says so
                 print(fold_message(f"spmdsim: error: {DRY_RUN_NEEDS_RANKS}"), file=sys.stderr)
             _end(after_rank0_says(2))
+        if argv is None and _from_a_cell():  # a kernel's argv is its own (-f kernel.json): it said nothing
+            print(fold_message(f"spmdsim: script({path!r}) runs nothing: no --ranks N in this session's arguments; "
+                               f"give them: spmdsim.script({path!r}, ['--ranks', '8'])"), file=sys.stderr)
+            return
         _guard_mpi_ranks()
         if ranks is not None and ranks > 1:
             try:  # no MPI library: the script's spmdsim.world() ends it with that line alone (ways on included)
