@@ -18,7 +18,7 @@ import os
 import runpy
 import sys
 import traceback
-from typing import Any, Callable, NoReturn, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from ...base.interrupts import keep_ctrl_c
 from ...base.malloc import keep_freed_buffers_unless_set
@@ -269,15 +269,16 @@ def script(path: str, argv: Optional[Sequence[str]] = None, *, ranks: Optional[i
     _end(run_on_ranks(n, rank, dry_run=dry_run))
 
 
-def _end(code: int) -> NoReturn:
+def _end(code: int) -> None:
     """`script`'s end with exit status `code`, its output and any error line printed: sys.exit(code) in a plain
     run (and in IPython, whose %run shows a SystemExit as before: silent on 0); under ``python -i``'s script
     RanksEnded; at an interactive prompt (the REPL, python -i's), where any SystemExit ends the session,
-    PromptRanksEnded: the caller's statement ends, the session goes on. Both are shown as nothing."""
+    PromptRanksEnded: the caller's statement ends, the session goes on. Both are shown as nothing. It returns
+    only in a notebook's or ipython's cell after a run that ended 0: the cell goes on."""
     prompt = hasattr(sys, "ps1") and not getattr(builtins, "__IPYTHON__", False)
     if _from_a_cell():  # IPython showed 'SystemExit: 0' and 'To exit: use 'exit', 'quit', or Ctrl-D.'
         if code == 0:
-            return  # type: ignore[misc] - the cell goes on, as after any call that ran well
+            return  # the cell goes on, as after any call that ran well
         raise PromptRanksEnded(code)  # the cell fails: its lines after this are the ranks' alone
     if not (sys.flags.interactive or prompt):
         sys.exit(code)

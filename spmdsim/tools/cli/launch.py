@@ -37,7 +37,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 from ...base.interrupts import Terminated, terminations_raise
 from ...base.malloc import glibc_env
@@ -226,7 +226,7 @@ def _check_compiles(script: str) -> None:
 MAX_LAUNCH_RANKS = 4096
 
 
-def _ranks_given(command: Sequence[str]) -> None:
+def _refuse_without_ranks(command: Sequence[str]) -> NoReturn:
     """Refuse a launch without -n: saying where it went when the command holds it (launch's own flags go before
     the command; after it they are the program's)."""
     given = next((i for i, word in enumerate(command) if word in ("-n", "-np", "--np")), None)
@@ -239,7 +239,7 @@ def _ranks_given(command: Sequence[str]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.ranks is None:
-        _ranks_given(args.command)
+        _refuse_without_ranks(args.command)
     if not 1 <= args.ranks <= MAX_LAUNCH_RANKS:  # -n 99999 started mpiexec, which forked until out of files
         raise SpmdsimError(f"-n {args.ranks} must be a number of ranks from 1 to {MAX_LAUNCH_RANKS:,} "
                            "(each one a process of this machine)")
