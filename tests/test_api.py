@@ -181,8 +181,6 @@ def test_front_door_is_lazy_and_gives_what_the_examples_use():
 
 
 def test_dir_of_the_package_shows_the_api_not_its_imports():
-    import spmdsim
-
     names = dir(spmdsim)
     assert set(spmdsim.__all__) <= set(names)
     assert not {"Any", "annotations", "importlib"} & set(names)

@@ -3,7 +3,6 @@ out is refused when the op is called, never a silently missing gradient."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 import spmdsim
 from spmdsim import DTensor, Layout, Mesh

@@ -236,7 +236,6 @@ def test_an_eager_steps_walk_routes_a_kept_gradient_by_its_layouts_mark_and_prod
     from spmdsim.nn.autograd import moves
 
     looked: list = []
-    moved: list = []
     counting = [False]
 
     class Counted(dict):
@@ -332,8 +331,6 @@ def test_a_repeated_pointwise_call_takes_its_prepared_path(b_map):
     graph node and gradients as the first call; an operand in another layout, or of another shape, prepares
     again (and is right)."""
     import numpy as np
-
-    from spmdsim.nn import ops
 
     rng = np.random.default_rng(3)
     ga = rng.standard_normal((4, 6))
@@ -824,7 +821,7 @@ def test_reduce_grads_finds_the_pending_gradients_without_python_per_parameter()
     import numpy as np
 
     from spmdsim.nn import ops
-    from spmdsim.nn.autograd import engine, reduce_grads
+    from spmdsim.nn.autograd import engine
 
     w = np.arange(6.0).reshape(3, 2) / 5 - 0.3
     a = np.arange(12.0).reshape(4, 3) / 7
