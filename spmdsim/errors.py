@@ -78,6 +78,16 @@ def exception_text(exc: BaseException) -> str:
         return f"<its message could not be shown: its __str__ raised {type(inner).__name__}>"
 
 
+def other_failures(exc: BaseException) -> list[tuple[int, type, str]]:
+    """(rank, class, the message's first line) of each simulated rank that failed otherwise than `exc`, the error
+    reported (its ``simulated_failures``: spmdsim.runtime.sim.run), in rank order: a reporter names them after
+    `exc`, as mpiexec prints every rank's error where simulate raises the lowest failing rank's."""
+    shown = (type(exc), exception_text(exc))
+    return [(rank, kind, text.splitlines()[0] if text else "")
+            for rank, kind, text in getattr(exc, "simulated_failures", ())
+            if not (same_class(kind, shown[0]) and text == shown[1])]
+
+
 #: Frames that are spmdsim's own, a simulated rank's thread's or IPython's (its cell's exec): an error's display
 #: in IPython leaves them out.
 _OWN_FRAMES = (os.path.dirname(os.path.abspath(__file__)) + os.sep, threading.__file__)

@@ -305,8 +305,9 @@ def test_an_spmdsim_error_on_every_rank_is_exit_2_whatever_each_says(monkeypatch
     # that did not fail.
     code, err = said(4, on_every_rank(lambda r: ValueError("not ours") if r == 0 else SpmdsimError("x")))
     assert code == 1 and err.startswith("spmdsim: error on simulated rank 0: ValueError: not ours\nTraceback")
+    # (the others' errors each a line after it, as mpiexec shows every rank's: rank 2's was not said)
     assert said(4, on_every_rank(lambda r: ValueError("not ours") if r == 2 else SpmdsimError("x"))) == (
-        1, "spmdsim: error on simulated ranks 0,1,3: x\n")
+        1, "spmdsim: error on simulated ranks 0,1,3: x\nspmdsim: also failed: simulated rank 2: ValueError: not ours\n")
 
     def three_of_four():
         comm = spmdsim.world()
@@ -314,10 +315,34 @@ def test_an_spmdsim_error_on_every_rank_is_exit_2_whatever_each_says(monkeypatch
         if comm.rank != 3:
             raise SpmdsimError(f"rank {comm.rank} says no")
 
-    assert said(4, three_of_four) == (1, "spmdsim: error on simulated rank 0: rank 0 says no\n")
+    assert said(4, three_of_four) == (1, "spmdsim: error on simulated rank 0: rank 0 says no\n" + "".join(
+        f"spmdsim: also failed: simulated rank {r}: SpmdsimError: rank {r} says no\n" for r in (1, 2)))
     # A dry run's error is every rank's (one rank runs for all).
     assert run_on_ranks(4, shard, dry_run=True) == 2
     assert unfold(capsys.readouterr().err) == f"spmdsim: error: {text.format(5)}\n"
+
+
+def test_ranks_failing_otherwise_are_named_after_the_reported_ones_traceback(capsys):
+    """`--ranks N`: the lowest failing rank's error and traceback, then a line for each rank that failed otherwise
+    (the first four, then how many more), as mpiexec shows every rank's; ranks stopped by another's error, waiting
+    in a collective, are not among them. Rank 2's KeyError and the others' were not said."""
+    import spmdsim
+    from spmdsim.runtime.sim.launch import run_on_ranks
+
+    def body():
+        comm = spmdsim.world()
+        if comm.rank == 1:
+            raise ValueError("one")
+        if comm.rank >= 2:
+            raise KeyError(f"k{comm.rank}")
+        comm.Barrier()  # rank 0: stopped here
+
+    assert run_on_ranks(8, body) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("spmdsim: error on simulated rank 1: ValueError: one\nTraceback"), err
+    assert err.endswith("ValueError: one\nraised on simulated rank 1 of 8\n" + "".join(
+        f"spmdsim: also failed: simulated rank {r}: KeyError: 'k{r}'\n" for r in (2, 3, 4, 5)) +
+        "spmdsim: and 2 more ranks failed otherwise\n"), err
 
 
 def test_one_process_names_both_ways_out(capsys):

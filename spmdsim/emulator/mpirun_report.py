@@ -11,7 +11,7 @@ import threading
 from typing import Optional
 
 from ..base.sizes import out_of_memory
-from ..errors import (exception_text, fold_message, guarded, RankCountError, RuntimeMismatchError, same_class,
+from ..errors import (exception_text, fold_message, guarded, other_failures, RankCountError, RuntimeMismatchError,
                       SpmdsimError)
 from ..runtime.engines.memory import DRY_RUN_HINT, MemoryLimitError
 from ..runtime.sim.launch import every_ranks_line
@@ -154,12 +154,8 @@ def _class_name(kind: type) -> str:
 def _others(exc: BaseException) -> list:
     """A line for each rank that failed otherwise than the one reported (mpiexec prints every rank's
     traceback; only the lowest failing rank's is shown here, whatever rank failed first)."""
-    failures = getattr(exc, "simulated_failures", ())
-    shown = (type(exc), exception_text(exc))
-    other = [(r, kind, text) for r, kind, text in failures
-             if not (same_class(kind, shown[0]) and text == shown[1])]
-    lines = [f"spmdsim mpirun: also failed: rank {r}: {_class_name(kind)}: {text.splitlines()[0] if text else ''}"
-             for r, kind, text in other[:4]]
+    other = other_failures(exc)
+    lines = [f"spmdsim mpirun: also failed: rank {r}: {_class_name(kind)}: {line}" for r, kind, line in other[:4]]
     if len(other) > 4:
         lines.append(f"spmdsim mpirun: and {len(other) - 4} more ranks failed otherwise")
     return lines

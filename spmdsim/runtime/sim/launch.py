@@ -26,7 +26,7 @@ from ...base.output import is_output_failure, output_error, quiet_stdout
 from ...base.ranks import is_ranks_flag
 from ...base.sizes import out_of_memory
 from ...base.threads import after_rank0_says, launched, launcher_rank, launcher_size
-from ...errors import SpmdsimError, exception_text, fold_message
+from ...errors import SpmdsimError, exception_text, fold_message, other_failures
 from ...base import context as _local
 from ..engines import ways_out
 from ..engines.memory import MemoryLimitError
@@ -117,10 +117,8 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
         if every is not None:  # as the MPI guard: every rank's hook exits 2, rank 0 says why
             print(fold_message(f"spmdsim: error: {every}"), file=sys.stderr)
             return 2
-        if isinstance(exc, SpmdsimError):
-            print(fold_message(f"spmdsim: error on {_where(exc)}: {exc}"), file=sys.stderr)
-            return 1
-        print(fold_message(f"spmdsim: error on {_where(exc)}: {out_of_memory(exc)}"), file=sys.stderr)
+        said = exc if isinstance(exc, SpmdsimError) else out_of_memory(exc)
+        print(fold_message(f"spmdsim: error on {_where(exc)}: {said}") + f"\n{_also(exc)}", file=sys.stderr, end="")
         return 1
     except Exception as exc:  # noqa: BLE001 - reported as the MPI guard reports it
         if is_output_failure(exc):  # a full disk under `> file` (--json prints in one write): as main says it
@@ -128,7 +126,7 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
             print(f"spmdsim: error: {output_error(exc)}", file=sys.stderr)
             return 1
         print(fold_message(f"spmdsim: error on {_where(exc)}: {type(exc).__name__}: {exception_text(exc)}") +
-              f"\n{_traceback(exc)}",
+              f"\n{_traceback(exc)}{_also(exc)}",
               file=sys.stderr, end="")
         return 1
     return max(codes)
@@ -161,6 +159,14 @@ def every_ranks_line(exc: BaseException, n: int) -> Optional[str]:
         left = sorted(r for _, rs in rest for r in rs)
         more = f"; {len(rest)} more {'text' if len(rest) == 1 else 'texts'} on {ranks_text(left)}"
     return f"{first} ({ranks_text(ranks)}; ranks differ: {ranks_text(theirs)}: {text}{more})"
+
+
+def _also(exc: BaseException) -> str:
+    """A line for each simulated rank that failed otherwise than `exc`, the error reported (the first four, then
+    how many more), as mpiexec shows every rank's error: '' where none did."""
+    other = other_failures(exc)
+    lines = [f"spmdsim: also failed: simulated rank {r}: {kind.__name__}: {line}\n" for r, kind, line in other[:4]]
+    return "".join(lines) + (f"spmdsim: and {len(other) - 4} more ranks failed otherwise\n" if len(other) > 4 else "")
 
 
 def _exit_code(fn: Callable[[], Any]) -> int:
