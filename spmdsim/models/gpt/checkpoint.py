@@ -42,19 +42,13 @@ from ...runtime.sim import dry_run_active
 from ..axes import CONTEXT, DATA, EXPERT, PIPELINE, model_layout
 from .layouts import megatron_layouts
 from .mesh import zero_cut
+from .checkpoint_files import META, decode, encode, header_problem, rank_file, reason as _reason, write_aside
 
 __all__ = ["META", "rank_file", "run_meta", "resume_problem", "save_problem", "save", "load", "read_meta",
            "checkpoint_problem", "checkpoint_meta", "first_loss", "with_first_loss"]
 
-#: The metadata file rank 0 writes.
-META = "checkpoint.json"
 _FORMAT = "spmdsim GPT checkpoint"
 _VERSION = 1
-
-
-def rank_file(directory: str, rank: int) -> str:
-    """The path of rank `rank`'s file in `directory`."""
-    return os.path.join(directory, f"rank-{rank:05d}.npz")
 
 
 def _plain(value: Any) -> Any:
@@ -204,53 +198,6 @@ def _pipeline_words(meta: dict) -> str:
     return "with " + " ".join(words)
 
 
-def _reason(e: BaseException) -> str:
-    return e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
-
-
-# -- the optimizer's dict as JSON beside its arrays --
-
-def _encode(value: Any, arrays: dict) -> Any:
-    if isinstance(value, np.ndarray):
-        key = f"optimizer.{len(arrays)}"
-        name = value.dtype.name
-        arrays[key] = value.view(np.uint16) if name == "bfloat16" else value
-        return {"array": key, "dtype": name}
-    if isinstance(value, dict):
-        return {"dict": [[_encode(k, arrays), _encode(v, arrays)] for k, v in value.items()]}
-    if isinstance(value, (list, tuple)):
-        return {"list" if isinstance(value, list) else "tuple": [_encode(v, arrays) for v in value]}
-    if isinstance(value, np.generic):
-        return value.item()
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    raise SpmdsimError(f"checkpoint: cannot save {type(value).__name__} {value!r} of the optimizer's state")
-
-
-def _decode(value: Any, arrays: Any) -> Any:
-    if isinstance(value, dict):
-        if "array" in value:
-            array = arrays[value["array"]]
-            return array.view(bfloat16()) if value["dtype"] == "bfloat16" else array
-        if "dict" in value:
-            return {_decode(k, arrays): _decode(v, arrays) for k, v in value["dict"]}
-        if "tuple" in value:
-            return tuple(_decode(v, arrays) for v in value["tuple"])
-        return [_decode(v, arrays) for v in value["list"]]
-    return value
-
-
-def _write_aside(path: str, write: Any) -> None:
-    """`write(file)` into a file beside `path`, renamed onto it: a reader never sees half a file."""
-    aside = f"{path}.{os.getpid()}.partial"
-    try:
-        with open(aside, "wb") as f:
-            write(f)
-        os.replace(aside, path)
-    except OSError as e:
-        raise SpmdsimError(f"checkpoint: cannot write {path}: {_reason(e)}") from None
-
-
 def save(directory: str, meta: dict, step: int, mesh: Any, params: dict, optimizer: Any, scales: tuple = ()) -> None:
     """Write this rank's file of the checkpoint at `step` (the steps done) into `directory`, and on rank 0 the
     metadata `meta` (`run_meta`) after it: `params` name -> DTensor, `optimizer` the trainer's, `scales` its FP8
@@ -260,7 +207,7 @@ def save(directory: str, meta: dict, step: int, mesh: Any, params: dict, optimiz
     rank = mesh.rank
     arrays: dict = {}
     header = {"rank": rank, "step": step, "world size": meta["world size"], "params": list(params),
-              "optimizer": _encode(optimizer.state_dict(), arrays), "fp8": []}
+              "optimizer": encode(optimizer.state_dict(), arrays), "fp8": []}
     for i, one in enumerate(scales):  # each one's keys in the header, its scales and histories as arrays
         keys, arrays[f"fp8.{i}.scales"], arrays[f"fp8.{i}.history"] = one.state()
         header["fp8"].append(keys)
@@ -269,10 +216,10 @@ def save(directory: str, meta: dict, step: int, mesh: Any, params: dict, optimiz
         arrays[f"param.{name}"] = block.view(np.uint16) if block.dtype.name == "bfloat16" else block
         header.setdefault("dtypes", {})[name] = block.dtype.name
     arrays["header"] = np.array(json.dumps(header))
-    _write_aside(rank_file(directory, rank), lambda f: np.savez(f, **arrays))
+    write_aside(rank_file(directory, rank), lambda f: np.savez(f, **arrays))
     if rank == 0:
         text = json.dumps({"format": _FORMAT, "version": _VERSION, "step": step, **meta}, indent=1) + "\n"
-        _write_aside(os.path.join(directory, META), lambda f: f.write(text.encode("utf-8")))
+        write_aside(os.path.join(directory, META), lambda f: f.write(text.encode("utf-8")))
     if mesh.size > 1:
         barrier(mesh.comm)
 
@@ -295,16 +242,14 @@ def _read_own(directory: str, step: int, rank: int, world: int, params: dict, op
             if header["dtypes"][name] == "bfloat16":
                 block = block.view(bfloat16())
             blocks[name] = block
-        state = _decode(header["optimizer"], arrays)
+        state = decode(header["optimizer"], arrays)
     except FileNotFoundError:
         return f"rank {rank}'s file {path} is missing"
     except Exception as e:  # a damaged file: any reader's error, one line
         return f"rank {rank}'s file {path} cannot be read: {type(e).__name__}: {_reason(e)}"
-    if header.get("rank") != rank:
-        return f"rank {rank}'s file {path} holds rank {header.get('rank')!r}'s blocks (a file copied or renamed?)"
-    if (header.get("step"), header.get("world size")) != (step, world):
-        return (f"rank {rank}'s file {path} is of step {header.get('step')!r} of {header.get('world size')!r} "
-                f"ranks, the checkpoint's {META} of step {step} of {world} ranks (a save that did not finish?)")
+    problem = header_problem(path, rank, header, step, world)
+    if problem:
+        return problem
     if list(blocks) != list(params):
         return f"rank {rank}'s file {path} holds the parameters {list(blocks)}, this model {list(params)}"
     for name, t in params.items():

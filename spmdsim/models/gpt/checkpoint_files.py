@@ -1,0 +1,81 @@
+"""A GPT checkpoint's rank files (spmdsim.models.gpt.checkpoint): their names, the optimizer's dict as JSON beside
+its arrays (bfloat16 as its 16 bits: no pickle), writing a file aside and renaming it into place, and what a rank
+file's header must say (its rank, the step and world size of the checkpoint's metadata)."""
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+import numpy as np
+
+from ...errors import SpmdsimError
+from ...base.precision import bfloat16
+
+__all__ = ["META", "rank_file", "reason", "encode", "decode", "write_aside", "header_problem"]
+
+#: The metadata file rank 0 writes.
+META = "checkpoint.json"
+
+
+def rank_file(directory: str, rank: int) -> str:
+    """The path of rank `rank`'s file in `directory`."""
+    return os.path.join(directory, f"rank-{rank:05d}.npz")
+
+
+def reason(e: BaseException) -> str:
+    """An exception as a refusal says it: an OSError's strerror, else its text, else its type's name."""
+    return e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
+
+
+def encode(value: Any, arrays: dict) -> Any:
+    """`value` (an optimizer's state_dict) as JSON holds it, each array put into `arrays` and named there."""
+    if isinstance(value, np.ndarray):
+        key = f"optimizer.{len(arrays)}"
+        name = value.dtype.name
+        arrays[key] = value.view(np.uint16) if name == "bfloat16" else value
+        return {"array": key, "dtype": name}
+    if isinstance(value, dict):
+        return {"dict": [[encode(k, arrays), encode(v, arrays)] for k, v in value.items()]}
+    if isinstance(value, (list, tuple)):
+        return {"list" if isinstance(value, list) else "tuple": [encode(v, arrays) for v in value]}
+    if isinstance(value, np.generic):
+        return value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise SpmdsimError(f"checkpoint: cannot save {type(value).__name__} {value!r} of the optimizer's state")
+
+
+def decode(value: Any, arrays: Any) -> Any:
+    """What `encode` made of a value, back, its arrays read from `arrays` (an .npz's: each one read when named)."""
+    if isinstance(value, dict):
+        if "array" in value:
+            array = arrays[value["array"]]
+            return array.view(bfloat16()) if value["dtype"] == "bfloat16" else array
+        if "dict" in value:
+            return {decode(k, arrays): decode(v, arrays) for k, v in value["dict"]}
+        if "tuple" in value:
+            return tuple(decode(v, arrays) for v in value["tuple"])
+        return [decode(v, arrays) for v in value["list"]]
+    return value
+
+
+def write_aside(path: str, write: Any) -> None:
+    """`write(file)` into a file beside `path`, renamed onto it: a reader never sees half a file."""
+    aside = f"{path}.{os.getpid()}.partial"
+    try:
+        with open(aside, "wb") as f:
+            write(f)
+        os.replace(aside, path)
+    except OSError as e:
+        raise SpmdsimError(f"checkpoint: cannot write {path}: {reason(e)}") from None
+
+
+def header_problem(path: str, rank: int, header: dict, step: int, world: int) -> Optional[str]:
+    """Why rank `rank`'s file at `path`, whose header is `header`, is not of the checkpoint whose metadata says
+    `step` of `world` ranks, or None."""
+    if header.get("rank") != rank:
+        return f"rank {rank}'s file {path} holds rank {header.get('rank')!r}'s blocks (a file copied or renamed?)"
+    if (header.get("step"), header.get("world size")) != (step, world):
+        return (f"rank {rank}'s file {path} is of step {header.get('step')!r} of {header.get('world size')!r} "
+                f"ranks, the checkpoint's {META} of step {step} of {world} ranks (a save that did not finish?)")
+    return None
