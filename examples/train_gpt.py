@@ -27,6 +27,7 @@ Run: timeout -k 5 3600 mpiexec -n 8 python examples/train_gpt.py --dp 2 --tp 4 -
   or stopped and resumed, bit for bit as the run that never stopped (docs/howto/train-gpt.md, "Stopping and resuming"):
      python examples/train_gpt.py --ranks 4 --steps 5 --save ckpt && \
      python examples/train_gpt.py --ranks 4 --steps 10 --resume ckpt
+     (or on another dp, tp and sp, resharded: python examples/train_gpt.py --ranks 2 --tp 2 --steps 10 --resume ckpt)
   or over a pipeline (docs/howto/pipelines.md): python examples/train_gpt.py --ranks 8 --pp 2 --tp 2 --dp 2 --sp \
          --microbatches 4 --schedule 1f1b
      (its layers split as Megatron's --decoder-first/last-pipeline-num-layers split them: --first-stage-layers N,
@@ -56,7 +57,7 @@ from spmdsim.models.gpt.options import (architecture_words, check_lines, checkpo
                                         context_line, context_of, default_split, model_arguments, model_config,
                                         padding_line, saved_line, sizes_problem, step_header, step_row,
                                         unused_flags_problem, other_example_flags)
-from spmdsim.models.gpt.checkpoint import checkpoint_problem, first_loss, read_meta
+from spmdsim.models.gpt.checkpoint import checkpoint_problem, first_loss, resume_line
 from spmdsim.models.gpt.reference import generate
 from spmdsim.models.gpt.train import reference_sample, replay_problem, train
 from spmdsim.models.gpt.tolerances import failed_steps
@@ -280,7 +281,7 @@ def print_header(args, run):
     words = DIALECTS[args.dialect]
     print(f"layouts in {args.dialect}: column-parallel {words['columns']}, row-parallel {words['rows']}")
     if args.resume is not None:
-        print(f"resuming from {args.resume} at step {read_meta(args.resume)[0]['step']}")
+        print(resume_line(args.resume, dp, tp, args.sp))
     print(step_header(run.check))
 
 

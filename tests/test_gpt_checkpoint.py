@@ -110,11 +110,10 @@ def saved(tmp_path_factory):
 @pytest.mark.parametrize("change, expected", [
     ({"cfg": dataclasses.replace(SMALL, lr=0.01)},
      "the checkpoint's config has lr 0.003, this run's 0.01 (resume with the settings it was saved with)"),
-    ({"dp": 4, "tp": 1}, "the checkpoint's mesh has dp 2 and tp 2, this run's dp 4 and tp 1"),  # each, not dp's alone
-    ({"world": 8, "dp": 4}, "the checkpoint's world size is 4, this run's 8"),
+    # another mesh and another config: the config said (a reshard, tests/test_gpt_reshard.py, does not help)
+    ({"dp": 4, "tp": 1, "cfg": dataclasses.replace(SMALL, lr=0.01)}, "the checkpoint's config has lr 0.003"),
     ({"zero": 1}, "the checkpoint's optimizer is 'AdamW', this run's 'DistributedAdamW'"),
     ({"precision": "fp32"}, "the checkpoint's precision is 'fp64', this run's 'fp32'"),
-    ({"sp": True}, "the checkpoint's sequence parallelism is False, this run's True"),
     ({"steps": 2}, "the checkpoint is at step 2, at or past --steps 2; give --steps above 2 to train on"),
 ])
 def test_a_checkpoint_of_another_run_is_refused_in_one_line(saved, change, expected):
@@ -186,16 +185,19 @@ def _in(quote, where):
 
 def test_the_section_shows_the_commands_this_test_runs():
     shown = _section()
-    assert [q.output is not None for q in shown] == [True, True, True]
+    assert [q.output is not None for q in shown] == [True, True, True, True]
     assert [q.command.split("--steps")[1] for q in shown] == [" 3 --save ckpt", " 6 --resume ckpt",
-                                                              " 6 --resume ckpt 2>&1"]
+                                                              " 6 --resume ckpt", " 6 --resume ckpt 2>&1"]
+    assert [q.command.split("--layers")[0] for q in shown] == ["python examples/train_gpt.py --ranks 4 --tp 2 "] * 2 \
+        + ["python examples/train_gpt.py --ranks 2 --tp 2 ", "python examples/train_gpt.py --ranks 4 --tp 2 --cp 2 "]
 
 
 def test_the_documented_commands_resume_as_the_run_that_never_stopped(tmp_path):
-    save, resume, refused = _section()
+    save, resume, resharded, refused = _section()
     where = tmp_path / "ckpt"
     assert_prints_quote(_in(save, where))
     done = assert_prints_quote(_in(resume, where))
+    moved = assert_prints_quote(_in(resharded, where))  # on tp 2 alone: the losses to their digits
     refused = _in(refused, where)  # its line is folded where the path's length says: compared unfolded
     said = run_quoted(refused.command)
     assert said.returncode == 2
@@ -207,6 +209,7 @@ def test_the_documented_commands_resume_as_the_run_that_never_stopped(tmp_path):
         return [line for line in text.splitlines() if re.match(r" {4}[345] ", line)]
 
     assert len(steps(done.stdout)) == 3 and steps(done.stdout) == steps(whole.stdout)
+    assert [line.split()[:2] for line in steps(moved.stdout)] == [line.split()[:2] for line in steps(whole.stdout)]
     # the verdict on the loss too: the resumed run's trend starts at step 0's loss, the checkpoint's, as the whole
     # run's does (its own first step, 3, was judged: the docstring's --steps 5, then 10, exited 1, "NOT falling")
     trend = re.compile(r"loss first ([0-9.]+)\b.*last ([0-9.]+) \(falling\)")
@@ -385,7 +388,8 @@ def test_a_checkpoint_of_context_parallel_ranks_is_said_by_its_cp(tmp_path):
                                              "step": 1, **checkpoint_meta(SMALL, 8, 2, 2, cp=2)}))
     assert checkpoint_problem(SMALL, 8, 2, 2, 5, cp=2, resume=str(tmp_path)) is None
     assert checkpoint_problem(SMALL, 8, 4, 2, 5, resume=str(tmp_path)) == (
-        f"--resume {tmp_path}: the checkpoint's mesh has cp 2 and dp 2, this run's cp none and dp 4 (resume with the "
-        "settings it was saved with)")
+        f"--resume {tmp_path}: the checkpoint's mesh has cp 2 and dp 2, this run's cp none and dp 4 (resharding "
+        "covers dp, tp and sp changes only, not context parallelism (--cp): resume with the settings it was saved "
+        "with)")
     assert "mesh has cp 2 and dp 2, this run's cp 4 and dp 1" in checkpoint_problem(SMALL, 8, 1, 2, 5, cp=4,
                                                                                      resume=str(tmp_path))

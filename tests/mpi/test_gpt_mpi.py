@@ -247,6 +247,37 @@ def test_a_resumed_gpt_steps_as_the_run_that_never_stopped(tmp_path):
                                     "is missing"] * comm.size
 
 
+def test_a_gpt_resumed_on_another_mesh_passes_its_check_under_mpi(tmp_path):
+    """--resume on another mesh under MPI (spmdsim.models.gpt.reshard): saved after 2 steps on dp x tp 2, resumed
+    on dp over every rank (tp 1); each rank reads the pieces of its blocks from the saved ranks' files, every
+    resumed step passes its check, and its loss is the uninterrupted run's within the check's tolerance."""
+    import os
+
+    from mpi4py import MPI
+
+    from spmdsim.models.gpt import GPTConfig, encode, load_text
+    from spmdsim.models.gpt.train import train
+
+    comm = MPI.COMM_WORLD
+    if comm.size % 2:
+        pytest.skip("saved on tp 2: an even number of ranks")
+    where = os.path.join(comm.bcast(str(tmp_path), root=0), "half")  # one directory for every rank (one machine)
+    cfg = GPTConfig(layers=1, d_model=16, heads=2, seq=8, batch=comm.size * 2, dropout=0.2)
+    text = encode(load_text(20_000))
+
+    def run(steps, tp, **kw):
+        model, results = train(cfg, comm, comm.size // tp, tp, steps, text, **kw)
+        model.mesh.close()
+        return results
+
+    whole = run(4, 2)
+    run(2, 2, save=where, check=False)
+    resumed = run(4, 1, resume=where)
+    assert [r.step for r in resumed] == [2, 3] and all(r.passed for r in resumed), resumed
+    assert all(abs(r.loss - w.loss) <= r.tolerances[0] * abs(w.loss) for r, w in zip(resumed, whole[2:]))
+    assert comm.allgather(resumed[-1].loss) == [resumed[-1].loss] * comm.size
+
+
 def test_zero3_shards_rows_the_ranks_do_not_divide_under_mpi():
     """ZeRO-3 over every rank with a vocabulary (251) and width (18) no world size from 2 to 8 but 1 divides: the
     rows cut as FSDP2 cuts them (spmdsim.nn.fsdp.CUT), each gather's pieces padded; two steps within 1e-10 of one

@@ -15,12 +15,15 @@ A step's data and randomness are functions of its index (spmdsim.models.gpt.data
 the step reached is the whole data position: a run resumed at step s steps as the run that never stopped, bit for bit.
 
 On resume every rank reads ``checkpoint.json`` and refuses, alike and before any collective, a missing or unreadable
-directory or metadata file, another config, mesh, world size, layout, precision or optimizer, and a checkpoint at or
-past the run's last step (`resume_problem`); a config field the checkpoint lacks (added to GPTConfig after it was
-saved, as Llama's options were) reads as its default, the model it was saved of. Then each rank reads its own file;
-what a rank finds wrong there (its file missing or unreadable, blocks of another shape, another step) can differ
-between ranks, so the ranks agree on it by one Allgather of their problems and every rank raises the first one: one
-line, exit 2, never a hang (`load`).
+directory or metadata file, another config, precision, optimizer or pipeline, and a checkpoint at or past the run's
+last step (`resume_problem`); a config field the checkpoint lacks (added to GPTConfig after it was saved, as Llama's
+options were) reads as its default, the model it was saved of. Another mesh, world size or sequence parallelism, and
+so other layouts, is resharded where only dp, tp and sp changed (spmdsim.models.gpt.reshard: rank 0 records each
+rank's region of every parameter, and on resume each rank reads the pieces it needs from the files that hold them),
+and refused in one line otherwise (with ZeRO, FSDP, a pipeline, experts, cp or FP8). Then each rank reads its own file
+(resharded: the files it needs); what a rank finds wrong there (its file missing or unreadable, blocks of another
+shape, another step) can differ between ranks, so the ranks agree on it by one Allgather of their problems and every
+rank raises the first one: one line, exit 2, never a hang (`load`).
 """
 from __future__ import annotations
 
@@ -42,10 +45,11 @@ from ...runtime.sim import dry_run_active
 from ..axes import CONTEXT, DATA, EXPERT, PIPELINE, model_layout
 from .layouts import megatron_layouts
 from .mesh import zero_cut
+from .reshard import AGAIN, load_resharded, regions, resharded, resumed_words, scope
 from .checkpoint_files import META, decode, encode, header_problem, rank_file, reason as _reason, write_aside
 
 __all__ = ["META", "rank_file", "run_meta", "resume_problem", "save_problem", "save", "load", "read_meta",
-           "checkpoint_problem", "checkpoint_meta", "first_loss", "with_first_loss"]
+           "checkpoint_problem", "checkpoint_meta", "first_loss", "with_first_loss", "resume_line"]
 
 _FORMAT = "spmdsim GPT checkpoint"
 _VERSION = 1
@@ -96,6 +100,12 @@ def first_loss(resume: Optional[str]) -> Optional[float]:
     return None if resume is None else ((read_meta(resume)[0] or {}).get("first loss"))
 
 
+def resume_line(directory: str, dp: int, tp: int, sp: bool) -> str:
+    """"resuming from DIR at step 3", and where the checkpoint in `directory` was saved on another mesh than
+    (`dp`, `tp`, `sp`) ", resharded from dp 2 x tp 2 (4 ranks)": what a trainer prints as it resumes."""
+    return resumed_words(directory, read_meta(directory)[0], dp, tp, sp)
+
+
 def with_first_loss(meta: dict, resume: Optional[str], results: list) -> dict:
     """`meta` for `save` with the training's first loss: the resumed checkpoint's, else this run's first step's
     (`results`: its StepResults)."""
@@ -108,30 +118,40 @@ def resume_problem(directory: str, meta: dict, steps: int) -> Optional[str]:
     saved, problem = read_meta(directory)
     if problem:
         return problem
+    if isinstance(saved.get("config"), dict):  # a field added since it was saved: its default
+        saved = {**saved, "config": {**_config_defaults(), **saved["config"]}}
+    covered, why_not = scope(saved, meta)  # another mesh: resharded (spmdsim.models.gpt.reshard), or why not
+    problem = _difference(directory, saved, meta, steps, covered)
+    return problem.replace(f"({AGAIN})", why_not) if problem and why_not else problem
+
+
+def _difference(directory: str, saved: dict, meta: dict, steps: int, covered: tuple) -> Optional[str]:
+    """`resume_problem`'s refusal of the first difference of `meta` from the checkpoint's `saved` metadata but
+    those `covered` (by a reshard), or of the step reached against `steps`."""
     for key, here in meta.items():
         there = saved.get(key)
-        if key == "config" and isinstance(there, dict):  # a field added since it was saved: its default
-            there = {**_config_defaults(), **there}
+        if key in covered:
+            continue
         if key == "mesh" and (saved.get("pipeline") is None) != (meta.get("pipeline") is None):
             # one side a pipeline, the other none: both as typed ("pp none, this run's 2" said the mesh's pp)
             return (f"--resume {directory}: the checkpoint was saved {_pipeline_words(saved)}, this run "
-                    f"{_pipeline_words(meta)} (resume with the settings it was saved with)")
+                    f"{_pipeline_words(meta)} ({AGAIN})")
         if there == here:
             continue
         if key == "pipeline" and isinstance(here, dict) and isinstance(there, dict):
             for k in list(here) + [k for k in there if k not in here]:
                 if here.get(k) != there.get(k):
                     return (f"--resume {directory}: the checkpoint's pipeline has {_pipeline_flag(k, there.get(k))}, "
-                            f"this run's {_pipeline_flag(k, here.get(k))} (resume with the settings it was saved with)")
+                            f"this run's {_pipeline_flag(k, here.get(k))} ({AGAIN})")
         if isinstance(here, dict) and isinstance(there, dict):  # keys one side lacks first (the mesh's "etp")
             said = [_field(k, here.get(k), there.get(k)) for k in sorted(list(here) + [k for k in there if k not in
                     here], key=lambda k: k in here and k in there) if here.get(k) != there.get(k)]
             mine = said[0][2] if len(said) == 1 else " and ".join(f"{k} {m}" for k, _, m in said)  # each that differs
             if said:  # (`--tp 2` resumed with `--tp 4` said "mesh has dp 2, this run's 1")
                 return (f"--resume {directory}: the checkpoint's {key} has {' and '.join(f'{k} {t}' for k, t, _ in said)}"
-                        f", this run's {mine} (resume with the settings it was saved with)")
+                        f", this run's {mine} ({AGAIN})")
         return (f"--resume {directory}: the checkpoint's {key} is {_shown(there)}, this run's {_shown(here)} "
-                "(resume with the settings it was saved with)")
+                f"({AGAIN})")
     if saved["step"] >= steps:
         return (f"--resume {directory}: the checkpoint is at step {saved['step']}, at or past --steps {steps}; "
                 f"give --steps above {saved['step']} to train on")
@@ -217,8 +237,9 @@ def save(directory: str, meta: dict, step: int, mesh: Any, params: dict, optimiz
         header.setdefault("dtypes", {})[name] = block.dtype.name
     arrays["header"] = np.array(json.dumps(header))
     write_aside(rank_file(directory, rank), lambda f: np.savez(f, **arrays))
-    if rank == 0:
-        text = json.dumps({"format": _FORMAT, "version": _VERSION, "step": step, **meta}, indent=1) + "\n"
+    if rank == 0:  # each rank's region of every parameter too, for a resume on another mesh (not a pipeline's)
+        where = {"regions": regions(params, mesh.size)} if meta.get("pipeline") is None else {}
+        text = json.dumps({"format": _FORMAT, "version": _VERSION, "step": step, **meta, **where}, indent=1) + "\n"
         write_aside(os.path.join(directory, META), lambda f: f.write(text.encode("utf-8")))
     if mesh.size > 1:
         barrier(mesh.comm)
@@ -270,15 +291,18 @@ def _read_own(directory: str, step: int, rank: int, world: int, params: dict, op
     return None
 
 
-def load(directory: str, mesh: Any, params: dict, optimizer: Any, scales: tuple = ()) -> int:
+def load(directory: str, mesh: Any, params: dict, optimizer: Any, scales: tuple = (),
+         meta: Optional[dict] = None) -> int:
     """Every rank loads its own file of the checkpoint in `directory` into `params` (name -> DTensor), `optimizer`
     and `scales` (`save`'s); returns the step reached. Collective (one Allgather of the ranks' problems): a rank whose file
     is missing or does not fit makes every rank raise the same one line (the lowest such rank's). Call
-    `resume_problem` first (the metadata is read again here: it must still be readable)."""
-    meta, problem = read_meta(directory)
-    step = meta["step"] if meta else 0
-    if not problem:
-        problem = _read_own(directory, step, mesh.rank, mesh.size, params, optimizer, scales)
+    `resume_problem` first (the metadata is read again here: it must still be readable). With `meta` (this run's
+    `run_meta`), a checkpoint saved on another mesh is resharded (spmdsim.models.gpt.reshard.load_resharded)."""
+    saved, problem = read_meta(directory)
+    step = saved["step"] if saved else 0
+    if not problem:  # saved on another mesh (`meta`: this run's run_meta): resharded, from the files it needs
+        problem = load_resharded(directory, saved, params, optimizer) if meta is not None and \
+            resharded(saved, meta) else _read_own(directory, step, mesh.rank, mesh.size, params, optimizer, scales)
         problem = problem and f"--resume {directory}: {problem}"
     problems = all_gather_object(mesh.comm, problem) if mesh.size > 1 else [problem]
     first = next((p for p in problems if p), None)

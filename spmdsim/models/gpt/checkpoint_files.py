@@ -1,6 +1,7 @@
 """A GPT checkpoint's rank files (spmdsim.models.gpt.checkpoint): their names, the optimizer's dict as JSON beside
 its arrays (bfloat16 as its 16 bits: no pickle), writing a file aside and renaming it into place, and what a rank
-file's header must say (its rank, the step and world size of the checkpoint's metadata)."""
+file's header must say (its rank, the step and world size of the checkpoint's metadata). Shared by resuming on the
+same mesh (spmdsim.models.gpt.checkpoint) and on another (spmdsim.models.gpt.reshard)."""
 from __future__ import annotations
 
 import os
@@ -46,9 +47,12 @@ def encode(value: Any, arrays: dict) -> Any:
 
 
 def decode(value: Any, arrays: Any) -> Any:
-    """What `encode` made of a value, back, its arrays read from `arrays` (an .npz's: each one read when named)."""
+    """What `encode` made of a value, back, its arrays read from `arrays` (an .npz's: each one read when named);
+    `arrays` None leaves each array as its reference, {"array": name, "dtype": name}, unread."""
     if isinstance(value, dict):
         if "array" in value:
+            if arrays is None:
+                return value
             array = arrays[value["array"]]
             return array.view(bfloat16()) if value["dtype"] == "bfloat16" else array
         if "dict" in value:

@@ -219,7 +219,7 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     run = _StepRun(cfg, model, optimizer, list(tensors.values()), mesh, zero, memory, fsdp is not None)
     # this rank's blocks and optimizer state (collective: the ranks agree on a problem)
     scales = () if model.fp8 is None else (model.fp8,)  # FP8's scales and histories: saved and resumed too
-    first = 0 if resume is None else load(resume, mesh, tensors, optimizer, scales)
+    first = 0 if resume is None else load(resume, mesh, tensors, optimizer, scales, meta)
     checker = _Checker(model, optimizer, specs, policy, zero, kept, first) \
         if check and not dry_run_active() else None  # a dry run has shapes, not values
     tolerances = mixed_tolerances(policy, cfg)

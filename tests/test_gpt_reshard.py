@@ -1,0 +1,165 @@
+"""Resuming the GPT trainer on another mesh (spmdsim.models.gpt.reshard; docs/howto/train-gpt.md, "Stopping and
+resuming the GPT"): a checkpoint saved on one (dp, tp, sp) mesh resumes on another, each rank reading the pieces
+of the saved blocks that overlap its own from the files it needs; the resumed steps pass the check and end at
+the uninterrupted run's loss within the check's tolerance (the sums over tp run in another order: not bit for
+bit). ZeRO, FSDP, a pipeline, experts, context parallelism, FP8's scales and a checkpoint that records no regions
+stay refused in one line, alike on every rank. The documented commands: tests/test_gpt_checkpoint.py."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+
+import pytest
+
+import spmdsim
+from spmdsim.errors import SpmdsimError
+from spmdsim.models.gpt import GPTConfig, encode, load_text
+from spmdsim.models.gpt import checkpoint
+from spmdsim.models.gpt.checkpoint import META, checkpoint_meta, checkpoint_problem, rank_file, read_meta
+from spmdsim.models.gpt.train import train
+
+TINY = GPTConfig(layers=1, d_model=32, heads=4, seq=16, batch=4)  # dropout 0.1: its masks alike on any mesh
+TEXT = encode(load_text(20_000))
+AGAIN = "resume with the settings it was saved with"
+
+
+def _run(mesh, steps, cfg=TINY, **kw):
+    """Each rank's StepResults of `train` on `mesh` (ranks, dp, tp, sp) of simulated ranks."""
+    ranks, dp, tp, sp = mesh
+    return spmdsim.simulate(ranks, lambda: train(cfg, spmdsim.world(), dp, tp, steps, TEXT, sp=sp, **kw)[1])
+
+
+@pytest.mark.parametrize("saved_on, resumed_on, precision", [
+    ((4, 2, 2, False), (4, 1, 4, False), "fp64"),  # tp 2 dp 2 -> tp 4
+    ((4, 2, 2, False), (2, 2, 1, False), "fp64"),  # tp 2 dp 2 -> dp 2 on 2 ranks
+    ((2, 1, 2, False), (4, 2, 2, True), "fp64"),  # tp 2 -> tp 2 dp 2 with sp
+    ((4, 2, 2, True), (2, 1, 2, False), "bf16-mixed"),  # bf16 parameters, float32 masters and moments
+])
+def test_a_run_resumed_on_another_mesh_steps_as_the_run_that_never_stopped(tmp_path, saved_on, resumed_on,
+                                                                           precision):
+    if precision == "bf16-mixed":
+        pytest.importorskip("ml_dtypes")
+    whole = _run(saved_on, 4, precision=precision)[0]
+    _run(saved_on, 2, precision=precision, save=str(tmp_path / "half"))
+    for resumed in _run(resumed_on, 4, precision=precision, resume=str(tmp_path / "half")):
+        assert [r.step for r in resumed] == [2, 3]
+        assert all(r.passed for r in resumed), [(r.errors, r.tolerances) for r in resumed]
+        for w, r in zip(whole[2:], resumed):  # the loss within the check's tolerance of the loss, each step
+            assert abs(r.loss - w.loss) <= r.tolerances[0] * abs(w.loss), (r.step, r.loss, w.loss)
+            assert r.loss != pytest.approx(whole[0].loss, rel=1e-3)  # trained on: not the first step's loss
+
+
+def test_a_resharded_run_saves_a_checkpoint_of_its_own_mesh_and_the_trainings_first_loss(tmp_path):
+    first = _run((4, 2, 2, False), 2, save=str(tmp_path / "a"))[0]
+    _run((2, 1, 2, False), 3, resume=str(tmp_path / "a"), save=str(tmp_path / "b"))
+    meta = read_meta(str(tmp_path / "b"))[0]
+    assert (meta["step"], meta["world size"], meta["mesh"], meta["first loss"]) == (3, 2, {"dp": 1, "tp": 2},
+                                                                                    first[0].loss)
+    assert meta["regions"]["wte"]["blocks"] == [[[0, 64], [0, 32]], [[64, 128], [0, 32]]]  # 128 rows over tp 2
+    resumed = _run((4, 1, 4, False), 4, resume=str(tmp_path / "b"))[0]  # and on again: tp 2 -> tp 4
+    assert [r.step for r in resumed] == [3] and resumed[0].passed
+
+
+def test_each_rank_reads_only_the_files_it_needs(tmp_path):
+    # dp 2 x tp 2 -> tp 2 on 2 ranks: rank r's block of every parameter is saved rank r's (dp 0's), so the
+    # files of ranks 2 and 3 are never opened
+    _run((4, 2, 2, False), 2, save=str(tmp_path / "ck"))
+    for r in (2, 3):
+        os.remove(rank_file(str(tmp_path / "ck"), r))
+    resumed = _run((2, 1, 2, False), 3, resume=str(tmp_path / "ck"))
+    assert [[r.step for r in one] for one in resumed] == [[2], [2]] and resumed[0][0].passed
+
+
+def test_a_missing_file_a_rank_needs_stops_every_rank_with_one_line(tmp_path):
+    where = tmp_path / "ck"
+    _run((4, 2, 2, False), 2, save=str(where), check=False)
+    os.remove(rank_file(str(where), 1))  # tp rank 1's blocks of dp 0, which rank 1 of tp 2 reads
+
+    # (rank 0 reads its blocks from file 0; rank 1 from file 1: the ranks agree on rank 1's problem)
+    said = spmdsim.simulate(2, lambda: _said(lambda: train(TINY, spmdsim.world(), 1, 2, 3, TEXT,
+                                                           resume=str(where))))
+    assert said == [f"--resume {where}: rank 1's file {rank_file(str(where), 1)} is missing"] * 2
+
+
+def _said(run):
+    try:
+        run()
+    except SpmdsimError as e:
+        return str(e)
+    return None
+
+
+def _written(where, step=2, **kw):
+    """A checkpoint.json of checkpoint_meta(**kw) at `step` in `where` (its metadata alone: what a refusal reads)."""
+    where.mkdir(exist_ok=True)
+    args = {"cfg": TINY, "world": 4, "dp": 2, "tp": 2, **kw}
+    meta = checkpoint_meta(args.pop("cfg"), args.pop("world"), args.pop("dp"), args.pop("tp"), **args)
+    (where / META).write_text(json.dumps({"format": checkpoint._FORMAT, "version": checkpoint._VERSION,
+                                          "step": step, **meta, "regions": {}}))
+    return str(where)
+
+
+@pytest.mark.parametrize("saved, run, said", [
+    ({"zero": 1}, {"world": 2, "dp": 1, "zero": 1},
+     "the checkpoint's world size is 4, this run's 2 (resharding covers dp, tp and sp changes only, not ZeRO "
+     f"(--zero 1 or 2): {AGAIN})"),
+    ({"zero": 3}, {"world": 8, "dp": 4, "zero": 3},
+     f"the checkpoint's world size is 4, this run's 8 (resharding covers dp, tp and sp changes only, not FSDP "
+     f"(--zero 3): {AGAIN})"),
+    ({"pipeline": {"pp": 2, "schedule": "1f1b", "microbatches": 2, "virtual": 1, "split": None}, "world": 8},
+     {"pipeline": {"pp": 2, "schedule": "1f1b", "microbatches": 2, "virtual": 1, "split": None}, "world": 4,
+      "dp": 1},
+     f"the checkpoint's world size is 8, this run's 4 (resharding covers dp, tp and sp changes only, not a "
+     f"pipeline (--pp): {AGAIN})"),
+    ({"cp": 2, "world": 8}, {"world": 4},
+     "the checkpoint's world size is 8, this run's 4 (resharding covers dp, tp and sp changes only, not context "
+     f"parallelism (--cp): {AGAIN})"),
+    ({"precision": "fp8"}, {"precision": "fp8", "tp": 4, "dp": 1},
+     "the checkpoint's mesh has dp 2 and tp 2, this run's dp 1 and tp 4 (resharding covers dp, tp and sp changes "
+     f"only, not FP8's scales (--precision fp8): {AGAIN})"),
+    ({}, {"tp": 4, "dp": 1, "precision": "fp32"},  # what no reshard helps: said, not the mesh
+     f"the checkpoint's precision is 'fp64', this run's 'fp32' ({AGAIN})"),
+])
+def test_another_mesh_beyond_dp_tp_and_sp_is_refused_in_one_line(tmp_path, saved, run, said):
+    where = _written(tmp_path / "ck", **saved)
+    args = {"cfg": TINY, "world": 4, "dp": 2, "tp": 2, **run}
+    problem = checkpoint_problem(args.pop("cfg"), args.pop("world"), args.pop("dp"), args.pop("tp"), 5,
+                                 resume=where, **args)
+    assert problem == f"--resume {where}: {said}"
+    if not saved:  # the same mesh, or another of dp, tp and sp alone: nothing to refuse
+        assert checkpoint_problem(TINY, 2, 1, 2, 5, resume=where, sp=True) is None
+
+
+def test_experts_on_another_mesh_are_refused_in_one_line(tmp_path):
+    from spmdsim.models.moe import MoEConfig
+
+    cfg = dataclasses.replace(TINY, moe=MoEConfig(experts=4, top_k=2, every=1))
+    where = _written(tmp_path / "ck", cfg=cfg, world=2, dp=1, tp=1, ep=2)
+    assert checkpoint_problem(cfg, 4, 1, 1, 5, ep=4, resume=where) == (
+        f"--resume {where}: the checkpoint's world size is 2, this run's 4 (resharding covers dp, tp and sp changes "
+        f"only, not experts (MoE layers): {AGAIN})")
+
+
+def test_a_checkpoint_that_records_no_regions_resumes_on_its_own_mesh_only(tmp_path):
+    """A checkpoint saved before checkpoint.json recorded each rank's regions."""
+    where = tmp_path / "ck"
+    _run((4, 2, 2, False), 2, save=str(where), check=False)
+    meta = read_meta(str(where))[0]
+    del meta["regions"]
+    (where / META).write_text(json.dumps(meta))
+    assert checkpoint_problem(TINY, 4, 2, 2, 3, resume=str(where)) is None
+    said = spmdsim.simulate(2, lambda: _said(lambda: train(TINY, spmdsim.world(), 1, 2, 3, TEXT,
+                                                           resume=str(where))))
+    assert said == [f"--resume {where}: the checkpoint's world size is 4, this run's 2 (it records no ranks' "
+                    f"regions to reshard from, saved by an older spmdsim: {AGAIN})"] * 2
+
+
+def test_a_refused_reshard_says_alike_on_every_rank_before_any_collective(tmp_path):
+    where = _written(tmp_path / "ck", zero=1)
+    said = spmdsim.simulate(2, lambda: _said(lambda: train(TINY, spmdsim.world(), 1, 2, 5, TEXT, zero=1,
+                                                           resume=where)))
+    assert said == [f"--resume {where}: the checkpoint's world size is 4, this run's 2 (resharding covers dp, tp "
+                    f"and sp changes only, not ZeRO (--zero 1 or 2): {AGAIN})"] * 2
+    shutil.rmtree(where)
