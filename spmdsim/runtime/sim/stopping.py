@@ -11,7 +11,7 @@ from typing import Sequence
 
 from .engine import Aborted
 
-__all__ = ["stop_ranks", "raise_in"]
+__all__ = ["stop_ranks"]
 
 #: How long stop_ranks gives a rank to end once Aborted is raised in it, before the next rank's turn.
 EACH_S = 0.1
@@ -41,11 +41,11 @@ def _stop_left(threads: Sequence[threading.Thread], ended: Sequence[threading.Ev
         if not left:
             return
         for t, end in left:
-            raise_in(t)
+            _raise_in(t)
             end.wait(max(0.0, min(EACH_S, deadline - time.monotonic())))
 
 
-def raise_in(thread: threading.Thread) -> None:
+def _raise_in(thread: threading.Thread) -> None:
     """Raise Aborted in `thread` at its next bytecode (CPython's asynchronous exception; elsewhere nothing)."""
     set_async = getattr(getattr(ctypes, "pythonapi", None), "PyThreadState_SetAsyncExc", None)
     if set_async is not None and thread.ident is not None:
