@@ -11,6 +11,7 @@ import spmdsim
 from spmdsim import Layout, Mesh
 from spmdsim.errors import RankError, SpmdsimError
 from spmdsim.tools.cli.main import main
+from testkit import unfold
 from spmdsim.programs.plan import plan_redistribution
 from spmdsim.runtime.ranked import fold_ranked, gather_ranked, print_ranked, rank_ordered
 from spmdsim.programs.viz.table import fold_cell, fold_table, nbytes, wrap_lines
@@ -143,15 +144,14 @@ def test_plan_explain_prints_the_reasons_the_blocks_and_the_matrix(capsys):
     assert record["bytes_matrix"][0] == [0] + [256] * 7
 
 
-def test_a_subcommand_error_shows_the_subcommands_usage(capsys):
+def test_a_subcommand_error_names_the_subcommands_help(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["show", "--device-matrix", "4", "--bogus"])
     err = capsys.readouterr().err
-    assert exc.value.code == 2 and err.startswith("usage: spmdsim show ")
-    assert "spmdsim show: error: unrecognized arguments: --bogus" in err
+    assert exc.value.code == 2 and err == "spmdsim show: error: unrecognized arguments: --bogus; see: spmdsim show --help\n"
     with pytest.raises(SystemExit):
         main(["run", "redistribute", "--device-matrix", "8", "--shape", "8", "--bogus"])
-    assert capsys.readouterr().err.startswith("usage: spmdsim run redistribute ")
+    assert unfold(capsys.readouterr().err).endswith("; see: spmdsim run redistribute --help\n")
 
 
 SCHEMA = pathlib.Path(__file__).parent / "data" / "chrome_trace_event.schema.json"

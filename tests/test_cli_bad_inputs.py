@@ -891,7 +891,7 @@ def test_main_builds_each_parser_once_and_answers_every_call_alike(capsys, monke
     assert answers[:len(calls)] == answers[len(calls):]
     assert [a[0] for a in answers[:len(calls)]] == [0, 2, 2, 0, 0, 2, 0, 2]
     assert "--shape '8,-8' must be sizes of at least 0" in answers[1][2]
-    assert "unrecognized arguments: --nope" in answers[2][2] and "usage: spmdsim slices" in answers[2][2]
+    assert answers[2][2] == "spmdsim slices: error: unrecognized arguments: --nope; see: spmdsim slices --help\n"
     assert answers[4] == answers[6] and "mlp has no hand-written strategies" in answers[5][2]
     assert built == [("slices",), ("plan",), ("autoshard",), cli_main.SUBCOMMANDS]
 
@@ -918,7 +918,7 @@ def _two_values(action) -> tuple[str, str] | None:
 
 def test_every_command_refuses_a_single_valued_option_given_twice(capsys):
     """`--from "x,None" --from "None,x"` kept the last without a word, in every command. Now each (sub)command
-    refuses a value-taking option given two values (usage, then one line naming the flag and both values)."""
+    refuses a value-taking option given two values (one line naming the flag and both values)."""
     import argparse
 
     checked = []
@@ -934,32 +934,45 @@ def test_every_command_refuses_a_single_valued_option_given_twice(capsys):
             assert info.value.code == 2
             err = unfold(capsys.readouterr().err)
             first, again = (repr((action.type or str)(v)) for v in values)
-            assert err.splitlines()[-1] == (f"spmdsim {prog}: error: {flag} given twice, {first} then {again}; "
-                                            "expected it once"), err
+            assert err == (f"spmdsim {prog}: error: {flag} given twice, {first} then {again}; "
+                           "expected it once\n"), err
             checked.append(prog)
             break
     every = {prog for prog, _ in _subparsers(build_parser())} - {"run"}  # `run` itself has only its OP
     assert set(checked) == every, every - set(checked)
 
 
-def test_a_usage_error_of_a_command_of_many_flags_prints_two_lines(capsys):
-    """argparse's usage of `spmdsim estimate` is 19 lines: above a mistyped value it pushed the error to the foot
-    of a screenful. A usage longer than OnceParser.USAGE_LINES is one line: the command, its positionals and
-    where the flags are; a short one stays whole (its flags are the help)."""
-    with pytest.raises(SystemExit) as info:
-        main(["estimate", "gpt", "--layers", "2", "--hidden", "64", "--heads", "4", "--precision", "fp4"])
-    assert info.value.code == 2
-    err = capsys.readouterr().err
-    assert unfold(err).splitlines() == [
-        "usage: spmdsim estimate [options] {gpt} (`spmdsim estimate --help` lists them)",
-        "spmdsim estimate: error: argument --precision: invalid choice: 'fp4'; did you mean 'fp64' or 'fp8'? "
-        "(choose from 'fp64', 'bf16-mixed', 'fp16-mixed', 'fp8')"]
-    assert build_parser().format_usage().count("\n") <= 4  # `spmdsim` alone: whole
+def test_every_commands_usage_error_is_one_line_naming_the_value(capsys):
+    """argparse printed its usage above an error: `spmdsim pipeline --stages x` was 3 lines of flags, then
+    "argument --stages: invalid int value: 'x'", Python's name for the type. Every (sub)command's own errors are
+    one line: a value that is not an integer names the flag, the value and what it must be; words it does not
+    know, or one it lacks, end with where --help lists the flags."""
+    import argparse
+
+    checked = []
+    for prog, sub in _subparsers(build_parser()):
+        with pytest.raises(SystemExit) as info:
+            sub.parse_args(["--xyzzy-qux"])
+        err = unfold(capsys.readouterr().err)
+        assert info.value.code == 2 and err.count("\n") == 1, err
+        assert err.startswith(f"spmdsim {prog}: error: ") and err.endswith(f"; see: spmdsim {prog} --help\n"), err
+        ints = [a for a in sub._actions if a.option_strings and a.type is int and a.choices is None
+                and not isinstance(a, argparse._AppendAction)]
+        if ints:
+            with pytest.raises(SystemExit):
+                sub.parse_args([ints[0].option_strings[0], "1.5"])
+            assert capsys.readouterr().err == (f"spmdsim {prog}: error: {ints[0].option_strings[0]} '1.5' must be "
+                                               "an integer\n")
+            checked.append(prog)
+    assert {"pipeline", "context", "estimate", "launch", "run matmul", "lab check"} <= set(checked), checked
     with pytest.raises(SystemExit):
-        main(["pipeline", "--schedule", "nope"])
-    err = capsys.readouterr().err
-    assert err.startswith("usage: spmdsim pipeline [-h] [--schedule {gpipe,1f1b,interleaved}]") and \
-        "(choose from 'gpipe', '1f1b', 'interleaved')" in unfold(err)
+        main(["estimate", "gpt", "--layers", "2", "--hidden", "64", "--heads", "4", "--precision", "fp4"])
+    assert unfold(capsys.readouterr().err) == (
+        "spmdsim estimate: error: argument --precision: invalid choice: 'fp4'; did you mean 'fp64' or 'fp8'? "
+        "(choose from 'fp64', 'bf16-mixed', 'fp16-mixed', 'fp8')\n")
+    with pytest.raises(SystemExit):
+        main(["launch", "--timeout", "soon", "-n", "2", "--", "true"])
+    assert capsys.readouterr().err == "spmdsim launch: error: --timeout 'soon' must be a number\n"
 
 
 def test_a_repeated_option_in_full(capsys):
@@ -968,13 +981,13 @@ def test_a_repeated_option_in_full(capsys):
         main([*base, "--from", "x,None", "--from", "None,x", "--shape", "8,8"])
     assert info.value.code == 2
     out, err = capsys.readouterr()
-    assert out == "" and err.startswith("usage: spmdsim run redistribute") and unfold(err).splitlines()[-1] == (
-        "spmdsim run redistribute: error: --from given twice, 'x,None' then 'None,x'; expected it once")
+    assert out == "" and unfold(err) == (
+        "spmdsim run redistribute: error: --from given twice, 'x,None' then 'None,x'; expected it once\n")
     # Two names of one option: both named.
     with pytest.raises(SystemExit):
         main(["run", "matmul", "--alias", "x", "--alias-name", "y", "--shape", "8,8,8"])
-    assert unfold(capsys.readouterr().err).splitlines()[-1] == (
-        "spmdsim run matmul: error: --alias 'x' and --alias-name 'y' name one option; expected one of them")
+    assert unfold(capsys.readouterr().err) == (
+        "spmdsim run matmul: error: --alias 'x' and --alias-name 'y' name one option; expected one of them\n")
     # The same value twice loses nothing: accepted, as is a switch given twice.
     assert main(["collective", "ring-allreduce", "--size", "4K", "--size", "4K", "--ranks", "2", "--repeat", "1",
                  "--json", "--json"]) == 0
@@ -1065,7 +1078,7 @@ def test_an_error_every_rank_met_waits_for_rank_0_to_say_it_under_open_mpi(capsy
     with pytest.raises(SystemExit) as ended:
         main(["demo", "--bogus"])
     assert ended.value.code == 2 and slept == ([threads.SAY_WAIT_S] if waits else [])
-    assert len(unfold(capsys.readouterr().err).splitlines()) == (2 if rank == "0" else 0)
+    assert len(unfold(capsys.readouterr().err).splitlines()) == (1 if rank == "0" else 0)
     assert threads.after_rank0_says(0) == 0 and slept == ([threads.SAY_WAIT_S] if waits else [])
 
 

@@ -37,7 +37,6 @@ COMMANDS = ("'slices', 'explain', 'show', 'demo', 'collective', 'pipeline', 'con
 @pytest.mark.parametrize("argv, meant", [(["estmate"], "estimate"), (["mpiexec", "-n", "4", "hello.py"], "mpirun")])
 def test_a_mistyped_command_names_the_command_meant(capsys, argv, meant):
     assert _parser_error(capsys, argv) == [
-        "usage: spmdsim [-h] [--version] COMMAND ...",
         f"spmdsim: error: argument COMMAND: invalid choice: {argv[0]!r}; did you mean {meant!r}? "
         f"(choose from {COMMANDS})"]
 
@@ -98,12 +97,10 @@ SHOW = ["--alias", "dp,mp", "--tensor-map", "mp,None", "--shape", "8,6"]
                                                                "--d-model; --global-batch for --batch?"),
     (["lab", "start", "5", "--exercisez", "x"], "spmdsim lab start: error: unrecognized arguments: --exercisez x; "
                                                 "did you mean --exercises?"),
-    (["show", "--bogus", *SHOW], "spmdsim show: error: unrecognized arguments: --bogus"),
+    (["show", "--bogus", *SHOW], "spmdsim show: error: unrecognized arguments: --bogus; see: spmdsim show --help"),
 ])
 def test_an_unknown_flag_names_the_flags_of_its_own_command_close_to_it(capsys, argv, line):
-    lines = _parser_error(capsys, argv)
-    command = " ".join(argv[:2 if argv[0] == "lab" else 1])
-    assert lines[0].startswith(f"usage: spmdsim {command} ") and lines[-1] == line, lines
+    assert _parser_error(capsys, argv) == [line]
 
 
 def test_the_trainer_takes_the_estimates_names_of_the_sizes_as_its_own(capsys):

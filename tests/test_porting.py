@@ -78,7 +78,7 @@ def test_bad_input_is_one_line_and_exit_2(script):
     done = _run(script, "--ranks", "4", "--lr", "0.1")
     name = script.rsplit("/", 1)[-1]
     assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr == f"usage: {name} [-h] [--ranks N] [--dry-run]\n{name}: error: unrecognized arguments: --lr 0.1\n"
+    assert done.stderr == f"{name}: error: unrecognized arguments: --lr 0.1; see: {name} --help\n"
     assert "Traceback" not in done.stdout + done.stderr
 
 

@@ -642,7 +642,8 @@ def test_seed_networks_bucket_their_gradient_sums(monkeypatch, capsys):
      "spmdsim: error: the 2 x n placement needs an even rank count, not 3 (simulate 8 ranks with `--ranks 8` / "
      "spmdsim.simulate(8, main), or launch them with `mpiexec -n 8 ...`)\n"),
     # `--net` with no name ran nothing and exited 1 without a word.
-    (["--ranks", "4", "--net"], 2, "error: argument --net: expected at least one argument\n"),
+    (["--ranks", "4", "--net"], 2, "error: argument --net: expected at least one argument; see: "
+                                   "train_seed_networks.py --help\n"),
     # One network skipped says why, and one rank is "1 rank" ("1 ranks", and the reason went unsaid).
     (["--ranks", "1", "--steps", "1"], 0,
      "skipped: oneflow_2d_sbp, oneflow_2d_signature (the 2 x n placement needs an even rank count, not 1)\n"),

@@ -184,11 +184,11 @@ class OnceParser(argparse.ArgumentParser):
             pass
 
     def error(self, message: str):  # type: ignore[override]
-        """Usage, then the error folded within 100 columns (its first line names the value). A usage of more
-        than `USAGE_LINES` lines (estimate's is 19) is cut to one line: the command, its positionals and where
-        the flags are listed, so the error is not the last line of a screenful."""
-        self._print_message(self.short_usage(), sys.stderr)
-        self.exit(2, fold_message(f"{self.prog}: error: {message}") + "\n")
+        """The error as one line (folded within 100 columns), naming the value and what was expected; no usage
+        block above it (4 to 19 lines that pushed the error off a short screen). Where argparse's message says
+        only which words it missed or did not know, a hint after it says where the flags are listed."""
+        hint = f"; see: {self.prog} --help" if _NAMES_NO_FLAGS.search(message) else ""
+        self.exit(2, fold_message(f"{self.prog}: error: {message}{hint}") + "\n")
 
     def exit(self, status: int = 0, message: str | None = None):  # type: ignore[override]
         """argparse's, an error's exit on a rank other than 0 held till rank 0 has said it (after_rank0_says)."""
@@ -196,20 +196,26 @@ class OnceParser(argparse.ArgumentParser):
             self._print_message(message, sys.stderr)
         sys.exit(after_rank0_says(status))
 
-    #: The most lines of argparse's usage an error prints whole.
-    USAGE_LINES = 4
+    def _get_value(self, action: argparse.Action, text: str) -> Any:
+        """argparse's, a value that is not an integer (a number) refused naming the flag, the value and that:
+        "argument --stages: invalid int value: 'x'" said the type by Python's name for it."""
+        try:
+            return super()._get_value(action, text)
+        except argparse.ArgumentError as exc:
+            kind = _KINDS.get(getattr(action.type, "__name__", ""))
+            if kind is None or not exc.message.startswith("invalid "):
+                raise
+            name = action.option_strings[0] if action.option_strings else exc.argument_name  # -n, not -n/-np/--np
+            raise argparse.ArgumentError(None, f"{name} {text!r} must be {kind}") from None
 
-    def short_usage(self) -> str:
-        """argparse's usage where it fits in `USAGE_LINES` lines, else ``usage: PROG [options] POSITIONALS`` and
-        where ``--help`` lists the flags."""
-        usage = self.format_usage()
-        if usage.count("\n") <= self.USAGE_LINES:
-            return usage
-        formatter = self._get_formatter()
-        formatter.add_usage(None, self._get_positional_actions(), [], prefix="")
-        positionals = " ".join(formatter.format_help().split()[len(self.prog.split()):])  # after the name
-        return fold_message(f"usage: {self.prog} [options]{' ' + positionals if positionals else ''} "
-                            f"(`{self.prog} --help` lists them)") + "\n"
+
+#: argparse's messages that name no value: words left over, a flag or positional left out, a flag without its
+#: value. Each ends with where `--help` lists the flags (the usage printed above them before).
+_NAMES_NO_FLAGS = re.compile(r"^(unrecognized arguments: [^;]*$|the following arguments are required: "
+                             r"|argument \S+: expected (one|at least one|\d+) arguments?$)")
+
+#: What a value of each argparse type must be, by the type's name (flag_float is named "float").
+_KINDS = {"int": "an integer", "float": "a number"}
 
 
 class _SubcommandParser(OnceParser):
