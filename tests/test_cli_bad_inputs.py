@@ -975,6 +975,21 @@ def test_every_commands_usage_error_is_one_line_naming_the_value(capsys):
     assert capsys.readouterr().err == "spmdsim launch: error: --timeout 'soon' must be a number\n"
 
 
+@pytest.mark.parametrize("argv, line", [
+    (["pipeline", "--stages", "-inf"], "spmdsim pipeline: error: --stages '-inf' must be an integer"),
+    (["launch", "-n", "2", "--timeout", "-inf", "--", "true"],
+     "spmdsim: error: --timeout -inf must be a positive, finite number of seconds"),
+    (["estimate", "gpt", "--dropout", "-NaN"], "spmdsim: error: --dropout -NaN must be in [0, 1) (0: no dropout, "
+                                               "as Llama trains)"),
+    (["slices", "--shape", "-inf"], "spmdsim: error: --shape '-inf' must be comma-separated integers such as 2,4")])
+def test_minus_inf_and_nan_are_values_refused_by_name(capsys, argv, line):
+    """argparse took `-inf` for an unknown flag: "argument --timeout: expected one argument", the value unnamed (a
+    minus and a digit was a value already: --flops -1e9). Each is now its flag's value, refused by its check."""
+    with pytest.raises(SystemExit) as info:
+        sys.exit(main(argv))
+    assert info.value.code == 2 and unfold(capsys.readouterr().err) == line + "\n"
+
+
 def test_a_repeated_option_in_full(capsys):
     base = ["run", "redistribute", "--device-matrix", "4", "--alias", "x", "--to", "None,x", "--ranks", "4"]
     with pytest.raises(SystemExit) as info:

@@ -117,8 +117,9 @@ class OnceParser(argparse.ArgumentParser):
             self.register("action", name, _once(base))
         # `--shape -8,8`, `--flops -1e9` and `--size -1K`: a value that starts with a minus and a digit is a
         # value (then refused by its own check, which names it), not an unknown option (no option of spmdsim's
-        # starts so). "-1K" was one: "argument --size: expected one argument", the value unnamed.
-        self._negative_number_matcher = re.compile(r"^-\.?\d")
+        # starts so). "-1K" was one: "argument --size: expected one argument", the value unnamed; so were
+        # -inf and -nan (`--timeout -inf`), which float() reads as numbers too.
+        self._negative_number_matcher = re.compile(r"^-(\.?\d|inf|nan)", re.IGNORECASE)
 
     #: Whether this parser reads a subcommand (made by `add_subparsers`): its parse runs inside its command's,
     #: which reports the words left over.
@@ -185,7 +186,7 @@ class OnceParser(argparse.ArgumentParser):
 
     def error(self, message: str):  # type: ignore[override]
         """The error as one line (folded within 100 columns), naming the value and what was expected; no usage
-        block above it (4 to 19 lines that pushed the error off a short screen). Where argparse's message says
+        block above it (up to 4 lines of flags, whose error came last). Where argparse's message says
         only which words it missed or did not know, a hint after it says where the flags are listed."""
         hint = f"; see: {self.prog} --help" if _NAMES_NO_FLAGS.search(message) else ""
         self.exit(2, fold_message(f"{self.prog}: error: {message}{hint}") + "\n")
