@@ -76,6 +76,8 @@ def test_calibrate_arguments_are_spmdsim_errors():
                                               "each collective once"),
     (["--group-sizes", "2,x"], "--group-sizes '2,x' must be comma-separated integers such as 2,4"),
     (["--group-sizes", "0"], "--group-sizes '0': group size 0 must be >= 2"),  # said "needs at least 2 ranks"
+    # read as not given: the default group sizes timed without a word (`--group-sizes "$GROUPS"`, unset)
+    (["--group-sizes", ""], "--group-sizes '' must be comma-separated integers such as 2,4"),
     (["--repeats", "0"], "--repeats 0 must be at least 1"),
     (["--sizes", "-1K,4K"], "--sizes '-1K,4K': size '-1K' must be >= 0"),
     (["--sizes", "1.5,4K"], "--sizes '1.5,4K': size '1.5' is not a whole number of bytes"),

@@ -64,7 +64,7 @@ def _group_size_list(text: str) -> list[int]:
 
 
 def _group_sizes(text: str | None, world: int) -> list[int]:
-    if text:
+    if text is not None:
         sizes = _group_size_list(text)
     else:
         sizes = [g for g in (2, 4, 8, 16, 32, 64) if g < world and world % g == 0] + [world]
@@ -161,7 +161,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
     if twice:
         raise SpmdsimError(f"--ops {args.ops!r} names {twice[0]} twice; expected each collective once")
     _sizes(args.sizes)
-    if args.group_sizes:
+    if args.group_sizes is not None:  # "" too: given, and no group size (it timed the default ones)
         _group_size_list(args.group_sizes)
 
 
