@@ -204,6 +204,12 @@ MATMUL_MAPS = ["run", "matmul", "--device-matrix", "2", "--alias", "x", "--x-map
      "--strategy and --device-matrix/--alias-name/--x-map/--w-map both give the layouts"),
     (["run", "matmul", "--strategy", "((1,2),(2,1))", "--out-map", "x", "--shape", "8,8,8"],
      "--strategy and --out-map both give the layouts"),
+    # an empty value is given: beside --strategy it was dropped without a word and the run passed
+    (["run", "matmul", "--strategy", "((1,2),(2,1))", "--device-matrix", "", "--shape", "8,8,8"],
+     "--strategy and --device-matrix both give the layouts"),
+    (["run", "matmul", "--strategy", "((1,2),(2,1))", "--x-sbp", "", "--shape", "8,8,8"],
+     "--strategy and --x-sbp both give the layouts"),
+    (MATMUL_MAPS + ["--out-strategy", ""], "--out-strategy goes with --strategy"),
     (["run", "linear", "--parallel", "row", "--gather-out", "--shape", "4,8,8"],
      "--gather-out applies to --parallel column only"),
     (["run", "embedding", "--mode", "dim", "--front", "paddle", "--shape", "4,8,8"],

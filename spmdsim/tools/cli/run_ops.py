@@ -71,17 +71,19 @@ def _check_flags(args: argparse.Namespace) -> None:
                            "vocab-parallel only; use --front megatron (ParallelEmbedding) for dim")
     if args.op != "matmul":
         return
+    # A flag given empty is given ("--x-map ''" beside --strategy was dropped without a word): `is not None`.
     map_flags = [flag for flag, value in (
         ("--device-matrix", args.device_matrix), ("--alias-name", args.alias_name),
-        ("--x-map", args.x_map), ("--w-map", args.w_map), ("--out-map", args.out_map)) if value]
+        ("--x-map", args.x_map), ("--w-map", args.w_map), ("--out-map", args.out_map)) if value is not None]
     sbp_flags = [flag for flag, value in (
         ("--placement", args.placement), ("--x-sbp", args.x_sbp), ("--w-sbp", args.w_sbp),
-        ("--out-sbp", args.out_sbp)) if value]
-    forms = [flags for flags in ((["--strategy"] if args.strategy else []), map_flags, sbp_flags) if flags]
+        ("--out-sbp", args.out_sbp)) if value is not None]
+    forms = [flags for flags in ((["--strategy"] if args.strategy is not None else []), map_flags, sbp_flags)
+             if flags]
     if len(forms) > 1:
         raise SpmdsimError(f"{' and '.join('/'.join(f) for f in forms)} both give the layouts; expected "
                            "--strategy [--out-strategy], the Layout flags, or the SBP flags alone")
-    if args.out_strategy and not args.strategy:
+    if args.out_strategy is not None and args.strategy is None:
         raise SpmdsimError("--out-strategy goes with --strategy; with --device-matrix and the "
                            "maps give the wanted output layout as --out-map")
 
@@ -137,8 +139,8 @@ def _job_maker(args: argparse.Namespace, ranks: int | None = None) -> Callable[[
     if args.op == "mlp":
         return lambda comm: jobs.mlp_job(comm, dims, **common, activation=args.activation)
     flags = {"transpose_a": args.transpose_a, "transpose_b": args.transpose_b}
-    if args.strategy:
-        out = _out_strategy(args.out_strategy) if args.out_strategy else None
+    if args.strategy is not None:
+        out = _out_strategy(args.out_strategy) if args.out_strategy is not None else None
         if ranks is not None:  # "needs 8 devices but the world size is 4", as the job says on the ranks
             m = jobs.strategy_matmul_layouts(args.strategy, ranks, dims, args.transpose_a, args.transpose_b)
             x_shape, w_shape = _operand_shapes(dims, args.transpose_a, args.transpose_b, m.w.ndim)
@@ -146,7 +148,7 @@ def _job_maker(args: argparse.Namespace, ranks: int | None = None) -> Callable[[
                                  None if out is None else out_layout_from_strategy(m.out, out))
         return lambda comm: jobs.strategy_matmul_job(comm, args.strategy, dims, **common, **flags,
                                                      out_strategy=out)
-    if args.placement or args.x_sbp or args.w_sbp or args.out_sbp:
+    if any(flag is not None for flag in (args.placement, args.x_sbp, args.w_sbp, args.out_sbp)):
         return _sbp_matmul_maker(args, dims, common, flags, ranks)
     _check_form_whole(args, "Layout", (("--device-matrix", args.device_matrix), ("--alias-name", args.alias_name),
                                        ("--x-map", args.x_map), ("--w-map", args.w_map)), ("--out-map", args.out_map))
@@ -162,7 +164,7 @@ def _job_maker(args: argparse.Namespace, ranks: int | None = None) -> Callable[[
                     for name, text in (("x", args.x_map), ("w", args.w_map)))
     x_shape, w_shape = _operand_shapes(dims, args.transpose_a, args.transpose_b, len(w_map))
     out = None
-    if args.out_map:
+    if args.out_map is not None:
         out_map = parse_tensor_map(args.out_map, takes={"sbp": "--out-sbp (over --placement)"})
         # Checked here: the operator would report a wrong length as a needed redistribution.
         if len(out_map) != len(dims) - 1:
@@ -255,7 +257,7 @@ def _sbp_matmul_maker(args: argparse.Namespace, dims: Sequence[int], common: dic
     x = _of_flag("--x-sbp", args.x_sbp, lambda sbp: sbp_to_layout(sbp, placement, len(x_shape)))
     w = _of_flag("--w-sbp", args.w_sbp, lambda sbp: sbp_to_layout(sbp, placement, len(w_shape)))
     out = _of_flag("--out-sbp", args.out_sbp, lambda sbp: sbp_to_layout(sbp, placement, len(dims) - 1)) \
-        if args.out_sbp else None
+        if args.out_sbp is not None else None
     if out is not None and out.partial:  # OneFlow leaves a P output unsummed; the check here sums it first
         axes = [i for i, name in enumerate(out.layout.alias_name) if name in out.partial]
         raise SpmdsimError(f"--out-sbp {args.out_sbp!r} keeps P (a pending sum) on placement "
