@@ -114,6 +114,11 @@ def test_conflicting_flags_are_refused_naming_both(capsys):
     # --run --repeat 0 printed a table and PASS after no forward pass at all
     assert main(TUTORIAL + ["--run", "--repeat", "0"]) == 2
     assert unfold(capsys.readouterr().err) == "spmdsim: error: --repeat 0 must be at least 1 (forward passes of --run)\n"
+    # --run --repeat 10**30 ran forward passes till killed
+    assert main(TUTORIAL + ["--run", "--repeat", "1001"]) == 2
+    assert unfold(capsys.readouterr().err) == (
+        "spmdsim: error: --repeat 1,001 is too many; expected at most 1,000 (forward passes of --run, each of the "
+        "whole network on every rank: the median of a few is the measure)\n")
     assert main(TUTORIAL + ["--fix", "MatMul1=((2,4),(4,1))", "--fix", "MatMul1=((8,1),(1,1))"]) == 2
     assert unfold(capsys.readouterr().err) == (
         "spmdsim: error: --fix MatMul1=((2,4),(4,1)) and --fix MatMul1=((8,1),(1,1)) hold MatMul1 two ways; "
