@@ -675,13 +675,14 @@ def test_launch_without_its_n_says_where_it_goes(argv, said, capsys):
 
 
 @pytest.mark.parametrize("flag, value", [("-f", "hosts"), ("--hostfile", "/no/such/hosts"), ("-host", "node1"),
-                                         ("-ppn", "4")])
+                                         ("-ppn", "4"), ("-f", "")])  # "" named as a shell takes it: ''
 def test_launch_refuses_mpiexecs_placement_options_saying_what_to_run(flag, value, capsys):
     """`spmdsim launch -n 8 -f hosts -- ...` said "unrecognized arguments: -f" (`-host node1`: "-h: ignored explicit
     argument 'ost'"), whether or not the file existed: launch starts every rank on this machine."""
     with pytest.raises(SystemExit) as info:
         main(["launch", "-n", "8", flag, value, "--", "python", "prog.py"])
     assert info.value.code == 2
+    value = value or "''"
     assert unfold(capsys.readouterr().err).splitlines()[-1] == (
         f"spmdsim launch: error: {flag} {value} places ranks on other hosts; spmdsim launch starts every rank on "
         f"this machine: run your site's launcher, e.g. timeout -k 5 600 mpiexec {flag} {value} -n 8 python prog.py "

@@ -780,12 +780,13 @@ def test_a_package_run_with_m_from_the_working_folder_is_each_ranks_own(tmp_path
 
 
 @pytest.mark.parametrize("flag, value", [("-host", "localhost"), ("--bind-to", "core"), ("-ppn", "4"),
-                                         ("-hostfile", "hosts.txt")])
+                                         ("-hostfile", "hosts.txt"), ("-host", " ")])  # " " named quoted: ' '
 def test_mpiexecs_placement_options_are_refused_saying_ranks_run_here(flag, value, capsys):
     """`-host localhost` was read as `-h ost`: 'argument -h/--help: ignored explicit argument 'ost''."""
     with pytest.raises(SystemExit) as info:
         main(["mpirun", "-n", "4", flag, value, "python", "prog.py"])
     assert info.value.code == 2
+    value = value if value.strip() else repr(value)
     assert unfold(capsys.readouterr().err).splitlines()[-1] == (
         f"spmdsim mpirun: error: {flag} {value} says where mpiexec starts its ranks; simulated ranks all run in "
         "this process: leave it out (spmdsim mpirun takes -n N, --eager-limit and --oversubscribe)")

@@ -80,8 +80,10 @@ LAUNCH_ONLY = ("-host", "--host", "-hosts", "-hostfile", "--hostfile", "--machin
 
 class _LaunchOnly(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None) -> None:
-        parser.error(f"{option_string} {values[0]} says where mpiexec starts its ranks; simulated ranks all run in "
-                     "this process: leave it out (spmdsim mpirun takes -n N, --eager-limit and --oversubscribe)")
+        # (quoted as a shell would take it: `-host ""` said "-host  says", the value unseen)
+        parser.error(f"{option_string} {shlex.quote(values[0])} says where mpiexec starts its ranks; simulated ranks "
+                     "all run in this process: leave it out (spmdsim mpirun takes -n N, --eager-limit and "
+                     "--oversubscribe)")
 
 
 def _program(kind: str, what: str) -> int:

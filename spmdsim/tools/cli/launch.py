@@ -85,9 +85,10 @@ PLACEMENT = ("-f", "-hostfile", "--hostfile", "-machinefile", "--machinefile", "
 
 class _Placement(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None) -> None:
-        parser.error(f"{option_string} {values[0]} places ranks on other hosts; spmdsim launch starts every rank on "
+        value = shlex.quote(values[0])  # as a shell takes it: `-f ""` said "-f  places", the value unseen
+        parser.error(f"{option_string} {value} places ranks on other hosts; spmdsim launch starts every rank on "
                      f"this machine: run your site's launcher, e.g. timeout -k 5 600 mpiexec {option_string} "
-                     f"{values[0]} -n 8 python prog.py (each rank tunes itself: docs/howto/cluster-mpi.md)")
+                     f"{value} -n 8 python prog.py (each rank tunes itself: docs/howto/cluster-mpi.md)")
 
 
 def find_mpiexec(explicit: str | None = None) -> str:
