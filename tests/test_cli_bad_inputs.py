@@ -224,6 +224,10 @@ def test_run_honours_or_refuses_every_out_strategy_entry():
     assert run_cli._out_strategy("((8,1),)") == (8, 1)
     with pytest.raises(SpmdsimError, match=r"--out-strategy '\(\(8,1\),\(1,1\)\)' gives 2 tensors"):
         run_cli._out_strategy("((8,1),(1,1))")
+    # a value that is no strategy was said as --strategy's ("strategy 'x' is not ..."), the flag unnamed
+    for text in ("x", ""):
+        with pytest.raises(SpmdsimError, match=rf"^--out-strategy {text!r}: strategy {text!r} is not a tuple"):
+            run_cli._out_strategy(text)
 
 
 @pytest.mark.parametrize("argv, needle", [

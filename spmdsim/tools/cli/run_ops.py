@@ -109,7 +109,10 @@ def _gather_out(args: argparse.Namespace) -> bool:
 
 
 def _out_strategy(text: str) -> tuple[int, ...]:
-    parsed = parse_strategy(text)
+    try:
+        parsed = parse_strategy(text)
+    except SpmdsimError as exc:  # "strategy 'x' is not a tuple ...", as --strategy's: this flag named first
+        raise SpmdsimError(f"--out-strategy {text!r}: {exc}") from None
     if len(parsed) != 1:
         raise SpmdsimError(f"--out-strategy {text!r} gives {len(parsed)} tensors; expected the "
                            "output's only, e.g. \"((8,1),)\"")
