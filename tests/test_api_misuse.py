@@ -63,3 +63,50 @@ def test_torch_optims_param_groups_say_to_set_the_optimizers_own_settings():
     assert _said(schedule) == ["AdamW.param_groups is torch.optim's: spmdsim's optimizers hold one group of "
                                "parameters (one optimizer per group); set opt.lr, opt.eps, opt.weight_decay, "
                                "opt.betas between steps, and the next update reads them (docs/howto/train.md)"] * 4
+
+
+def test_a_dtensor_of_another_simulated_rank_is_refused_not_combined():
+    """Rank 0's DTensor handed to every rank through a global: each added rank 0's block to its own, a silent
+    wrong result (the meshes' layouts were equal, which was all the operand check compared)."""
+    shared = {}
+
+    def main():
+        mesh = Mesh(Layout((2, 2), ("dp", "tp")))
+        x = DTensor.from_seeded(mesh, mesh.layout("dp", "tp"), SeededTensor((8, 8), seed=0))
+        if spmdsim.world().rank == 0:
+            shared["x"] = x
+        spmdsim.world().Barrier()
+        if spmdsim.world().rank == 0:
+            return str(x + shared["x"] is not None)
+        with pytest.raises(SpmdsimError) as caught:
+            x + shared["x"]
+        return str(caught.value)
+
+    assert spmdsim.simulate(4, main) == ["True"] + [
+        f"add: operands live on different meshes: Layout(dp=2, tp=2) of simulated rank {r} and of rank 0: a "
+        "DTensor made on one rank holds that rank's block; let each rank build its own (not pass one through a "
+        "global or a closure)" for r in (1, 2, 3)]
+
+
+def test_one_layout_over_two_orders_of_the_ranks_is_refused_not_combined():
+    """A mesh over comm.Split(0, key=-rank) has the same Layout as one over the world, every block cut for
+    another rank's coordinates: x + y and matmul added and multiplied unrelated regions without a word."""
+    def main():
+        world = spmdsim.world()
+        layout = Layout((2, 2), ("dp", "tp"))
+        mesh, backwards = Mesh(layout, world), Mesh(layout, world.Split(0, world.size - 1 - world.rank))
+        x = DTensor.from_seeded(mesh, mesh.layout("dp", "tp"), SeededTensor((8, 8), seed=0))
+        y = DTensor.from_seeded(backwards, backwards.layout("dp", "tp"), SeededTensor((8, 8), seed=0))
+        z = DTensor.from_seeded(backwards, backwards.layout("tp", None), SeededTensor((8, 8), seed=0))
+        said = []
+        for call in (lambda: x + y, lambda: ops.matmul(x, z), lambda: ops.concat([x, y], 0)):
+            with pytest.raises(SpmdsimError) as caught:
+                call()
+            said.append(str(caught.value))
+        return said
+
+    line = ("operands live on different meshes: Layout(dp=2, tp=2) over two communicators of other ranks or in "
+            "another order (this rank is {0} of one and {1} of the other): their blocks are cut for other ranks' "
+            "coordinates; build both on one communicator")
+    assert spmdsim.simulate(4, main) == [[f"add: {line.format(r, 3 - r)}", line.format(r, 3 - r),
+                                          line.format(r, 3 - r)] for r in range(4)]

@@ -35,6 +35,8 @@ SCRATCH_ROLES = ("send", "recv")
 AXIS_ROLES = ("data", "tensor", "pipeline", "expert", "context", "shard")
 
 
+#: Comm.Compare's answers for the same ranks in the same order (MPICH's, Open MPI's and the emulator's numbers)
+_IDENT, _CONGRUENT = 0, 1
 _SHARED_LAYOUTS: dict = {}  # Layout -> the first equal Layout a simulated rank's mesh was made with
 
 _TORCH, _JAX = "PyTorch DeviceMesh's", "JAX Mesh's"
@@ -247,6 +249,28 @@ class Mesh(_ForeignNames):
         # local in MPICH but collective in the standard, so only free on success.
         if exc[0] is None:
             self.close()
+
+
+def foreign(mesh: Mesh, other: Mesh) -> str | None:
+    """Why DTensors on `other` cannot meet DTensors on `mesh` in one operation, or None (local: no collective).
+
+    Called where the two are two Mesh objects: another device matrix or axis names; a mesh another simulated
+    rank made (its DTensor holds that rank's block, passed through a global or a closure); the same layout
+    over a communicator of other ranks or in another order (each block cut for another rank's coordinates).
+    """
+    if other.layout != mesh.layout:
+        return f"{mesh.layout} and {other.layout}"
+    if other.context is not mesh.context:
+        return (f"{mesh.layout} of simulated rank {mesh.rank} and of rank {other.rank}: a DTensor made on one "
+                "rank holds that rank's block; let each rank build its own (not pass one through a global "
+                "or a closure)")
+    if other.comm is mesh.comm:
+        return None
+    compare = getattr(mesh.comm, "Compare", None)  # a dry run's communicator has none: one rank of a group
+    same = other.rank == mesh.rank if compare is None else compare(other.comm) in (_IDENT, _CONGRUENT)
+    return None if same else (f"{mesh.layout} over two communicators of other ranks or in another order (this "
+                              f"rank is {mesh.rank} of one and {other.rank} of the other): their blocks are "
+                              "cut for other ranks' coordinates; build both on one communicator")
 
 
 def _checked_roles(roles: dict[str, str] | None, layout: Layout) -> dict[str, str]:

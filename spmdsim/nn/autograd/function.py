@@ -34,6 +34,7 @@ from ...base.buffers import as_array, contiguous
 from ...base.validate import counted, describe, dtype_name, shape_arg
 from ...errors import OperatorError
 from ...layouts.layout import Layout, TensorLayout
+from ...runtime.mesh import foreign
 from .graph import is_grad_enabled, record, with_partial
 
 __all__ = ["Function", "FunctionCtx"]
@@ -145,9 +146,10 @@ def _output(name: str, tensors: list, layout: Any, shape: Any) -> tuple[TensorLa
     first: one mesh, no pending sum; `layout=` a TensorLayout of that mesh. Alike on every rank: layouts only."""
     mesh = tensors[0].mesh
     for t in tensors:
-        if t.mesh is not mesh and t.mesh.layout != mesh.layout:
-            raise OperatorError(f"{name}.apply: its DTensor arguments live on different meshes: {mesh.layout} and "
-                                f"{t.mesh.layout}; redistribute one onto the other's mesh first")
+        if t.mesh is not mesh and (why := foreign(mesh, t.mesh)):
+            raise OperatorError(f"{name}.apply: its DTensor arguments live on different meshes: {why}"
+                                + ("; redistribute one onto the other's mesh first" if t.mesh.layout != mesh.layout
+                                   else ""))
         if t.layout.partial:
             raise OperatorError(f"{name}.apply: argument of layout {t.layout} is a pending sum; resolve it "
                                 "first with spmdsim.nn.ops.resolved(x) (one Allreduce, on every rank): spmdsim "

@@ -11,6 +11,7 @@ from ...runtime import debug, debug_calls
 from ...base.validate import describe
 from ...layouts.layout import default_axis_names
 from ...runtime.dtensor import DTensor
+from ...runtime.mesh import foreign
 
 _BOOL = np.dtype(bool)
 _RESULT_DTYPES: dict = {}
@@ -118,17 +119,28 @@ def same_mesh(*tensors: Any) -> Any:
     """The mesh the tensors share; OperatorError when they live on different meshes."""
     mesh = tensors[0].mesh
     for t in tensors[1:]:
-        if t.mesh is not mesh and t.mesh.layout != mesh.layout:
-            raise different_meshes("", mesh.layout, t.mesh.layout)
+        if t.mesh is not mesh:
+            check_meshes("", mesh, t.mesh)
     return mesh
 
 
-def different_meshes(op: str, first: Any, other: Any) -> OperatorError:
-    """The refusal of operands on the Layouts `first` and `other` (by `op`, "" unnamed). Where the two have the same
+def check_meshes(op: str, mesh: Any, other: Any) -> None:
+    """OperatorError (by `op`, "" unnamed) when operands on the Mesh objects `mesh` and `other` cannot meet:
+    another layout, another rank's mesh, or the same layout over other ranks (spmdsim.runtime.mesh.foreign)."""
+    why = foreign(mesh, other)
+    if why is not None:
+        raise different_meshes(op, mesh.layout, other.layout, why)
+
+
+def different_meshes(op: str, first: Any, other: Any, why: str | None = None) -> OperatorError:
+    """The refusal of operands on the Layouts `first` and `other` (by `op`, "" unnamed; `why`: what differs where
+    the Layouts are equal). Where the two have the same
     device matrix and one has the default names, it says where such a Layout comes from: a layout built from a bare mesh shape
     (placements_to_layout("R, S(1)", (2, 4), 2)) names its axes axis_0, axis_1, ..., and a redistribution onto it
     moves the tensor onto that mesh."""
     said = f"{op}: " if op else ""
+    if first == other:
+        return OperatorError(f"{said}operands live on different meshes: {why}")
     hint = ""
     default = default_axis_names(len(first.device_matrix))
     if first.device_matrix == other.device_matrix and default in (first.alias_name, other.alias_name):

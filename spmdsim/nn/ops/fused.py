@@ -52,6 +52,7 @@ from ...base.buffers import CAPTURE
 from ...references.contraction import contract, pair_function
 from ...base.flops import sweep
 from ...programs.infer import infer_reshape
+from ...runtime.mesh import foreign
 from ...base.precision import is_low, rounded, wide
 from . import _common
 from .einsum import _PREPARED as _EINSUMS, einsum as _einsum, first_call as _einsum_first_call
@@ -110,7 +111,7 @@ def _add_plan(a: Any, b: Any, op: str = "add") -> Any:
         return None
     if prepared is None:
         cls = _common._DTENSOR or _common._dtensor_class()
-        if type(a) is not cls or type(b) is not cls or a.mesh is not b.mesh and a.mesh.layout != b.mesh.layout:
+        if type(a) is not cls or type(b) is not cls or a.mesh is not b.mesh and foreign(a.mesh, b.mesh):
             return None
         prepared = prepare(_ADDS, partial(_PointwisePrepared, op), (a, b), key)
     return prepared

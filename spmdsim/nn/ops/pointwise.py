@@ -28,7 +28,7 @@ from ...base.precision import rounded, wide
 from . import _common
 from ...base.buffers import CAPTURE
 from ._common import BLOCK, LOCAL, Prepared, describe, dry_zeros, moved, prepare, prepared_result, signature
-from ._operands import different_meshes, ufunc_dtype
+from ._operands import check_meshes, ufunc_dtype
 from ...runtime.executor import redistribute
 from .powers import _negative_powers
 from .scalars import _LOGICAL, _number, _promote, lift, logical_by_truth
@@ -63,16 +63,16 @@ def _operands(op: str, args: tuple) -> tuple[Any, list]:
     else:  # DTensors only (most calls): nothing to lift
         mesh = args[0].mesh
         for t in args[1:]:
-            if t.mesh is not mesh and t.mesh.layout != mesh.layout:
-                raise different_meshes(op, mesh.layout, t.mesh.layout)
+            if t.mesh is not mesh:
+                check_meshes(op, mesh, t.mesh)
         return mesh, list(args)
     tensors = [a for a in args if hasattr(a, "_ag") and hasattr(a, "layout")]
     if not tensors:
         raise OperatorError(f"{op}: no operand is a DTensor (got {', '.join(describe(a) for a in args)})")
     mesh = tensors[0].mesh
     for t in tensors[1:]:
-        if t.mesh is not mesh and t.mesh.layout != mesh.layout:
-            raise different_meshes(op, mesh.layout, t.mesh.layout)
+        if t.mesh is not mesh:
+            check_meshes(op, mesh, t.mesh)
     kinds = [t.local.dtype for t in tensors if t.local.dtype.kind != "b"]
     dtype = _promote(op)(*kinds) if kinds else None  # every tensor bool: each number by its own type
     return mesh, [a if any(a is t for t in tensors) else lift(mesh, a, dtype, op) for a in args]
