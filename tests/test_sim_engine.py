@@ -658,6 +658,21 @@ def test_simulate_refuses_bad_counts_and_nesting():
     assert str(info.value) == "simulate: fn 0 is not callable: expected the function (main, not main())"
 
 
+@pytest.mark.parametrize("launcher_rank, said", [(0, 1), (1, 0)])
+def test_simulate_under_mpiexec_warns_once_per_job(monkeypatch, recwarn, launcher_rank, said):
+    """simulate(4, main) in a program started with mpiexec -n 2 ran all 4 ranks in each process, without a word
+    (--ranks there is refused): launcher rank 0 now warns, and each process still returns its own list."""
+    for name in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PMI_RANK", str(launcher_rank))
+    monkeypatch.setenv("PMI_SIZE", "2")
+    assert simulate(4, lambda: world().allreduce(1)) == [4] * 4
+    assert [str(w.message) for w in recwarn if w.category is RuntimeWarning] == [
+        "simulate(4, ...) runs all 4 simulated ranks in each of the 2 processes mpiexec started (2 x 4 ranks, each "
+        "process its own list); run the program without mpiexec, or let mpiexec -n 4 start the ranks and call fn() "
+        "without simulate"] * said
+
+
 @pytest.mark.parametrize("dry_run", [False, True])
 def test_simulate_refuses_a_function_its_arguments_do_not_fit_before_any_rank_starts(dry_run):
     # A new user's fn(rank) (as multiprocessing and torch.multiprocessing.spawn pass it) raised TypeError on every

@@ -27,6 +27,7 @@ def _traces(comm):
     return out
 
 
+@pytest.mark.filterwarnings("ignore:simulate.*processes mpiexec started:RuntimeWarning")  # on purpose
 def test_demo_scenarios_trace_alike_on_both_engines():
     import spmdsim
 

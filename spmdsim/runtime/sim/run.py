@@ -18,7 +18,7 @@ from .engine import Aborted, SimulationError, World
 from .waiting import ranks_text
 from .simulating import _simulating, end_lines
 from .thread_engine import THREADS, Member
-from .thread_limits import ThreadLimitError, start_failed, threads_problem
+from .thread_limits import ThreadLimitError, start_failed, threads_problem, warn_under_launcher
 from .stopping import stop_ranks
 from .p2p import rewrites, uncompleted, unreceived
 from .landing import EAGER_BYTES
@@ -84,6 +84,7 @@ def simulate(n: int, fn: Callable[..., Any], *args: Any, dry_run: bool = False, 
         problem = threads_problem(size)  # before any rank starts: not part way, with a traceback
         if problem is not None:
             raise ThreadLimitError(f"simulate: {problem}")
+    warn_under_launcher(size)
     try:
         return _dry_run(size, fn, args, kwargs) if dry_run else _run(size, fn, args, kwargs, limit)
     except BaseException as exc:

@@ -13,9 +13,11 @@ from __future__ import annotations
 import os
 import resource
 import threading
+import warnings
 from typing import Optional
 
 from ..engines.base import SimulationError
+from ...base.threads import launcher_rank, launcher_size
 
 __all__ = ["ThreadLimitError", "stack_bytes", "threads_problem", "start_failed"]
 
@@ -142,3 +144,15 @@ def start_failed(started: int, size: int, exc: BaseException) -> ThreadLimitErro
         f"only {started} of the {size} simulated ranks' threads could start ({exc}): this process's address "
         f"space (ulimit -v; each thread maps its stack of {_size(stack_bytes())}, ulimit -s) or the threads this "
         "user or cgroup may run (ulimit -u, pids.max) ran out; fewer ranks, or a dry run (one thread)")
+
+
+def warn_under_launcher(size: int) -> None:
+    """A RuntimeWarning (from launcher rank 0 alone) where mpiexec started several processes: each of them runs
+    all `size` simulated ranks, its output and work repeated, where the program meant one launcher or the other.
+    A warning, not a refusal: comparing the two engines on every process is a use (tests/mpi/test_sim_engines.py)."""
+    launched = launcher_size()
+    if launched > 1 and launcher_rank() == 0:
+        warnings.warn(f"simulate({size}, ...) runs all {size} simulated ranks in each of the {launched} processes "
+                      f"mpiexec started ({launched} x {size} ranks, each process its own list); run the program "
+                      f"without mpiexec, or let mpiexec -n {size} start the ranks and call fn() without "
+                      "simulate", RuntimeWarning, stacklevel=3)
