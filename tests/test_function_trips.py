@@ -159,3 +159,44 @@ def test_a_function_without_backward_names_itself_when_a_gradient_is_asked():
     assert _refused(2, body) == {"_ForwardOnly defines no backward, and an argument of it requires grad; write "
                                  "@staticmethod def backward(ctx, dy) returning one gradient per DTensor argument "
                                  "(or call it under spmdsim.nn.autograd.no_grad())"}
+
+
+class _Columns(Function):
+    """x @ w with x whole on every rank and w's columns split over "tp": Megatron's column-parallel matmul."""
+
+    summed = True
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x @ w
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w = ctx.saved_tensors
+        dx = dy @ w.T  # through this rank's columns alone: the conjugate of using one x everywhere adds them up
+        return (spmdsim.runtime.allreduce(ctx.mesh, dx, "tp") if _Columns.summed else dx), x.T @ dy
+
+
+@pytest.mark.parametrize("summed", [True, False])
+def test_a_copys_gradient_returned_without_its_allreduce_is_warned(monkeypatch, recwarn, summed):
+    """A backward that forgot the Allreduce over "tp" of a replicated x's gradient gave each rank its own part as
+    "the" gradient of a replicated tensor: ranks disagreed and nothing said so. Rank 0 now warns, naming the
+    argument, the axis and the collective; the summed backward passes without a word."""
+    monkeypatch.setattr(_Columns, "summed", summed)
+    w_global = np.arange(8.0).reshape(4, 2) + 1
+
+    def body():
+        mesh = Mesh(Layout((2,), ("tp",)))
+        x = DTensor.from_global(mesh, A[:3], mesh.layout(None, None)).requires_grad_()
+        w = DTensor.from_global(mesh, w_global, mesh.layout(None, "tp")).requires_grad_()
+        _Columns.apply(x, w, layout=mesh.layout(None, "tp"), shape=(3, 2)).sum().backward()
+        return bool(np.array_equal(x.grad.local, np.ones((3, 2)) @ w_global.T))
+
+    assert spmdsim.simulate(2, body) == [summed] * 2
+    said = [str(w.message) for w in recwarn if w.category is RuntimeWarning]
+    assert said == ([] if summed else [
+        "_Columns: DTensor argument 0 is replicated over ('tp',), which splits the output or another argument, and "
+        "_Columns.backward returned its gradient without a collective over them: each rank holds the gradient "
+        "through its own part only; add the parts up in backward: allreduce(ctx.mesh, grad, ('tp',)) "
+        "(docs/howto/add-operator.md)"])

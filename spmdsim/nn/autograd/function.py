@@ -26,6 +26,7 @@ PyTorch's backward returns them (None for the others).
 from __future__ import annotations
 
 import inspect
+import warnings
 from typing import Any, Sequence
 
 import numpy as np
@@ -35,6 +36,7 @@ from ...base.validate import counted, describe, dtype_name, shape_arg
 from ...errors import OperatorError
 from ...layouts.layout import Layout, TensorLayout
 from ...runtime.mesh import foreign
+from ...runtime.trace import collect_trace
 from .graph import is_grad_enabled, record, with_partial
 
 __all__ = ["Function", "FunctionCtx"]
@@ -83,7 +85,7 @@ class Function:
                 raise OperatorError(f"{name}.{method} is not a static method; write @staticmethod above "
                                     f"def {method}(ctx, ...), as PyTorch's Function does")
         first = tensors[0]
-        tensor = type(first)  # the runtime's DTensor, taken from the argument: this module imports no runtime
+        tensor = type(first)  # the runtime's DTensor, taken from the argument (no import of the runtime's dtensor)
 
         def make_dtensor(mesh: Any, local: Any, layout: Any, shape: Sequence[int]) -> Any:
             block = contiguous(local)  # (a 0-d block made 1-d: a scalar's, a loss's, made 0-d again)
@@ -112,7 +114,12 @@ class Function:
                 raise OperatorError(f"{name} defines no backward, and an argument of it requires grad; write "
                                     "@staticmethod def backward(ctx, dy) returning one gradient per DTensor argument "
                                     "(or call it under spmdsim.nn.autograd.no_grad())")
-            grads = cls.backward(ctx, dy.local)
+            unsummed = _copies_to_sum(tensors, layout)
+            if not unsummed:
+                grads = cls.backward(ctx, dy.local)
+            else:  # the collectives it makes, watched: a copy's gradient needs one over the axes that split the rest
+                with collect_trace() as seen:
+                    grads = cls.backward(ctx, dy.local)
             grads = grads if isinstance(grads, tuple) else (grads,)
             if len(grads) == len(args) != len(tensors):  # PyTorch's habit: one per argument, None for the others
                 extra = [k for k, a in enumerate(args) if positions.get(id(a)) is None and grads[k] is not None]
@@ -136,6 +143,8 @@ class Function:
                     raise OperatorError(f"{name}.backward returned a gradient block of shape {g.shape!r} "
                                         f"for an argument block of shape {t.local.shape!r}")
                 result.append(make_dtensor(t.mesh, g, t.layout, t.global_shape))
+            if unsummed:
+                _warn_unsummed(name, unsummed, result, seen, first.mesh.rank)
             return tuple(result)
 
         return record(out, name, tuple(tensors), backward, with_partial(layout, ()))
@@ -174,6 +183,35 @@ def _output(name: str, tensors: list, layout: Any, shape: Any) -> tuple[TensorLa
                             f"x.mesh.layout({dims}) replicated, or x.mesh.layout({dims}{', ' if dims else ''}"
                             f"partial={mesh.layout.alias_name!r}) where each rank's block is an addend")
     return layout, shape
+
+
+def _copies_to_sum(tensors: list, out: TensorLayout) -> dict:
+    """Argument index -> the axes (of more than one rank) its DTensor is a copy over but the output or another
+    argument is split over: the gradient a rank's backward finds there is its part's alone, to be added up over
+    them (docs/howto/add-operator.md). Alike on every rank: layouts only."""
+    found = {}
+    for k, t in enumerate(tensors):
+        split = set(out.split_axes).union(*(u.layout.split_axes for u in tensors if u is not t))
+        axes = tuple(a for a in t.layout.copy_axes if a in split)
+        if axes:
+            found[k] = axes
+    return found
+
+
+def _warn_unsummed(name: str, unsummed: dict, grads: list, seen: Any, rank: int) -> None:
+    """A RuntimeWarning (from the mesh's rank 0) for each gradient of a copy that `backward` returned without a
+    collective of spmdsim.runtime over its axes (`seen`: what it called): each rank holds its own part alone."""
+    if rank != 0:
+        return
+    covered = {a for e in seen.entries for a in e.axes}
+    for k, axes in unsummed.items():
+        missing = tuple(a for a in axes if a not in covered)
+        if grads[k] is not None and missing:
+            warnings.warn(f"{name}: DTensor argument {k} is replicated over {missing!r}, which splits the output or "
+                          f"another argument, and {name}.backward returned its gradient without a collective over "
+                          "them: each rank holds the gradient through its own part only; add the parts up in "
+                          f"backward: allreduce(ctx.mesh, grad, {missing!r}) (docs/howto/add-operator.md)",
+                          RuntimeWarning, stacklevel=2)
 
 
 def _numeric(value: Any) -> bool:
