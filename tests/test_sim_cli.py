@@ -1,6 +1,7 @@
 """`--ranks N`: the demo, `spmdsim run` and every example on simulated ranks in this process."""
 from __future__ import annotations
 
+import os
 import pathlib
 import re
 import runpy
@@ -8,6 +9,7 @@ import sys
 
 import pytest
 
+import spmdsim
 from spmdsim.tools.cli.main import main
 from spmdsim.tools.cli.common import ONE_PROCESS
 from shellkit import as_a_shell_starts_it, interrupt
@@ -57,6 +59,23 @@ def test_a_closed_pipe_stops_quietly(capsys):
 
     assert run_on_ranks(2, body) == 141  # 128 + SIGPIPE, as a shell tool ends
     assert capsys.readouterr().err == ""
+
+
+def test_os_exit_on_one_rank_ends_that_rank_and_is_named(capsys):
+    """os._exit(1) on rank 1 of `--ranks 4` ended the whole process at once, exit 1 and no line after the banner,
+    where under mpiexec it ends rank 1 alone: it now ends that rank, and the ranks waiting for it name it."""
+    from spmdsim.runtime.sim.launch import run_on_ranks
+
+    def body():
+        if spmdsim.world().rank == 1:
+            os._exit(1)
+        spmdsim.world().allreduce(1)
+
+    assert run_on_ranks(4, body) == 1
+    err = unfold(capsys.readouterr().err)
+    assert "error on simulated ranks 0,2,3: simulated ranks deadlock" in err
+    assert "ranks 0,2,3 wait in it; rank 1 exited (os._exit(1))" in err
+    assert run_on_ranks(2, lambda: os._exit(0)) == 0  # every rank: each ends, the run with them
 
 
 @pytest.mark.parametrize("argv, code", [(["pipeline", "--stages", "2", "--microbatches", "2"], 0),

@@ -41,7 +41,7 @@ from .rank_modules import own_main, own_modules, rank_builtins, rank_main
 from ..runtime.sim.run import current_rank, exit_status, MAX_RANKS, note_exit, simulate
 from .rank_random import adopt, own_generators
 from ..base import context as _local
-from .rank_threads import is_rank_thread
+from ..runtime.sim.os_exit import OsExit, os_exit_ends_the_rank
 from ..errors import fold_message, mark_guarded, SpmdsimError
 from .mpi4py_world import swapped
 from ..runtime.mpi_library import MPILibraryError, load_mpi
@@ -137,7 +137,7 @@ def _rank(kind: str, what: str, exits: dict, failures: list, notice: FailureNoti
     _local.current().launcher = _local.MPIRUN  # how its world started: its errors' ways to more ranks say mpirun's
     try:
         code = _program(kind, what)
-    except _OsExit as exc:  # os._exit(code): the rank ends at once (no finally of its own runs further up)
+    except OsExit as exc:  # os._exit(code): the rank ends at once (no finally of its own runs further up)
         code, call = exc.code, "os._exit"
     except Exception as exc:  # noted for a Ctrl-C or SIGTERM that stops the others before the run reports it
         failures.append((current_rank(), exc))
@@ -180,33 +180,6 @@ def _threads_still_run(ended: Iterator[int], n: int) -> None:
                            f"the ranks started (no daemon{'s' if left > 1 else ''}) still run{'' if left > 1 else 's'}"
                            ": the run waits for them, as Python's exit does under mpiexec (Ctrl-C stops them)"),
               file=sys.stderr)
-
-
-class _OsExit(BaseException):
-    """os._exit(code) called on a simulated rank (`_os_exit_ends_the_rank`): that rank ends, not the process."""
-
-    def __init__(self, code: int) -> None:
-        super().__init__(code)
-        self.code = code
-
-
-@contextlib.contextmanager
-def _os_exit_ends_the_rank() -> Iterator[None]:
-    """While the ranks run, os._exit(code) in a simulated rank's own thread ends that rank with `code`, as it
-    ends that MPI process, where it ended this process and every rank without a word; in any other thread
-    (one a rank started too) it is Python's, and ends the process."""
-    real = os._exit
-
-    def _exit(code: int) -> None:
-        if _local.simulated() is None or not is_rank_thread():
-            real(code)
-        raise _OsExit(int(code))
-
-    os._exit = _exit
-    try:
-        yield
-    finally:
-        os._exit = real
 
 
 class _Terminated(BaseException):
@@ -354,7 +327,7 @@ def run(n: int, command: Sequence[str], eager_limit: Optional[int] = None) -> in
     keep_freed_buffers_unless_set()
     try:
         with swapped(), own_generators(), own_modules(sys.path[0] or os.getcwd()), \
-                own_main(), _terminated_as_exit(), _os_exit_ends_the_rank():
+                own_main(), _terminated_as_exit(), os_exit_ends_the_rank():
             codes = simulate(n, _rank, kind, what, exits, failures, notice, (itertools.count(1), n),
                              eager_limit=eager_limit)
     except _Terminated:

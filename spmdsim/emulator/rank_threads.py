@@ -22,6 +22,7 @@ from ._nesting import Nesting
 from ..runtime.sim.thread_engine import THREADS
 from ..errors import RuntimeMismatchError
 from ..runtime.sim.engine import Aborted
+from ..runtime.sim.os_exit import is_rank_thread
 
 __all__ = ["threads_of_ranks", "is_rank_thread"]
 
@@ -42,11 +43,6 @@ def _init(thread: threading.Thread, *args: Any, daemon: Optional[bool] = None, *
     if daemon is None and _world_of(_local.simulated()) is not None and is_rank_thread():
         daemon = False
     _REAL["init"](thread, *args, daemon=daemon, **kwargs)
-
-
-def is_rank_thread() -> bool:
-    """Whether the calling thread is a simulated rank's own (not one a rank started)."""
-    return getattr(threading.current_thread(), "_spmdsim_key", None) is None
 
 
 def _start(thread: threading.Thread) -> None:

@@ -32,7 +32,8 @@ from ..engines import ways_out
 from ..engines.memory import MemoryLimitError
 from .thread_limits import ThreadLimitError, threads_problem  # a thread each: the stacks must fit
 from .waiting import ranks_text
-from .run import MAX_DRY_RANKS, MAX_RANKS, exit_status, simulate
+from .run import MAX_DRY_RANKS, MAX_RANKS, exit_status, note_exit, simulate
+from .os_exit import OsExit, os_exit_ends_the_rank
 from ..mpi_library import MPILibraryError, load_mpi
 
 __all__ = ["run_on_ranks", "script", "ranks_argument", "note_mpiexec_flags", "banner", "ways_out"]
@@ -102,7 +103,8 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
             code = max(codes)  # a check on shapes alone fails (no values): passed on only when in dry_codes
             return code if code in dry_codes else 0
         keep_freed_buffers_unless_set()  # the program's process, as an MPI rank's (tune_mpi_process)
-        codes = simulate(n, _exit_code, fn)
+        with os_exit_ends_the_rank():  # a rank's os._exit ends it alone, named where others wait for it
+            codes = simulate(n, _exit_code, fn)
     except BrokenPipeError:  # stdout closed early (`| head`): stop quietly, as a shell tool does on SIGPIPE
         quiet_stdout()
         return 141
@@ -174,6 +176,9 @@ def _exit_code(fn: Callable[[], Any]) -> int:
         code = fn()
     except SystemExit as exc:  # a script's sys.exit(code) on every rank
         code = exc.code
+    except OsExit as exc:  # os._exit(code): this rank ends, as its MPI process would, not the run
+        code = exc.code
+        note_exit(code, "os._exit")
     if not (code is None or isinstance(code, int)):
         print(code, file=sys.stderr)
     return exit_status(code)  # sys.exit(-1) on one rank is 255, as under mpiexec, not lost to the others' 0
