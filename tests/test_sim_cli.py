@@ -61,6 +61,22 @@ def test_a_closed_pipe_stops_quietly(capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_a_keyboard_interrupt_a_rank_raises_names_the_rank(capsys):
+    """`raise KeyboardInterrupt` in rank 1's program was reported as the user's Ctrl-C ('interrupted (Ctrl-C): the
+    simulated ranks were stopped'), no rank named, where mpiexec and spmdsim mpirun name rank 1: now as mpirun."""
+    from spmdsim.runtime.sim.launch import run_on_ranks
+
+    def body():
+        if spmdsim.world().rank == 1:
+            raise KeyboardInterrupt
+        spmdsim.world().allreduce(1)
+
+    assert run_on_ranks(4, body) == 130
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "spmdsim: error on simulated rank 1: KeyboardInterrupt" and err[-2:] == [
+        "KeyboardInterrupt", "raised on simulated rank 1 of 4"]
+
+
 def test_os_exit_on_one_rank_ends_that_rank_and_is_named(capsys):
     """os._exit(1) on rank 1 of `--ranks 4` ended the whole process at once, exit 1 and no line after the banner,
     where under mpiexec it ends rank 1 alone: it now ends that rank, and the ranks waiting for it name it."""

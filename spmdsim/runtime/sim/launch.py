@@ -108,7 +108,10 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
     except BrokenPipeError:  # stdout closed early (`| head`): stop quietly, as a shell tool does on SIGPIPE
         quiet_stdout()
         return 141
-    except KeyboardInterrupt:  # simulate() stopped every rank at its next wait
+    except KeyboardInterrupt as exc:  # simulate() stopped every rank at its next wait
+        if getattr(exc, "simulated_ranks", None):  # raised by a rank's program, not Ctrl-C: named, as mpirun does
+            print(f"spmdsim: error on {_where(exc)}: KeyboardInterrupt\n{_traceback(exc)}", file=sys.stderr, end="")
+            return 130
         print("spmdsim: interrupted (Ctrl-C): the simulated ranks were stopped", file=sys.stderr)
         return 130
     except (MemoryLimitError, ThreadLimitError) as exc:  # not one rank's error: the whole simulation's
