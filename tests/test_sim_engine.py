@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import re
 import sys
 
@@ -399,6 +400,24 @@ def test_a_rank_that_exits_while_the_others_wait_is_a_deadlock_naming_it():
     assert "ranks 0,2,3 wait in it; rank 1 exited (SystemExit(0))" in unfold(str(info.value))
     assert info.value.__notes__ == ["raised on simulated ranks 0,2,3 of 4"]
     assert info.value.simulated_ranks == (0, 2, 3)
+
+
+def test_os_exit_on_one_rank_ends_that_rank_as_sys_exit_does():
+    """os._exit(1) on rank 1 inside simulate() ended the whole process at once (exit 1, not a line: a notebook's
+    kernel died); it now ends that rank as sys.exit does, the ranks left waiting naming it, and every rank's
+    os._exit(3) is simulate()'s SystemExit(3)."""
+
+    def body():
+        if world().rank == 1:
+            os._exit(1)
+        return world().allreduce(1)
+
+    with pytest.raises(DeadlockError) as info:
+        simulate(4, body)
+    assert "ranks 0,2,3 wait in it; rank 1 exited (os._exit(1))" in unfold(str(info.value))
+    with pytest.raises(SystemExit) as info:
+        simulate(2, lambda: os._exit(3))
+    assert info.value.code == 3 and info.value.__notes__ == ["raised on every simulated rank"]
 
 
 def test_an_exit_the_others_do_not_wait_for_is_raised_once_the_ranks_end():

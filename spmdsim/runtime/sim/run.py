@@ -22,6 +22,7 @@ from .thread_limits import ThreadLimitError, start_failed, threads_problem, warn
 from .stopping import stop_ranks
 from .p2p import rewrites, uncompleted, unreceived
 from .landing import EAGER_BYTES
+from .os_exit import OsExit, exit_text, os_exit_ends_the_rank
 from ..debug import HOOKS, Hooks
 from ..engines.trace import Trace
 
@@ -46,7 +47,7 @@ def simulate(n: int, fn: Callable[..., Any], *args: Any, dry_run: bool = False, 
     any rank starts). An exception on any rank stops every rank and is raised here, with a
     note naming the rank (all ranks alike: "every simulated rank"); a deadlock
     (a skipped or mismatched collective) raises DeadlockError naming who waits where.
-    A SystemExit (``sys.exit()``) ends its rank alone, as it ends an MPI process: ranks
+    A SystemExit (``sys.exit()``, or ``os._exit()``) ends its rank alone, as it ends an MPI process: ranks
     left waiting for it deadlock ("rank 1 exited (SystemExit(0))"); else, once the ranks
     end, it is raised here, as one process exits (the largest exit status when they differ).
     While ranks run, the loaded BLAS uses one thread (unless a thread variable is set).
@@ -86,7 +87,8 @@ def simulate(n: int, fn: Callable[..., Any], *args: Any, dry_run: bool = False, 
             raise ThreadLimitError(f"simulate: {problem}")
     warn_under_launcher(size)
     try:
-        return _dry_run(size, fn, args, kwargs) if dry_run else _run(size, fn, args, kwargs, limit)
+        with os_exit_ends_the_rank():  # a rank's os._exit(code) ends that rank, as its sys.exit(code)
+            return _dry_run(size, fn, args, kwargs) if dry_run else _run(size, fn, args, kwargs, limit)
     except BaseException as exc:
         __tracebackhide__ = True  # noqa: F841 - the caller's frame, then the program's (_programs_frames)
         if getattr(exc, "simulated_ranks", None) is None:  # not the ranks': Ctrl-C in the caller, memory, threads
@@ -170,13 +172,13 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict, eager_lim
                 hooks.watchdog_seconds()
             try:
                 results[rank] = fn(*args, **kwargs)
-            except SystemExit as exc:
+            except (SystemExit, OsExit) as exc:
                 # The rank's process exits: it ends, and the others go on, as MPI ranks do (those that wait
                 # for it deadlock, naming it). A failure instead stopped them, and simulate() raised the
                 # SystemExit: `python prog.py` exited 0 without a word while three ranks had waited for it.
-                exited[rank] = exc
+                exited[rank] = exc if isinstance(exc, SystemExit) else SystemExit(exc.code)
                 with engine.lock:
-                    engine.exits[rank] = _exit_text(exc)
+                    engine.exits[rank] = exit_text(exc)
             engine.join_all(rank)  # as a process's exit waits for its threads (spmdsim.runtime.sim.rank_threads)
         except Aborted:
             pass  # stopped because another rank failed; that rank's error is the one reported
@@ -330,11 +332,6 @@ def _raise_failure(engine: World, size: int) -> None:
     except AttributeError:  # an exception type with __slots__
         pass
     raise noted
-
-
-def _exit_text(exc: SystemExit) -> str:
-    """How a rank exited, for a deadlock report: 'SystemExit(0)' (spmdsim.runtime.sim.report.whereabouts)."""
-    return "SystemExit" if exc.code is None else f"SystemExit({exc.code!r})"
 
 
 def exit_status(code: Any) -> int:
