@@ -16,13 +16,14 @@ import pytest
 import spmdsim
 from spmdsim.errors import SpmdsimError
 from spmdsim.models.gpt import GPTConfig, encode, load_text
-from spmdsim.models.gpt import checkpoint
+from spmdsim.models.gpt import checkpoint, reshard
 from spmdsim.models.gpt.checkpoint import META, checkpoint_meta, checkpoint_problem, rank_file, read_meta
 from spmdsim.models.gpt.train import train
 
 TINY = GPTConfig(layers=1, d_model=32, heads=4, seq=16, batch=4)  # dropout 0.1: its masks alike on any mesh
 TEXT = encode(load_text(20_000))
 AGAIN = "resume with the settings it was saved with"
+COVERS = "resharding covers dp, tp, sp and ZeRO-1 or 2 changes only"
 
 
 def _run(mesh, steps, cfg=TINY, **kw):
@@ -49,6 +50,48 @@ def test_a_run_resumed_on_another_mesh_steps_as_the_run_that_never_stopped(tmp_p
         for w, r in zip(whole[2:], resumed):  # the loss within the check's tolerance of the loss, each step
             assert abs(r.loss - w.loss) <= r.tolerances[0] * abs(w.loss), (r.step, r.loss, w.loss)
             assert r.loss != pytest.approx(whole[0].loss, rel=1e-3)  # trained on: not the first step's loss
+
+
+@pytest.mark.parametrize("saved_on, saved_zero, resumed_on, resumed_zero, precision", [
+    ((4, 2, 2, False), 1, (4, 1, 4, False), 1, "fp64"),  # ZeRO-1 dp 2 x tp 2 -> ZeRO-1 tp 4 (no dp: whole slices)
+    ((4, 4, 1, False), 1, (4, 2, 2, False), 2, "fp64"),  # ZeRO-1 dp 4 -> ZeRO-2 dp 2 x tp 2
+    ((4, 2, 2, False), 1, (2, 1, 2, False), 0, "fp64"),  # ZeRO-1 -> no ZeRO on another mesh
+    ((2, 1, 2, False), 0, (4, 2, 2, True), 2, "fp64"),  # no ZeRO -> ZeRO-2 dp 2 x tp 2 with sp
+    ((4, 2, 2, False), 0, (4, 2, 2, False), 1, "fp64"),  # no ZeRO -> ZeRO-1 on the same mesh
+    ((4, 2, 2, True), 2, (4, 4, 1, False), 1, "bf16-mixed"),  # the float32 master slices
+    ((4, 4, 1, False), 1, (2, 1, 2, False), 0, "bf16-mixed"),  # ZeRO's masters -> AdamW's
+])
+def test_a_zero_run_resumed_on_another_mesh_steps_as_the_run_that_never_stopped(tmp_path, saved_on, saved_zero,
+                                                                                 resumed_on, resumed_zero, precision):
+    if precision == "bf16-mixed":
+        pytest.importorskip("ml_dtypes")
+    whole = _run(saved_on, 4, precision=precision, zero=saved_zero)[0]
+    _run(saved_on, 2, precision=precision, zero=saved_zero, save=str(tmp_path / "half"))
+    for resumed in _run(resumed_on, 4, precision=precision, zero=resumed_zero, resume=str(tmp_path / "half")):
+        assert [r.step for r in resumed] == [2, 3]
+        assert all(r.passed for r in resumed), [(r.errors, r.tolerances) for r in resumed]
+        for w, r in zip(whole[2:], resumed):  # the moments wrong by a tenth move step 3's loss by 1e-3
+            assert abs(r.loss - w.loss) <= r.tolerances[0] * abs(w.loss), (r.step, r.loss, w.loss)
+
+
+def test_a_zero_checkpoint_records_each_ranks_slice_of_every_parameter(tmp_path):
+    _run((4, 4, 1, False), 1, zero=1, save=str(tmp_path / "ck"), check=False)
+    saved = read_meta(str(tmp_path / "ck"))[0]["regions"]
+    # one bucket of 17,344 elements, 4,336 a rank: wte's 4,096 on rank 0, wpe's 512 straddle ranks 0 and 1
+    # (rank, [bucket, start, stop in the flattened block, where in the rank's slice])
+    assert saved["wte"]["slices"] == [[0, 0, 4096, 0], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]]
+    assert saved["wpe"]["slices"] == [[0, 0, 240, 4096], [0, 240, 512, 0], [0, 0, 0, 0], [0, 0, 0, 0]]
+
+
+def test_each_zero_rank_reads_only_the_files_whose_slices_it_needs(tmp_path, monkeypatch):
+    # ZeRO-1 dp 4 -> ZeRO-1 dp 2: rank 0's slices are saved ranks 0 and 1's, rank 1's ranks 2 and 3's; each
+    # rank's (replicated) parameters come from one of those files
+    _run((4, 4, 1, False), 2, zero=1, save=str(tmp_path / "ck"), check=False)
+    opened, given = [], reshard._open
+    monkeypatch.setattr(reshard, "_open", lambda files, path, r, saved: (
+        opened.append((spmdsim.world().rank, r)), given(files, path, r, saved))[1])
+    resumed = _run((2, 2, 1, False), 3, zero=1, resume=str(tmp_path / "ck"))
+    assert sorted(opened) == [(0, 0), (0, 1), (1, 2), (1, 3)] and resumed[0][0].passed
 
 
 def test_a_resharded_run_saves_a_checkpoint_of_its_own_mesh_and_the_trainings_first_loss(tmp_path):
@@ -102,27 +145,23 @@ def _written(where, step=2, **kw):
 
 
 @pytest.mark.parametrize("saved, run, said", [
-    ({"zero": 1}, {"world": 2, "dp": 1, "zero": 1},
-     "the checkpoint's world size is 4, this run's 2 (resharding covers dp, tp and sp changes only, not ZeRO "
-     f"(--zero 1 or 2): {AGAIN})"),
+    ({"zero": 1}, {"world": 2, "dp": 1, "zero": 3},
+     f"the checkpoint's world size is 4, this run's 2 ({COVERS}, not FSDP (--zero 3): {AGAIN})"),
     ({"zero": 3}, {"world": 8, "dp": 4, "zero": 3},
-     f"the checkpoint's world size is 4, this run's 8 (resharding covers dp, tp and sp changes only, not FSDP "
-     f"(--zero 3): {AGAIN})"),
+     f"the checkpoint's world size is 4, this run's 8 ({COVERS}, not FSDP (--zero 3): {AGAIN})"),
     ({"pipeline": {"pp": 2, "schedule": "1f1b", "microbatches": 2, "virtual": 1, "split": None}, "world": 8},
      {"pipeline": {"pp": 2, "schedule": "1f1b", "microbatches": 2, "virtual": 1, "split": None}, "world": 4,
       "dp": 1},
-     f"the checkpoint's world size is 8, this run's 4 (resharding covers dp, tp and sp changes only, not a "
-     f"pipeline (--pp): {AGAIN})"),
+     f"the checkpoint's world size is 8, this run's 4 ({COVERS}, not a pipeline (--pp): {AGAIN})"),
     ({"cp": 2, "world": 8}, {"world": 4},
-     "the checkpoint's world size is 8, this run's 4 (resharding covers dp, tp and sp changes only, not context "
-     f"parallelism (--cp): {AGAIN})"),
+     f"the checkpoint's world size is 8, this run's 4 ({COVERS}, not context parallelism (--cp): {AGAIN})"),
     ({"precision": "fp8"}, {"precision": "fp8", "tp": 4, "dp": 1},
-     "the checkpoint's mesh has dp 2 and tp 2, this run's dp 1 and tp 4 (resharding covers dp, tp and sp changes "
-     f"only, not FP8's scales (--precision fp8): {AGAIN})"),
+     f"the checkpoint's mesh has dp 2 and tp 2, this run's dp 1 and tp 4 ({COVERS}, not FP8's scales "
+     f"(--precision fp8): {AGAIN})"),
     ({}, {"tp": 4, "dp": 1, "precision": "fp32"},  # what no reshard helps: said, not the mesh
      f"the checkpoint's precision is 'fp64', this run's 'fp32' ({AGAIN})"),
 ])
-def test_another_mesh_beyond_dp_tp_and_sp_is_refused_in_one_line(tmp_path, saved, run, said):
+def test_another_mesh_beyond_dp_tp_sp_and_zero_is_refused_in_one_line(tmp_path, saved, run, said):
     where = _written(tmp_path / "ck", **saved)
     args = {"cfg": TINY, "world": 4, "dp": 2, "tp": 2, **run}
     problem = checkpoint_problem(args.pop("cfg"), args.pop("world"), args.pop("dp"), args.pop("tp"), 5,
@@ -138,28 +177,33 @@ def test_experts_on_another_mesh_are_refused_in_one_line(tmp_path):
     cfg = dataclasses.replace(TINY, moe=MoEConfig(experts=4, top_k=2, every=1))
     where = _written(tmp_path / "ck", cfg=cfg, world=2, dp=1, tp=1, ep=2)
     assert checkpoint_problem(cfg, 4, 1, 1, 5, ep=4, resume=where) == (
-        f"--resume {where}: the checkpoint's world size is 2, this run's 4 (resharding covers dp, tp and sp changes "
-        f"only, not experts (MoE layers): {AGAIN})")
+        f"--resume {where}: the checkpoint's world size is 2, this run's 4 ({COVERS}, not experts (MoE layers): "
+        f"{AGAIN})")
 
 
-def test_a_checkpoint_that_records_no_regions_resumes_on_its_own_mesh_only(tmp_path):
-    """A checkpoint saved before checkpoint.json recorded each rank's regions."""
+@pytest.mark.parametrize("zero", [0, 1])
+def test_a_checkpoint_that_records_no_regions_resumes_on_its_own_mesh_only(tmp_path, zero):
+    """A checkpoint saved before checkpoint.json recorded each rank's regions (under ZeRO, its slices)."""
     where = tmp_path / "ck"
-    _run((4, 2, 2, False), 2, save=str(where), check=False)
+    _run((4, 2, 2, False), 2, save=str(where), check=False, zero=zero)
     meta = read_meta(str(where))[0]
-    del meta["regions"]
+    if zero:
+        for one in meta["regions"].values():
+            del one["slices"]
+    else:
+        del meta["regions"]
     (where / META).write_text(json.dumps(meta))
-    assert checkpoint_problem(TINY, 4, 2, 2, 3, resume=str(where)) is None
-    said = spmdsim.simulate(2, lambda: _said(lambda: train(TINY, spmdsim.world(), 1, 2, 3, TEXT,
+    assert checkpoint_problem(TINY, 4, 2, 2, 3, resume=str(where), zero=zero) is None
+    said = spmdsim.simulate(2, lambda: _said(lambda: train(TINY, spmdsim.world(), 1, 2, 3, TEXT, zero=zero,
                                                            resume=str(where))))
     assert said == [f"--resume {where}: the checkpoint's world size is 4, this run's 2 (it records no ranks' "
                     f"regions to reshard from, saved by an older spmdsim: {AGAIN})"] * 2
 
 
 def test_a_refused_reshard_says_alike_on_every_rank_before_any_collective(tmp_path):
-    where = _written(tmp_path / "ck", zero=1)
-    said = spmdsim.simulate(2, lambda: _said(lambda: train(TINY, spmdsim.world(), 1, 2, 5, TEXT, zero=1,
+    where = _written(tmp_path / "ck", zero=3)
+    said = spmdsim.simulate(2, lambda: _said(lambda: train(TINY, spmdsim.world(), 1, 2, 5, TEXT, zero=3,
                                                            resume=where)))
-    assert said == [f"--resume {where}: the checkpoint's world size is 4, this run's 2 (resharding covers dp, tp "
-                    f"and sp changes only, not ZeRO (--zero 1 or 2): {AGAIN})"] * 2
+    assert said == [f"--resume {where}: the checkpoint's world size is 4, this run's 2 ({COVERS}, not FSDP "
+                    f"(--zero 3): {AGAIN})"] * 2
     shutil.rmtree(where)

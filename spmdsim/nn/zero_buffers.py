@@ -2,6 +2,7 @@
 moments laid end to end, 1/dp of them this rank's slice."""
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -73,15 +74,17 @@ class _ZeroBuffers:
                                     f"{self.mesh.layout}")
         return tuple(a for a in axes if self.mesh.layout.axis_size(a) > 1)
 
-    def _buckets(self, cap: Optional[int]) -> list:
+    def _buckets(self, cap: Optional[int], rank: Optional[int] = None) -> list:
         """The parameters in buckets: by dtype and the dp axes their states shard over, in parameter order, each
         at most `cap` bytes (a larger parameter alone), padded to a multiple of its group's size; this rank's
-        slice and decaying spans in each."""
+        slice and decaying spans in each (`rank`'s, its blocks' sizes from the layouts, where given)."""
         made: list = []
         open_: dict = {}
         layout = self.mesh.layout
+        self._cap = cap
+        rank = self.mesh.rank if rank is None else rank
         for i, p in enumerate(self.params):
-            dtype, n, axes = p.local.dtype, p.local.size, self.axes[i]
+            dtype, n, axes = p.local.dtype, _block_size(p, rank), self.axes[i]
             key = (dtype.str, axes)
             b = open_.get(key)
             if b is None or (cap is not None and b.size and (b.size + n) * dtype.itemsize > cap):
@@ -92,11 +95,23 @@ class _ZeroBuffers:
             b.size += n
         for b in made:
             b.padded = -(-b.size // b.dp) * b.dp
-            b.start = (layout.group_index(self.mesh.rank, b.axes) if b.axes else 0) * b.shard
+            b.start = (layout.group_index(rank, b.axes) if b.axes else 0) * b.shard
             lo, hi = b.start, b.start + b.shard
             b.decayed = tuple((max(a, lo) - lo, min(z, hi) - lo) for i, a, z in b.members
                               if self.decays[i] and max(a, lo) < min(z, hi))
         return made
+
+    def slices_of(self, rank: int) -> list:
+        """Each parameter's part of rank `rank`'s slices (its bucket's, as that rank cuts its buckets): (bucket
+        index, start, stop of the part in the parameter's flattened block on that rank, where the part starts in
+        the slice); start == stop where it holds none. What a checkpoint records to resume on another mesh."""
+        out: list = [None] * len(self.params)
+        for k, b in enumerate(self._buckets(self._cap, rank)):
+            lo, hi = b.start, b.start + b.shard
+            for i, a, z in b.members:
+                s, e = max(a, lo), min(z, hi)
+                out[i] = (k, s - a, e - a, s - lo) if s < e else (k, 0, 0, 0)
+        return out
 
     def _shared_buffer(self) -> Any:
         """ZeRO-2's one flat buffer for every bucket, in turn: the largest bucket's bytes (zeros; a dry run's
@@ -215,6 +230,13 @@ class _ZeroBuffers:
                 if max(a, lo) < min(z, hi):
                     out.append((i, max(a, lo) - a, min(z, hi) - a, b.grad[max(a, lo) - lo:min(z, hi) - lo]))
         return out
+
+
+def _block_size(p: Any, rank: int) -> int:
+    """The size of parameter `p`'s block on `rank` (its own block's where that is this rank)."""
+    if rank == p.mesh.rank:
+        return p.local.size
+    return math.prod(b - a for a, b in p.layout.bounds(rank, tuple(int(n) for n in p.global_shape)))
 
 
 def _dry_flat(n: int, dtype: Any) -> np.ndarray:

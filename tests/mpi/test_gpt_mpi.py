@@ -247,10 +247,12 @@ def test_a_resumed_gpt_steps_as_the_run_that_never_stopped(tmp_path):
                                     "is missing"] * comm.size
 
 
-def test_a_gpt_resumed_on_another_mesh_passes_its_check_under_mpi(tmp_path):
+@pytest.mark.parametrize("saved_zero, resumed_zero", [(0, 0), (1, 2)])
+def test_a_gpt_resumed_on_another_mesh_passes_its_check_under_mpi(tmp_path, saved_zero, resumed_zero):
     """--resume on another mesh under MPI (spmdsim.models.gpt.reshard): saved after 2 steps on dp x tp 2, resumed
-    on dp over every rank (tp 1); each rank reads the pieces of its blocks from the saved ranks' files, every
-    resumed step passes its check, and its loss is the uninterrupted run's within the check's tolerance."""
+    on dp over every rank (tp 1), also ZeRO-1's slices resumed under ZeRO-2; each rank reads the pieces of its
+    blocks (and slices) from the saved ranks' files, every resumed step passes its check, and its loss is the
+    uninterrupted run's within the check's tolerance."""
     import os
 
     from mpi4py import MPI
@@ -270,9 +272,9 @@ def test_a_gpt_resumed_on_another_mesh_passes_its_check_under_mpi(tmp_path):
         model.mesh.close()
         return results
 
-    whole = run(4, 2)
-    run(2, 2, save=where, check=False)
-    resumed = run(4, 1, resume=where)
+    whole = run(4, 2, zero=saved_zero)
+    run(2, 2, save=where, check=False, zero=saved_zero)
+    resumed = run(4, 1, resume=where, zero=resumed_zero)
     assert [r.step for r in resumed] == [2, 3] and all(r.passed for r in resumed), resumed
     assert all(abs(r.loss - w.loss) <= r.tolerances[0] * abs(w.loss) for r, w in zip(resumed, whole[2:]))
     assert comm.allgather(resumed[-1].loss) == [resumed[-1].loss] * comm.size

@@ -18,9 +18,10 @@ On resume every rank reads ``checkpoint.json`` and refuses, alike and before any
 directory or metadata file, another config, precision, optimizer or pipeline, and a checkpoint at or past the run's
 last step (`resume_problem`); a config field the checkpoint lacks (added to GPTConfig after it was saved, as Llama's
 options were) reads as its default, the model it was saved of. Another mesh, world size or sequence parallelism, and
-so other layouts, is resharded where only dp, tp and sp changed (spmdsim.models.gpt.reshard: rank 0 records each
-rank's region of every parameter, and on resume each rank reads the pieces it needs from the files that hold them),
-and refused in one line otherwise (with ZeRO, FSDP, a pipeline, experts, cp or FP8). Then each rank reads its own file
+so other layouts, is resharded where only dp, tp, sp and ZeRO-1 or 2 changed (spmdsim.models.gpt.reshard: rank 0
+records each rank's region of every parameter, under ZeRO its slices' parts too, and on resume each rank reads the
+pieces it needs from the files that hold them), and refused in one line otherwise (with FSDP, a pipeline, experts,
+cp or FP8). Then each rank reads its own file
 (resharded: the files it needs); what a rank finds wrong there (its file missing or unreadable, blocks of another
 shape, another step) can differ between ranks, so the ranks agree on it by one Allgather of their problems and every
 rank raises the first one: one line, exit 2, never a hang (`load`).
@@ -238,7 +239,7 @@ def save(directory: str, meta: dict, step: int, mesh: Any, params: dict, optimiz
     arrays["header"] = np.array(json.dumps(header))
     write_aside(rank_file(directory, rank), lambda f: np.savez(f, **arrays))
     if rank == 0:  # each rank's region of every parameter too, for a resume on another mesh (not a pipeline's)
-        where = {"regions": regions(params, mesh.size)} if meta.get("pipeline") is None else {}
+        where = {"regions": regions(params, mesh.size, optimizer)} if meta.get("pipeline") is None else {}
         text = json.dumps({"format": _FORMAT, "version": _VERSION, "step": step, **meta, **where}, indent=1) + "\n"
         write_aside(os.path.join(directory, META), lambda f: f.write(text.encode("utf-8")))
     if mesh.size > 1:

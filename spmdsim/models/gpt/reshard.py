@@ -1,19 +1,25 @@
-"""Resuming a GPT checkpoint on another mesh: dp, tp and sequence parallelism changed (docs/howto/train-gpt.md,
-"Stopping and resuming the GPT").
+"""Resuming a GPT checkpoint on another mesh: dp, tp, sequence parallelism and ZeRO-1 or 2 changed
+(docs/howto/train-gpt.md, "Stopping and resuming the GPT").
 
 A checkpoint (spmdsim.models.gpt.checkpoint) records, beside every parameter's layout, each saved rank's region of
-every parameter: [start, stop) per dim (`regions`, in its checkpoint.json). A run on another mesh whose model
-config, precision, optimizer and pipeline settings match is a redistribution from the saved layout to the new one,
-through the files, as PyTorch's distributed checkpoint reshards at load time from each tensor's saved chunks: each
-rank works out, from the recorded regions and its own layout, which saved blocks overlap its own block of every
-parameter, opens only those ranks' files (an .npz's arrays are read one by one, when named), and copies the
-overlaps into its blocks of the parameter and of its optimizer's state for it: AdamW's moments, a bfloat16
-parameter's float32 master copy and the step counts (`load_resharded`). No collective: the regions are in the
-metadata every rank reads, and what a rank finds wrong is agreed as on the same mesh (checkpoint.load).
+every parameter: [start, stop) per dim (`regions`, in its checkpoint.json), and under ZeRO-1 or 2 (DistributedAdamW:
+each rank holds a slice of flat buckets of the moments and master copy) the part of each rank's flattened block of
+it that the rank's slice holds, and where in the slice (Megatron-Core's "dp-reshardable" distributed optimizer
+checkpoint likewise maps bucket slices back to parameters). A run on another mesh, or with the other of AdamW and
+DistributedAdamW, whose model config, precision and pipeline settings match is a redistribution from the saved
+layout to the new one, through the files, as PyTorch's distributed checkpoint reshards at load time from each
+tensor's saved chunks: each rank works out, from the recorded regions and its own layout, which saved blocks
+overlap its own block of every parameter (under ZeRO, the part of it its new slice holds; saved under ZeRO, which
+saved slices hold those elements), opens only those ranks' files (an .npz's arrays are read one by one, when
+named), and copies the overlaps into its blocks of the parameter and of its optimizer's state for it: the moments,
+the float32 master copy of a bfloat16 parameter (ZeRO's master slices whatever the dtype) and the step counts
+(`load_resharded`). No collective: the regions are in the metadata every rank reads, and what a rank finds wrong
+is agreed as on the same mesh (checkpoint.load).
 
-Resharding covers dp, tp and sp changes only: a checkpoint or run with ZeRO, FSDP, a pipeline, experts, context
-parallelism or FP8's scales is refused in one line that names what differs and why (`scope`), as is a checkpoint
-that records no regions (saved by an older spmdsim), alike on every rank and before any collective.
+Resharding covers dp, tp, sp and ZeRO-1 or 2 changes only: a checkpoint or run with FSDP, a pipeline, experts,
+context parallelism or FP8's scales is refused in one line that names what differs and why (`scope`), as is a
+checkpoint that records no regions (or under ZeRO no slices: saved by an older spmdsim), alike on every rank and
+before any collective.
 """
 from __future__ import annotations
 
@@ -27,7 +33,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ...errors import SpmdsimError
-from ...base.precision import bfloat16
+from ...base.precision import bfloat16, is_low
 from ..axes import CONTEXT, DATA, EXPERT, PIPELINE, TENSOR
 from .checkpoint_files import decode, header_problem, rank_file, reason
 
@@ -36,24 +42,44 @@ __all__ = ["MESH_KEYS", "regions", "scope", "resharded", "load_resharded", "resu
 #: The metadata a reshard may change: the mesh, its world size, sequence parallelism and so the layouts.
 MESH_KEYS = ("world size", "mesh", "sequence parallelism", "layouts")
 
+#: The optimizers a reshard moves the state between: AdamW (no ZeRO, or FSDP's) and ZeRO-1 and 2's.
+OPTIMIZERS = ("AdamW", "DistributedAdamW")
+
+#: What a refusal to reshard says it covers.
+COVERS = "resharding covers dp, tp, sp and ZeRO-1 or 2 changes only"
+
 #: How a refusal to resume ends: the way out.
 AGAIN = "resume with the settings it was saved with"
 
 
-def regions(params: dict, world: int) -> dict:
+def regions(params: dict, world: int, optimizer: Any = None) -> dict:
     """name -> {"shape": the global shape, "blocks": each of the `world` ranks' [start, stop) per dim} of
-    `params` (name -> DTensor): what checkpoint.json records for a resume on another mesh."""
+    `params` (name -> DTensor): what checkpoint.json records for a resume on another mesh; under ZeRO
+    (`optimizer` a DistributedAdamW) "slices" too: each rank's [bucket, start, stop, offset] of the parameter's
+    flattened block that its slice of the bucket holds, from `offset` in the slice (start == stop: none)."""
+    zero = [optimizer.slices_of(r) for r in range(world)] if hasattr(optimizer, "slices_of") else None
+    index = {id(p): i for i, p in enumerate(getattr(optimizer, "params", ()))}
     out = {}
     for name, t in params.items():
         shape = tuple(int(n) for n in t.global_shape)
         out[name] = {"shape": list(shape),
                      "blocks": [[[int(a), int(b)] for a, b in t.layout.bounds(r, shape)] for r in range(world)]}
+        if zero is not None:
+            out[name]["slices"] = [[int(n) for n in one[index[id(t)]]] for one in zero]
     return out
 
 
+def _covered(saved: dict, meta: dict) -> tuple:
+    """The metadata keys a reshard from `saved` to the run of `meta` may change: the mesh's, and the optimizer
+    between AdamW and ZeRO-1 or 2's DistributedAdamW."""
+    both = saved.get("optimizer") in OPTIMIZERS and meta.get("optimizer") in OPTIMIZERS
+    return MESH_KEYS + ("optimizer",) * both
+
+
 def resharded(saved: dict, meta: dict) -> bool:
-    """Whether the run of `meta` (checkpoint.run_meta) lays the checkpoint's parameters out otherwise."""
-    return any(saved.get(key) != meta.get(key) for key in MESH_KEYS)
+    """Whether the run of `meta` (checkpoint.run_meta) lays the checkpoint's parameters or optimizer state out
+    otherwise."""
+    return any(saved.get(key) != meta.get(key) for key in MESH_KEYS + ("optimizer",))
 
 
 def scope(saved: dict, meta: dict) -> tuple[tuple, Optional[str]]:
@@ -64,14 +90,17 @@ def scope(saved: dict, meta: dict) -> tuple[tuple, Optional[str]]:
         return (), None  # the same layout; or one side a pipeline: said by its flags
     blockers = [b for b in _blockers(saved) + _blockers(meta) if b]
     blockers = sorted(set(blockers), key=blockers.index)
-    if any(saved.get(key) != here for key, here in meta.items() if key not in MESH_KEYS):
+    keys = _covered(saved, meta)
+    if any(saved.get(key) != here for key, here in meta.items() if key not in keys):
         # the config, precision, optimizer or pipeline differs too: said, as the mesh was before resharding
-        return (() if blockers else MESH_KEYS), None  # (the config alone where the mesh could be resharded)
+        return (() if blockers else keys), None  # (the config alone where the mesh could be resharded)
     if blockers:
-        return (), f"(resharding covers dp, tp and sp changes only, not {' or '.join(blockers)}: {AGAIN})"
-    if not isinstance(saved.get("regions"), dict):
+        return (), f"({COVERS}, not {' or '.join(blockers)}: {AGAIN})"
+    recorded = saved.get("regions")
+    if not isinstance(recorded, dict) or (saved.get("optimizer") == "DistributedAdamW" and not all(
+            isinstance(one, dict) and "slices" in one for one in recorded.values())):
         return (), f"(it records no ranks' regions to reshard from, saved by an older spmdsim: {AGAIN})"
-    return MESH_KEYS, None
+    return keys, None
 
 
 def _blockers(meta: dict) -> list:
@@ -79,8 +108,7 @@ def _blockers(meta: dict) -> list:
     mesh = meta.get("mesh") if isinstance(meta.get("mesh"), dict) else {}
     layouts = meta.get("layouts") if isinstance(meta.get("layouts"), dict) else {}
     config = meta.get("config") if isinstance(meta.get("config"), dict) else {}
-    return [meta.get("optimizer") != "AdamW" and "ZeRO (--zero 1 or 2)",
-            any(f'"{DATA}"' in str(layout) for layout in layouts.values()) and "FSDP (--zero 3)",
+    return [any(f'"{DATA}"' in str(layout) for layout in layouts.values()) and "FSDP (--zero 3)",
             (meta.get("pipeline") is not None or PIPELINE in mesh) and "a pipeline (--pp)",
             (config.get("moe") is not None or EXPERT in mesh) and "experts (MoE layers)",
             CONTEXT in mesh and "context parallelism (--cp)",
@@ -88,16 +116,23 @@ def _blockers(meta: dict) -> list:
 
 
 def load_resharded(directory: str, saved: dict, params: dict, optimizer: Any) -> Optional[str]:
-    """Load this rank's blocks of `params` (name -> DTensor) and its `optimizer`'s state for them from the
-    checkpoint in `directory` (its metadata `saved`), saved on another mesh: from each saved block that overlaps
-    this rank's, read from only the files of the ranks chosen to give them. None, or why not (nothing then
-    changed). No collective."""
+    """Load this rank's blocks of `params` (name -> DTensor) and its `optimizer`'s state for them (AdamW's or
+    DistributedAdamW's) from the checkpoint in `directory` (its metadata `saved`), saved on another mesh or with
+    the other of those optimizers: from each saved block that overlaps this rank's, read from only the files of
+    the ranks chosen to give them (under ZeRO, of the ranks whose slices hold the overlap's elements). None, or
+    why not (nothing then changed). No collective."""
     chosen: list = []  # the saved ranks whose files this rank reads, in the order first needed
+    zero = saved.get("optimizer") == "DistributedAdamW"
+    index = {id(p): i for i, p in enumerate(optimizer.params)}
+    needs = optimizer.slices_of(optimizer.mesh.rank) if hasattr(optimizer, "slices_of") else None  # ZeRO's
     plans = {}
-    for name, t in params.items():
-        plans[name] = _plan(name, (saved.get("regions") or {}).get(name), t, chosen)
+    for name, t in params.items():  # (under ZeRO, of the moments only the part of the block its slice holds)
+        need = True if needs is None else needs[index[id(t)]][1:3]
+        plans[name] = _plan(name, (saved.get("regions") or {}).get(name), t, chosen, zero and need)
         if isinstance(plans[name], str):
             return plans[name]
+    for name, (mine, pieces) in plans.items():  # each block from a file read already where one holds it
+        plans[name] = mine, [(_holder(ranks, chosen, params[name].mesh.rank), *rest) for ranks, *rest in pieces]
     with ExitStack() as files:
         opened = {}
         for r in chosen:
@@ -106,9 +141,10 @@ def load_resharded(directory: str, saved: dict, params: dict, optimizer: Any) ->
             if problem:
                 return problem
         try:
-            blocks = {name: _gather(plans[name], _param_reader(opened, name), opened[chosen[0]][1]["dtypes"][name])
-                      for name in params}
-            state = _state(optimizer.state_dict(), opened, plans, list(params), chosen[0])
+            blocks = {name: _gather(plans[name], _reader(opened, lambda r, name=name: f"param.{name}"),
+                                    opened[chosen[0]][1]["dtypes"][name]) for name in params}
+            moments = {name: _moments(name, plans[name], opened, zero) for name in params}
+            state = _state(optimizer.state_dict(), opened[chosen[0]][2], moments, blocks, list(params))
         except Exception as e:  # a damaged file: any reader's error, one line
             return f"the files of ranks {chosen} cannot be read: {type(e).__name__}: {reason(e)}"
     try:
@@ -120,11 +156,12 @@ def load_resharded(directory: str, saved: dict, params: dict, optimizer: Any) ->
     return None
 
 
-def _plan(name: str, recorded: Any, t: Any, chosen: list) -> Any:
-    """(this rank's bounds, [(saved rank, its region, the overlap with this rank's)]) that make up this rank's
-    block of parameter `name` (DTensor `t`; `recorded`: its regions in the metadata), each overlap from one of the
-    saved ranks that hold it: one already `chosen` (appended to) where one is, else this rank where it is one,
-    else the first; or why not."""
+def _plan(name: str, recorded: Any, t: Any, chosen: list, zero: Any) -> Any:
+    """(this rank's bounds, [(the saved ranks that hold a region, the region, its overlap with this rank's,
+    ZeRO's sources or None)]) that make up this rank's block of parameter `name` (DTensor `t`; `recorded`: its
+    regions in the metadata); with `zero` (saved under ZeRO: True, or the [start, stop) of this rank's flattened
+    block its moments are wanted of) the slices that hold the overlap's moments too (`_sources`: their ranks
+    appended to `chosen`); or why not."""
     shape = tuple(int(n) for n in t.global_shape)
     if not isinstance(recorded, dict) or tuple(recorded.get("shape", ())) != shape:
         return f"the checkpoint records no regions of parameter {name} of shape {shape}"
@@ -137,15 +174,63 @@ def _plan(name: str, recorded: Any, t: Any, chosen: list) -> Any:
         overlap = tuple((max(a, c), min(b, d)) for (a, b), (c, d) in zip(region, mine))
         if any(lo >= hi for lo, hi in overlap):
             continue
-        r = next((r for r in ranks if r in chosen), t.mesh.rank if t.mesh.rank in ranks else ranks[0])
-        if r not in chosen:
-            chosen.append(r)
-        pieces.append((r, region, overlap))
+        wanted = _wanted(region, overlap, mine, zero) if zero else None
+        sources = _sources(recorded.get("slices"), wanted, ranks, chosen, t.mesh.rank) if zero else None
+        if isinstance(sources, str):
+            return f"the ZeRO slices recorded of parameter {name} {sources}"
+        pieces.append((ranks, region, overlap, sources))
         covered += math.prod(hi - lo for lo, hi in overlap)
     if covered != math.prod(b - a for a, b in mine):
         return (f"the saved blocks of parameter {name} cover {covered} of the {math.prod(b - a for a, b in mine)} "
                 f"elements of this rank's block {mine} (regions that overlap or leave gaps)")
     return mine, pieces
+
+
+def _holder(ranks: list, chosen: list, me: int) -> int:
+    """Which of the saved `ranks` that hold a block gives it: one already `chosen` (appended to) where one is,
+    else this rank `me` where it is one, else the first."""
+    r = next((r for r in ranks if r in chosen), me if me in ranks else ranks[0])
+    if r not in chosen:
+        chosen.append(r)
+    return r
+
+
+def _wanted(region: tuple, overlap: tuple, mine: tuple, need: Any) -> list:
+    """[(start, stop)] of `region`'s flattened block: from the first to the last element of `overlap` (this
+    rank's block `mine` and `region`'s) wanted: all where `need` is True, else those at [start, stop) of
+    this rank's flattened block (ZeRO's slice); [] where none."""
+    held = np.zeros(math.prod(b - a for a, b in mine), bool)
+    held[slice(*need) if need is not True else slice(None)] = True
+    at = np.nonzero(held.reshape(tuple(b - a for a, b in mine))[_within(overlap, mine)])
+    if not at[0].size:
+        return []
+    shape = tuple(b - a for a, b in region)
+    flat = np.ravel_multi_index(tuple(i + lo - a for i, (lo, _), (a, _) in zip(at, overlap, region)), shape)
+    return [(int(flat.min()), int(flat.max()) + 1)]
+
+
+def _sources(slices: Any, need: list, ranks: list, chosen: list, me: int) -> Any:
+    """[(saved rank, bucket, start, stop, where in its slice)]: the parts of the ZeRO slices of the saved ranks
+    `ranks` (which hold the region; `slices`: each rank's [bucket, start, stop, offset] of the parameter's
+    flattened block) that cover the ranges `need` of the region's flattened block (`_wanted`), ranks already
+    `chosen` (appended to) first, then this rank `me`; or why not."""
+    if not isinstance(slices, list) or len(slices) <= max(ranks):
+        return "are missing"
+    out = []
+    for r in sorted(ranks, key=lambda r: (r not in chosen, r != me, r)):
+        k, lo, hi, off = slices[r]
+        left = []
+        for a, z in need:
+            s, e = max(a, lo), min(z, hi)
+            if s >= e:
+                left.append((a, z))
+                continue
+            out.append((r, k, s, e, off + s - lo))
+            if r not in chosen:
+                chosen.append(r)
+            left += [(x, y) for x, y in ((a, s), (e, z)) if x < y]
+        need = left
+    return f"leave elements {need[0][0]} to {need[0][1]} of a saved block uncovered" if need else out
 
 
 def _open(files: ExitStack, path: str, r: int, saved: dict) -> tuple[Any, Optional[str]]:
@@ -165,39 +250,95 @@ def _open(files: ExitStack, path: str, r: int, saved: dict) -> tuple[Any, Option
     return (None if problem else (npz, header, state)), problem
 
 
-def _param_reader(opened: dict, name: str) -> Any:
-    return lambda r: opened[r][0][f"param.{name}"]
+def _within(inner: tuple, outer: tuple) -> tuple:
+    """The slices of bounds `inner` within bounds `outer`."""
+    return tuple(slice(lo - a, hi - a) for (lo, hi), (a, _) in zip(inner, outer))
 
 
-def _state_reader(opened: dict, index: int, field: str) -> Any:
-    return lambda r: opened[r][0][opened[r][2]["state"][index][field]["array"]]
+def _reader(opened: dict, key: Any) -> Any:
+    """A piece of a saved block: the overlap's part of the array `key(rank)` names in that rank's file."""
+    return lambda r, region, overlap, sources: opened[r][0][key(r)][_within(overlap, region)]
 
 
-def _gather(plan: tuple, read: Any, dtype: str) -> np.ndarray:
-    """This rank's block of `plan` (`_plan`'s: its bounds and pieces), each saved block read by `read(rank)`
-    (bfloat16's as its 16 bits), of `dtype`'s name."""
+def _slice_reader(opened: dict, field: str) -> Any:
+    """A piece of a saved block's moments or master copy from the ZeRO slices that hold it (`_sources`)."""
+    def piece(r: int, region: tuple, overlap: tuple, sources: list) -> np.ndarray:
+        flat = np.zeros(math.prod(b - a for a, b in region))  # (float32's values exactly; none unread wanted)
+        for q, k, s, e, off in sources:
+            flat[s:e] = opened[q][0][opened[q][2]["state"][k][field]["array"]][off:off + e - s]
+        return flat.reshape(tuple(b - a for a, b in region))[_within(overlap, region)]
+    return piece
+
+
+def _gather(plan: tuple, piece: Any, dtype: str) -> np.ndarray:
+    """This rank's block of `plan` (`_plan`'s: its bounds and pieces), each piece read by `piece(rank, region,
+    overlap, sources)` (bfloat16's as its 16 bits), of `dtype`'s name."""
     mine, pieces = plan
     out = np.empty(tuple(b - a for a, b in mine), np.uint16 if dtype == "bfloat16" else np.dtype(dtype))
-    for r, region, overlap in pieces:
-        src = read(r)[tuple(slice(lo - a, hi - a) for (lo, hi), (a, _) in zip(overlap, region))]
-        out[tuple(slice(lo - a, hi - a) for (lo, hi), (a, _) in zip(overlap, mine))] = src
+    for r, region, overlap, sources in pieces:
+        out[_within(overlap, mine)] = piece(r, region, overlap, sources)
     return out.view(bfloat16()) if dtype == "bfloat16" else out
 
 
-def _state(fresh: dict, opened: dict, plans: dict, names: list, first: int) -> dict:
-    """This rank's optimizer state_dict (`fresh`: this optimizer's own, its placement) with the saved steps,
-    hyperparameters and each parameter's state: step counts as saved, arrays gathered as its blocks are."""
-    header, saved = opened[first][1], opened[first][2]
+def _moments(name: str, plan: tuple, opened: dict, zero: bool) -> Optional[dict]:
+    """This rank's block of parameter `name`'s saved state (`plan`: `_plan`'s): its step count and, gathered,
+    "exp_avg", "exp_avg_sq" and, where saved, "master"; None where it had not stepped (no state, as saved)."""
+    r, _, _, sources = plan[1][0]
+    if zero:  # every saved slice holds all three, for the bucket's members
+        held = [one for piece in plan[1] for one in piece[3]]
+        if not held:  # none of it wanted (in no part of this rank's ZeRO slice)
+            return None
+        entry = opened[held[0][0]][2]["state"][held[0][1]]
+    else:
+        entry = opened[r][2]["state"].get(opened[r][1]["params"].index(name))
+        if entry is None:
+            return None
+    out = {"step": entry["step"]}
+    for field in ("exp_avg", "exp_avg_sq", "master"):
+        if field in entry:
+            out[field] = _gather(plan, _field_reader(opened, name, field, zero), entry[field]["dtype"])
+    return out
+
+
+def _field_reader(opened: dict, name: str, field: str, zero: bool) -> Any:
+    """A piece of parameter `name`'s saved state `field`: from the ZeRO slices (`zero`), else from a block."""
+    if zero:
+        return _slice_reader(opened, field)
+    return _reader(opened, lambda q: opened[q][2]["state"][opened[q][1]["params"].index(name)][field]["array"])
+
+
+def _state(fresh: dict, saved: dict, moments: dict, blocks: dict, names: list) -> dict:
+    """This rank's optimizer state_dict (`fresh`: this optimizer's own, its placement) with the saved steps and
+    hyperparameters (`saved`: a saved rank's state_dict; those this optimizer has) and each parameter's state
+    (`moments`: `_moments`' of each name in parameter order `names`; `blocks`: the parameters' blocks): AdamW's
+    per parameter (a float32 master for a bfloat16 one only), DistributedAdamW's per bucket (`_bucket_state`)."""
+    group = fresh["param_groups"][0]
+    group = {**group, **{h: v for h, v in saved["param_groups"][0].items() if h in group and h != "params"}}
+    if "buckets" in fresh:
+        state = _bucket_state(fresh, moments, blocks, names, saved["steps"])
+    else:
+        state = {j: {f: v for f, v in moments[name].items() if f != "master" or is_low(blocks[name].dtype)}
+                 for j, name in enumerate(names) if moments[name] is not None}
+    return {**fresh, "steps": saved["steps"], "param_groups": [group], "state": state}
+
+
+def _bucket_state(fresh: dict, moments: dict, blocks: dict, names: list, steps: int) -> dict:
+    """DistributedAdamW's state of this rank's slice of each bucket (`fresh`'s "buckets": members and slice)
+    from each member's part of its block's state: the moments, and the master copy (the parameter's block
+    where none was saved: AdamW's of a parameter of the master's own dtype), zeros in the padding."""
     state = {}
-    for j, name in enumerate(names):
-        i = header["params"].index(name)
-        entry = saved["state"].get(i)
-        if entry is None:  # a parameter that has not stepped: no state, as saved
-            continue
-        state[j] = {field: value if not isinstance(value, dict) else
-                    _gather(plans[name], _state_reader(opened, i, field), value["dtype"])
-                    for field, value in entry.items()}
-    return {**fresh, "steps": saved["steps"], "param_groups": saved["param_groups"], "state": state}
+    for k, (_, _, members, (lo, hi)) in enumerate(fresh["buckets"]):
+        out = {"step": steps, **{f: np.zeros_like(fresh["state"][k][f]) for f in ("exp_avg", "exp_avg_sq", "master")}}
+        for i, a, z in members:
+            s, e = max(a, lo), min(z, hi)
+            if s >= e or moments[names[i]] is None:
+                continue
+            out["step"] = moments[names[i]]["step"]
+            for f in ("exp_avg", "exp_avg_sq", "master"):
+                whole = moments[names[i]].get(f, blocks[names[i]])
+                out[f][s - lo:e - lo] = whole.reshape(-1)[s - a:e - a]
+        state[k] = out
+    return state
 
 
 def resumed_words(directory: str, saved: dict, dp: int, tp: int, sp: bool) -> str:
