@@ -25,6 +25,9 @@ from testkit import unfold
 SMALL = GPTConfig(layers=1, d_model=16, heads=2, seq=8, batch=4, dropout=0.2)
 TEXT = encode(load_text(20_000))
 DOC = "docs/howto/train-gpt.md"
+#: How a resume of a checkpoint without regions on another mesh or pipeline ends.
+OLDER = ("it records no ranks' regions to reshard from, saved by an older spmdsim: resume with the settings it was "
+         "saved with")
 
 
 def _run(steps, dp=2, tp=2, cfg=SMALL, **kw):
@@ -297,17 +300,21 @@ def test_a_resumed_pipeline_steps_as_the_pipeline_that_never_stopped(tmp_path, s
     assert read_meta(str(tmp_path / "resumed"))[0]["first loss"] == whole[0][0][1]  # step 0's, as train's
     assert read_meta(str(tmp_path / "whole"))[0]["pipeline"] == {"schedule": schedule, "microbatches": 2,
                                                                  "virtual": 1, "split": None}
-    # another pipeline's checkpoint: one line, before any collective
+    # another pipeline's checkpoint: resharded (tests/test_gpt_reshard.py), but FP8's scales: one line, before any
+    # collective
     pipeline = {"pp": 2, "schedule": schedule, "microbatches": 4, "virtual": 1, "split": None}
     zero = options.get("zero", 0)
     precision = options.get("precision", "fp64")
     assert checkpoint_problem(cfg, 4, 1, 2, 5, resume=str(tmp_path / "half"), pipeline=pipeline, zero=zero,
-                              precision=precision) == (
+                              precision=precision) == (None if precision != "fp8" else
         f"--resume {tmp_path / 'half'}: the checkpoint's pipeline has --microbatches 2, this run's --microbatches 4 "
-        "(resume with the settings it was saved with)")
-    # one side without a pipeline: both said as typed (was "the checkpoint's mesh has pp 2, this run's none")
+        "(resharding covers dp, tp, sp, pipeline and ZeRO-1 or 2 changes only, not FP8's scales (--precision fp8): "
+        "resume with the settings it was saved with)")
+    # one side without a pipeline, and another precision: both said as typed (was "the checkpoint's mesh has pp 2,
+    # this run's none")
     plain = checkpoint_problem(cfg, 4, 1, 2, 5, resume=str(tmp_path / "half"), zero=zero)  # train's: no pipeline
-    assert plain == (f"--resume {tmp_path / 'half'}: the checkpoint was saved with --pp 2 --schedule {schedule} "
+    assert plain == (None if precision != "fp8" else
+                     f"--resume {tmp_path / 'half'}: the checkpoint was saved with --pp 2 --schedule {schedule} "
                      "--microbatches 2, this run without a pipeline (resume with the settings it was saved with)")
     if schedule == "1f1b" and not options:  # and the other way: a checkpoint of train's, resumed in a pipeline
         from spmdsim.models.gpt import checkpoint
@@ -318,7 +325,7 @@ def test_a_resumed_pipeline_steps_as_the_pipeline_that_never_stopped(tmp_path, s
                                                            "step": 1, **checkpoint_meta(cfg, 4, 2, 2)}))
         assert checkpoint_problem(cfg, 4, 1, 2, 5, resume=str(tmp_path / "plain"), pipeline=pipeline) == (
             f"--resume {tmp_path / 'plain'}: the checkpoint was saved without a pipeline, this run with --pp 2 "
-            "--schedule 1f1b --microbatches 4 (resume with the settings it was saved with)")
+            f"--schedule 1f1b --microbatches 4 ({OLDER})")
 
 
 def test_an_moe_gpt_resumes_as_the_run_that_never_stopped(tmp_path):
@@ -357,10 +364,10 @@ def test_another_layer_split_is_said_against_the_balanced_default(tmp_path):
     balanced = dict(pipeline, split=None)
     assert checkpoint_problem(cfg, 4, 1, 2, 5, resume=str(tmp_path), pipeline=balanced) == (
         f"--resume {tmp_path}: the checkpoint's pipeline has --stage-layers 1,3, this run's a balanced split (no "
-        "--stage-layers) (resume with the settings it was saved with)")
+        f"--stage-layers) ({OLDER})")  # (a checkpoint that records regions: resharded, tests/test_gpt_reshard.py)
     assert checkpoint_problem(cfg, 4, 1, 2, 5, resume=str(tmp_path), pipeline=dict(pipeline, split=[3, 1])) == (
         f"--resume {tmp_path}: the checkpoint's pipeline has --stage-layers 1,3, this run's --stage-layers 3,1 "
-        "(resume with the settings it was saved with)")
+        f"({OLDER})")
 
 
 def test_another_moe_setting_is_named_by_its_own_field(tmp_path):
@@ -389,7 +396,7 @@ def test_a_checkpoint_of_context_parallel_ranks_is_said_by_its_cp(tmp_path):
     assert checkpoint_problem(SMALL, 8, 2, 2, 5, cp=2, resume=str(tmp_path)) is None
     assert checkpoint_problem(SMALL, 8, 4, 2, 5, resume=str(tmp_path)) == (
         f"--resume {tmp_path}: the checkpoint's mesh has cp 2 and dp 2, this run's cp none and dp 4 (resharding "
-        "covers dp, tp, sp and ZeRO-1 or 2 changes only, not context parallelism (--cp): resume with the settings "
-        "it was saved with)")
+        "covers dp, tp, sp, pipeline and ZeRO-1 or 2 changes only, not context parallelism (--cp): resume with the "
+        "settings it was saved with)")
     assert "mesh has cp 2 and dp 2, this run's cp 4 and dp 1" in checkpoint_problem(SMALL, 8, 1, 2, 5, cp=4,
                                                                                      resume=str(tmp_path))

@@ -18,12 +18,13 @@ from spmdsim.errors import SpmdsimError
 from spmdsim.models.gpt import GPTConfig, encode, load_text
 from spmdsim.models.gpt import checkpoint, reshard
 from spmdsim.models.gpt.checkpoint import META, checkpoint_meta, checkpoint_problem, rank_file, read_meta
+from spmdsim.models.gpt.pipeline import train_pipelined
 from spmdsim.models.gpt.train import train
 
 TINY = GPTConfig(layers=1, d_model=32, heads=4, seq=16, batch=4)  # dropout 0.1: its masks alike on any mesh
 TEXT = encode(load_text(20_000))
 AGAIN = "resume with the settings it was saved with"
-COVERS = "resharding covers dp, tp, sp and ZeRO-1 or 2 changes only"
+COVERS = "resharding covers dp, tp, sp, pipeline and ZeRO-1 or 2 changes only"
 
 
 def _run(mesh, steps, cfg=TINY, **kw):
@@ -94,6 +95,47 @@ def test_each_zero_rank_reads_only_the_files_whose_slices_it_needs(tmp_path, mon
     assert sorted(opened) == [(0, 0), (0, 1), (1, 2), (1, 3)] and resumed[0][0].passed
 
 
+DEEP = dataclasses.replace(TINY, layers=4, dropout=0.0)  # (a microbatch's dropout masks are its own: none here)
+
+
+def _staged(mesh, steps, **kw):
+    """Rank 0's StepResults of `train` (pp None) or `train_pipelined` of DEEP on `mesh` (ranks, pp, dp, tp)."""
+    ranks, pp, dp, tp = mesh
+    if pp is None:
+        return spmdsim.simulate(ranks, lambda: train(DEEP, spmdsim.world(), dp, tp, steps, TEXT, **kw)[1])[0]
+    return spmdsim.simulate(ranks, lambda: train_pipelined(DEEP, spmdsim.world(), pp, dp, tp, steps, TEXT,
+                                                           **kw)[1])[0]
+
+
+@pytest.mark.parametrize("saved_on, saved_kw, resumed_on, resumed_kw", [
+    ((4, 2, 1, 2), {"microbatches": 2}, (4, None, 2, 2), {}),  # a pipeline -> none
+    ((2, None, 1, 2), {}, (4, 2, 1, 2), {"microbatches": 2, "split": (1, 3)}),  # none -> an uneven split
+    ((4, 2, 2, 1), {"microbatches": 2, "schedule": "gpipe"}, (4, 4, 1, 1), {"microbatches": 4}),  # pp 2 -> pp 4
+    ((4, 2, 1, 2), {"microbatches": 2, "schedule": "interleaved", "virtual": 2}, (4, 2, 2, 1),
+     {"microbatches": 1}),  # two chunks a stage -> one; tp 2 -> dp 2
+    ((4, 2, 2, 1), {"microbatches": 2, "zero": 1}, (4, 4, 1, 1), {"microbatches": 4, "zero": 2}),  # ZeRO's slices
+    ((4, 4, 1, 1), {"microbatches": 4, "zero": 1}, (4, None, 4, 1), {"zero": 1}),  # the tied table's two ends
+])
+def test_a_pipeline_resumed_on_other_stages_steps_as_the_run_that_never_stopped(tmp_path, saved_on, saved_kw,
+                                                                                 resumed_on, resumed_kw):
+    whole = _staged(saved_on, 4, **saved_kw)
+    _staged(saved_on, 2, save=str(tmp_path / "half"), **saved_kw)
+    resumed = _staged(resumed_on, 4, resume=str(tmp_path / "half"), **resumed_kw)
+    assert [r.step for r in resumed] == [2, 3]
+    assert all(r.passed for r in resumed), [(r.errors, r.tolerances) for r in resumed]
+    for w, r in zip(whole[2:], resumed):
+        assert abs(r.loss - w.loss) <= r.tolerances[0] * abs(w.loss), (r.step, r.loss, w.loss)
+
+
+def test_a_pipeline_checkpoint_records_each_stages_blocks_and_none_for_the_others(tmp_path):
+    _staged((4, 2, 1, 2), 1, save=str(tmp_path / "ck"), microbatches=2, check=False)
+    saved = read_meta(str(tmp_path / "ck"))[0]["regions"]
+    # ranks 0, 1: stage 0 (layers 0, 1, the table), ranks 2, 3: stage 1 (layers 2, 3, lnf and the tied table)
+    assert saved["h0.attn.wq"]["blocks"] == [[[0, 32], [0, 16]], [[0, 32], [16, 32]], None, None]
+    assert saved["h3.attn.wq"]["blocks"] == [None, None, [[0, 32], [0, 16]], [[0, 32], [16, 32]]]
+    assert saved["wte"]["blocks"] == [[[0, 64], [0, 32]], [[64, 128], [0, 32]]] * 2
+
+
 def test_a_resharded_run_saves_a_checkpoint_of_its_own_mesh_and_the_trainings_first_loss(tmp_path):
     first = _run((4, 2, 2, False), 2, save=str(tmp_path / "a"))[0]
     _run((2, 1, 2, False), 3, resume=str(tmp_path / "a"), save=str(tmp_path / "b"))
@@ -149,10 +191,6 @@ def _written(where, step=2, **kw):
      f"the checkpoint's world size is 4, this run's 2 ({COVERS}, not FSDP (--zero 3): {AGAIN})"),
     ({"zero": 3}, {"world": 8, "dp": 4, "zero": 3},
      f"the checkpoint's world size is 4, this run's 8 ({COVERS}, not FSDP (--zero 3): {AGAIN})"),
-    ({"pipeline": {"pp": 2, "schedule": "1f1b", "microbatches": 2, "virtual": 1, "split": None}, "world": 8},
-     {"pipeline": {"pp": 2, "schedule": "1f1b", "microbatches": 2, "virtual": 1, "split": None}, "world": 4,
-      "dp": 1},
-     f"the checkpoint's world size is 8, this run's 4 ({COVERS}, not a pipeline (--pp): {AGAIN})"),
     ({"cp": 2, "world": 8}, {"world": 4},
      f"the checkpoint's world size is 8, this run's 4 ({COVERS}, not context parallelism (--cp): {AGAIN})"),
     ({"precision": "fp8"}, {"precision": "fp8", "tp": 4, "dp": 1},

@@ -280,6 +280,38 @@ def test_a_gpt_resumed_on_another_mesh_passes_its_check_under_mpi(tmp_path, save
     assert comm.allgather(resumed[-1].loss) == [resumed[-1].loss] * comm.size
 
 
+def test_a_pipeline_resumed_without_one_passes_its_check_under_mpi(tmp_path):
+    """A checkpoint of a pipeline (pp 2 x tp 2, its regions gathered at the save) resumed without one (dp 2 x tp 2)
+    under MPI: each rank finds its blocks in the stages' files, every resumed step passes its check, its loss the
+    uninterrupted pipeline's within the check's tolerance."""
+    import os
+
+    from mpi4py import MPI
+
+    from spmdsim.models.gpt import GPTConfig, encode, load_text
+    from spmdsim.models.gpt.pipeline import train_pipelined
+    from spmdsim.models.gpt.train import train
+
+    comm = MPI.COMM_WORLD
+    if comm.size != 4:
+        pytest.skip("pp 2 x tp 2, then dp 2 x tp 2: 4 ranks")
+    where = os.path.join(comm.bcast(str(tmp_path), root=0), "half")
+    cfg = GPTConfig(layers=2, d_model=16, heads=2, seq=8, batch=4, dropout=0.0)
+    text = encode(load_text(20_000))
+
+    def staged(steps, **kw):
+        run, results = train_pipelined(cfg, comm, 2, 1, 2, steps, text, microbatches=2, **kw)
+        run.close()
+        return results
+
+    whole = staged(4)
+    staged(2, save=where, check=False)
+    model, resumed = train(cfg, comm, 2, 2, 4, text, resume=where)
+    model.mesh.close()
+    assert [r.step for r in resumed] == [2, 3] and all(r.passed for r in resumed), resumed
+    assert all(abs(r.loss - w.loss) <= r.tolerances[0] * abs(w.loss) for r, w in zip(resumed, whole[2:]))
+
+
 def test_zero3_shards_rows_the_ranks_do_not_divide_under_mpi():
     """ZeRO-3 over every rank with a vocabulary (251) and width (18) no world size from 2 to 8 but 1 divides: the
     rows cut as FSDP2 cuts them (spmdsim.nn.fsdp.CUT), each gather's pieces padded; two steps within 1e-10 of one

@@ -18,10 +18,10 @@ On resume every rank reads ``checkpoint.json`` and refuses, alike and before any
 directory or metadata file, another config, precision, optimizer or pipeline, and a checkpoint at or past the run's
 last step (`resume_problem`); a config field the checkpoint lacks (added to GPTConfig after it was saved, as Llama's
 options were) reads as its default, the model it was saved of. Another mesh, world size or sequence parallelism, and
-so other layouts, is resharded where only dp, tp, sp and ZeRO-1 or 2 changed (spmdsim.models.gpt.reshard: rank 0
-records each rank's region of every parameter, under ZeRO its slices' parts too, and on resume each rank reads the
-pieces it needs from the files that hold them), and refused in one line otherwise (with FSDP, a pipeline, experts,
-cp or FP8). Then each rank reads its own file
+so other layouts, is resharded where only dp, tp, sp, the pipeline and ZeRO-1 or 2 changed
+(spmdsim.models.gpt.reshard: rank 0 records each rank's region of every parameter, under ZeRO its slices' parts too,
+and on resume each rank reads the pieces it needs from the files that hold them), and refused in one line otherwise
+(with FSDP, experts, cp or FP8). Then each rank reads its own file
 (resharded: the files it needs); what a rank finds wrong there (its file missing or unreadable, blocks of another
 shape, another step) can differ between ranks, so the ranks agree on it by one Allgather of their problems and every
 rank raises the first one: one line, exit 2, never a hang (`load`).
@@ -46,7 +46,7 @@ from ...runtime.sim import dry_run_active
 from ..axes import CONTEXT, DATA, EXPERT, PIPELINE, model_layout
 from .layouts import megatron_layouts
 from .mesh import zero_cut
-from .reshard import AGAIN, load_resharded, regions, resharded, resumed_words, scope
+from .reshard import AGAIN, load_resharded, regions, resharded, resumed_words, scope, stage_regions
 from .checkpoint_files import META, decode, encode, header_problem, rank_file, reason as _reason, write_aside
 
 __all__ = ["META", "rank_file", "run_meta", "resume_problem", "save_problem", "save", "load", "read_meta",
@@ -223,8 +223,8 @@ def save(directory: str, meta: dict, step: int, mesh: Any, params: dict, optimiz
     """Write this rank's file of the checkpoint at `step` (the steps done) into `directory`, and on rank 0 the
     metadata `meta` (`run_meta`) after it: `params` name -> DTensor, `optimizer` the trainer's, `scales` its FP8
     scales (spmdsim.base.fp8.Scales: a model's, or each chunk's of a pipeline stage). Collective: every rank writes
-    its own, then a barrier over `mesh`, so that the whole checkpoint is there when any rank goes on (a resume in
-    the same program, by any rank, reads it all)."""
+    its own (a pipeline's ranks gather their regions: reshard.stage_regions), then a barrier over `mesh`, so that
+    the whole checkpoint is there when any rank goes on (a resume in the same program, by any rank, reads it all)."""
     rank = mesh.rank
     arrays: dict = {}
     header = {"rank": rank, "step": step, "world size": meta["world size"], "params": list(params),
@@ -238,9 +238,12 @@ def save(directory: str, meta: dict, step: int, mesh: Any, params: dict, optimiz
         header.setdefault("dtypes", {})[name] = block.dtype.name
     arrays["header"] = np.array(json.dumps(header))
     write_aside(rank_file(directory, rank), lambda f: np.savez(f, **arrays))
-    if rank == 0:  # each rank's region of every parameter too, for a resume on another mesh (not a pipeline's)
-        where = {"regions": regions(params, mesh.size, optimizer)} if meta.get("pipeline") is None else {}
-        text = json.dumps({"format": _FORMAT, "version": _VERSION, "step": step, **meta, **where}, indent=1) + "\n"
+    # each rank's region of every parameter too, for a resume on another mesh (a pipeline's gathered: collective)
+    where = regions(params, mesh.size, optimizer) if meta.get("pipeline") is None else \
+        stage_regions(params, mesh, optimizer)
+    if rank == 0:
+        text = json.dumps({"format": _FORMAT, "version": _VERSION, "step": step, **meta, "regions": where},
+                          indent=1) + "\n"
         write_aside(os.path.join(directory, META), lambda f: f.write(text.encode("utf-8")))
     if mesh.size > 1:
         barrier(mesh.comm)
@@ -302,7 +305,7 @@ def load(directory: str, mesh: Any, params: dict, optimizer: Any, scales: tuple 
     saved, problem = read_meta(directory)
     step = saved["step"] if saved else 0
     if not problem:  # saved on another mesh (`meta`: this run's run_meta): resharded, from the files it needs
-        problem = load_resharded(directory, saved, params, optimizer) if meta is not None and \
+        problem = load_resharded(directory, saved, params, optimizer, mesh.rank) if meta is not None and \
             resharded(saved, meta) else _read_own(directory, step, mesh.rank, mesh.size, params, optimizer, scales)
         problem = problem and f"--resume {directory}: {problem}"
     problems = all_gather_object(mesh.comm, problem) if mesh.size > 1 else [problem]

@@ -123,7 +123,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     check = check and not dry_run_active()
     first = 0
     if resume is not None:  # this rank's blocks and optimizer state (collective: the ranks agree on a problem)
-        first = load(resume, mesh, params, optimizer, st.scales)
+        first = load(resume, mesh, params, optimizer, st.scales, meta)
     checker = _PipelineChecker(st, cfg, policy, zero, kept, microbatches, first) if check else None
     replay = replay and not dry_run_active()  # a dry run's steps count bytes: nothing to replay
     results: list = []

@@ -1,12 +1,14 @@
-"""Resuming a GPT checkpoint on another mesh: dp, tp, sequence parallelism and ZeRO-1 or 2 changed
+"""Resuming a GPT checkpoint on another mesh: dp, tp, sequence parallelism, the pipeline and ZeRO-1 or 2 changed
 (docs/howto/train-gpt.md, "Stopping and resuming the GPT").
 
 A checkpoint (spmdsim.models.gpt.checkpoint) records, beside every parameter's layout, each saved rank's region of
 every parameter: [start, stop) per dim (`regions`, in its checkpoint.json), and under ZeRO-1 or 2 (DistributedAdamW:
 each rank holds a slice of flat buckets of the moments and master copy) the part of each rank's flattened block of
 it that the rank's slice holds, and where in the slice (Megatron-Core's "dp-reshardable" distributed optimizer
-checkpoint likewise maps bucket slices back to parameters). A run on another mesh, or with the other of AdamW and
-DistributedAdamW, whose model config, precision and pipeline settings match is a redistribution from the saved
+checkpoint likewise maps bucket slices back to parameters); a pipeline's, gathered at the save, each rank's blocks of
+its stage's parameters and None for the others' (`stage_regions`: a parameter's name is the same on any stage). A
+run on another mesh or pipeline (another pp, schedule, chunks, microbatches or split, or none), or with the other
+of AdamW and DistributedAdamW, whose model config and precision match is a redistribution from the saved
 layout to the new one, through the files, as PyTorch's distributed checkpoint reshards at load time from each
 tensor's saved chunks: each rank works out, from the recorded regions and its own layout, which saved blocks
 overlap its own block of every parameter (under ZeRO, the part of it its new slice holds; saved under ZeRO, which
@@ -16,7 +18,7 @@ the float32 master copy of a bfloat16 parameter (ZeRO's master slices whatever t
 (`load_resharded`). No collective: the regions are in the metadata every rank reads, and what a rank finds wrong
 is agreed as on the same mesh (checkpoint.load).
 
-Resharding covers dp, tp, sp and ZeRO-1 or 2 changes only: a checkpoint or run with FSDP, a pipeline, experts,
+Resharding covers dp, tp, sp, pipeline and ZeRO-1 or 2 changes only: a checkpoint or run with FSDP, experts,
 context parallelism or FP8's scales is refused in one line that names what differs and why (`scope`), as is a
 checkpoint that records no regions (or under ZeRO no slices: saved by an older spmdsim), alike on every rank and
 before any collective.
@@ -34,7 +36,8 @@ import numpy as np
 
 from ...errors import SpmdsimError
 from ...base.precision import bfloat16, is_low
-from ..axes import CONTEXT, DATA, EXPERT, PIPELINE, TENSOR
+from ...runtime.door import all_gather_object
+from ..axes import CONTEXT, DATA, EXPERT, TENSOR
 from .checkpoint_files import decode, header_problem, rank_file, reason
 
 __all__ = ["MESH_KEYS", "regions", "scope", "resharded", "load_resharded", "resumed_words"]
@@ -46,7 +49,7 @@ MESH_KEYS = ("world size", "mesh", "sequence parallelism", "layouts")
 OPTIMIZERS = ("AdamW", "DistributedAdamW")
 
 #: What a refusal to reshard says it covers.
-COVERS = "resharding covers dp, tp, sp and ZeRO-1 or 2 changes only"
+COVERS = "resharding covers dp, tp, sp, pipeline and ZeRO-1 or 2 changes only"
 
 #: How a refusal to resume ends: the way out.
 AGAIN = "resume with the settings it was saved with"
@@ -69,25 +72,47 @@ def regions(params: dict, world: int, optimizer: Any = None) -> dict:
     return out
 
 
+def stage_regions(params: dict, mesh: Any, optimizer: Any) -> dict:
+    """`regions` of a pipeline's stages (collective: one Allgather over `mesh`, the whole (pp, ...) mesh, of
+    each rank's own): each rank's block of the parameters of its stage (`params`, on its stage's mesh), and None
+    in "blocks" (and "slices") for a rank whose stage does not hold the parameter."""
+    zero = optimizer.slices_of(optimizer.mesh.rank) if hasattr(optimizer, "slices_of") else None
+    index = {id(p): i for i, p in enumerate(getattr(optimizer, "params", ()))}
+    own = {}
+    for name, t in params.items():
+        shape = tuple(int(n) for n in t.global_shape)
+        own[name] = (list(shape), [[int(a), int(b)] for a, b in t.layout.bounds(t.mesh.rank, shape)],
+                     None if zero is None else [int(n) for n in zero[index[id(t)]]])
+    every = all_gather_object(mesh.comm, own) if mesh.size > 1 else [own]
+    out: dict = {}
+    for r, theirs in enumerate(every):
+        for name, (shape, bounds, slices) in theirs.items():
+            one = out.setdefault(name, {"shape": shape, "blocks": [None] * len(every)})
+            one["blocks"][r] = bounds
+            if slices is not None:
+                one.setdefault("slices", [None] * len(every))[r] = slices
+    return out
+
+
 def _covered(saved: dict, meta: dict) -> tuple:
-    """The metadata keys a reshard from `saved` to the run of `meta` may change: the mesh's, and the optimizer
-    between AdamW and ZeRO-1 or 2's DistributedAdamW."""
+    """The metadata keys a reshard from `saved` to the run of `meta` may change: the mesh's, the pipeline's, and
+    the optimizer between AdamW and ZeRO-1 or 2's DistributedAdamW."""
     both = saved.get("optimizer") in OPTIMIZERS and meta.get("optimizer") in OPTIMIZERS
-    return MESH_KEYS + ("optimizer",) * both
+    return MESH_KEYS + ("pipeline",) + ("optimizer",) * both
 
 
 def resharded(saved: dict, meta: dict) -> bool:
     """Whether the run of `meta` (checkpoint.run_meta) lays the checkpoint's parameters or optimizer state out
-    otherwise."""
-    return any(saved.get(key) != meta.get(key) for key in MESH_KEYS + ("optimizer",))
+    otherwise (its mesh, its pipeline's stages, its optimizer)."""
+    return any(saved.get(key) != meta.get(key) for key in MESH_KEYS + ("pipeline", "optimizer"))
 
 
 def scope(saved: dict, meta: dict) -> tuple[tuple, Optional[str]]:
     """(the metadata keys a reshard covers, which the comparison of the run of `meta` with the checkpoint's
     `saved` metadata (its config's defaults filled in) then skips; what ends the refusal of the first difference
     in place of "(resume with the settings it was saved with)" where a reshard is ruled out, or None)."""
-    if not resharded(saved, meta) or (saved.get("pipeline") is None) != (meta.get("pipeline") is None):
-        return (), None  # the same layout; or one side a pipeline: said by its flags
+    if not resharded(saved, meta):
+        return (), None  # the same layout
     blockers = [b for b in _blockers(saved) + _blockers(meta) if b]
     blockers = sorted(set(blockers), key=blockers.index)
     keys = _covered(saved, meta)
@@ -109,18 +134,18 @@ def _blockers(meta: dict) -> list:
     layouts = meta.get("layouts") if isinstance(meta.get("layouts"), dict) else {}
     config = meta.get("config") if isinstance(meta.get("config"), dict) else {}
     return [any(f'"{DATA}"' in str(layout) for layout in layouts.values()) and "FSDP (--zero 3)",
-            (meta.get("pipeline") is not None or PIPELINE in mesh) and "a pipeline (--pp)",
             (config.get("moe") is not None or EXPERT in mesh) and "experts (MoE layers)",
             CONTEXT in mesh and "context parallelism (--cp)",
             meta.get("precision") == "fp8" and "FP8's scales (--precision fp8)"]
 
 
-def load_resharded(directory: str, saved: dict, params: dict, optimizer: Any) -> Optional[str]:
+def load_resharded(directory: str, saved: dict, params: dict, optimizer: Any, rank: int) -> Optional[str]:
     """Load this rank's blocks of `params` (name -> DTensor) and its `optimizer`'s state for them (AdamW's or
     DistributedAdamW's) from the checkpoint in `directory` (its metadata `saved`), saved on another mesh or with
     the other of those optimizers: from each saved block that overlaps this rank's, read from only the files of
-    the ranks chosen to give them (under ZeRO, of the ranks whose slices hold the overlap's elements). None, or
-    why not (nothing then changed). No collective."""
+    the ranks chosen to give them (under ZeRO, of the ranks whose slices hold the overlap's elements; `rank`:
+    this rank's on the whole mesh, its own file's where that holds a block). None, or why not (nothing then
+    changed). No collective."""
     chosen: list = []  # the saved ranks whose files this rank reads, in the order first needed
     zero = saved.get("optimizer") == "DistributedAdamW"
     index = {id(p): i for i, p in enumerate(optimizer.params)}
@@ -132,7 +157,7 @@ def load_resharded(directory: str, saved: dict, params: dict, optimizer: Any) ->
         if isinstance(plans[name], str):
             return plans[name]
     for name, (mine, pieces) in plans.items():  # each block from a file read already where one holds it
-        plans[name] = mine, [(_holder(ranks, chosen, params[name].mesh.rank), *rest) for ranks, *rest in pieces]
+        plans[name] = mine, [(_holder(ranks, chosen, rank), *rest) for ranks, *rest in pieces]
     with ExitStack() as files:
         opened = {}
         for r in chosen:
@@ -142,7 +167,7 @@ def load_resharded(directory: str, saved: dict, params: dict, optimizer: Any) ->
                 return problem
         try:
             blocks = {name: _gather(plans[name], _reader(opened, lambda r, name=name: f"param.{name}"),
-                                    opened[chosen[0]][1]["dtypes"][name]) for name in params}
+                                    opened[plans[name][1][0][0]][1]["dtypes"][name]) for name in params}
             moments = {name: _moments(name, plans[name], opened, zero) for name in params}
             state = _state(optimizer.state_dict(), opened[chosen[0]][2], moments, blocks, list(params))
         except Exception as e:  # a damaged file: any reader's error, one line
@@ -168,6 +193,8 @@ def _plan(name: str, recorded: Any, t: Any, chosen: list, zero: Any) -> Any:
     mine = tuple(tuple(b) for b in t.layout.bounds(t.mesh.rank, shape))
     holders: dict = {}  # each saved region -> the ranks that hold it (replicas), in rank order
     for r, bounds in enumerate(recorded["blocks"]):
+        if bounds is None:  # a pipeline stage's rank that does not hold it
+            continue
         holders.setdefault(tuple(tuple(b) for b in bounds), []).append(r)
     pieces, covered = [], 0
     for region, ranks in holders.items():
@@ -175,7 +202,7 @@ def _plan(name: str, recorded: Any, t: Any, chosen: list, zero: Any) -> Any:
         if any(lo >= hi for lo, hi in overlap):
             continue
         wanted = _wanted(region, overlap, mine, zero) if zero else None
-        sources = _sources(recorded.get("slices"), wanted, ranks, chosen, t.mesh.rank) if zero else None
+        sources = _sources(recorded.get("slices"), wanted, ranks, chosen) if zero else None
         if isinstance(sources, str):
             return f"the ZeRO slices recorded of parameter {name} {sources}"
         pieces.append((ranks, region, overlap, sources))
@@ -209,15 +236,15 @@ def _wanted(region: tuple, overlap: tuple, mine: tuple, need: Any) -> list:
     return [(int(flat.min()), int(flat.max()) + 1)]
 
 
-def _sources(slices: Any, need: list, ranks: list, chosen: list, me: int) -> Any:
+def _sources(slices: Any, need: list, ranks: list, chosen: list) -> Any:
     """[(saved rank, bucket, start, stop, where in its slice)]: the parts of the ZeRO slices of the saved ranks
     `ranks` (which hold the region; `slices`: each rank's [bucket, start, stop, offset] of the parameter's
     flattened block) that cover the ranges `need` of the region's flattened block (`_wanted`), ranks already
-    `chosen` (appended to) first, then this rank `me`; or why not."""
+    `chosen` (appended to) first; or why not."""
     if not isinstance(slices, list) or len(slices) <= max(ranks):
         return "are missing"
     out = []
-    for r in sorted(ranks, key=lambda r: (r not in chosen, r != me, r)):
+    for r in sorted(ranks, key=lambda r: (r not in chosen, r)):
         k, lo, hi, off = slices[r]
         left = []
         for a, z in need:
