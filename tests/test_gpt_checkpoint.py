@@ -115,7 +115,6 @@ def saved(tmp_path_factory):
      "the checkpoint's config has lr 0.003, this run's 0.01 (resume with the settings it was saved with)"),
     # another mesh and another config: the config said (a reshard, tests/test_gpt_reshard.py, does not help)
     ({"dp": 4, "tp": 1, "cfg": dataclasses.replace(SMALL, lr=0.01)}, "the checkpoint's config has lr 0.003"),
-    ({"zero": 3}, "not FSDP (--zero 3): resume with the settings it was saved with)"),  # ZeRO-1 or 2: resharded
     ({"precision": "fp32"}, "the checkpoint's precision is 'fp64', this run's 'fp32'"),
     ({"steps": 2}, "the checkpoint is at step 2, at or past --steps 2; give --steps above 2 to train on"),
 ])
@@ -192,7 +191,7 @@ def test_the_section_shows_the_commands_this_test_runs():
     assert [q.command.split("--steps")[1] for q in shown] == [" 3 --save ckpt", " 6 --resume ckpt",
                                                               " 6 --resume ckpt", " 6 --resume ckpt 2>&1"]
     assert [q.command.split("--layers")[0] for q in shown] == ["python examples/train_gpt.py --ranks 4 --tp 2 "] * 2 \
-        + ["python examples/train_gpt.py --ranks 2 --tp 2 ", "python examples/train_gpt.py --ranks 4 --tp 2 --cp 2 "]
+        + ["python examples/train_gpt.py --ranks 2 --tp 2 ", "python examples/train_gpt.py --ranks 4 --tp 2 --precision fp32 "]
 
 
 def test_the_documented_commands_resume_as_the_run_that_never_stopped(tmp_path):
@@ -308,7 +307,7 @@ def test_a_resumed_pipeline_steps_as_the_pipeline_that_never_stopped(tmp_path, s
     assert checkpoint_problem(cfg, 4, 1, 2, 5, resume=str(tmp_path / "half"), pipeline=pipeline, zero=zero,
                               precision=precision) == (None if precision != "fp8" else
         f"--resume {tmp_path / 'half'}: the checkpoint's pipeline has --microbatches 2, this run's --microbatches 4 "
-        "(resharding covers dp, tp, sp, pipeline and ZeRO-1 or 2 changes only, not FP8's scales (--precision fp8): "
+        "(resharding covers dp, tp, sp, cp, pipeline and ZeRO changes only, not FP8's scales (--precision fp8): "
         "resume with the settings it was saved with)")
     # one side without a pipeline, and another precision: both said as typed (was "the checkpoint's mesh has pp 2,
     # this run's none")
@@ -394,9 +393,7 @@ def test_a_checkpoint_of_context_parallel_ranks_is_said_by_its_cp(tmp_path):
     (tmp_path / META).write_text(json.dumps({"format": checkpoint._FORMAT, "version": checkpoint._VERSION,
                                              "step": 1, **checkpoint_meta(SMALL, 8, 2, 2, cp=2)}))
     assert checkpoint_problem(SMALL, 8, 2, 2, 5, cp=2, resume=str(tmp_path)) is None
-    assert checkpoint_problem(SMALL, 8, 4, 2, 5, resume=str(tmp_path)) == (
-        f"--resume {tmp_path}: the checkpoint's mesh has cp 2 and dp 2, this run's cp none and dp 4 (resharding "
-        "covers dp, tp, sp, pipeline and ZeRO-1 or 2 changes only, not context parallelism (--cp): resume with the "
-        "settings it was saved with)")
+    assert checkpoint_problem(SMALL, 8, 4, 2, 5, resume=str(tmp_path)) == (  # (one with regions: resharded)
+        f"--resume {tmp_path}: the checkpoint's mesh has cp 2 and dp 2, this run's cp none and dp 4 ({OLDER})")
     assert "mesh has cp 2 and dp 2, this run's cp 4 and dp 1" in checkpoint_problem(SMALL, 8, 1, 2, 5, cp=4,
                                                                                      resume=str(tmp_path))

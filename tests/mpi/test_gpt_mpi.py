@@ -247,12 +247,12 @@ def test_a_resumed_gpt_steps_as_the_run_that_never_stopped(tmp_path):
                                     "is missing"] * comm.size
 
 
-@pytest.mark.parametrize("saved_zero, resumed_zero", [(0, 0), (1, 2)])
+@pytest.mark.parametrize("saved_zero, resumed_zero", [(0, 0), (1, 2), (3, 1)])
 def test_a_gpt_resumed_on_another_mesh_passes_its_check_under_mpi(tmp_path, saved_zero, resumed_zero):
     """--resume on another mesh under MPI (spmdsim.models.gpt.reshard): saved after 2 steps on dp x tp 2, resumed
-    on dp over every rank (tp 1), also ZeRO-1's slices resumed under ZeRO-2; each rank reads the pieces of its
-    blocks (and slices) from the saved ranks' files, every resumed step passes its check, and its loss is the
-    uninterrupted run's within the check's tolerance."""
+    on dp over every rank (tp 1), also ZeRO-1's slices resumed under ZeRO-2 and FSDP's shards under ZeRO-1; each
+    rank reads the pieces of its blocks (and slices) from the saved ranks' files, every resumed step passes its
+    check, and its loss is the uninterrupted run's within the check's tolerance."""
     import os
 
     from mpi4py import MPI

@@ -18,10 +18,10 @@ On resume every rank reads ``checkpoint.json`` and refuses, alike and before any
 directory or metadata file, another config, precision, optimizer or pipeline, and a checkpoint at or past the run's
 last step (`resume_problem`); a config field the checkpoint lacks (added to GPTConfig after it was saved, as Llama's
 options were) reads as its default, the model it was saved of. Another mesh, world size or sequence parallelism, and
-so other layouts, is resharded where only dp, tp, sp, the pipeline and ZeRO-1 or 2 changed
+so other layouts, is resharded where only dp, tp, sp, cp, the pipeline and ZeRO (FSDP too) changed
 (spmdsim.models.gpt.reshard: rank 0 records each rank's region of every parameter, under ZeRO its slices' parts too,
 and on resume each rank reads the pieces it needs from the files that hold them), and refused in one line otherwise
-(with FSDP, experts, cp or FP8). Then each rank reads its own file
+(with experts or FP8). Then each rank reads its own file
 (resharded: the files it needs); what a rank finds wrong there (its file missing or unreadable, blocks of another
 shape, another step) can differ between ranks, so the ranks agree on it by one Allgather of their problems and every
 rank raises the first one: one line, exit 2, never a hang (`load`).

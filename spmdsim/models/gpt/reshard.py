@@ -1,5 +1,5 @@
-"""Resuming a GPT checkpoint on another mesh: dp, tp, sequence parallelism, the pipeline and ZeRO-1 or 2 changed
-(docs/howto/train-gpt.md, "Stopping and resuming the GPT").
+"""Resuming a GPT checkpoint on another mesh: dp, tp, sequence and context parallelism, the pipeline and ZeRO (1, 2
+or FSDP's 3) changed (docs/howto/train-gpt.md, "Stopping and resuming the GPT").
 
 A checkpoint (spmdsim.models.gpt.checkpoint) records, beside every parameter's layout, each saved rank's region of
 every parameter: [start, stop) per dim (`regions`, in its checkpoint.json), and under ZeRO-1 or 2 (DistributedAdamW:
@@ -18,8 +18,9 @@ the float32 master copy of a bfloat16 parameter (ZeRO's master slices whatever t
 (`load_resharded`). No collective: the regions are in the metadata every rank reads, and what a rank finds wrong
 is agreed as on the same mesh (checkpoint.load).
 
-Resharding covers dp, tp, sp, pipeline and ZeRO-1 or 2 changes only: a checkpoint or run with FSDP, experts,
-context parallelism or FP8's scales is refused in one line that names what differs and why (`scope`), as is a
+FSDP's shards (--zero 3: AdamW on each rank's rows of a parameter) are blocks as any other, and the parameters are
+replicated over cp. Resharding covers dp, tp, sp, cp, pipeline and ZeRO changes only: a checkpoint or run with
+experts or FP8's scales is refused in one line that names what differs and why (`scope`), as is a
 checkpoint that records no regions (or under ZeRO no slices: saved by an older spmdsim), alike on every rank and
 before any collective.
 """
@@ -37,7 +38,7 @@ import numpy as np
 from ...errors import SpmdsimError
 from ...base.precision import bfloat16, is_low
 from ...runtime.door import all_gather_object
-from ..axes import CONTEXT, DATA, EXPERT, TENSOR
+from ..axes import DATA, EXPERT, TENSOR
 from .checkpoint_files import decode, header_problem, rank_file, reason
 
 __all__ = ["MESH_KEYS", "regions", "scope", "resharded", "load_resharded", "resumed_words"]
@@ -49,7 +50,7 @@ MESH_KEYS = ("world size", "mesh", "sequence parallelism", "layouts")
 OPTIMIZERS = ("AdamW", "DistributedAdamW")
 
 #: What a refusal to reshard says it covers.
-COVERS = "resharding covers dp, tp, sp, pipeline and ZeRO-1 or 2 changes only"
+COVERS = "resharding covers dp, tp, sp, cp, pipeline and ZeRO changes only"
 
 #: How a refusal to resume ends: the way out.
 AGAIN = "resume with the settings it was saved with"
@@ -133,9 +134,7 @@ def _blockers(meta: dict) -> list:
     mesh = meta.get("mesh") if isinstance(meta.get("mesh"), dict) else {}
     layouts = meta.get("layouts") if isinstance(meta.get("layouts"), dict) else {}
     config = meta.get("config") if isinstance(meta.get("config"), dict) else {}
-    return [any(f'"{DATA}"' in str(layout) for layout in layouts.values()) and "FSDP (--zero 3)",
-            (config.get("moe") is not None or EXPERT in mesh) and "experts (MoE layers)",
-            CONTEXT in mesh and "context parallelism (--cp)",
+    return [(config.get("moe") is not None or EXPERT in mesh) and "experts (MoE layers)",
             meta.get("precision") == "fp8" and "FP8's scales (--precision fp8)"]
 
 
