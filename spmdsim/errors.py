@@ -8,8 +8,8 @@ import traceback
 
 __all__ = ["fold_message", "exception_text", "same_class", "mark_guarded", "guarded", "SpmdsimError", "LayoutError",
            "ShapeError", "DTypeError", "RankError", "DialectError", "OperatorError", "PlanError", "PipelineError",
-           "RuntimeMismatchError", "RankCountError", "MeshSizeError", "StrategySizeError", "PartitionCountError",
-           "CheckFailed", "ResourceError"]
+           "RuntimeMismatchError", "DivergenceError", "RankCountError", "MeshSizeError", "StrategySizeError",
+           "PartitionCountError", "CheckFailed", "ResourceError"]
 
 
 #: Columns of a printed error line (spmdsim.programs.viz.table.WIDTH: every default output).
@@ -153,6 +153,11 @@ class PipelineError(SpmdsimError, ValueError):
 
 class RuntimeMismatchError(SpmdsimError, RuntimeError):
     """The MPI world does not match what the program needs (size, divergence)."""
+
+
+class DivergenceError(RuntimeMismatchError):
+    """Ranks call collectives that differ (the operation, a count, a dtype, a root): where MPI hangs or computes
+    garbage, a failure of the run, exit 1 (no bad input, even where every rank raises it), as a deadlock."""
 
 
 class RankCountError(SpmdsimError):

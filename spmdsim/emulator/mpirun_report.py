@@ -14,7 +14,7 @@ from ..base.sizes import out_of_memory
 from ..errors import (exception_text, fold_message, guarded, other_failures, RankCountError, RuntimeMismatchError,
                       SpmdsimError)
 from ..runtime.engines.memory import DRY_RUN_HINT, MemoryLimitError
-from ..runtime.sim.launch import every_ranks_line
+from ..runtime.sim.every_rank import every_ranks_line
 from ..runtime.sim.thread_limits import ThreadLimitError
 from ..runtime.sim.waiting import ranks_text
 

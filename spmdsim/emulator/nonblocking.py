@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import threading
 
-from ..errors import RuntimeMismatchError
+from ..errors import DivergenceError
 from .._lazy import numpy_on_first_use
 from ..runtime.sim.bodies import _nothing
 from ..runtime.sim.engine import _Waiting
@@ -106,7 +106,7 @@ class CollectiveRequest(Request):
             return
         phases, call.finish = call.finish or (), None  # they hold this rank's buffers: dropped in its thread
         if slot.error is not None:
-            raise RuntimeMismatchError(slot.error)
+            raise DivergenceError(slot.error)
         with _PHASES:
             for phase in phases:
                 phase(slot)

@@ -26,7 +26,7 @@ import time
 from collections import Counter
 from typing import Any, Callable, Optional, Sequence
 
-from ..errors import RuntimeMismatchError
+from ..errors import DivergenceError, RuntimeMismatchError
 from ..base.context import current as _context, simulated as _simulated
 from . import _roster
 from .debug import check_enabled, next_seq, watchdog_seconds
@@ -91,7 +91,7 @@ def verify(comm: Any, op: str, axes: Sequence[str], dtype: Any, shape: Optional[
     good = rows.index(expected)
     # Every member saw the same table, so all of them take this extra exchange.
     notes = engine.all_gather_object(comm, (_world_rank(), describe(seq, op, axes, dtype, shape, extra)))
-    raise RuntimeMismatchError(f"collectives diverge: rank {notes[bad][0]} calls {notes[bad][1]} but rank "
+    raise DivergenceError(f"collectives diverge: rank {notes[bad][0]} calls {notes[bad][1]} but rank "
                                f"{notes[good][0]} calls {notes[good][1]}"
                                + (f" ({best} of {g} ranks of the group agree)" if g > 2 else ""))
 
@@ -123,7 +123,7 @@ def verify_counts(comm: Any, sends: Any, receives: Any, seq: int, polite: bool) 
     bad = np.argwhere(sent != expected.T)  # sent[i, j]: i -> j; expected[j, i]: j expects from i
     if bad.size:
         i, j = (int(v) for v in bad[0])
-        raise RuntimeMismatchError(f"alltoallv counts disagree (seq {seq}): rank {i} sends {int(sent[i, j])} "
+        raise DivergenceError(f"alltoallv counts disagree (seq {seq}): rank {i} sends {int(sent[i, j])} "
                                    f"elements to rank {j}, which expects {int(expected[j, i])}"
                                    + (f" ({len(bad)} pairs disagree)" if len(bad) > 1 else ""))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from ...errors import RuntimeMismatchError
+from ...errors import DivergenceError
 from .report import program_lines
 from .waiting import _Waiting, ranks_text
 
@@ -80,7 +80,7 @@ class Group:
     def enter(self, me: int, seq: int, call: Call) -> _Slot:
         """Deposit member `me`'s call number `seq`; return the rendezvous once every member is there.
 
-        Raises RuntimeMismatchError on every member when the calls differ.
+        Raises DivergenceError on every member when the calls differ.
         """
         world = self.world
         with world.lock:
@@ -92,7 +92,7 @@ class Group:
     def _arrive(self, me: int, seq: int, call: Call) -> tuple[_Slot, bool]:
         """Deposit the call (world lock held); wait unless last. (slot, whether this member came last).
 
-        Raises RuntimeMismatchError on every member when the calls differ.
+        Raises DivergenceError on every member when the calls differ.
         """
         world = self.world
         rank = self.members[me]
@@ -108,7 +108,7 @@ class Group:
         last = slot.error is None and slot.arrived == self.size
         if slot.error is not None:
             self._let_go(slot, me)
-            raise RuntimeMismatchError(slot.error)
+            raise DivergenceError(slot.error)
         if last:
             del self.slots[seq]  # every member holds the slot now
             if call.complete is not None:
@@ -117,7 +117,7 @@ class Group:
             call.group, call.seq = self, seq  # what it waits in, for a report: no object made per wait
             world.wait(rank, call)
             if slot.error is not None:
-                raise RuntimeMismatchError(slot.error)
+                raise DivergenceError(slot.error)
         return slot, last
 
     def _let_go(self, slot: _Slot, me: int) -> None:
@@ -136,7 +136,7 @@ class Group:
         """Deposit member `me`'s nonblocking collective call number `seq` without waiting (MPI: posting a
         nonblocking collective does not block); once every member posted it, each member's request
         (`call.request`) is done, and its completion runs that member's `finish` phases
-        (spmdsim.emulator.nonblocking). Raises RuntimeMismatchError when the calls differ (the members that
+        (spmdsim.emulator.nonblocking). Raises DivergenceError when the calls differ (the members that
         posted before raise it at completion)."""
         world = self.world
         with world.lock:
@@ -151,7 +151,7 @@ class Group:
                 slot.error = self._mismatch(slot, me, seq)
             if slot.error is not None:
                 self._let_go(slot, me)
-                raise RuntimeMismatchError(slot.error)
+                raise DivergenceError(slot.error)
             if slot.arrived == self.size:
                 del self.slots[seq]
                 call.request.done = True

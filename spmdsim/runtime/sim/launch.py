@@ -26,13 +26,15 @@ from ...base.output import is_output_failure, output_error, quiet_stdout
 from ...base.ranks import is_ranks_flag
 from ...base.sizes import out_of_memory
 from ...base.threads import after_rank0_says, launched, launcher_rank, launcher_size
-from ...errors import SpmdsimError, exception_text, fold_message, other_failures
+from ...errors import DivergenceError, SpmdsimError, exception_text, fold_message, other_failures
 from ...base import context as _local
 from ..engines import ways_out
 from ..engines.memory import MemoryLimitError
 from .thread_limits import ThreadLimitError, threads_problem  # a thread each: the stacks must fit
 from .waiting import ranks_text
-from .run import MAX_DRY_RANKS, MAX_RANKS, exit_status, note_exit, simulate
+from .engine import DeadlockError
+from .every_rank import every_ranks_line
+from .run import MAX_DRY_RANKS, MAX_RANKS, current_rank, exit_status, note_exit, simulate
 from .os_exit import OsExit, os_exit_ends_the_rank
 from ..mpi_library import MPILibraryError, load_mpi
 
@@ -95,16 +97,17 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
     except BrokenPipeError:  # a reader gone before it (`| true`) ends the run as one gone later (`| head -1`)
         quiet_stdout()
         return 141
+    exits: dict = {}  # rank -> its exit status, where not 0
     try:
         if dry_run:
             with contextlib.redirect_stdout(io.StringIO()):  # values of a dry run are not results
-                codes = simulate(n, _exit_code, fn, dry_run=True)
+                codes = simulate(n, _exit_code, fn, exits, dry_run=True)
             print(codes.report.to_json() if as_json else codes.report.table())
             code = max(codes)  # a check on shapes alone fails (no values): passed on only when in dry_codes
             return code if code in dry_codes else 0
         keep_freed_buffers_unless_set()  # the program's process, as an MPI rank's (tune_mpi_process)
         with os_exit_ends_the_rank():  # a rank's os._exit ends it alone, named where others wait for it
-            codes = simulate(n, _exit_code, fn)
+            codes = simulate(n, _exit_code, fn, exits)
     except BrokenPipeError:  # stdout closed early (`| head`): stop quietly, as a shell tool does on SIGPIPE
         quiet_stdout()
         return 141
@@ -118,6 +121,9 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
         print(fold_message(f"spmdsim: error: {exc}"), file=sys.stderr)
         return 1
     except (SpmdsimError, MemoryError) as exc:  # MemoryError: numpy's own (the estimate was off or short)
+        if isinstance(exc, (DeadlockError, DivergenceError)):  # no bad input, on every rank too: as mpirun says it
+            print(f"spmdsim: error: {exc}", file=sys.stderr)
+            return max([1, *exits.values()])  # 1, or the largest code a rank exited with (mpiexec's)
         every = every_ranks_line(exc, n)
         if every is not None:  # as the MPI guard: every rank's hook exits 2, rank 0 says why
             print(fold_message(f"spmdsim: error: {every}"), file=sys.stderr)
@@ -137,35 +143,6 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
     return max(codes)
 
 
-def every_ranks_line(exc: BaseException, n: int) -> Optional[str]:
-    """The one line of an error every one of the `n` ranks raised, each an SpmdsimError or a MemoryError (the
-    errors the MPI guard ends a job with in one line and exit 2, whatever their text or class on each rank),
-    else None. Rank 0's text, as under MPI, and where the texts differ, the ranks that said it and the next
-    text with its ranks: 'TEXT (rank 0; ranks differ: ranks 1,3: TEXT; 1 more text on rank 2)'.
-
-    Only the ranks' texts alike used to count: a shard's size in the message (DTensor.from_local), or a
-    ShapeError on one rank and an SpmdsimError on the others, was exit 1 with 'error on simulated rank 0'."""
-    failures = getattr(exc, "simulated_failures", None)
-    if failures is None:  # a dry run's: one rank ran for all, its error every rank's (spmdsim.runtime.sim.run._dry_run)
-        failures = tuple((rank, type(exc), str(exc)) for rank in getattr(exc, "simulated_ranks", ()))
-    if len(failures) != n or not all(issubclass(kind, (SpmdsimError, MemoryError)) for _, kind, _ in failures):
-        return None
-    texts: dict[str, list[int]] = {}  # text -> the ranks that raised it, in order of their lowest rank
-    for rank, kind, text in failures:
-        if not issubclass(kind, SpmdsimError):  # a MemoryError: as the guard turns it into an SpmdsimError
-            text = out_of_memory(MemoryError(text))
-        texts.setdefault(text, []).append(rank)
-    (first, ranks), *others = texts.items()
-    if not others:
-        return first
-    (text, theirs), rest = others[0], others[1:]
-    more = ""
-    if rest:
-        left = sorted(r for _, rs in rest for r in rs)
-        more = f"; {len(rest)} more {'text' if len(rest) == 1 else 'texts'} on {ranks_text(left)}"
-    return f"{first} ({ranks_text(ranks)}; ranks differ: {ranks_text(theirs)}: {text}{more})"
-
-
 def _also(exc: BaseException) -> str:
     """A line for each simulated rank that failed otherwise than `exc`, the error reported (the first four, then
     how many more), as mpiexec shows every rank's error: '' where none did."""
@@ -174,17 +151,24 @@ def _also(exc: BaseException) -> str:
     return "".join(lines) + (f"spmdsim: and {len(other) - 4} more ranks failed otherwise\n" if len(other) > 4 else "")
 
 
-def _exit_code(fn: Callable[[], Any]) -> int:
+def _exit_code(fn: Callable[[], Any], exits: dict) -> int:
+    """`fn()`'s exit status; a sys.exit or os._exit ends this rank alone, as its MPI process, noted in `exits` and
+    for deadlock reports ('rank 1 exited (sys.exit(3))', as spmdsim mpirun says it)."""
+    call = ""
     try:
         code = fn()
-    except SystemExit as exc:  # a script's sys.exit(code) on every rank
-        code = exc.code
-    except OsExit as exc:  # os._exit(code): this rank ends, as its MPI process would, not the run
-        code = exc.code
-        note_exit(code, "os._exit")
+    except SystemExit as exc:
+        code, call = exc.code, "sys.exit"
+    except OsExit as exc:
+        code, call = exc.code, "os._exit"
     if not (code is None or isinstance(code, int)):
         print(code, file=sys.stderr)
-    return exit_status(code)  # sys.exit(-1) on one rank is 255, as under mpiexec, not lost to the others' 0
+    status = exit_status(code)  # sys.exit(-1) on one rank is 255, as under mpiexec, not lost to the others' 0
+    if call:
+        note_exit(code if code is None or isinstance(code, int) else status, call)
+    if status:
+        exits[current_rank()] = status
+    return status
 
 
 #: Where the frames of the simulation itself lie: a traceback starts after them, at the program's first. runpy's

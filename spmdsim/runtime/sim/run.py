@@ -390,7 +390,7 @@ def note_exit(code: int, call: str = "sys.exit") -> None:
     """Note that this simulated rank's program exits with `code` by `call` (spmdsim mpirun's sys.exit or
     os._exit): a deadlock report then says 'rank 1 exited (sys.exit(3))' instead of 'rank 1 finished'."""
     state = _local.simulated()
-    if state is not None and code:
+    if state is not None and code and not state.dry_run:  # (a dry run reports no deadlock)
         world = state.comm._group.world
         with world.lock:
             world.exits[state.rank] = f"{call}({code})"
