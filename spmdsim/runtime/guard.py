@@ -1,7 +1,8 @@
 """Never hang: an exception on some ranks ends the whole MPI job (docs/explanation/runtime.md, "Never hang").
 
 An SpmdsimError raised on every rank within `GRACE_S` is a clean error (rank 0
-prints ``spmdsim: error: ...``, every rank exits 2); a SystemExit on every rank
+prints ``spmdsim: error: ...``, every rank exits 2; 1 for collectives that differ, a DivergenceError: no bad
+input); a SystemExit on every rank
 passes; anything else prints ``spmdsim: error on rank R: ...`` and aborts the
 job. Under spmdsim.simulate exceptions pass: simulate() stops every rank.
 
@@ -30,7 +31,7 @@ import time
 import traceback
 from typing import Any, Callable, NoReturn
 
-from ..errors import SpmdsimError, fold_message, mark_guarded
+from ..errors import DivergenceError, SpmdsimError, fold_message, mark_guarded
 from ..base.context import simulated as _simulated
 from ..base.sizes import out_of_memory
 from ..base.threads import launched
@@ -127,8 +128,9 @@ def _all_failed(private: Any, grace: float) -> bool:
     return False
 
 
-def handle_exception(exc: BaseException, comm: Any = None, private: Any = None) -> bool:
-    """Report `exc`; return True for a clean all-ranks SpmdsimError (caller exits 2), else Abort (Ctrl-C too)."""
+def handle_exception(exc: BaseException, comm: Any = None, private: Any = None) -> int:
+    """Report `exc`; return the exit code of a clean all-ranks SpmdsimError (2; 1 for a DivergenceError, which is
+    no bad input), else Abort (Ctrl-C too)."""
     comm = _world(comm)
     rank = comm.Get_rank()
     if isinstance(exc, KeyboardInterrupt):
@@ -146,7 +148,7 @@ def handle_exception(exc: BaseException, comm: Any = None, private: Any = None) 
         if _all_failed(private, GRACE_S):
             if rank == 0:
                 print(fold_message(f"spmdsim: error: {exc}"), file=sys.stderr, flush=True)
-            return True
+            return 1 if isinstance(exc, DivergenceError) else 2
         text = fold_message(f"spmdsim: error on rank {rank}: {exc}") + "\n"
     else:
         detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
@@ -196,7 +198,7 @@ def _exit_alone(exc: SystemExit, comm: Any, private: Any) -> None:
 class abort_on_error:
     """Context manager and decorator: ``with abort_on_error(comm): ...`` (enter it on every rank).
 
-    A clean all-ranks SpmdsimError becomes ``SystemExit(2)``; a SystemExit on
+    A clean all-ranks SpmdsimError becomes ``SystemExit(2)`` (1: a DivergenceError); a SystemExit on
     every rank passes; anything else aborts the job.
     """
 
@@ -219,8 +221,9 @@ class abort_on_error:
         if isinstance(exc, SystemExit):
             _exit_alone(exc, self._comm, self._private)
             return False
-        if handle_exception(exc, self._comm, self._private):
-            raise _GuardExit(2) from None
+        code = handle_exception(exc, self._comm, self._private)
+        if code:
+            raise _GuardExit(code) from None
         return False  # not reached: handle_exception aborts
 
     def __call__(self, fn: Callable) -> Callable:
@@ -245,8 +248,9 @@ def install_excepthook(comm: Any = None) -> None:
     private = _private(comm)
 
     def hook(exc_type: Any, exc: BaseException, tb: Any) -> None:
-        if handle_exception(exc, comm, private):  # Ctrl-C included: one line, exit 130
-            _finalize_and_exit(2)
+        code = handle_exception(exc, comm, private)  # Ctrl-C included: one line, exit 130
+        if code:
+            _finalize_and_exit(code)
 
     sys.excepthook = hook
 
@@ -273,7 +277,7 @@ def _finalize_and_exit(code: int) -> NoReturn:
 def run_guarded(fn: Callable[[], Any], comm: Any = None) -> int:
     """Run fn() on every rank and return its exit code (int, None = 0); the CLI's MPI commands use it.
 
-    A clean all-ranks SpmdsimError returns 2; any other failure aborts the job
+    A clean all-ranks SpmdsimError returns 2 (1: a DivergenceError); any other failure aborts the job
     (under spmdsim.simulate exceptions pass to simulate()).
     """
     if _simulated() is not None:
@@ -292,6 +296,4 @@ def run_guarded(fn: Callable[[], Any], comm: Any = None) -> int:
         _exit_alone(exc, comm, private)
         raise
     except BaseException as exc:  # noqa: BLE001 - every failure must end the job
-        if handle_exception(exc, comm, private):
-            return 2
-        return 1  # not reached
+        return handle_exception(exc, comm, private) or 1  # (1: not reached, it aborts)
