@@ -37,8 +37,9 @@ class OsExit(BaseException):
 def os_exit_ends_the_rank() -> Iterator[None]:
     """While the ranks run, os._exit(code) in a simulated rank's own thread ends that rank with `code`, as it
     ends that MPI process, where it ended this process and every rank without a word; in any other thread
-    (one a rank started too) it is Python's, and ends the process. Where a caller already took os._exit over
-    (spmdsim mpirun, the lab's grader: each reports it its own way) it stays theirs."""
+    (one a rank started too) it is Python's, and ends the process. Nested (spmdsim mpirun, --ranks N and the
+    lab's grader enter it around simulate(), which enters it too) the outer one's stays: one OsExit for all,
+    each caller reporting it its own way (the grader as its verdict 'exit')."""
     real = os._exit
     if real is not _PYTHONS:
         yield

@@ -6,18 +6,18 @@ limited child process (spmdsim.tools.lab.sandbox); tests call it directly on sub
 from __future__ import annotations
 
 import builtins
-import contextlib
 import copy
 import dataclasses
 import functools
 import hashlib
 import os
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 from ...base.source import SourceDecodeError, decode_source
 from ...emulator.comm import world
 from ...emulator.mpi4py_world import swapped
 from ...emulator.rank_random import adopt, own_generators
+from ...runtime.sim.os_exit import OsExit, os_exit_ends_the_rank
 from ...runtime.sim.run import current_rank, simulate
 from .calls import Notes, missing, too_many, violation, watching
 from .compare import first_difference
@@ -64,23 +64,6 @@ class CaseResult:
     @property
     def passed(self) -> bool:
         return self.status == PASS
-
-
-@contextlib.contextmanager
-def _os_exit_raises() -> Iterator[None]:
-    """While the ranks run, os._exit on a simulated rank raises Exited there; elsewhere it is Python's."""
-    real = os._exit
-
-    def _exit(code: int) -> None:
-        if current_rank() is None:
-            real(code)
-        raise Exited("os._exit", code)
-
-    os._exit = _exit
-    try:
-        yield
-    finally:
-        os._exit = real
 
 
 def compile_submission(path: str) -> Any:
@@ -143,7 +126,7 @@ def _meant_for(exercise: Exercise, names: list) -> str:
 
 def call_submission(exercise: Exercise, code: Any, path: str, comm: Any, args: tuple, notes: Notes) -> Any:
     """Load the submission's `code` as a module of this rank's own, and call its function on `comm` and a
-    copy of `args`, its MPI calls noted in `notes`; sys.exit in it raises Exited."""
+    copy of `args`, its MPI calls noted in `notes`; sys.exit or os._exit in it raises Exited."""
     scope = {"__name__": "submission", "__file__": path, "__builtins__": builtins}
     try:
         exec(code, scope)
@@ -158,6 +141,8 @@ def call_submission(exercise: Exercise, code: Any, path: str, comm: Any, args: t
             return function(comm, *copy.deepcopy(tuple(args)))
     except SystemExit as exc:
         raise Exited("sys.exit", exc.code).with_traceback(exc.__traceback__) from None
+    except OsExit as exc:  # os._exit on the rank (os_exit_ends_the_rank): ends the run, not the grader
+        raise Exited("os._exit", exc.code).with_traceback(exc.__traceback__) from None
 
 
 def _per_rank(exercise: Exercise, code: Any, path: str, case: dict, notes: list,
@@ -202,7 +187,7 @@ def run_case(exercise: Exercise, path: str, n: int, seed: int, eager_limit: int 
     notes = [Notes() for _ in range(n)]
     failure, results = None, None
     try:
-        with swapped(), _os_exit_raises(), own_generators():
+        with swapped(), os_exit_ends_the_rank(), own_generators():
             results = simulate(n, _per_rank, exercise, code, path, case, notes, returned, eager_limit=eager_limit)
     except Exception as exc:  # noqa: BLE001 - any failure of the submission is its verdict
         failure = describe_failure(exc, path, n, exercise.signature)
