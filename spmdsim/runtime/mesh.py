@@ -230,6 +230,11 @@ class Mesh(_ForeignNames):
         """Mesh ranks of this rank's group over `axes`, in group order (pure, no MPI)."""
         return self.layout.group_members(self.rank, normalize_axes(axes))
 
+    def apart_from(self, other: "Mesh") -> str | None:
+        """Why DTensors on mesh `other` cannot meet DTensors on this one in one operation, or None (`foreign`;
+        a method, so that code above the runtime that holds a mesh asks it without importing the runtime)."""
+        return foreign(self, other)
+
     def close(self) -> None:
         """Free the cached sub-communicators (collective over the mesh)."""
         for sub, _, _ in self._groups.values():

@@ -35,8 +35,8 @@ from ...base.buffers import as_array, contiguous
 from ...base.validate import counted, describe, dtype_name, shape_arg
 from ...errors import OperatorError
 from ...layouts.layout import Layout, TensorLayout
-from ...runtime.mesh import foreign
-from ...runtime.trace import collect_trace
+from ...base.context import current
+from ...runtime.engines.trace import Trace
 from .graph import is_grad_enabled, record, with_partial
 
 __all__ = ["Function", "FunctionCtx"]
@@ -118,8 +118,7 @@ class Function:
             if not unsummed:
                 grads = cls.backward(ctx, dy.local)
             else:  # the collectives it makes, watched: a copy's gradient needs one over the axes that split the rest
-                with collect_trace() as seen:
-                    grads = cls.backward(ctx, dy.local)
+                grads, seen = _watched(cls.backward, ctx, dy.local)
             grads = grads if isinstance(grads, tuple) else (grads,)
             if len(grads) == len(args) != len(tensors):  # PyTorch's habit: one per argument, None for the others
                 extra = [k for k, a in enumerate(args) if positions.get(id(a)) is None and grads[k] is not None]
@@ -155,7 +154,7 @@ def _output(name: str, tensors: list, layout: Any, shape: Any) -> tuple[TensorLa
     first: one mesh, no pending sum; `layout=` a TensorLayout of that mesh. Alike on every rank: layouts only."""
     mesh = tensors[0].mesh
     for t in tensors:
-        if t.mesh is not mesh and (why := foreign(mesh, t.mesh)):
+        if t.mesh is not mesh and (why := mesh.apart_from(t.mesh)):
             raise OperatorError(f"{name}.apply: its DTensor arguments live on different meshes: {why}"
                                 + ("; redistribute one onto the other's mesh first" if t.mesh.layout != mesh.layout
                                    else ""))
@@ -196,6 +195,17 @@ def _copies_to_sum(tensors: list, out: TensorLayout) -> dict:
         if axes:
             found[k] = axes
     return found
+
+
+def _watched(backward: Any, *args: Any) -> tuple:
+    """(`backward(*args)`, the Trace of the collectives it made): collect_trace's, without importing the runtime
+    above its engines (this module decides; spmdsim.runtime.trace is the running rank's)."""
+    seen, traces = Trace(), current().traces
+    traces.append(seen)
+    try:
+        return backward(*args), seen
+    finally:
+        traces.remove(seen)
 
 
 def _warn_unsummed(name: str, unsummed: dict, grads: list, seen: Any, rank: int) -> None:
