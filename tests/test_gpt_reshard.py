@@ -266,3 +266,31 @@ def test_a_refused_reshard_says_alike_on_every_rank_before_any_collective(tmp_pa
     assert said == [f"--resume {where}: the checkpoint's world size is 4, this run's 2 ({COVERS}, not FP8's "
                     f"scales (--precision fp8): {AGAIN})"] * 2
     shutil.rmtree(where)
+
+
+PIPE = {"pp": 2, "schedule": "1f1b", "microbatches": 2, "virtual": 1, "split": None}
+
+
+@pytest.mark.parametrize("saved, run, said", [
+    ({}, {}, ""),  # the same mesh: the plain line
+    ({"zero": 1}, {"zero": 2}, ", resharded from dp 2 x tp 2 with ZeRO-1 (4 ranks)"),  # the stage alone
+    ({"world": 8, "pipeline": PIPE, "zero": 1}, {"world": 8, "dp": 4},
+     ", resharded from pp 2 x dp 2 x tp 2 with ZeRO-1 (8 ranks)"),  # the pipeline and ZeRO
+    ({"dp": 1, "cp": 2}, {}, ", resharded from dp 1 x cp 2 x tp 2 (4 ranks)"),  # cp alone
+    ({"sp": True, "zero": 3}, {"sp": True}, ", resharded from dp 2 x tp 2 with sequence parallelism and FSDP "
+     "(ZeRO-3) (4 ranks)"),
+    ({"zero": 2, "older": True}, {}, ", resharded from dp 2 x tp 2 with ZeRO-1 or 2 (4 ranks)"),  # no stage kept
+    ({"zero": 2, "older": True}, {"zero": 1}, ""),
+])
+def test_the_resume_line_says_the_mesh_pipeline_and_zero_stage_it_was_saved_with(tmp_path, saved, run, said):
+    older = saved.pop("older", False)
+    where = _written(tmp_path / "ck", step=3, **saved)
+    if older:  # saved before checkpoint.json recorded the ZeRO stage
+        meta = json.loads((tmp_path / "ck" / META).read_text())
+        del meta["zero"]
+        (tmp_path / "ck" / META).write_text(json.dumps(meta))
+    run = {"dp": 2, "tp": 2, "sp": False, **run}
+    run.pop("world", None)
+    if "pipeline" in saved:
+        run["pp"] = None  # (the run without a pipeline)
+    assert checkpoint.resume_line(where, **run) == f"resuming from {where} at step 3{said}"

@@ -101,10 +101,14 @@ def first_loss(resume: Optional[str]) -> Optional[float]:
     return None if resume is None else ((read_meta(resume)[0] or {}).get("first loss"))
 
 
-def resume_line(directory: str, dp: int, tp: int, sp: bool) -> str:
-    """"resuming from DIR at step 3", and where the checkpoint in `directory` was saved on another mesh than
-    (`dp`, `tp`, `sp`) ", resharded from dp 2 x tp 2 (4 ranks)": what a trainer prints as it resumes."""
-    return resumed_words(directory, read_meta(directory)[0], dp, tp, sp)
+def resume_line(directory: str, dp: int, tp: int, sp: bool, *, pp: Any = None, cp: int = 1,
+                zero: int = 0, ep: Optional[int] = None, etp: int = 0) -> str:
+    """"resuming from DIR at step 3", and where the checkpoint in `directory` was saved on another mesh than this
+    run's (pp where a pipeline runs, dp, ep with experts, cp, tp, the experts' etp: `checkpoint_meta`'s), with or
+    without sequence parallelism `sp`, or under another ZeRO stage than `zero`, what it was saved with:
+    ", resharded from pp 2 x dp 2 x tp 2 with ZeRO-1 (8 ranks)": what a trainer prints as it resumes."""
+    sizes, names = model_layout(tp, dp, ep, pp or None, cp if cp > 1 else None, etp=etp)  # (pp False: none)
+    return resumed_words(directory, read_meta(directory)[0], dict(zip(names, sizes)), sp, zero)
 
 
 def with_first_loss(meta: dict, resume: Optional[str], results: list) -> dict:
@@ -121,6 +125,7 @@ def resume_problem(directory: str, meta: dict, steps: int) -> Optional[str]:
         return problem
     if isinstance(saved.get("config"), dict):  # a field added since it was saved: its default
         saved = {**saved, "config": {**_config_defaults(), **saved["config"]}}
+    meta = {k: v for k, v in meta.items() if k != "zero"}  # (said by the resume line, not compared)
     covered, why_not = scope(saved, meta)  # another mesh: resharded (spmdsim.models.gpt.reshard), or why not
     problem = _difference(directory, saved, meta, steps, covered)
     return problem.replace(f"({AGAIN})", why_not) if problem and why_not else problem
@@ -357,6 +362,7 @@ def checkpoint_meta(cfg: GPTConfig, world: int, dp: int, tp: int, *, sp: bool = 
     meta = run_meta(cfg, world, mesh_layout, sp, chosen, get_precision(precision).name,
                     "DistributedAdamW" if zero in (1, 2) else "AdamW")
     meta["pipeline"] = pipeline
+    meta["zero"] = zero  # (what the resume line says: the state is ZeRO-1 and 2's alike, and the layouts FSDP's)
     return meta
 
 
