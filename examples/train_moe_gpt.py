@@ -51,7 +51,7 @@ from spmdsim.models.gpt.mesh import zero_cut
 from spmdsim.models.gpt.parallel import DIALECTS, dialect_layouts
 from spmdsim.models.gpt.pipeline import train_pipelined
 from spmdsim.models.gpt.pipeline_problems import stage_problem
-from spmdsim.models.gpt.checkpoint import checkpoint_problem, first_loss, read_meta
+from spmdsim.models.gpt.checkpoint import checkpoint_problem, first_loss, resume_line
 from spmdsim.models.gpt.train import replay_problem, train
 from spmdsim.models.gpt.tolerances import failed_steps
 from spmdsim.models.axes import model_layout
@@ -306,7 +306,8 @@ def print_header(args, run):
             print(f"  layers per {'chunk' if v > 1 else 'stage'}: {split_words(run.layers)}")
         print(f"  each stage's MoE layers exchange tokens over its own ep groups; router losses scaled by 1/{m}")
     if args.resume is not None:
-        print(f"resuming from {args.resume} at step {read_meta(args.resume)[0]['step']}")
+        print(resume_line(args.resume, run.dp, run.tp, args.sp, pp=pipelined(args) and args.pp, cp=args.cp,
+                          zero=run.zero, ep=run.ep, etp=run.cfg.expert_tp))
     print(step_header(run.check))
 
 

@@ -2,8 +2,8 @@
 resuming the GPT"): a checkpoint saved on one (dp, tp, sp) mesh resumes on another, each rank reading the pieces
 of the saved blocks that overlap its own from the files it needs; the resumed steps pass the check and end at
 the uninterrupted run's loss within the check's tolerance (the sums over tp run in another order: not bit for
-bit). ZeRO, FSDP, a pipeline, experts, context parallelism, FP8's scales and a checkpoint that records no regions
-stay refused in one line, alike on every rank. The documented commands: tests/test_gpt_checkpoint.py."""
+bit), with ZeRO, FSDP, a pipeline, context parallelism or experts (their ep and etp) too. FP8's scales and a
+checkpoint that records no regions stay refused in one line, alike on every rank. The documented commands: tests/test_gpt_checkpoint.py."""
 from __future__ import annotations
 
 import dataclasses
@@ -24,7 +24,7 @@ from spmdsim.models.gpt.train import train
 TINY = GPTConfig(layers=1, d_model=32, heads=4, seq=16, batch=4)  # dropout 0.1: its masks alike on any mesh
 TEXT = encode(load_text(20_000))
 AGAIN = "resume with the settings it was saved with"
-COVERS = "resharding covers dp, tp, sp, cp, pipeline and ZeRO changes only"
+COVERS = "resharding covers dp, tp, sp, cp, ep, etp, pipeline and ZeRO changes only"
 
 
 def _run(mesh, steps, cfg=TINY, **kw):
@@ -229,14 +229,47 @@ def test_another_mesh_with_fp8_or_another_precision_is_refused_in_one_line(tmp_p
         assert checkpoint_problem(TINY, 2, 1, 2, 5, resume=where, sp=True) is None
 
 
-def test_experts_on_another_mesh_are_refused_in_one_line(tmp_path):
+MOE = dataclasses.replace(TINY, dropout=0.0)
+
+
+@pytest.mark.parametrize("saved_on, saved_kw, resumed_on, resumed_kw", [
+    ((4, 1, 2, 2), {}, (4, 1, 1, 4), {}),  # ep 2 x tp 2 -> ep 4
+    ((4, 2, 1, 2), {"zero": 1}, (4, 1, 1, 4), {"zero": 1}),  # ZeRO-1 over dp 2 x ep 2 -> over ep 4
+    ((4, 1, 4, 1), {"etp": 2}, (4, 1, 2, 2), {"etp": 1}),  # the experts' tp 2 of tp 4 -> ep 2, etp 1
+    ((4, 1, 2, 2), {}, (4, 1, 4, 1), {"etp": 2, "zero": 2}),  # -> folded: etp 2 of tp 4, ZeRO-2
+    ((4, 2, 1, 2), {"zero": 3}, (2, 1, 1, 2), {}),  # FSDP: the dense parameters over dp x ep -> none
+    ((2, 1, 1, 2), {}, (4, 2, 2, 1), {"zero": 1}),  # ep 2 -> dp 2 x tp 2, one expert group
+])
+def test_an_moe_gpt_resumed_on_another_mesh_steps_as_the_run_that_never_stopped(tmp_path, saved_on, saved_kw,
+                                                                                resumed_on, resumed_kw):
+    from spmdsim.models.moe import MoEConfig
+
+    def run(mesh, steps, etp=0, **kw):
+        ranks, dp, tp, ep = mesh
+        cfg = dataclasses.replace(MOE, moe=MoEConfig(experts=4, top_k=2, every=1, etp=etp))
+        return spmdsim.simulate(ranks, lambda: train(cfg, spmdsim.world(), dp, tp, steps, TEXT, ep=ep, **kw)[1])[0]
+
+    whole = run(saved_on, 4, **saved_kw)
+    run(saved_on, 2, save=str(tmp_path / "half"), **saved_kw)
+    resumed = run(resumed_on, 4, resume=str(tmp_path / "half"), **resumed_kw)
+    assert [r.step for r in resumed] == [2, 3]
+    assert all(r.passed for r in resumed), [(r.errors, r.tolerances) for r in resumed]
+    for w, r in zip(whole[2:], resumed):
+        assert abs(r.loss - w.loss) <= r.tolerances[0] * abs(w.loss), (r.step, r.loss, w.loss)
+        assert r.loss != pytest.approx(whole[0].loss, rel=1e-3)
+
+
+def test_experts_of_another_config_on_another_mesh_are_refused_in_one_line(tmp_path):
     from spmdsim.models.moe import MoEConfig
 
     cfg = dataclasses.replace(TINY, moe=MoEConfig(experts=4, top_k=2, every=1))
     where = _written(tmp_path / "ck", cfg=cfg, world=2, dp=1, tp=1, ep=2)
-    assert checkpoint_problem(cfg, 4, 1, 1, 5, ep=4, resume=where) == (
-        f"--resume {where}: the checkpoint's world size is 2, this run's 4 ({COVERS}, not experts (MoE layers): "
-        f"{AGAIN})")
+    assert checkpoint_problem(cfg, 4, 1, 1, 5, ep=4, resume=where) is None  # resharded
+    other = dataclasses.replace(TINY, moe=MoEConfig(experts=8, top_k=2, every=1, etp=2))
+    assert checkpoint_problem(other, 4, 1, 2, 5, ep=2, resume=where) == (
+        f"--resume {where}: the checkpoint's config has moe.experts 4, this run's 8 ({AGAIN})")  # (not etp: resharded)
+    assert checkpoint.resume_line(where, 1, 1, False, ep=4) == (
+        f"resuming from {where} at step 2, resharded from dp 1 x ep 2 x tp 1 (2 ranks)")
 
 
 @pytest.mark.parametrize("zero", [0, 1])

@@ -144,9 +144,10 @@ def test_pipelined_steps_with_etp_2_match_one_numpy_process():
         assert {s.group for s in results[0].dispatch} == {(first, first + 2)}
 
 
-def test_a_checkpoint_of_etp_2_resumes_bit_for_bit_and_only_at_etp_2(tmp_path):
+def test_a_checkpoint_of_etp_2_resumes_bit_for_bit_and_on_another_etp_resharded(tmp_path):
     """Saved after step 1 on dp 2 x ep 1 x tp 4 with etp 2, resumed for step 2: the loss of the run that never
-    stopped; resuming with the experts over tp (no "etp" axis) is one line naming the axis."""
+    stopped; resumed with the experts over tp (no "etp" axis): resharded, each step checked
+    (tests/test_gpt_reshard.py); with another number of experts too: one line naming the field."""
     from spmdsim.models.gpt.checkpoint import checkpoint_problem
 
     cfg = GPTConfig(**SMALL, moe=MoEConfig(experts=4, top_k=2, capacity_factor=1.0, etp=2))
@@ -155,9 +156,11 @@ def test_a_checkpoint_of_etp_2_resumes_bit_for_bit_and_only_at_etp_2(tmp_path):
     whole = run(2)
     assert run(1, save=str(tmp_path)) == whole[:1] and run(2, resume=str(tmp_path)) == whole[1:]
     split_over_tp = GPTConfig(**SMALL, moe=MoEConfig(experts=4, top_k=2, capacity_factor=1.0))
-    assert checkpoint_problem(split_over_tp, 8, 2, 4, 2, ep=1, resume=str(tmp_path)) == (
-        f"--resume {tmp_path}: the checkpoint's mesh has etp 2 and tp 2, this run's etp none and tp 4 (resume with "
-        "the settings it was saved with)")
+    assert checkpoint_problem(split_over_tp, 8, 2, 4, 2, ep=1, resume=str(tmp_path)) is None
+    more = GPTConfig(**SMALL, moe=MoEConfig(experts=8, top_k=2, capacity_factor=1.0))
+    assert checkpoint_problem(more, 8, 2, 4, 2, ep=1, resume=str(tmp_path)) == (
+        f"--resume {tmp_path}: the checkpoint's config has moe.experts 4, this run's 8 (resume with the settings "
+        "it was saved with)")
 
 
 def test_sizes_that_do_not_fold_are_refused_in_one_line():

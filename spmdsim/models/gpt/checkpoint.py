@@ -46,7 +46,8 @@ from ...runtime.sim import dry_run_active
 from ..axes import CONTEXT, DATA, EXPERT, PIPELINE, model_layout
 from .layouts import megatron_layouts
 from .mesh import zero_cut
-from .reshard import AGAIN, load_resharded, regions, resharded, resumed_words, scope, stage_regions
+from .reshard import AGAIN, etp_of_run, load_resharded, regions, resharded, scope, stage_regions
+from .resumed import resumed_words
 from .checkpoint_files import META, decode, encode, header_problem, rank_file, reason as _reason, write_aside
 
 __all__ = ["META", "rank_file", "run_meta", "resume_problem", "save_problem", "save", "load", "read_meta",
@@ -126,6 +127,7 @@ def resume_problem(directory: str, meta: dict, steps: int) -> Optional[str]:
     if isinstance(saved.get("config"), dict):  # a field added since it was saved: its default
         saved = {**saved, "config": {**_config_defaults(), **saved["config"]}}
     meta = {k: v for k, v in meta.items() if k != "zero"}  # (said by the resume line, not compared)
+    saved = etp_of_run(saved, meta)  # (the experts' etp: another layout, resharded)
     covered, why_not = scope(saved, meta)  # another mesh: resharded (spmdsim.models.gpt.reshard), or why not
     problem = _difference(directory, saved, meta, steps, covered)
     return problem.replace(f"({AGAIN})", why_not) if problem and why_not else problem

@@ -1,5 +1,5 @@
-"""Resuming a GPT checkpoint on another mesh: dp, tp, sequence and context parallelism, the pipeline and ZeRO (1, 2
-or FSDP's 3) changed (docs/howto/train-gpt.md, "Stopping and resuming the GPT").
+"""Resuming a GPT checkpoint on another mesh: dp, tp, sequence and context parallelism, experts' ep and etp, the
+pipeline and ZeRO (1, 2 or FSDP's 3) changed (docs/howto/train-gpt.md, "Stopping and resuming the GPT").
 
 A checkpoint (spmdsim.models.gpt.checkpoint) records, beside every parameter's layout, each saved rank's region of
 every parameter: [start, stop) per dim (`regions`, in its checkpoint.json), and under ZeRO-1 or 2 (DistributedAdamW:
@@ -19,9 +19,10 @@ the float32 master copy of a bfloat16 parameter (ZeRO's master slices whatever t
 is agreed as on the same mesh (checkpoint.load).
 
 FSDP's shards (--zero 3: AdamW on each rank's rows of a parameter) are blocks as any other, and the parameters are
-replicated over cp. Resharding covers dp, tp, sp, cp, pipeline and ZeRO changes only: a checkpoint or run with
-experts or FP8's scales is refused in one line that names what differs and why (`scope`), as is a
-checkpoint that records no regions (or under ZeRO no slices: saved by an older spmdsim), alike on every rank and
+replicated over cp. An MoE GPT's experts are blocks over ("ep", ...) (their own tp "etp", a config field that lays
+them out as the mesh does: `etp_of_run`), and ZeRO's groups of its dense parameters over dp x ep are slices as any
+other. Resharding covers dp, tp, sp, cp, ep, etp, pipeline and ZeRO changes only: a checkpoint or run with FP8's
+scales is refused in one line that names what differs and why (`scope`), as is a checkpoint that records no regions (or under ZeRO no slices: saved by an older spmdsim), alike on every rank and
 before any collective.
 """
 from __future__ import annotations
@@ -38,10 +39,9 @@ import numpy as np
 from ...errors import SpmdsimError
 from ...base.precision import bfloat16, is_low
 from ...runtime.door import all_gather_object
-from ..axes import EXPERT, model_layout
 from .checkpoint_files import decode, header_problem, rank_file, reason
 
-__all__ = ["MESH_KEYS", "regions", "scope", "resharded", "load_resharded", "resumed_words"]
+__all__ = ["MESH_KEYS", "regions", "scope", "resharded", "load_resharded", "etp_of_run"]
 
 #: The metadata a reshard may change: the mesh, its world size, sequence parallelism and so the layouts.
 MESH_KEYS = ("world size", "mesh", "sequence parallelism", "layouts")
@@ -50,7 +50,7 @@ MESH_KEYS = ("world size", "mesh", "sequence parallelism", "layouts")
 OPTIMIZERS = ("AdamW", "DistributedAdamW")
 
 #: What a refusal to reshard says it covers.
-COVERS = "resharding covers dp, tp, sp, cp, pipeline and ZeRO changes only"
+COVERS = "resharding covers dp, tp, sp, cp, ep, etp, pipeline and ZeRO changes only"
 
 #: How a refusal to resume ends: the way out.
 AGAIN = "resume with the settings it was saved with"
@@ -129,13 +129,21 @@ def scope(saved: dict, meta: dict) -> tuple[tuple, Optional[str]]:
     return keys, None
 
 
+def etp_of_run(saved: dict, meta: dict) -> dict:
+    """`saved` (a checkpoint's metadata) with its experts' tensor-parallel size (config moe.etp) the run of
+    `meta`'s where the two configs differ in nothing else: etp lays the experts out, as the mesh does (resharded
+    where the layouts differ)."""
+    there, here = saved.get("config"), meta.get("config")
+    if not (isinstance(there, dict) and isinstance(here, dict) and isinstance(there.get("moe"), dict)
+            and isinstance(here.get("moe"), dict)):
+        return saved
+    config = {**there, "moe": {**there["moe"], "etp": here["moe"].get("etp")}}
+    return {**saved, "config": config} if config == here else saved
+
+
 def _blockers(meta: dict) -> list:
     """What in the run of `meta` rules resharding out, each as a refusal names it."""
-    mesh = meta.get("mesh") if isinstance(meta.get("mesh"), dict) else {}
-    layouts = meta.get("layouts") if isinstance(meta.get("layouts"), dict) else {}
-    config = meta.get("config") if isinstance(meta.get("config"), dict) else {}
-    return [(config.get("moe") is not None or EXPERT in mesh) and "experts (MoE layers)",
-            meta.get("precision") == "fp8" and "FP8's scales (--precision fp8)"]
+    return [meta.get("precision") == "fp8" and "FP8's scales (--precision fp8)"]
 
 
 def load_resharded(directory: str, saved: dict, params: dict, optimizer: Any, rank: int) -> Optional[str]:
@@ -365,31 +373,3 @@ def _bucket_state(fresh: dict, moments: dict, blocks: dict, names: list, steps: 
                 out[f][s - lo:e - lo] = whole.reshape(-1)[s - a:e - a]
         state[k] = out
     return state
-
-
-def resumed_words(directory: str, saved: dict, mesh: dict, sp: bool, zero: int) -> str:
-    """What a trainer says as it resumes from `directory` (its metadata `saved`) on the mesh `mesh` (axis ->
-    size, as checkpoint.json records it: "pp" where a pipeline runs) with sequence parallelism `sp` or not and
-    ZeRO stage `zero`: the step, and the mesh, sequence parallelism and ZeRO stage it was saved with where any
-    of them differs (checkpoint.resume_line)."""
-    line = f"resuming from {directory} at step {saved['step']}"
-    there = saved.get("mesh") if isinstance(saved.get("mesh"), dict) else {}
-    was = bool(saved.get("sequence parallelism"))
-    stage = saved.get("zero", _stage(saved.get("optimizer"), zero))
-    if (there, was, stage) == (mesh, bool(sp), zero):
-        return line
-    order = list(model_layout(2, 2, 2, 2, 2, 2, etp=2)[1])  # (pp, dp, ..., tp, etp: the layout's order)
-    words = " x ".join(f"{axis} {n}" for axis, n in sorted(there.items(), key=lambda a: order.index(a[0])
-                                                            if a[0] in order else len(order)))
-    extra = [was and "sequence parallelism", stage == 3 and "FSDP (ZeRO-3)",
-             stage in (1, 2) and f"ZeRO-{stage}", stage is None and "ZeRO-1 or 2"]
-    extra = " and ".join(e for e in extra if e)
-    return f"{line}, resharded from {words}{f' with {extra}' if extra else ''} ({saved.get('world size')} ranks)"
-
-
-def _stage(optimizer: Any, zero: int) -> Optional[int]:
-    """The ZeRO stage of a checkpoint that records none (saved by an older spmdsim) of `optimizer`, resumed under
-    stage `zero`: that one where the optimizer is the same, else 0 for AdamW and None (1 or 2) for ZeRO's."""
-    if (optimizer == OPTIMIZERS[1]) == (zero in (1, 2)):
-        return zero
-    return None if optimizer == OPTIMIZERS[1] else 0

@@ -1,0 +1,39 @@
+"""The line a GPT trainer prints as it resumes a checkpoint (spmdsim.models.gpt.checkpoint.resume_line): the step,
+and where the checkpoint was saved on another mesh, pipeline, sequence parallelism or ZeRO stage, what it was saved
+with, from the metadata both sides have (docs/howto/train-gpt.md, "Stopping and resuming the GPT")."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from ..axes import model_layout
+from .reshard import OPTIMIZERS
+
+__all__ = ["resumed_words"]
+
+
+def resumed_words(directory: str, saved: dict, mesh: dict, sp: bool, zero: int) -> str:
+    """What a trainer says as it resumes from `directory` (its metadata `saved`) on the mesh `mesh` (axis ->
+    size, as checkpoint.json records it: "pp" where a pipeline runs) with sequence parallelism `sp` or not and
+    ZeRO stage `zero`: the step, and the mesh, sequence parallelism and ZeRO stage it was saved with where any
+    of them differs (checkpoint.resume_line)."""
+    line = f"resuming from {directory} at step {saved['step']}"
+    there = saved.get("mesh") if isinstance(saved.get("mesh"), dict) else {}
+    was = bool(saved.get("sequence parallelism"))
+    stage = saved.get("zero", _stage(saved.get("optimizer"), zero))
+    if (there, was, stage) == (mesh, bool(sp), zero):
+        return line
+    order = list(model_layout(2, 2, 2, 2, 2, 2, etp=2)[1])  # (pp, dp, ..., tp, etp: the layout's order)
+    words = " x ".join(f"{axis} {n}" for axis, n in sorted(there.items(), key=lambda a: order.index(a[0])
+                                                            if a[0] in order else len(order)))
+    extra = [was and "sequence parallelism", stage == 3 and "FSDP (ZeRO-3)",
+             stage in (1, 2) and f"ZeRO-{stage}", stage is None and "ZeRO-1 or 2"]
+    extra = " and ".join(e for e in extra if e)
+    return f"{line}, resharded from {words}{f' with {extra}' if extra else ''} ({saved.get('world size')} ranks)"
+
+
+def _stage(optimizer: Any, zero: int) -> Optional[int]:
+    """The ZeRO stage of a checkpoint that records none (saved by an older spmdsim) of `optimizer`, resumed under
+    stage `zero`: that one where the optimizer is the same, else 0 for AdamW and None (1 or 2) for ZeRO's."""
+    if (optimizer == OPTIMIZERS[1]) == (zero in (1, 2)):
+        return zero
+    return None if optimizer == OPTIMIZERS[1] else 0
