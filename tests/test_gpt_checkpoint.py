@@ -307,8 +307,9 @@ def test_a_resumed_pipeline_steps_as_the_pipeline_that_never_stopped(tmp_path, s
     assert checkpoint_problem(cfg, 4, 1, 2, 5, resume=str(tmp_path / "half"), pipeline=pipeline, zero=zero,
                               precision=precision) == (None if precision != "fp8" else
         f"--resume {tmp_path / 'half'}: the checkpoint's pipeline has --microbatches 2, this run's --microbatches 4 "
-        "(resharding covers dp, tp, sp, cp, ep, etp, pipeline and ZeRO changes only, not FP8's scales "
-        "(--precision fp8): resume with the settings it was saved with)")
+        "(resharding covers dp, tp, sp, cp, ep, etp, pipeline and ZeRO changes only, not FP8's scales over a "
+        "pipeline (--precision fp8: each stage's own table, not merged across stages): resume with the settings "
+        "it was saved with)")
     # one side without a pipeline, and another precision: both said as typed (was "the checkpoint's mesh has pp 2,
     # this run's none")
     plain = checkpoint_problem(cfg, 4, 1, 2, 5, resume=str(tmp_path / "half"), zero=zero)  # train's: no pipeline

@@ -2,8 +2,9 @@
 resuming the GPT"): a checkpoint saved on one (dp, tp, sp) mesh resumes on another, each rank reading the pieces
 of the saved blocks that overlap its own from the files it needs; the resumed steps pass the check and end at
 the uninterrupted run's loss within the check's tolerance (the sums over tp run in another order: not bit for
-bit), with ZeRO, FSDP, a pipeline, context parallelism or experts (their ep and etp) too. FP8's scales and a
-checkpoint that records no regions stay refused in one line, alike on every rank. The documented commands: tests/test_gpt_checkpoint.py."""
+bit), with ZeRO, FSDP, a pipeline, context parallelism, experts (their ep and etp) or FP8's scales too. FP8's
+scales over a pipeline and a checkpoint that records no regions stay refused in one line, alike on every rank.
+The documented commands: tests/test_gpt_checkpoint.py."""
 from __future__ import annotations
 
 import dataclasses
@@ -25,6 +26,7 @@ TINY = GPTConfig(layers=1, d_model=32, heads=4, seq=16, batch=4)  # dropout 0.1:
 TEXT = encode(load_text(20_000))
 AGAIN = "resume with the settings it was saved with"
 COVERS = "resharding covers dp, tp, sp, cp, ep, etp, pipeline and ZeRO changes only"
+PIPE = {"pp": 2, "schedule": "1f1b", "microbatches": 2, "virtual": 1, "split": None}
 
 
 def _run(mesh, steps, cfg=TINY, **kw):
@@ -212,10 +214,33 @@ def _written(where, step=2, **kw):
     return str(where)
 
 
+FP8_PIPELINE = "FP8's scales over a pipeline (--precision fp8: each stage's own table, not merged across stages)"
+
+
+@pytest.mark.parametrize("saved_on, saved_zero, resumed_on, resumed_zero", [
+    ((4, 2, 2, False), 0, (4, 1, 4, False), 0),  # dp 2 x tp 2 -> tp 4
+    ((2, 1, 2, False), 0, (4, 2, 2, True), 1),  # tp 2 -> ZeRO-1 dp 2 x tp 2 with sp
+    ((4, 4, 1, False), 1, (2, 1, 2, False), 0),  # ZeRO-1 dp 4 -> tp 2
+])
+def test_fp8_resumed_on_another_mesh_steps_as_the_run_that_never_stopped(tmp_path, saved_on, saved_zero,
+                                                                          resumed_on, resumed_zero):
+    # each rank's table of amax histories and scales is the same (the amaxes agreed by an Allreduce(MAX) over
+    # the whole mesh: each tensor's amax whatever its pieces), so any saved rank's is every resumed rank's
+    pytest.importorskip("ml_dtypes")
+    cfg = dataclasses.replace(TINY, dropout=0.0)
+    whole = _run(saved_on, 4, cfg=cfg, precision="fp8", zero=saved_zero)[0]
+    _run(saved_on, 2, cfg=cfg, precision="fp8", zero=saved_zero, save=str(tmp_path / "half"))
+    for resumed in _run(resumed_on, 4, cfg=cfg, precision="fp8", zero=resumed_zero, resume=str(tmp_path / "half")):
+        assert [r.step for r in resumed] == [2, 3]
+        assert all(r.passed for r in resumed), [(r.errors, r.tolerances) for r in resumed]
+        for w, r in zip(whole[2:], resumed):
+            assert abs(r.loss - w.loss) <= r.tolerances[0] * abs(w.loss), (r.step, r.loss, w.loss)
+
+
 @pytest.mark.parametrize("saved, run, said", [
-    ({"precision": "fp8"}, {"precision": "fp8", "tp": 4, "dp": 1},
-     f"the checkpoint's mesh has dp 2 and tp 2, this run's dp 1 and tp 4 ({COVERS}, not FP8's scales "
-     f"(--precision fp8): {AGAIN})"),
+    ({"precision": "fp8", "world": 8, "pipeline": PIPE}, {"precision": "fp8", "world": 8, "tp": 4, "dp": 1,
+                                                         "pipeline": PIPE},
+     f"the checkpoint's mesh has dp 2 and tp 2, this run's dp 1 and tp 4 ({COVERS}, not {FP8_PIPELINE}: {AGAIN})"),
     ({}, {"tp": 4, "dp": 1, "precision": "fp32"},  # what no reshard helps: said, not the mesh
      f"the checkpoint's precision is 'fp64', this run's 'fp32' ({AGAIN})"),
 ])
@@ -293,15 +318,12 @@ def test_a_checkpoint_that_records_no_regions_resumes_on_its_own_mesh_only(tmp_p
 
 def test_a_refused_reshard_says_alike_on_every_rank_before_any_collective(tmp_path):
     pytest.importorskip("ml_dtypes")
-    where = _written(tmp_path / "ck", precision="fp8")
+    where = _written(tmp_path / "ck", precision="fp8", dp=1, pipeline=PIPE)  # pp 2 x dp 1 x tp 2
     said = spmdsim.simulate(2, lambda: _said(lambda: train(TINY, spmdsim.world(), 1, 2, 5, TEXT, precision="fp8",
                                                            resume=where)))
-    assert said == [f"--resume {where}: the checkpoint's world size is 4, this run's 2 ({COVERS}, not FP8's "
-                    f"scales (--precision fp8): {AGAIN})"] * 2
+    assert said == [f"--resume {where}: the checkpoint's world size is 4, this run's 2 ({COVERS}, not "
+                    f"{FP8_PIPELINE}: {AGAIN})"] * 2
     shutil.rmtree(where)
-
-
-PIPE = {"pp": 2, "schedule": "1f1b", "microbatches": 2, "virtual": 1, "split": None}
 
 
 @pytest.mark.parametrize("saved, run, said", [

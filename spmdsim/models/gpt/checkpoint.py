@@ -312,7 +312,7 @@ def load(directory: str, mesh: Any, params: dict, optimizer: Any, scales: tuple 
     saved, problem = read_meta(directory)
     step = saved["step"] if saved else 0
     if not problem:  # saved on another mesh (`meta`: this run's run_meta): resharded, from the files it needs
-        problem = load_resharded(directory, saved, params, optimizer, mesh.rank) if meta is not None and \
+        problem = load_resharded(directory, saved, params, optimizer, mesh.rank, scales) if meta is not None and \
             resharded(saved, meta) else _read_own(directory, step, mesh.rank, mesh.size, params, optimizer, scales)
         problem = problem and f"--resume {directory}: {problem}"
     problems = all_gather_object(mesh.comm, problem) if mesh.size > 1 else [problem]

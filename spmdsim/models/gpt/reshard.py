@@ -21,9 +21,12 @@ is agreed as on the same mesh (checkpoint.load).
 FSDP's shards (--zero 3: AdamW on each rank's rows of a parameter) are blocks as any other, and the parameters are
 replicated over cp. An MoE GPT's experts are blocks over ("ep", ...) (their own tp "etp", a config field that lays
 them out as the mesh does: `etp_of_run`), and ZeRO's groups of its dense parameters over dp x ep are slices as any
-other. Resharding covers dp, tp, sp, cp, ep, etp, pipeline and ZeRO changes only: a checkpoint or run with FP8's
-scales is refused in one line that names what differs and why (`scope`), as is a checkpoint that records no regions (or under ZeRO no slices: saved by an older spmdsim), alike on every rank and
-before any collective.
+other. FP8's table of amax histories and scales (spmdsim.base.fp8.Scales) is alike on every rank (the amaxes
+agreed by an Allreduce(MAX) over the whole mesh: each tensor's amax, whatever its pieces), so a resharded rank
+loads any saved rank's. Resharding covers dp, tp, sp, cp, ep, etp, pipeline and ZeRO changes only: FP8's scales
+over a pipeline (each stage's chunks keep their own tables of their layers' keys: not merged by key across stages
+yet) are refused in one line that names what differs and why (`scope`), as is a checkpoint that records no
+regions (or under ZeRO no slices: saved by an older spmdsim), alike on every rank and before any collective.
 """
 from __future__ import annotations
 
@@ -143,16 +146,19 @@ def etp_of_run(saved: dict, meta: dict) -> dict:
 
 def _blockers(meta: dict) -> list:
     """What in the run of `meta` rules resharding out, each as a refusal names it."""
-    return [meta.get("precision") == "fp8" and "FP8's scales (--precision fp8)"]
+    return [meta.get("precision") == "fp8" and meta.get("pipeline") is not None and
+            "FP8's scales over a pipeline (--precision fp8: each stage's own table, not merged across stages)"]
 
 
-def load_resharded(directory: str, saved: dict, params: dict, optimizer: Any, rank: int) -> Optional[str]:
+def load_resharded(directory: str, saved: dict, params: dict, optimizer: Any, rank: int,
+                   scales: tuple = ()) -> Optional[str]:
     """Load this rank's blocks of `params` (name -> DTensor) and its `optimizer`'s state for them (AdamW's or
     DistributedAdamW's) from the checkpoint in `directory` (its metadata `saved`), saved on another mesh or with
     the other of those optimizers: from each saved block that overlaps this rank's, read from only the files of
     the ranks chosen to give them (under ZeRO, of the ranks whose slices hold the overlap's elements; `rank`:
-    this rank's on the whole mesh, its own file's where that holds a block). None, or why not (nothing then
-    changed). No collective."""
+    this rank's on the whole mesh, its own file's where that holds a block), and FP8's `scales` (one table
+    without a pipeline, alike on every rank: the first file's). None, or why not (nothing then changed). No
+    collective."""
     chosen: list = []  # the saved ranks whose files this rank reads, in the order first needed
     zero = saved.get("optimizer") == "DistributedAdamW"
     index = {id(p): i for i, p in enumerate(optimizer.params)}
@@ -177,10 +183,16 @@ def load_resharded(directory: str, saved: dict, params: dict, optimizer: Any, ra
                                     opened[plans[name][1][0][0]][1]["dtypes"][name]) for name in params}
             moments = {name: _moments(name, plans[name], opened, zero) for name in params}
             state = _state(optimizer.state_dict(), opened[chosen[0]][2], moments, blocks, list(params))
+            tables = [(keys, opened[chosen[0]][0][f"fp8.{i}.scales"], opened[chosen[0]][0][f"fp8.{i}.history"])
+                      for i, keys in enumerate(opened[chosen[0]][1].get("fp8", ()))]
         except Exception as e:  # a damaged file: any reader's error, one line
             return f"the files of ranks {chosen} cannot be read: {type(e).__name__}: {reason(e)}"
+    if len(tables) != len(scales):
+        return f"rank {chosen[0]}'s file holds {len(tables)} FP8 scale tables, this run {len(scales)}"
     try:
         optimizer.load_state_dict(state)
+        for one, table in zip(scales, tables):  # the amaxes agreed over the whole mesh: any rank's, the same
+            one.load(*table)
     except (SpmdsimError, ValueError, KeyError) as e:  # moments of another shape: one line
         return f"the files of ranks {chosen}, resharded: {reason(e)}"
     for name, t in params.items():
