@@ -35,6 +35,22 @@ def _run(mesh, steps, cfg=TINY, **kw):
     return spmdsim.simulate(ranks, lambda: train(cfg, spmdsim.world(), dp, tp, steps, TEXT, sp=sp, **kw)[1])
 
 
+def _steps_as_whole(run, tmp_path, saved_on, resumed_on, saved_kw=None, resumed_kw=None):
+    """4 steps whole on `saved_on`, and 2 saved there then resumed on `resumed_on` to 4 (`run(mesh, steps, **kw)`:
+    the ranks' StepResults, each rank's list): every resumed rank's steps 2 and 3 pass the check, each loss within
+    the check's tolerance of the whole run's (the sums run in another order: not bit for bit), and trained on
+    (not the first step's loss)."""
+    saved_kw, resumed_kw = saved_kw or {}, resumed_kw or {}
+    whole = run(saved_on, 4, **saved_kw)[0]
+    run(saved_on, 2, save=str(tmp_path / "half"), **saved_kw)
+    for resumed in run(resumed_on, 4, resume=str(tmp_path / "half"), **resumed_kw):
+        assert [r.step for r in resumed] == [2, 3]
+        assert all(r.passed for r in resumed), [(r.errors, r.tolerances) for r in resumed]
+        for w, r in zip(whole[2:], resumed):
+            assert abs(r.loss - w.loss) <= r.tolerances[0] * abs(w.loss), (r.step, r.loss, w.loss)
+            assert r.loss != pytest.approx(whole[0].loss, rel=1e-3)
+
+
 @pytest.mark.parametrize("saved_on, resumed_on, precision", [
     ((4, 2, 2, False), (4, 1, 4, False), "fp64"),  # tp 2 dp 2 -> tp 4
     ((4, 2, 2, False), (2, 2, 1, False), "fp64"),  # tp 2 dp 2 -> dp 2 on 2 ranks
@@ -45,14 +61,7 @@ def test_a_run_resumed_on_another_mesh_steps_as_the_run_that_never_stopped(tmp_p
                                                                            precision):
     if precision == "bf16-mixed":
         pytest.importorskip("ml_dtypes")
-    whole = _run(saved_on, 4, precision=precision)[0]
-    _run(saved_on, 2, precision=precision, save=str(tmp_path / "half"))
-    for resumed in _run(resumed_on, 4, precision=precision, resume=str(tmp_path / "half")):
-        assert [r.step for r in resumed] == [2, 3]
-        assert all(r.passed for r in resumed), [(r.errors, r.tolerances) for r in resumed]
-        for w, r in zip(whole[2:], resumed):  # the loss within the check's tolerance of the loss, each step
-            assert abs(r.loss - w.loss) <= r.tolerances[0] * abs(w.loss), (r.step, r.loss, w.loss)
-            assert r.loss != pytest.approx(whole[0].loss, rel=1e-3)  # trained on: not the first step's loss
+    _steps_as_whole(_run, tmp_path, saved_on, resumed_on, {"precision": precision}, {"precision": precision})
 
 
 @pytest.mark.parametrize("saved_on, saved_zero, resumed_on, resumed_zero, precision", [
@@ -68,13 +77,9 @@ def test_a_zero_run_resumed_on_another_mesh_steps_as_the_run_that_never_stopped(
                                                                                  resumed_on, resumed_zero, precision):
     if precision == "bf16-mixed":
         pytest.importorskip("ml_dtypes")
-    whole = _run(saved_on, 4, precision=precision, zero=saved_zero)[0]
-    _run(saved_on, 2, precision=precision, zero=saved_zero, save=str(tmp_path / "half"))
-    for resumed in _run(resumed_on, 4, precision=precision, zero=resumed_zero, resume=str(tmp_path / "half")):
-        assert [r.step for r in resumed] == [2, 3]
-        assert all(r.passed for r in resumed), [(r.errors, r.tolerances) for r in resumed]
-        for w, r in zip(whole[2:], resumed):  # the moments wrong by a tenth move step 3's loss by 1e-3
-            assert abs(r.loss - w.loss) <= r.tolerances[0] * abs(w.loss), (r.step, r.loss, w.loss)
+    # (the moments read wrong by a tenth move step 3's loss by 1e-3)
+    _steps_as_whole(_run, tmp_path, saved_on, resumed_on, {"precision": precision, "zero": saved_zero},
+                    {"precision": precision, "zero": resumed_zero})
 
 
 def test_a_zero_checkpoint_records_each_ranks_slice_of_every_parameter(tmp_path):
@@ -120,13 +125,7 @@ def _staged(mesh, steps, **kw):
 ])
 def test_a_pipeline_resumed_on_other_stages_steps_as_the_run_that_never_stopped(tmp_path, saved_on, saved_kw,
                                                                                  resumed_on, resumed_kw):
-    whole = _staged(saved_on, 4, **saved_kw)
-    _staged(saved_on, 2, save=str(tmp_path / "half"), **saved_kw)
-    resumed = _staged(resumed_on, 4, resume=str(tmp_path / "half"), **resumed_kw)
-    assert [r.step for r in resumed] == [2, 3]
-    assert all(r.passed for r in resumed), [(r.errors, r.tolerances) for r in resumed]
-    for w, r in zip(whole[2:], resumed):
-        assert abs(r.loss - w.loss) <= r.tolerances[0] * abs(w.loss), (r.step, r.loss, w.loss)
+    _steps_as_whole(lambda *a, **kw: [_staged(*a, **kw)], tmp_path, saved_on, resumed_on, saved_kw, resumed_kw)
 
 
 @pytest.mark.parametrize("saved_on, saved_kw, resumed_on, resumed_kw", [
@@ -144,15 +143,9 @@ def test_fsdp_and_cp_resumed_on_another_mesh_step_as_the_run_that_never_stopped(
 
     def run(mesh, steps, **kw):
         ranks, dp, tp = mesh
-        return spmdsim.simulate(ranks, lambda: train(cfg, spmdsim.world(), dp, tp, steps, TEXT, **kw)[1])[0]
+        return spmdsim.simulate(ranks, lambda: train(cfg, spmdsim.world(), dp, tp, steps, TEXT, **kw)[1])
 
-    whole = run(saved_on, 4, **saved_kw)
-    run(saved_on, 2, save=str(tmp_path / "half"), **saved_kw)
-    resumed = run(resumed_on, 4, resume=str(tmp_path / "half"), **resumed_kw)
-    assert [r.step for r in resumed] == [2, 3]
-    assert all(r.passed for r in resumed), [(r.errors, r.tolerances) for r in resumed]
-    for w, r in zip(whole[2:], resumed):
-        assert abs(r.loss - w.loss) <= r.tolerances[0] * abs(w.loss), (r.step, r.loss, w.loss)
+    _steps_as_whole(run, tmp_path, saved_on, resumed_on, saved_kw, resumed_kw)
 
 
 def test_a_pipeline_checkpoint_records_each_stages_blocks_and_none_for_the_others(tmp_path):
@@ -228,13 +221,8 @@ def test_fp8_resumed_on_another_mesh_steps_as_the_run_that_never_stopped(tmp_pat
     # the whole mesh: each tensor's amax whatever its pieces), so any saved rank's is every resumed rank's
     pytest.importorskip("ml_dtypes")
     cfg = dataclasses.replace(TINY, dropout=0.0)
-    whole = _run(saved_on, 4, cfg=cfg, precision="fp8", zero=saved_zero)[0]
-    _run(saved_on, 2, cfg=cfg, precision="fp8", zero=saved_zero, save=str(tmp_path / "half"))
-    for resumed in _run(resumed_on, 4, cfg=cfg, precision="fp8", zero=resumed_zero, resume=str(tmp_path / "half")):
-        assert [r.step for r in resumed] == [2, 3]
-        assert all(r.passed for r in resumed), [(r.errors, r.tolerances) for r in resumed]
-        for w, r in zip(whole[2:], resumed):
-            assert abs(r.loss - w.loss) <= r.tolerances[0] * abs(w.loss), (r.step, r.loss, w.loss)
+    _steps_as_whole(_run, tmp_path, saved_on, resumed_on, {"cfg": cfg, "precision": "fp8", "zero": saved_zero},
+                    {"cfg": cfg, "precision": "fp8", "zero": resumed_zero})
 
 
 @pytest.mark.parametrize("saved, run, said", [
@@ -272,16 +260,9 @@ def test_an_moe_gpt_resumed_on_another_mesh_steps_as_the_run_that_never_stopped(
     def run(mesh, steps, etp=0, **kw):
         ranks, dp, tp, ep = mesh
         cfg = dataclasses.replace(MOE, moe=MoEConfig(experts=4, top_k=2, every=1, etp=etp))
-        return spmdsim.simulate(ranks, lambda: train(cfg, spmdsim.world(), dp, tp, steps, TEXT, ep=ep, **kw)[1])[0]
+        return spmdsim.simulate(ranks, lambda: train(cfg, spmdsim.world(), dp, tp, steps, TEXT, ep=ep, **kw)[1])
 
-    whole = run(saved_on, 4, **saved_kw)
-    run(saved_on, 2, save=str(tmp_path / "half"), **saved_kw)
-    resumed = run(resumed_on, 4, resume=str(tmp_path / "half"), **resumed_kw)
-    assert [r.step for r in resumed] == [2, 3]
-    assert all(r.passed for r in resumed), [(r.errors, r.tolerances) for r in resumed]
-    for w, r in zip(whole[2:], resumed):
-        assert abs(r.loss - w.loss) <= r.tolerances[0] * abs(w.loss), (r.step, r.loss, w.loss)
-        assert r.loss != pytest.approx(whole[0].loss, rel=1e-3)
+    _steps_as_whole(run, tmp_path, saved_on, resumed_on, saved_kw, resumed_kw)
 
 
 def test_experts_of_another_config_on_another_mesh_are_refused_in_one_line(tmp_path):
