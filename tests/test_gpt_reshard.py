@@ -330,3 +330,42 @@ def test_the_resume_line_says_the_mesh_pipeline_and_zero_stage_it_was_saved_with
     if "pipeline" in saved:
         run["pp"] = None  # (the run without a pipeline)
     assert checkpoint.resume_line(where, **run) == f"resuming from {where} at step 3{said}"
+
+
+def test_simulated_ranks_read_their_checkpoint_arrays_one_at_a_time(tmp_path, monkeypatch):
+    """numpy parses each .npz array's header with ast.literal_eval, which CPython 3.11 and 3.12 cannot run in two
+    threads at once (its AST recursion depth is per interpreter: 'SystemError: AST constructor recursion depth
+    mismatch', seen resuming on 4 simulated ranks): the loaders read through checkpoint_files.Arrays, one array at
+    a time. A header parse made slow (2 ms of busy waiting, threads switched every 0.2 ms: another computing rank runs)
+    never meets another, on the same mesh or resharded."""
+    import sys
+    import threading
+    import time
+
+    import numpy.lib._format_impl as npy_format
+
+    real, inside, most, lock = npy_format._read_array_header, [0], [0], threading.Lock()
+
+    def slow(*args, **kwargs):
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        until = time.perf_counter() + 0.002  # (not a sleep: a simulated rank's sleep gives its run slot away)
+        while time.perf_counter() < until:
+            pass
+        try:
+            return real(*args, **kwargs)
+        finally:
+            with lock:
+                inside[0] -= 1
+
+    _run((4, 2, 2, False), 1, save=str(tmp_path / "ck"))
+    monkeypatch.setattr(npy_format, "_read_array_header", slow)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.0002)
+    try:
+        for mesh in ((4, 2, 2, False), (4, 1, 4, False)):  # its own files, then resharded
+            assert [r.step for r in _run(mesh, 2, resume=str(tmp_path / "ck"))[0]] == [1]
+    finally:
+        sys.setswitchinterval(interval)
+    assert most[0] == 1

@@ -48,7 +48,8 @@ from .layouts import megatron_layouts
 from .mesh import zero_cut
 from .reshard import AGAIN, etp_of_run, load_resharded, regions, resharded, scope, stage_regions
 from .resumed import resumed_words
-from .checkpoint_files import META, decode, encode, header_problem, rank_file, reason as _reason, write_aside
+from .checkpoint_files import (META, Arrays, decode, encode, header_problem, rank_file, reason as _reason,
+                               write_aside)
 
 __all__ = ["META", "rank_file", "run_meta", "resume_problem", "save_problem", "save", "load", "read_meta",
            "checkpoint_problem", "checkpoint_meta", "first_loss", "with_first_loss", "resume_line"]
@@ -265,7 +266,7 @@ def _read_own(directory: str, step: int, rank: int, world: int, params: dict, op
     if not zipfile.is_zipfile(path):
         return f"rank {rank}'s file {path} is not a .npz file (damaged, or not written by --save)"
     try:
-        with np.load(path, allow_pickle=False) as f:
+        with Arrays(path) as f:
             arrays = {k: f[k] for k in f.files}
         header = json.loads(str(arrays["header"]))
         blocks = {}

@@ -5,6 +5,7 @@ same mesh (spmdsim.models.gpt.checkpoint) and on another (spmdsim.models.gpt.res
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any, Optional
 
 import numpy as np
@@ -12,10 +13,39 @@ import numpy as np
 from ...errors import SpmdsimError
 from ...base.precision import bfloat16
 
-__all__ = ["META", "rank_file", "reason", "encode", "decode", "write_aside", "header_problem"]
+__all__ = ["META", "Arrays", "rank_file", "reason", "encode", "decode", "write_aside", "header_problem"]
 
 #: The metadata file rank 0 writes.
 META = "checkpoint.json"
+
+
+#: numpy reads each array's header in an .npz with ast.literal_eval, and CPython 3.11 and 3.12 keep the AST
+#: constructor's recursion depth per interpreter, not per thread: simulated ranks reading their files at once
+#: failed now and then with "SystemError: AST constructor recursion depth mismatch" (CPython gh-106905; seen on
+#: 3.11.7). One array read at a time in this process.
+_READING = threading.Lock()
+
+
+class Arrays:
+    """A rank file opened for reading (np.load of its .npz, no pickle; a context manager): ``files``, and each
+    array by its key, read whole, one read at a time in this process (`_READING`)."""
+
+    def __init__(self, path: str) -> None:
+        self._npz = np.load(path, allow_pickle=False)
+        self.files = self._npz.files
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        with _READING:
+            return self._npz[key]
+
+    def close(self) -> None:
+        self._npz.close()
+
+    def __enter__(self) -> "Arrays":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def rank_file(directory: str, rank: int) -> str:

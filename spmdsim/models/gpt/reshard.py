@@ -42,7 +42,7 @@ import numpy as np
 from ...errors import SpmdsimError
 from ...base.precision import bfloat16, is_low
 from ...runtime.door import all_gather_object
-from .checkpoint_files import decode, header_problem, rank_file, reason
+from .checkpoint_files import Arrays, decode, header_problem, rank_file, reason
 
 __all__ = ["MESH_KEYS", "regions", "scope", "resharded", "load_resharded", "etp_of_run"]
 
@@ -287,7 +287,7 @@ def _open(files: ExitStack, path: str, r: int, saved: dict) -> tuple[Any, Option
     if not zipfile.is_zipfile(path):
         return None, f"rank {r}'s file {path} is not a .npz file (damaged, or not written by --save)"
     try:
-        npz = files.enter_context(np.load(path, allow_pickle=False))
+        npz = files.enter_context(Arrays(path))
         header = json.loads(str(npz["header"]))
         state = decode(header["optimizer"], None)
     except Exception as e:  # a damaged file: any reader's error, one line
