@@ -5,6 +5,7 @@ import os
 import re
 import threading
 import traceback
+from typing import Callable
 
 __all__ = ["fold_message", "exception_text", "same_class", "mark_guarded", "guarded", "SpmdsimError", "LayoutError",
            "ShapeError", "DTypeError", "RankError", "DialectError", "OperatorError", "PlanError", "PipelineError",
@@ -78,14 +79,17 @@ def exception_text(exc: BaseException) -> str:
         return f"<its message could not be shown: its __str__ raised {type(inner).__name__}>"
 
 
-def other_failures(exc: BaseException) -> list[tuple[int, type, str]]:
-    """(rank, class, the message's first line) of each simulated rank that failed otherwise than `exc`, the error
-    reported (its ``simulated_failures``: spmdsim.runtime.sim.run), in rank order: a reporter names them after
-    `exc`, as mpiexec prints every rank's error where simulate raises the lowest failing rank's."""
+def also_failed(exc: BaseException, said: str, rank: str,
+                name: Callable[[type], str] = lambda kind: kind.__name__) -> list[str]:
+    """A line for each simulated rank that failed otherwise than `exc`, the error reported (its
+    ``simulated_failures``: spmdsim.runtime.sim.run), in rank order, the first four, then how many more: '`said`:
+    also failed: `rank` R: CLASS: the message's first line' (`name(kind)` the class as the reporter names it), as
+    mpiexec prints every rank's error where simulate raises the lowest failing rank's."""
     shown = (type(exc), exception_text(exc))
-    return [(rank, kind, text.splitlines()[0] if text else "")
-            for rank, kind, text in getattr(exc, "simulated_failures", ())
-            if not (same_class(kind, shown[0]) and text == shown[1])]
+    other = [(r, kind, text.splitlines()[0] if text else "") for r, kind, text in getattr(exc, "simulated_failures", ())
+             if not (same_class(kind, shown[0]) and text == shown[1])]
+    lines = [f"{said}: also failed: {rank} {r}: {name(kind)}: {line}" for r, kind, line in other[:4]]
+    return lines + ([f"{said}: and {len(other) - 4} more ranks failed otherwise"] if len(other) > 4 else [])
 
 
 #: Frames that are spmdsim's own, a simulated rank's thread's or IPython's (its cell's exec): an error's display

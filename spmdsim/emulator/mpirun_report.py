@@ -11,7 +11,7 @@ import threading
 from typing import Optional
 
 from ..base.sizes import out_of_memory
-from ..errors import (exception_text, fold_message, guarded, other_failures, RankCountError, RuntimeMismatchError,
+from ..errors import (also_failed, exception_text, fold_message, guarded, RankCountError, RuntimeMismatchError,
                       SpmdsimError)
 from ..runtime.engines.memory import DRY_RUN_HINT, MemoryLimitError
 from ..runtime.sim.every_rank import every_ranks_line
@@ -154,11 +154,7 @@ def _class_name(kind: type) -> str:
 def _others(exc: BaseException) -> list:
     """A line for each rank that failed otherwise than the one reported (mpiexec prints every rank's
     traceback; only the lowest failing rank's is shown here, whatever rank failed first)."""
-    other = other_failures(exc)
-    lines = [f"spmdsim mpirun: also failed: rank {r}: {_class_name(kind)}: {line}" for r, kind, line in other[:4]]
-    if len(other) > 4:
-        lines.append(f"spmdsim mpirun: and {len(other) - 4} more ranks failed otherwise")
-    return lines
+    return also_failed(exc, "spmdsim mpirun", "rank", _class_name)
 
 
 #: How mpi4py's C code refuses a simulated communicator where it takes a real one only (its own type check).

@@ -26,7 +26,7 @@ from ...base.output import is_output_failure, output_error, quiet_stdout
 from ...base.ranks import is_ranks_flag
 from ...base.sizes import out_of_memory
 from ...base.threads import after_rank0_says, launched, launcher_rank, launcher_size
-from ...errors import DivergenceError, SpmdsimError, exception_text, fold_message, other_failures
+from ...errors import DivergenceError, SpmdsimError, also_failed, exception_text, fold_message
 from ...base import context as _local
 from ..engines import ways_out
 from ..engines.memory import MemoryLimitError
@@ -146,9 +146,7 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
 def _also(exc: BaseException) -> str:
     """A line for each simulated rank that failed otherwise than `exc`, the error reported (the first four, then
     how many more), as mpiexec shows every rank's error: '' where none did."""
-    other = other_failures(exc)
-    lines = [f"spmdsim: also failed: simulated rank {r}: {kind.__name__}: {line}\n" for r, kind, line in other[:4]]
-    return "".join(lines) + (f"spmdsim: and {len(other) - 4} more ranks failed otherwise\n" if len(other) > 4 else "")
+    return "".join(f"{line}\n" for line in also_failed(exc, "spmdsim", "simulated rank"))
 
 
 def _exit_code(fn: Callable[[], Any], exits: dict) -> int:
