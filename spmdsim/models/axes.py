@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-__all__ = ["ROLES", "DATA", "TENSOR", "PIPELINE", "EXPERT", "CONTEXT", "SHARD", "EXPERT_TENSOR", "roles_of",
-           "axis_of", "model_layout", "tensor_axes", "tensor_coord", "tensor_entry", "tensor_size"]
+__all__ = ["ROLES", "DATA", "TENSOR", "PIPELINE", "EXPERT", "CONTEXT", "SHARD", "EXPERT_TENSOR", "AXIS_ORDER",
+           "roles_of", "axis_of", "model_layout", "tensor_axes", "tensor_coord", "tensor_entry", "tensor_size"]
 
 #: role (spmdsim.runtime.mesh.AXIS_ROLES) -> the name of the models' axis that plays it.
 ROLES = {"data": "dp", "tensor": "tp", "pipeline": "pp", "expert": "ep", "context": "cp", "shard": "fs"}
@@ -30,6 +30,8 @@ CONTEXT = ROLES["context"]
 SHARD = ROLES["shard"]
 #: The inner part of attention's tp where the experts' tp (etp) is between 1 and tp: the experts' tp axis.
 EXPERT_TENSOR = "etp"
+#: The GPT's mesh axes in `model_layout`'s order, outermost first.
+AXIS_ORDER = (PIPELINE, DATA, SHARD, EXPERT, CONTEXT, TENSOR, EXPERT_TENSOR)
 
 
 def roles_of(names: Iterable[str]) -> dict[str, str]:
@@ -55,8 +57,7 @@ def model_layout(tp: int, dp: int, ep: int | None = None, pp: int | None = None,
     With the experts' `etp` between 1 and tp (dividing it), tp is two axes: "tp" of tp / etp ranks, then
     "etp" of etp ranks."""
     split = 1 < etp < tp
-    sizes = ((PIPELINE, pp), (DATA, dp), (SHARD, fs), (EXPERT, ep), (CONTEXT, cp),
-             (TENSOR, tp // etp if split else tp), (EXPERT_TENSOR, etp if split else None))
+    sizes = zip(AXIS_ORDER, (pp, dp, fs, ep, cp, tp // etp if split else tp, etp if split else None))
     kept = [(name, size) for name, size in sizes if size is not None]
     return tuple(size for _, size in kept), tuple(name for name, _ in kept)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..axes import model_layout
+from ..axes import AXIS_ORDER
 from .reshard import OPTIMIZERS
 
 __all__ = ["resumed_words"]
@@ -22,9 +22,8 @@ def resumed_words(directory: str, saved: dict, mesh: dict, sp: bool, zero: int) 
     stage = saved.get("zero", _stage(saved.get("optimizer"), zero))
     if (there, was, stage) == (mesh, bool(sp), zero):
         return line
-    order = list(model_layout(2, 2, 2, 2, 2, 2, etp=2)[1])  # (pp, dp, ..., tp, etp: the layout's order)
-    words = " x ".join(f"{axis} {n}" for axis, n in sorted(there.items(), key=lambda a: order.index(a[0])
-                                                            if a[0] in order else len(order)))
+    order = AXIS_ORDER + tuple(a for a in there if a not in AXIS_ORDER)  # (recorded cp first; said in layout order)
+    words = " x ".join(f"{axis} {there[axis]}" for axis in order if axis in there)
     extra = [was and "sequence parallelism", stage == 3 and "FSDP (ZeRO-3)",
              stage in (1, 2) and f"ZeRO-{stage}", stage is None and "ZeRO-1 or 2"]
     extra = " and ".join(e for e in extra if e)
