@@ -46,7 +46,7 @@ from ...runtime.sim import dry_run_active
 from ..axes import CONTEXT, DATA, EXPERT, PIPELINE, model_layout
 from .layouts import megatron_layouts
 from .mesh import zero_cut
-from .reshard import AGAIN, etp_of_run, load_resharded, regions, resharded, scope, stage_regions
+from .reshard import ADAMW, AGAIN, ZERO_ADAMW, etp_of_run, load_resharded, regions, resharded, scope, stage_regions
 from .resumed import resumed_words
 from .checkpoint_files import (META, Arrays, decode, encode, header_problem, rank_file, reason as _reason,
                                write_aside)
@@ -363,7 +363,7 @@ def checkpoint_meta(cfg: GPTConfig, world: int, dp: int, tp: int, *, sp: bool = 
     if pp is not None or cp > 1:  # the mesh as recorded: a resume that leaves out --cp is told cp, not dp
         mesh_layout = Layout(*model_layout(tp, dp, ep if moe else None, pp, cp if cp > 1 else None, etp=cfg.expert_tp))
     meta = run_meta(cfg, world, mesh_layout, sp, chosen, get_precision(precision).name,
-                    "DistributedAdamW" if zero in (1, 2) else "AdamW")
+                    ZERO_ADAMW if zero in (1, 2) else ADAMW)
     meta["pipeline"] = pipeline
     meta["zero"] = zero  # (what the resume line says: the state is ZeRO-1 and 2's alike, and the layouts FSDP's)
     return meta

@@ -44,13 +44,15 @@ from ...base.precision import bfloat16, is_low
 from ...runtime.door import all_gather_object
 from .checkpoint_files import Arrays, decode, header_problem, rank_file, reason
 
-__all__ = ["MESH_KEYS", "regions", "scope", "resharded", "load_resharded", "etp_of_run"]
+__all__ = ["MESH_KEYS", "OPTIMIZERS", "ADAMW", "ZERO_ADAMW", "regions", "scope", "resharded", "load_resharded",
+           "etp_of_run"]
 
 #: The metadata a reshard may change: the mesh, its world size, sequence parallelism and so the layouts.
 MESH_KEYS = ("world size", "mesh", "sequence parallelism", "layouts")
 
-#: The optimizers a reshard moves the state between: AdamW (no ZeRO, or FSDP's) and ZeRO-1 and 2's.
-OPTIMIZERS = ("AdamW", "DistributedAdamW")
+#: The optimizers a reshard moves the state between, as checkpoint.json names them: AdamW (no ZeRO, or FSDP's) and
+#: ZeRO-1 and 2's.
+OPTIMIZERS = (ADAMW, ZERO_ADAMW) = ("AdamW", "DistributedAdamW")
 
 #: What a refusal to reshard says it covers.
 COVERS = "resharding covers dp, tp, sp, cp, ep, etp, pipeline and ZeRO changes only"
@@ -126,7 +128,7 @@ def scope(saved: dict, meta: dict) -> tuple[tuple, Optional[str]]:
     if blockers:
         return (), f"({COVERS}, not {' or '.join(blockers)}: {AGAIN})"
     recorded = saved.get("regions")
-    if not isinstance(recorded, dict) or (saved.get("optimizer") == "DistributedAdamW" and not all(
+    if not isinstance(recorded, dict) or (saved.get("optimizer") == ZERO_ADAMW and not all(
             isinstance(one, dict) and "slices" in one for one in recorded.values())):
         return (), f"(it records no ranks' regions to reshard from, saved by an older spmdsim: {AGAIN})"
     return keys, None
@@ -160,7 +162,7 @@ def load_resharded(directory: str, saved: dict, params: dict, optimizer: Any, ra
     without a pipeline, alike on every rank: the first file's). None, or why not (nothing then changed). No
     collective."""
     chosen: list = []  # the saved ranks whose files this rank reads, in the order first needed
-    zero = saved.get("optimizer") == "DistributedAdamW"
+    zero = saved.get("optimizer") == ZERO_ADAMW
     index = {id(p): i for i, p in enumerate(optimizer.params)}
     needs = optimizer.slices_of(optimizer.mesh.rank) if hasattr(optimizer, "slices_of") else None  # ZeRO's
     plans = {}

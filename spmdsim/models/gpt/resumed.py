@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from ..axes import AXIS_ORDER
-from .reshard import OPTIMIZERS
+from .reshard import ZERO_ADAMW
 
 __all__ = ["resumed_words"]
 
@@ -33,6 +33,6 @@ def resumed_words(directory: str, saved: dict, mesh: dict, sp: bool, zero: int) 
 def _stage(optimizer: Any, zero: int) -> Optional[int]:
     """The ZeRO stage of a checkpoint that records none (saved by an older spmdsim) of `optimizer`, resumed under
     stage `zero`: that one where the optimizer is the same, else 0 for AdamW and None (1 or 2) for ZeRO's."""
-    if (optimizer == OPTIMIZERS[1]) == (zero in (1, 2)):
+    if (optimizer == ZERO_ADAMW) == (zero in (1, 2)):
         return zero
-    return None if optimizer == OPTIMIZERS[1] else 0
+    return None if optimizer == ZERO_ADAMW else 0
