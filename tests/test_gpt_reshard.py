@@ -2,16 +2,17 @@
 resuming the GPT"): a checkpoint saved on one (dp, tp, sp) mesh resumes on another, each rank reading the pieces
 of the saved blocks that overlap its own from the files it needs; the resumed steps pass the check and end at
 the uninterrupted run's loss within the check's tolerance (the sums over tp run in another order: not bit for
-bit), with ZeRO, FSDP, a pipeline, context parallelism, experts (their ep and etp) or FP8's scales too. FP8's
-scales over a pipeline and a checkpoint that records no regions stay refused in one line, alike on every rank.
+bit), with ZeRO, FSDP, a pipeline, context parallelism, experts (their ep and etp) or FP8's scales too (over a
+pipeline, each chunk's table built by key). A checkpoint that records no regions, and FP8 rows a resumed table
+cannot take, are refused in one line, alike on every rank.
 The documented commands: tests/test_gpt_checkpoint.py."""
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
-import shutil
 
+import numpy as np
 import pytest
 
 import spmdsim
@@ -25,7 +26,6 @@ from spmdsim.models.gpt.train import train
 TINY = GPTConfig(layers=1, d_model=32, heads=4, seq=16, batch=4)  # dropout 0.1: its masks alike on any mesh
 TEXT = encode(load_text(20_000))
 AGAIN = "resume with the settings it was saved with"
-COVERS = "resharding covers dp, tp, sp, cp, ep, etp, pipeline and ZeRO changes only"
 PIPE = {"pp": 2, "schedule": "1f1b", "microbatches": 2, "virtual": 1, "split": None}
 
 
@@ -35,19 +35,19 @@ def _run(mesh, steps, cfg=TINY, **kw):
     return spmdsim.simulate(ranks, lambda: train(cfg, spmdsim.world(), dp, tp, steps, TEXT, sp=sp, **kw)[1])
 
 
-def _steps_as_whole(run, tmp_path, saved_on, resumed_on, saved_kw=None, resumed_kw=None):
+def _steps_as_whole(run, tmp_path, saved_on, resumed_on, saved_kw=None, resumed_kw=None, slack=1):
     """4 steps whole on `saved_on`, and 2 saved there then resumed on `resumed_on` to 4 (`run(mesh, steps, **kw)`:
     the ranks' StepResults, each rank's list): every resumed rank's steps 2 and 3 pass the check, each loss within
-    the check's tolerance of the whole run's (the sums run in another order: not bit for bit), and trained on
-    (not the first step's loss)."""
+    the check's tolerance of the whole run's (the sums run in another order: not bit for bit; step 3's within
+    `slack` times it: one update on the other mesh), and trained on (not the first step's loss)."""
     saved_kw, resumed_kw = saved_kw or {}, resumed_kw or {}
     whole = run(saved_on, 4, **saved_kw)[0]
     run(saved_on, 2, save=str(tmp_path / "half"), **saved_kw)
     for resumed in run(resumed_on, 4, resume=str(tmp_path / "half"), **resumed_kw):
         assert [r.step for r in resumed] == [2, 3]
         assert all(r.passed for r in resumed), [(r.errors, r.tolerances) for r in resumed]
-        for w, r in zip(whole[2:], resumed):
-            assert abs(r.loss - w.loss) <= r.tolerances[0] * abs(w.loss), (r.step, r.loss, w.loss)
+        for w, r, k in zip(whole[2:], resumed, (1, slack)):
+            assert abs(r.loss - w.loss) <= k * r.tolerances[0] * abs(w.loss), (r.step, r.loss, w.loss)
             assert r.loss != pytest.approx(whole[0].loss, rel=1e-3)
 
 
@@ -126,6 +126,27 @@ def _staged(mesh, steps, **kw):
 def test_a_pipeline_resumed_on_other_stages_steps_as_the_run_that_never_stopped(tmp_path, saved_on, saved_kw,
                                                                                  resumed_on, resumed_kw):
     _steps_as_whole(lambda *a, **kw: [_staged(*a, **kw)], tmp_path, saved_on, resumed_on, saved_kw, resumed_kw)
+
+
+FP8 = {"precision": "fp8"}
+
+
+@pytest.mark.parametrize("saved_on, saved_kw, resumed_on, resumed_kw", [
+    ((4, 2, 1, 2), {"microbatches": 2, **FP8}, (4, None, 2, 2), FP8),  # each stage's table -> one
+    ((2, None, 1, 2), FP8, (4, 2, 1, 2), {"microbatches": 1, **FP8}),  # one table -> each stage's layers'
+    ((4, 2, 2, 1), {"microbatches": 2, "schedule": "interleaved", "virtual": 2, **FP8}, (4, 4, 1, 1),
+     {"microbatches": 2, **FP8}),  # pp 2, chunks of layers 0, 2 and 1, 3 -> pp 4
+])
+def test_fp8_over_a_pipeline_resumed_on_other_stages_steps_as_the_run_that_never_stopped(tmp_path, saved_on,
+                                                                                         saved_kw, resumed_on,
+                                                                                         resumed_kw):
+    # each resumed chunk's table built by key from the saved tables of its layers (the keys name the layer).
+    # Step 2's loss is the whole run's to 5e-8 (fresh tables, scale 1: 9e-5 to 1.2e-4, 6 to 8 tolerances off);
+    # step 3's within 2 tolerances: an update over a pipeline rounds its bfloat16 sums otherwise than one without
+    # (the unstopped pp 2 and none runs differ by 2.7e-5 of the loss after one step, bf16-mixed's by 2.5e-5)
+    pytest.importorskip("ml_dtypes")
+    _steps_as_whole(lambda *a, **kw: [_staged(*a, **kw)], tmp_path, saved_on, resumed_on, saved_kw, resumed_kw,
+                    slack=2)
 
 
 @pytest.mark.parametrize("saved_on, saved_kw, resumed_on, resumed_kw", [
@@ -207,9 +228,6 @@ def _written(where, step=2, **kw):
     return str(where)
 
 
-FP8_PIPELINE = "FP8's scales over a pipeline (--precision fp8: each stage's own table, not merged across stages)"
-
-
 @pytest.mark.parametrize("saved_on, saved_zero, resumed_on, resumed_zero", [
     ((4, 2, 2, False), 0, (4, 1, 4, False), 0),  # dp 2 x tp 2 -> tp 4
     ((2, 1, 2, False), 0, (4, 2, 2, True), 1),  # tp 2 -> ZeRO-1 dp 2 x tp 2 with sp
@@ -227,17 +245,17 @@ def test_fp8_resumed_on_another_mesh_steps_as_the_run_that_never_stopped(tmp_pat
 
 @pytest.mark.parametrize("saved, run, said", [
     ({"precision": "fp8", "world": 8, "pipeline": PIPE}, {"precision": "fp8", "world": 8, "tp": 4, "dp": 1,
-                                                         "pipeline": PIPE},
-     f"the checkpoint's mesh has dp 2 and tp 2, this run's dp 1 and tp 4 ({COVERS}, not {FP8_PIPELINE}: {AGAIN})"),
+                                                         "pipeline": PIPE}, None),  # FP8's tables: by key
+    ({"precision": "fp8", "world": 8, "pipeline": PIPE}, {"precision": "fp8"}, None),  # and onto no pipeline
     ({}, {"tp": 4, "dp": 1, "precision": "fp32"},  # what no reshard helps: said, not the mesh
      f"the checkpoint's precision is 'fp64', this run's 'fp32' ({AGAIN})"),
 ])
-def test_another_mesh_with_fp8_or_another_precision_is_refused_in_one_line(tmp_path, saved, run, said):
+def test_another_mesh_with_fp8_is_resharded_and_another_precision_refused_in_one_line(tmp_path, saved, run, said):
     where = _written(tmp_path / "ck", **saved)
     args = {"cfg": TINY, "world": 4, "dp": 2, "tp": 2, **run}
     problem = checkpoint_problem(args.pop("cfg"), args.pop("world"), args.pop("dp"), args.pop("tp"), 5,
                                  resume=where, **args)
-    assert problem == f"--resume {where}: {said}"
+    assert problem == (said and f"--resume {where}: {said}")
     if not saved:  # the same mesh, or another of dp, tp and sp alone: nothing to refuse
         assert checkpoint_problem(TINY, 2, 1, 2, 5, resume=where, sp=True) is None
 
@@ -297,14 +315,51 @@ def test_a_checkpoint_that_records_no_regions_resumes_on_its_own_mesh_only(tmp_p
                     f"regions to reshard from, saved by an older spmdsim: {AGAIN})"] * 2
 
 
-def test_a_refused_reshard_says_alike_on_every_rank_before_any_collective(tmp_path):
+def _rewritten(path, change):
+    """Rank file `path` with `change(header, arrays)` made to its header and arrays."""
+    with np.load(path) as f:
+        arrays = dict(f)
+    header = json.loads(str(arrays["header"]))
+    change(header, arrays)
+    arrays["header"] = np.array(json.dumps(header))
+    np.savez(path, **arrays)
+
+
+def _no_layer_3(header, arrays):
+    for i, keys in enumerate(header["fp8"]):
+        kept = [j for j, (key, _) in enumerate(keys) if not key.startswith("h3.")]
+        header["fp8"][i] = [keys[j] for j in kept]
+        arrays[f"fp8.{i}.scales"], arrays[f"fp8.{i}.history"] = (arrays[f"fp8.{i}.scales"][kept],
+                                                                 arrays[f"fp8.{i}.history"][kept])
+
+
+def _short_histories(header, arrays):
+    for i in range(len(header["fp8"])):
+        arrays[f"fp8.{i}.history"] = arrays[f"fp8.{i}.history"][:, :8]
+
+
+def _a_key_of_no_layer(header, arrays):
+    for keys in header["fp8"]:
+        keys[0][0] = "head:x"
+
+
+@pytest.mark.parametrize("change, said", [
+    (_no_layer_3, "rank 2's file holds no FP8 scales of layer 3 (keys h3.*), which this run's table needs"),
+    (_short_histories, "rank 0's file holds FP8 amax histories of shape ({n}, 8), this run's recipe keeps 1024 "
+                       "steps of each key's"),
+    (_a_key_of_no_layer, "rank 0's file holds the FP8 key 'head:x', which names no layer (h<n>.)"),
+])
+def test_fp8_rows_a_resharded_run_cannot_take_stop_every_rank_with_one_line(tmp_path, change, said):
     pytest.importorskip("ml_dtypes")
-    where = _written(tmp_path / "ck", precision="fp8", dp=1, pipeline=PIPE)  # pp 2 x dp 1 x tp 2
-    said = spmdsim.simulate(2, lambda: _said(lambda: train(TINY, spmdsim.world(), 1, 2, 5, TEXT, precision="fp8",
-                                                           resume=where)))
-    assert said == [f"--resume {where}: the checkpoint's world size is 4, this run's 2 ({COVERS}, not "
-                    f"{FP8_PIPELINE}: {AGAIN})"] * 2
-    shutil.rmtree(where)
+    where = str(tmp_path / "ck")  # pp 2: ranks 0, 1 hold layers 0, 1 and their keys, ranks 2, 3 layers 2, 3
+    _staged((4, 2, 1, 2), 2, save=where, microbatches=2, precision="fp8", check=False)
+    for r in range(4):
+        _rewritten(rank_file(where, r), change)
+    with np.load(rank_file(where, 0)) as f:
+        n = len(f["fp8.0.scales"])
+    said = said.format(n=n)
+    assert spmdsim.simulate(4, lambda: _said(lambda: train(DEEP, spmdsim.world(), 2, 2, 4, TEXT, precision="fp8",
+                                                           resume=where))) == [f"--resume {where}: {said}"] * 4
 
 
 @pytest.mark.parametrize("saved, run, said", [

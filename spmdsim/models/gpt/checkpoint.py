@@ -18,10 +18,10 @@ On resume every rank reads ``checkpoint.json`` and refuses, alike and before any
 directory or metadata file, another config, precision, optimizer or pipeline, and a checkpoint at or past the run's
 last step (`resume_problem`); a config field the checkpoint lacks (added to GPTConfig after it was saved, as Llama's
 options were) reads as its default, the model it was saved of. Another mesh, world size or sequence parallelism, and
-so other layouts, is resharded where only dp, tp, sp, cp, the pipeline and ZeRO (FSDP too) changed
+so other layouts, is resharded where only dp, tp, sp, cp, ep, etp, the pipeline and ZeRO (FSDP too) changed
 (spmdsim.models.gpt.reshard: rank 0 records each rank's region of every parameter, under ZeRO its slices' parts too,
-and on resume each rank reads the pieces it needs from the files that hold them), and refused in one line otherwise
-(with experts or FP8). Then each rank reads its own file
+and on resume each rank reads the pieces it needs from the files that hold them; FP8's tables by key, each layer's
+rows from a file of its stage), and refused in one line otherwise. Then each rank reads its own file
 (resharded: the files it needs); what a rank finds wrong there (its file missing or unreadable, blocks of another
 shape, another step) can differ between ranks, so the ranks agree on it by one Allgather of their problems and every
 rank raises the first one: one line, exit 2, never a hang (`load`).
@@ -304,17 +304,19 @@ def _read_own(directory: str, step: int, rank: int, world: int, params: dict, op
 
 
 def load(directory: str, mesh: Any, params: dict, optimizer: Any, scales: tuple = (),
-         meta: Optional[dict] = None) -> int:
+         meta: Optional[dict] = None, layers: Optional[tuple] = None) -> int:
     """Every rank loads its own file of the checkpoint in `directory` into `params` (name -> DTensor), `optimizer`
     and `scales` (`save`'s); returns the step reached. Collective (one Allgather of the ranks' problems): a rank whose file
     is missing or does not fit makes every rank raise the same one line (the lowest such rank's). Call
     `resume_problem` first (the metadata is read again here: it must still be readable). With `meta` (this run's
-    `run_meta`), a checkpoint saved on another mesh is resharded (spmdsim.models.gpt.reshard.load_resharded)."""
+    `run_meta`), a checkpoint saved on another mesh is resharded (spmdsim.models.gpt.reshard.load_resharded;
+    `layers`: the layers of each of `scales`' tables, a range each; None: one table of every layer)."""
     saved, problem = read_meta(directory)
     step = saved["step"] if saved else 0
     if not problem:  # saved on another mesh (`meta`: this run's run_meta): resharded, from the files it needs
-        problem = load_resharded(directory, saved, params, optimizer, mesh.rank, scales) if meta is not None and \
-            resharded(saved, meta) else _read_own(directory, step, mesh.rank, mesh.size, params, optimizer, scales)
+        problem = load_resharded(directory, saved, params, optimizer, mesh.rank, scales, layers) \
+            if meta is not None and resharded(saved, meta) else \
+            _read_own(directory, step, mesh.rank, mesh.size, params, optimizer, scales)
         problem = problem and f"--resume {directory}: {problem}"
     problems = all_gather_object(mesh.comm, problem) if mesh.size > 1 else [problem]
     first = next((p for p in problems if p), None)

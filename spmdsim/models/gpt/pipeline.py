@@ -123,7 +123,7 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     check = check and not dry_run_active()
     first = 0
     if resume is not None:  # this rank's blocks and optimizer state (collective: the ranks agree on a problem)
-        first = load(resume, mesh, params, optimizer, st.scales, meta)
+        first = load(resume, mesh, params, optimizer, st.scales, meta, st.layers)
     checker = _PipelineChecker(st, cfg, policy, zero, kept, microbatches, first) if check else None
     replay = replay and not dry_run_active()  # a dry run's steps count bytes: nothing to replay
     results: list = []
@@ -189,8 +189,9 @@ class _Pipelined:
         self.models = models = {c: parallel.GPT(cfg, stage_mesh, sp=sp, layouts=layouts, part=parts[c],
                                                 recompute=recompute, kept=kept, precision=policy,
                                                 context=context, fsdp=True if zero == 3 else None) for c in mine}
-        # FP8's scales, each chunk's (a checkpoint saves and resumes them)
+        # FP8's scales, each chunk's, and its layers (a checkpoint saves them; a resharded resume builds them by key)
         self.scales = tuple(models[c].fp8 for c in mine if models[c].fp8 is not None)
+        self.layers = tuple(range(parts[c].first, parts[c].stop) for c in mine if models[c].fp8 is not None)
         if 0 in models and chunks - 1 in models and chunks > 1 and cfg.tied:  # one stage holds both ends: one table
             models[chunks - 1].params["wte"] = models[0].params["wte"]
         self.params = params = {}

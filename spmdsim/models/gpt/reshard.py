@@ -21,12 +21,14 @@ is agreed as on the same mesh (checkpoint.load).
 FSDP's shards (--zero 3: AdamW on each rank's rows of a parameter) are blocks as any other, and the parameters are
 replicated over cp. An MoE GPT's experts are blocks over ("ep", ...) (their own tp "etp", a config field that lays
 them out as the mesh does: `etp_of_run`), and ZeRO's groups of its dense parameters over dp x ep are slices as any
-other. FP8's table of amax histories and scales (spmdsim.base.fp8.Scales) is alike on every rank (the amaxes
-agreed by an Allreduce(MAX) over the whole mesh: each tensor's amax, whatever its pieces), so a resharded rank
-loads any saved rank's. Resharding covers dp, tp, sp, cp, ep, etp, pipeline and ZeRO changes only: FP8's scales
-over a pipeline (each stage's chunks keep their own tables of their layers' keys: not merged by key across stages
-yet) are refused in one line that names what differs and why (`scope`), as is a checkpoint that records no
-regions (or under ZeRO no slices: saved by an older spmdsim), alike on every rank and before any collective.
+other. FP8's tables of amax histories and scales (spmdsim.base.fp8.Scales: the model's, alike on every rank, or
+over a pipeline each chunk's, of its own layers' keys) are built by key: each of the run's tables from the rows of
+its layers in the files of saved ranks that held those layers (spmdsim.models.gpt.reshard_fp8), so FP8 resumes on
+another pipeline or none, and a run without a pipeline's checkpoint on one. Resharding covers the mesh, the
+pipeline and the optimizer (dp, tp, sp, cp, ep, etp, pp and ZeRO changes); a checkpoint that records no regions
+(or under ZeRO no slices: saved by an older spmdsim) is refused in one line that names what differs and why
+(`scope`), alike on every rank and before any collective, as is what a rank finds wrong in the files it reads
+(a layer's FP8 rows missing, histories of another length: agreed by checkpoint.load).
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ from ...errors import SpmdsimError
 from ...base.precision import bfloat16, is_low
 from ...runtime.door import all_gather_object
 from .checkpoint_files import Arrays, decode, header_problem, rank_file, reason
+from .reshard_fp8 import holders, tables
 
 __all__ = ["MESH_KEYS", "OPTIMIZERS", "ADAMW", "ZERO_ADAMW", "regions", "scope", "resharded", "load_resharded",
            "etp_of_run"]
@@ -53,9 +56,6 @@ MESH_KEYS = ("world size", "mesh", "sequence parallelism", "layouts")
 #: The optimizers a reshard moves the state between, as checkpoint.json names them: AdamW (no ZeRO, or FSDP's) and
 #: ZeRO-1 and 2's.
 OPTIMIZERS = (ADAMW, ZERO_ADAMW) = ("AdamW", "DistributedAdamW")
-
-#: What a refusal to reshard says it covers.
-COVERS = "resharding covers dp, tp, sp, cp, ep, etp, pipeline and ZeRO changes only"
 
 #: How a refusal to resume ends: the way out.
 AGAIN = "resume with the settings it was saved with"
@@ -119,14 +119,9 @@ def scope(saved: dict, meta: dict) -> tuple[tuple, Optional[str]]:
     in place of "(resume with the settings it was saved with)" where a reshard is ruled out, or None)."""
     if not resharded(saved, meta):
         return (), None  # the same layout
-    blockers = [b for b in _blockers(saved) + _blockers(meta) if b]
-    blockers = sorted(set(blockers), key=blockers.index)
     keys = _covered(saved, meta)
     if any(saved.get(key) != here for key, here in meta.items() if key not in keys):
-        # the config, precision, optimizer or pipeline differs too: said, as the mesh was before resharding
-        return (() if blockers else keys), None  # (the config alone where the mesh could be resharded)
-    if blockers:
-        return (), f"({COVERS}, not {' or '.join(blockers)}: {AGAIN})"
+        return keys, None  # the config, precision or optimizer differs too: said, as on the same mesh
     recorded = saved.get("regions")
     if not isinstance(recorded, dict) or (saved.get("optimizer") == ZERO_ADAMW and not all(
             isinstance(one, dict) and "slices" in one for one in recorded.values())):
@@ -146,21 +141,15 @@ def etp_of_run(saved: dict, meta: dict) -> dict:
     return {**saved, "config": config} if config == here else saved
 
 
-def _blockers(meta: dict) -> list:
-    """What in the run of `meta` rules resharding out, each as a refusal names it."""
-    return [meta.get("precision") == "fp8" and meta.get("pipeline") is not None and
-            "FP8's scales over a pipeline (--precision fp8: each stage's own table, not merged across stages)"]
-
-
 def load_resharded(directory: str, saved: dict, params: dict, optimizer: Any, rank: int,
-                   scales: tuple = ()) -> Optional[str]:
+                   scales: tuple = (), layers: Optional[tuple] = None) -> Optional[str]:
     """Load this rank's blocks of `params` (name -> DTensor) and its `optimizer`'s state for them (AdamW's or
     DistributedAdamW's) from the checkpoint in `directory` (its metadata `saved`), saved on another mesh or with
     the other of those optimizers: from each saved block that overlaps this rank's, read from only the files of
     the ranks chosen to give them (under ZeRO, of the ranks whose slices hold the overlap's elements; `rank`:
-    this rank's on the whole mesh, its own file's where that holds a block), and FP8's `scales` (one table
-    without a pipeline, alike on every rank: the first file's). None, or why not (nothing then changed). No
-    collective."""
+    this rank's on the whole mesh, its own file's where that holds a block), and FP8's `scales` (each table's
+    `layers`, a range each; None: one table of every layer) by key from the files of ranks that held those
+    layers (spmdsim.models.gpt.reshard_fp8). None, or why not (nothing then changed). No collective."""
     chosen: list = []  # the saved ranks whose files this rank reads, in the order first needed
     zero = saved.get("optimizer") == ZERO_ADAMW
     index = {id(p): i for i, p in enumerate(optimizer.params)}
@@ -173,6 +162,13 @@ def load_resharded(directory: str, saved: dict, params: dict, optimizer: Any, ra
             return plans[name]
     for name, (mine, pieces) in plans.items():  # each block from a file read already where one holds it
         plans[name] = mine, [(_holder(ranks, chosen, rank), *rest) for ranks, *rest in pieces]
+    layers = tuple(layers or (range(int(saved["config"]["layers"])),)) if scales else ()
+    if len(layers) != len(scales):
+        return f"this run gives the layers of {len(layers)} FP8 scale tables, for {len(scales)} tables"
+    given = holders(saved.get("regions"), sorted({n for one in layers for n in one}))
+    if isinstance(given, str):
+        return given
+    given = {n: _holder(ranks, chosen, rank) for n, ranks in given.items()}  # (FP8's rows: files read already)
     with ExitStack() as files:
         opened = {}
         for r in chosen:
@@ -185,15 +181,14 @@ def load_resharded(directory: str, saved: dict, params: dict, optimizer: Any, ra
                                     opened[plans[name][1][0][0]][1]["dtypes"][name]) for name in params}
             moments = {name: _moments(name, plans[name], opened, zero) for name in params}
             state = _state(optimizer.state_dict(), opened[chosen[0]][2], moments, blocks, list(params))
-            tables = [(keys, opened[chosen[0]][0][f"fp8.{i}.scales"], opened[chosen[0]][0][f"fp8.{i}.history"])
-                      for i, keys in enumerate(opened[chosen[0]][1].get("fp8", ()))]
+            built = tables(opened, given, list(layers), scales[0].recipe.history) if scales else []
         except Exception as e:  # a damaged file: any reader's error, one line
             return f"the files of ranks {chosen} cannot be read: {type(e).__name__}: {reason(e)}"
-    if len(tables) != len(scales):
-        return f"rank {chosen[0]}'s file holds {len(tables)} FP8 scale tables, this run {len(scales)}"
+    if isinstance(built, str):
+        return built
     try:
         optimizer.load_state_dict(state)
-        for one, table in zip(scales, tables):  # the amaxes agreed over the whole mesh: any rank's, the same
+        for one, table in zip(scales, built):  # each chunk's rows by key, from the tables that held them
             one.load(*table)
     except (SpmdsimError, ValueError, KeyError) as e:  # moments of another shape: one line
         return f"the files of ranks {chosen}, resharded: {reason(e)}"
