@@ -60,6 +60,35 @@ def test_autoshard_at_its_bounds_still_prices(capsys):
     assert "B/rank" in capsys.readouterr().out
 
 
+_HUGE = "1" + "0" * 30  # 10**30
+
+
+@pytest.mark.parametrize("argv, flag", [
+    *((["estimate", "gpt", flag, _HUGE], flag) for flag in (
+        "--hidden", "--heads", "--vocab", "--ffn", "--kv-heads", "--global-batch", "--pad-vocab-to", "--experts")),
+    *((["context", "--cp", "2", "--seq", "64", flag, _HUGE], flag) for flag in (
+        "--batch", "--heads", "--kv-heads", "--head-dim")),
+    (["context", "--cp", "2", "--seq", _HUGE], "--seq"),
+    *((["autoshard", "--network", "gpt", "--machine", "a100-dgx", "--gpt", f"{key}={_HUGE}"], f"--gpt {key}")
+      for key in ("d_model", "vocab", "heads", "batch", "experts", "vocab_pad_to")),
+    (["autoshard", "--network", "gpt", "--machine", "a100-dgx", "--ffn", _HUGE], "--ffn"),
+])
+def test_a_size_past_two_to_the_24_is_refused_naming_its_flag(capsys, argv, flag):
+    # (before: a seeded tensor's line naming no flag, a search that ran for minutes, or thirty-digit figures)
+    _fails_fast(capsys, argv, f"{flag} 1,000,000,000,000,000,000,000,000,000,000 is too large; expected at most "
+                              "16,777,216 (2**24, far past any model's size)")
+
+
+def test_a_size_at_two_to_the_24_still_runs(capsys):
+    assert main(["estimate", "gpt", "--vocab", str(1 << 24)]) == 0
+    assert main(["context", "--cp", "2", "--seq", str(1 << 24), "--width", "10000"]) == 0
+    out = capsys.readouterr().out
+    assert "vocab 16777216" in out and "16,777,216 tokens" in out
+    _fails_fast(capsys, ["estimate", "gpt", "--vocab", str((1 << 24) + 1)], "--vocab 16,777,217 is too large")
+    _fails_fast(capsys, ["context", "--cp", "2", "--seq", "64", "--width", "10001"],
+                "--width 10,001 is too wide; expected at most 10,000 columns")
+
+
 def test_a_saving_is_never_negative(capsys):
     from spmdsim.tools.autoshard.report import saving_text
 

@@ -8,14 +8,17 @@ examples/train_moe_gpt.py (spmdsim.models.gpt.options.model_arguments), ``spmdsi
 why their values cannot be (one line naming the flag);
 ``architecture_fields(args)`` the GPTConfig fields they say; ``architecture_flags(cfg)`` the flags that say a
 GPTConfig's (none for the GPT's own architecture); ``architecture_words(cfg)`` a line's words for them;
-``ARCHITECTURE_SAID`` the flags that set GPTConfig's fields, for its refusals (spmdsim.models.gpt.config.said_as).
+``ARCHITECTURE_SAID`` the flags that set GPTConfig's fields, for its refusals (spmdsim.models.gpt.config.said_as);
+``MAX_SIZE`` and ``size_problem(flag, value)``: the most any size flag of a command may say (a width, a count of heads,
+tokens or experts).
 """
 from __future__ import annotations
 
 from typing import Any, Optional
 
 __all__ = ["architecture_arguments", "architecture_problem", "architecture_fields", "architecture_flags",
-           "architecture_words", "NORMS", "MLPS", "ATTENTIONS", "ARCHITECTURE_SAID", "LLAMA_FLAGS"]
+           "architecture_words", "size_problem", "NORMS", "MLPS", "ATTENTIONS", "ARCHITECTURE_SAID", "LLAMA_FLAGS",
+           "MAX_SIZE"]
 
 #: --norm's and --mlp's values, the first the default (spmdsim.models.gpt.config.CHOICES' "norm" and "mlp").
 NORMS = ("layer", "rms")
@@ -28,6 +31,19 @@ ARCHITECTURE_SAID = {"ffn": "--ffn", "kv_heads": "--kv-heads", "norm": "--norm",
                      "positions": "--rope", "attention": "--attention"}
 #: `architecture_arguments`' flags that make a Llama, as a refusal of a network named "llama" spells them.
 LLAMA_FLAGS = "--ffn N --kv-heads N --norm rms --mlp swiglu --untied --rope --no-bias"
+#: The most a size flag may say (--hidden, --ffn, --vocab, --heads, --experts, --global-batch, a sequence's tokens):
+#: 2**24, over 900 times the widest published model's width (18,432) and 65 times the largest vocabulary (256,000).
+#: Past it a dry run was refused by a seeded tensor's line that named no flag, and the pure commands printed
+#: numbers of thirty digits.
+MAX_SIZE = 1 << 24
+
+
+def size_problem(flag: str, value: Optional[int]) -> Optional[str]:
+    """Why size flag `flag` cannot say `value` (one line naming the flag, the value and `MAX_SIZE`), or None (None
+    too for a flag left out)."""
+    if value is None or value <= MAX_SIZE:
+        return None
+    return f"{flag} {value:,} is too large; expected at most {MAX_SIZE:,} (2**24, far past any model's size)"
 
 
 def architecture_arguments(parser: Any, width: str = "--d-model") -> None:
@@ -50,12 +66,16 @@ def architecture_arguments(parser: Any, width: str = "--d-model") -> None:
 
 def architecture_problem(args: Any, heads: Optional[int] = None, said: str = "--heads") -> Optional[str]:
     """Why the flags of `architecture_arguments` cannot be (one line naming the flag), or None: --ffn and
-    --kv-heads at least 1, --kv-heads dividing the heads (`heads`, said as `said`; default args.heads, --heads).
+    --kv-heads at least 1 and at most MAX_SIZE, --kv-heads dividing the heads (`heads`, said as `said`; default
+    args.heads, --heads).
     Pure: alike on every rank."""
     for name in ("ffn", "kv_heads"):
         value = getattr(args, name)
         if value is not None and value < 1:
             return f"--{name.replace('_', '-')} {value} must be >= 1"
+        problem = size_problem(f"--{name.replace('_', '-')}", value)
+        if problem:
+            return problem
     heads = args.heads if heads is None else heads
     if args.kv_heads is not None and heads >= 1 and heads % args.kv_heads:
         return (f"--kv-heads {args.kv_heads} must divide {said} {heads} (each key/value head serves "

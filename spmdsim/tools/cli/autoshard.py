@@ -28,7 +28,7 @@ from ...errors import RankCountError, SpmdsimError
 from ...runtime.engines import engine_of, launcher, ways_out
 from ...base.typed_numbers import flag_float, typed
 from .autoshard_common import gpt_config, still_working
-from ...models.gpt.flags import LLAMA_FLAGS, architecture_arguments, architecture_fields, architecture_flags
+from ...models.gpt.flags import LLAMA_FLAGS, MAX_SIZE, architecture_arguments, architecture_fields, architecture_flags
 from ..autoshard import METHODS, NAMES, OBJECTIVES, autoshard
 from ..autoshard.choose import _parse_fix
 from ..autoshard.cost import measure_flops_rate
@@ -67,7 +67,8 @@ def register(subparsers: Any) -> None:
                              "top_k, moe_every, dropless (0 or 1) for MoE layers and vocab_pad_to, the vocabulary "
                              "padded to a multiple "
                              "of it as Megatron pads to 128 x tp; default examples/"
-                             "train_gpt.py's 4 layers, d_model 128, 4 heads, seq 64, batch 8, vocab 128)")
+                             "train_gpt.py's 4 layers, d_model 128, 4 heads, seq 64, batch 8, vocab 128; with "
+                             f"--machine each size at most {MAX_SIZE:,})")
 
     # Llama's architecture, with --machine (the search by dry runs of the model; the operators' graph is the GPT's)
     architecture_arguments(parser, width="d_model")

@@ -11,7 +11,7 @@ from typing import Any, Optional
 from ...base.validate import counted
 from ...errors import SpmdsimError
 from ...models.gpt.config import GPTConfig, said_as
-from ...models.gpt.flags import ARCHITECTURE_SAID
+from ...models.gpt.flags import ARCHITECTURE_SAID, size_problem
 from ...models.moe.config import MoEConfig
 from .estimate import no_moe_block
 
@@ -78,6 +78,9 @@ def gpt_config(text: str, max_layers: int = MAX_GPT_LAYERS, sizes: bool = True, 
             number = 0
         if number < 1 and key != "dropless":  # layers=-1 was "GPTConfig layers -1 must be ...", not the key typed
             raise SpmdsimError(f"--gpt {key} {value!r} must be an integer >= 1")
+        problem = None if sizes or key in ("layers", "seq") else size_problem(f"--gpt {key}", number)
+        if problem:  # the search by a machine file (the operators' graph bounds its tensors below; its own bounds
+            raise SpmdsimError(problem)  # on layers and seq), before the search prices thirty-digit sizes
         if fields.get(key, number) != number:  # 'layers=1,layers=2' kept the last unsaid
             raise SpmdsimError(f"--gpt {key}={fields[key]} and {key}={number} set {key} two ways; give one")
         fields[key] = number

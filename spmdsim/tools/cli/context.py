@@ -13,6 +13,7 @@ from typing import Any
 
 from ...base.once_parser import Choices, note_no_ranks
 from ...errors import SpmdsimError
+from ...models.gpt.flags import MAX_SIZE, size_problem
 from ...programs.context import SPLITS
 from ...programs.context.picture import render
 from ...programs.viz.table import WIDTH, wrap_lines
@@ -21,6 +22,8 @@ __all__ = ["register", "run", "MAX_CP"]
 
 #: Most context-parallel ranks the grid draws (cp rows of cp steps).
 MAX_CP = 64
+#: Widest --width: ten times any terminal's columns (a width past it wrapped nothing and was taken as it came).
+MAX_WIDTH = 10_000
 _ITEMSIZE = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp64": 8}
 #: numpy's names, which `plan --dtype` and `collective --dtype` take, as this command spells them.
 _NUMPY_NAMES = {numpy: f"{numpy!r} is written {short!r} here" for numpy, short in (
@@ -46,7 +49,8 @@ def register(subparsers: Any) -> None:
     note_no_ranks(parser, "context", "--cp")
     parser.elsewhere.update(dict.fromkeys(("--cp-method", "--method"), _ONE_METHOD))
     parser.add_argument("--cp", type=int, required=True, metavar="N", help=f"context-parallel ranks (1 to {MAX_CP})")
-    parser.add_argument("--seq", type=int, required=True, metavar="T", help="tokens per sequence")
+    parser.add_argument("--seq", type=int, required=True, metavar="T",
+                        help=f"tokens per sequence (each size, --seq to --head-dim, at most {MAX_SIZE:,})")
     parser.add_argument("--split", choices=SPLITS, default="balanced", help="how the sequence is cut (default balanced)")
     parser.add_argument("--batch", type=int, default=1, metavar="B", help="sequences per rank (default 1)")
     parser.add_argument("--heads", type=int, default=32, help="query heads (default 32)")
@@ -54,7 +58,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--head-dim", type=int, default=128, help="head dim (default 128)")
     parser.add_argument("--dtype", choices=Choices(tuple(_ITEMSIZE), _NUMPY_NAMES), default="bf16",
                         help="activations' dtype (default bf16)")
-    parser.add_argument("--width", type=int, default=WIDTH, help=f"terminal columns (default {WIDTH}, at least 40)")
+    parser.add_argument("--width", type=int, default=WIDTH,
+                        help=f"terminal columns (default {WIDTH}, 40 to {MAX_WIDTH:,})")
     parser.set_defaults(func=run)
 
 
@@ -68,10 +73,15 @@ def _checked(args: argparse.Namespace) -> tuple[int, int, int]:
                         ("--kv-heads", kv_heads), ("--head-dim", args.head_dim)):
         if value < 1:
             raise SpmdsimError(f"{flag} {value!r} must be at least 1")
+        problem = size_problem(flag, value)
+        if problem:
+            raise SpmdsimError(problem)
     if args.heads % kv_heads:
         raise SpmdsimError(f"--heads {args.heads} is not a multiple of --kv-heads {kv_heads}")
     if args.width < 40:
         raise SpmdsimError(f"--width {args.width!r} is too narrow; expected at least 40 columns")
+    if args.width > MAX_WIDTH:
+        raise SpmdsimError(f"--width {args.width:,} is too wide; expected at most {MAX_WIDTH:,} columns")
     elements = args.batch * (args.seq // args.cp) * args.head_dim
     rows = elements * _ITEMSIZE[args.dtype]
     return rows * args.heads, rows * kv_heads, elements * _SUMMED[args.dtype] * kv_heads

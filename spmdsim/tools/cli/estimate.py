@@ -18,8 +18,8 @@ from ...base.typed_numbers import add_noted, flag_float, said_fields, typed
 from ...models.gpt.config import GPTConfig, said_as
 from ...models.gpt.memory import sharded_problem
 from ...models.gpt.options import capacity_problem
-from ...models.gpt.flags import (ARCHITECTURE_SAID, LLAMA_FLAGS, architecture_arguments, architecture_fields,
-                                 architecture_problem)
+from ...models.gpt.flags import (ARCHITECTURE_SAID, LLAMA_FLAGS, MAX_SIZE, architecture_arguments,
+                                 architecture_fields, architecture_problem, size_problem)
 from ...models.moe.config import MoEConfig
 from ...models.moe.fold import fold_problem, mesh_ep
 from ..estimate.machine import machines
@@ -62,7 +62,7 @@ def register(subparsers: Any) -> None:
                      "only, one rank per stage) and print, for the first, a middle and the last stage (and the "
                      "slowest and the fullest), what one rank holds (priced at --precision), the FLOPs it "
                      "executes, the bytes it sends by kind and link level, and the step time predicted on "
-                     "--machine (docs/howto/estimate.md)."))
+                     f"--machine (docs/howto/estimate.md). Each size is at most {MAX_SIZE:,} (2**24)."))
     parser.add_argument("network", choices=Choices(("gpt",), NETWORK_NOTES),
                         help="the network (the GPT of spmdsim.models.gpt; Llama's and Mixtral's are its options)")
     # The defaults are a toy GPT (it runs in a second): say so, so that a user sizing a real model sets each one.
@@ -200,6 +200,10 @@ def _config(args: argparse.Namespace) -> tuple[Any, int]:
         value = getattr(args, name)
         if value < 1:
             raise SpmdsimError(f"--{name.replace('_', '-')} {value} must be >= 1")
+    for name in ("hidden", "heads", "vocab", "global_batch", "pad_vocab_to", "experts"):  # before any is multiplied
+        problem = size_problem(f"--{name.replace('_', '-')}", getattr(args, name))
+        if problem:
+            raise SpmdsimError(problem)
     if args.layers > MAX_DRY_LAYERS:
         raise SpmdsimError(f"--layers {args.layers:,} is too many; expected at most {MAX_DRY_LAYERS:,} (the dry run "
                            "steps through every layer, about 7 ms and 0.5 MB each)")
