@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
+import random
 
 import numpy as np
 import pytest
@@ -424,3 +426,37 @@ def test_simulated_ranks_read_their_checkpoint_arrays_one_at_a_time(tmp_path, mo
     finally:
         sys.setswitchinterval(interval)
     assert most[0] == 1
+
+
+def _masked(region, overlap, mine, need):
+    """The range `reshard.wanted_range` gives, as it was worked out before: a mask the size of this rank's block."""
+    held = np.zeros(math.prod(b - a for a, b in mine), bool)
+    held[slice(*need) if need is not True else slice(None)] = True
+    within = tuple(slice(lo - a, hi - a) for (lo, hi), (a, _) in zip(overlap, mine))
+    at = np.nonzero(held.reshape(tuple(b - a for a, b in mine))[within])
+    if not at[0].size:
+        return []
+    shape = tuple(b - a for a, b in region)
+    flat = np.ravel_multi_index(tuple(i + lo - a for i, (lo, _), (a, _) in zip(at, overlap, region)), shape)
+    return [(int(flat.min()), int(flat.max()) + 1)]
+
+
+def test_a_zero_slices_range_of_a_saved_region_is_the_masks_without_a_mask():
+    rng = random.Random(0)
+    for _ in range(3000):  # random blocks of up to 4 dims, their overlaps and slices (True: every element)
+        ndim = rng.randint(1, 4)
+        shape = [rng.randint(1, 6) for _ in range(ndim)]
+        bounds = [[tuple(sorted(rng.sample(range(n + 1), 2))) for n in shape] for _ in range(2)]
+        region, mine = (tuple(b) for b in bounds)
+        overlap = tuple((max(a, c), min(b, d)) for (a, b), (c, d) in zip(region, mine))
+        if any(lo >= hi for lo, hi in overlap):
+            continue
+        size = math.prod(b - a for a, b in mine)
+        need = True if rng.random() < 0.1 else sorted(rng.randint(0, size + 1) for _ in range(2))
+        assert reshard.wanted_range(region, overlap, mine, need) == _masked(region, overlap, mine, need), \
+            (region, overlap, mine, need)
+    # a block of 2**40 elements (the mask: 1 TiB): the range from its bounds alone
+    mine = ((0, 1 << 20), (0, 1 << 20))
+    region, overlap = ((0, 1 << 20), (1 << 19, 1 << 20)), ((0, 1 << 20), (1 << 19, 1 << 20))
+    # rows 3 and 4 of this rank's block: of the region's (its last 2**19 columns), rows 3 and 4 whole
+    assert reshard.wanted_range(region, overlap, mine, [3 << 20, 5 << 20]) == [(3 << 19, 5 << 19)]

@@ -45,6 +45,7 @@ from ...errors import SpmdsimError
 from ...base.precision import bfloat16, is_low
 from ...runtime.door import all_gather_object
 from .checkpoint_files import Arrays, decode, header_problem, rank_file, reason
+from .flat_ranges import wanted_range
 from .reshard_fp8 import holders, tables
 
 __all__ = ["MESH_KEYS", "OPTIMIZERS", "ADAMW", "ZERO_ADAMW", "regions", "scope", "resharded", "load_resharded",
@@ -217,7 +218,7 @@ def _plan(name: str, recorded: Any, t: Any, chosen: list, zero: Any) -> Any:
         overlap = tuple((max(a, c), min(b, d)) for (a, b), (c, d) in zip(region, mine))
         if any(lo >= hi for lo, hi in overlap):
             continue
-        wanted = _wanted(region, overlap, mine, zero) if zero else None
+        wanted = wanted_range(region, overlap, mine, zero) if zero else None
         sources = _sources(recorded.get("slices"), wanted, ranks, chosen) if zero else None
         if isinstance(sources, str):
             return f"the ZeRO slices recorded of parameter {name} {sources}"
@@ -238,24 +239,10 @@ def _holder(ranks: list, chosen: list, me: int) -> int:
     return r
 
 
-def _wanted(region: tuple, overlap: tuple, mine: tuple, need: Any) -> list:
-    """[(start, stop)] of `region`'s flattened block: from the first to the last element of `overlap` (this
-    rank's block `mine` and `region`'s) wanted: all where `need` is True, else those at [start, stop) of
-    this rank's flattened block (ZeRO's slice); [] where none."""
-    held = np.zeros(math.prod(b - a for a, b in mine), bool)
-    held[slice(*need) if need is not True else slice(None)] = True
-    at = np.nonzero(held.reshape(tuple(b - a for a, b in mine))[_within(overlap, mine)])
-    if not at[0].size:
-        return []
-    shape = tuple(b - a for a, b in region)
-    flat = np.ravel_multi_index(tuple(i + lo - a for i, (lo, _), (a, _) in zip(at, overlap, region)), shape)
-    return [(int(flat.min()), int(flat.max()) + 1)]
-
-
 def _sources(slices: Any, need: list, ranks: list, chosen: list) -> Any:
     """[(saved rank, bucket, start, stop, where in its slice)]: the parts of the ZeRO slices of the saved ranks
     `ranks` (which hold the region; `slices`: each rank's [bucket, start, stop, offset] of the parameter's
-    flattened block) that cover the ranges `need` of the region's flattened block (`_wanted`), ranks already
+    flattened block) that cover the ranges `need` of the region's flattened block (`wanted_range`), ranks already
     `chosen` (appended to) first; or why not."""
     if not isinstance(slices, list) or len(slices) <= max(ranks):
         return "are missing"
