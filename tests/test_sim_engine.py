@@ -420,6 +420,49 @@ def test_os_exit_on_one_rank_ends_that_rank_as_sys_exit_does():
     assert info.value.code == 3 and info.value.__notes__ == ["raised on every simulated rank"]
 
 
+# Two simulations in two threads of one process: the first to end undid the os._exit swap while the other ran, so
+# the other's rank 1, calling os._exit(3) after it, ended the process (exit 3, no line).
+_OS_EXIT_IN_TWO_SIMULATIONS = """
+import os, threading
+from spmdsim.runtime.sim import DeadlockError, simulate, world
+pythons, said = os._exit, []
+first_runs, second_runs, first_ended = threading.Event(), threading.Event(), threading.Event()
+def first_body():
+    first_runs.set()
+    second_runs.wait(60)  # (the second entered simulate() while this one runs)
+def first():
+    simulate(2, first_body)
+    first_ended.set()
+def second_body():
+    second_runs.set()
+    if world().rank == 1:
+        first_ended.wait(60)
+        os._exit(3)
+    return world().allreduce(1)
+def second():
+    try:
+        simulate(2, second_body)
+    except DeadlockError as exc:
+        said.append(" ".join(str(exc).split()))
+one = threading.Thread(target=first)
+one.start()
+first_runs.wait(60)
+two = threading.Thread(target=second)
+two.start()
+one.join(); two.join()
+print(said, os._exit is pythons)
+"""
+
+
+def test_os_exit_after_another_threads_simulation_ended_still_ends_the_rank_alone():
+    import subprocess
+
+    done = subprocess.run(["timeout", "-k", "5", "120", sys.executable, "-c", _OS_EXIT_IN_TWO_SIMULATIONS],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
+    assert "rank 1 exited (os._exit(3))" in done.stdout and done.stdout.rstrip().endswith("] True"), done.stdout
+
+
 def test_an_exit_the_others_do_not_wait_for_is_raised_once_the_ranks_end():
     """Every rank exiting is the process exiting: simulate() raises the SystemExit, as one process would;
     codes that differ give the largest exit status, as mpiexec's, the others' collectives done first."""

@@ -39,22 +39,35 @@ def os_exit_ends_the_rank() -> Iterator[None]:
     ends that MPI process, where it ended this process and every rank without a word; in any other thread
     (one a rank started too) it is Python's, and ends the process. Nested (spmdsim mpirun, --ranks N and the
     lab's grader enter it around simulate(), which enters it too) the outer one's stays: one OsExit for all,
-    each caller reporting it its own way (the grader as its verdict 'exit')."""
-    real = os._exit
-    if real is not _PYTHONS:
-        yield
-        return
-
-    def _exit(code: int) -> None:
-        if _local.simulated() is None or not is_rank_thread():
-            real(code)
-        raise OsExit(int(code))
-
-    os._exit = _exit
+    each caller reporting it its own way (the grader as its verdict 'exit'). Counted: simulations in several
+    threads of one process share the swap, made by the first to enter and undone by the last to leave (undone by
+    the first to leave, it let a later rank's os._exit end the process). An os._exit not Python's, set by another
+    before any of them, stays as it is."""
+    with _LOCK:
+        counted = _ENTERED[0] > 0 or os._exit is _PYTHONS  # (else another's swap: left alone)
+        if counted:
+            if not _ENTERED[0]:
+                os._exit = _ends_the_rank
+            _ENTERED[0] += 1
     try:
         yield
     finally:
-        os._exit = real
+        if counted:
+            with _LOCK:
+                _ENTERED[0] -= 1
+                if not _ENTERED[0]:
+                    os._exit = _PYTHONS
+
+
+def _ends_the_rank(code: int) -> None:
+    """os._exit while `os_exit_ends_the_rank` holds: OsExit in a simulated rank's own thread, else Python's."""
+    if _local.simulated() is None or not is_rank_thread():
+        _PYTHONS(code)
+    raise OsExit(int(code))
+
+
+_LOCK = threading.Lock()
+_ENTERED = [0]  # the `os_exit_ends_the_rank` blocks open now, in any thread: the swap stays while one is
 
 
 def exit_text(exc: BaseException) -> str:
