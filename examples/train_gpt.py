@@ -281,7 +281,8 @@ def print_header(args, run):
     words = DIALECTS[args.dialect]
     print(f"layouts in {args.dialect}: column-parallel {words['columns']}, row-parallel {words['rows']}")
     if args.resume is not None:
-        print(resume_line(args.resume, dp, tp, args.sp, pp=pipelined(args) and args.pp, cp=args.cp, zero=run.zero))
+        print(resume_line(args.resume, dp, tp, args.sp, pp=pipelined(args) and args.pp, cp=args.cp, zero=run.zero,
+                          precision=args.precision))
     print(step_header(run.check))
 
 

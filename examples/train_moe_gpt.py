@@ -307,7 +307,7 @@ def print_header(args, run):
         print(f"  each stage's MoE layers exchange tokens over its own ep groups; router losses scaled by 1/{m}")
     if args.resume is not None:
         print(resume_line(args.resume, run.dp, run.tp, args.sp, pp=pipelined(args) and args.pp, cp=args.cp,
-                          zero=run.zero, ep=run.ep, etp=run.cfg.expert_tp))
+                          zero=run.zero, ep=run.ep, etp=run.cfg.expert_tp, precision=args.precision))
     print(step_header(run.check))
 
 

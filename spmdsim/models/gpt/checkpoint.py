@@ -18,8 +18,8 @@ On resume every rank reads ``checkpoint.json`` and refuses, alike and before any
 directory or metadata file, another config, precision, optimizer or pipeline, and a checkpoint at or past the run's
 last step (`resume_problem`); a config field the checkpoint lacks (added to GPTConfig after it was saved, as Llama's
 options were) reads as its default, the model it was saved of. Another mesh, world size or sequence parallelism, and
-so other layouts, is resharded where only dp, tp, sp, cp, ep, etp, the pipeline and ZeRO (FSDP too) changed
-(spmdsim.models.gpt.reshard: rank 0 records each rank's region of every parameter, under ZeRO its slices' parts too,
+so other layouts, is resharded where only dp, tp, sp, cp, ep, etp, the pipeline and ZeRO (FSDP too) changed, and
+the precision where the state converts (spmdsim.models.gpt.reprecision) (spmdsim.models.gpt.reshard: rank 0 records each rank's region of every parameter, under ZeRO its slices' parts too,
 and on resume each rank reads the pieces it needs from the files that hold them; FP8's tables by key, each layer's
 rows from a file of its stage), and refused in one line otherwise. Then each rank reads its own file
 (resharded: the files it needs); what a rank finds wrong there (its file missing or unreadable, blocks of another
@@ -104,13 +104,14 @@ def first_loss(resume: Optional[str]) -> Optional[float]:
 
 
 def resume_line(directory: str, dp: int, tp: int, sp: bool, *, pp: Any = None, cp: int = 1,
-                zero: int = 0, ep: Optional[int] = None, etp: int = 0) -> str:
+                zero: int = 0, ep: Optional[int] = None, etp: int = 0, precision: Optional[str] = None) -> str:
     """"resuming from DIR at step 3", and where the checkpoint in `directory` was saved on another mesh than this
     run's (pp where a pipeline runs, dp, ep with experts, cp, tp, the experts' etp: `checkpoint_meta`'s), with or
     without sequence parallelism `sp`, or under another ZeRO stage than `zero`, what it was saved with:
-    ", resharded from pp 2 x dp 2 x tp 2 with ZeRO-1 (8 ranks)": what a trainer prints as it resumes."""
+    ", resharded from pp 2 x dp 2 x tp 2 with ZeRO-1 (8 ranks)", and under another `precision` (None: not said)
+    what converted: ", from bf16-mixed: FP8's scales start fresh": what a trainer prints as it resumes."""
     sizes, names = model_layout(tp, dp, ep, pp or None, cp if cp > 1 else None, etp=etp)  # (pp False: none)
-    return resumed_words(directory, read_meta(directory)[0], dict(zip(names, sizes)), sp, zero)
+    return resumed_words(directory, read_meta(directory)[0], dict(zip(names, sizes)), sp, zero, precision)
 
 
 def with_first_loss(meta: dict, resume: Optional[str], results: list) -> dict:
@@ -314,8 +315,8 @@ def load(directory: str, mesh: Any, params: dict, optimizer: Any, scales: tuple 
     saved, problem = read_meta(directory)
     step = saved["step"] if saved else 0
     if not problem:  # saved on another mesh (`meta`: this run's run_meta): resharded, from the files it needs
-        problem = load_resharded(directory, saved, params, optimizer, mesh.rank, scales, layers) \
-            if meta is not None and resharded(saved, meta) else \
+        problem = load_resharded(directory, saved, params, optimizer, mesh.rank, scales, layers,
+                                 meta["precision"]) if meta is not None and resharded(saved, meta) else \
             _read_own(directory, step, mesh.rank, mesh.size, params, optimizer, scales)
         problem = problem and f"--resume {directory}: {problem}"
     problems = all_gather_object(mesh.comm, problem) if mesh.size > 1 else [problem]

@@ -8,15 +8,15 @@ it that the rank's slice holds, and where in the slice (Megatron-Core's "dp-resh
 checkpoint likewise maps bucket slices back to parameters); a pipeline's, gathered at the save, each rank's blocks of
 its stage's parameters and None for the others' (`stage_regions`: a parameter's name is the same on any stage). A
 run on another mesh or pipeline (another pp, schedule, chunks, microbatches or split, or none), or with the other
-of AdamW and DistributedAdamW, whose model config and precision match is a redistribution from the saved
-layout to the new one, through the files, as PyTorch's distributed checkpoint reshards at load time from each
-tensor's saved chunks: each rank works out, from the recorded regions and its own layout, which saved blocks
-overlap its own block of every parameter (under ZeRO, the part of it its new slice holds; saved under ZeRO, which
-saved slices hold those elements), opens only those ranks' files (an .npz's arrays are read one by one, when
-named), and copies the overlaps into its blocks of the parameter and of its optimizer's state for it: the moments,
-the float32 master copy of a bfloat16 parameter (ZeRO's master slices whatever the dtype) and the step counts
-(`load_resharded`). No collective: the regions are in the metadata every rank reads, and what a rank finds wrong
-is agreed as on the same mesh (checkpoint.load).
+of AdamW and DistributedAdamW, whose model config matches (its precision too, or one whose state converts:
+spmdsim.models.gpt.reprecision) is a redistribution from the saved layout to the new one, through the files,
+as PyTorch's distributed checkpoint reshards at load time from each tensor's saved chunks: each rank works out,
+from the recorded regions and its own layout, which saved blocks overlap its own block of every parameter
+(under ZeRO, the part of it its new slice holds; saved under ZeRO, which saved slices hold those elements), opens
+only those ranks' files (an .npz's arrays are read one by one, when named), and copies the overlaps into its blocks
+of the parameter and of its optimizer's state for it: the moments, the float32 master copy of a bfloat16 parameter
+(ZeRO's master slices whatever the dtype) and the step counts (`load_resharded`). No collective: the regions are in
+the metadata every rank reads, and what a rank finds wrong is agreed as on the same mesh (checkpoint.load).
 
 FSDP's shards (--zero 3: AdamW on each rank's rows of a parameter) are blocks as any other, and the parameters are
 replicated over cp. An MoE GPT's experts are blocks over ("ep", ...) (their own tp "etp", a config field that lays
@@ -47,6 +47,7 @@ from ...runtime.door import all_gather_object
 from .checkpoint_files import Arrays, decode, header_problem, rank_file, reason
 from .flat_ranges import wanted_range
 from .reshard_fp8 import holders, tables
+from .reprecision import converted, converts, keeps_tables, switchable
 
 __all__ = ["MESH_KEYS", "OPTIMIZERS", "ADAMW", "ZERO_ADAMW", "regions", "scope", "resharded", "load_resharded",
            "etp_of_run"]
@@ -103,15 +104,16 @@ def stage_regions(params: dict, mesh: Any, optimizer: Any) -> dict:
 
 def _covered(saved: dict, meta: dict) -> tuple:
     """The metadata keys a reshard from `saved` to the run of `meta` may change: the mesh's, the pipeline's, and
-    the optimizer between AdamW and ZeRO-1 or 2's DistributedAdamW."""
+    the optimizer between AdamW and ZeRO-1 or 2's DistributedAdamW, the precision where the state converts."""
     both = saved.get("optimizer") in OPTIMIZERS and meta.get("optimizer") in OPTIMIZERS
-    return MESH_KEYS + ("pipeline",) + ("optimizer",) * both
+    other = switchable(saved.get("precision"), meta.get("precision"))  # (spmdsim.models.gpt.reprecision)
+    return MESH_KEYS + ("pipeline",) + ("optimizer",) * both + ("precision",) * other
 
 
 def resharded(saved: dict, meta: dict) -> bool:
     """Whether the run of `meta` (checkpoint.run_meta) lays the checkpoint's parameters or optimizer state out
-    otherwise (its mesh, its pipeline's stages, its optimizer)."""
-    return any(saved.get(key) != meta.get(key) for key in MESH_KEYS + ("pipeline", "optimizer"))
+    otherwise (its mesh, its pipeline's stages, its optimizer) or holds them in other dtypes (its precision)."""
+    return any(saved.get(key) != meta.get(key) for key in MESH_KEYS + ("pipeline", "optimizer", "precision"))
 
 
 def scope(saved: dict, meta: dict) -> tuple[tuple, Optional[str]]:
@@ -143,21 +145,26 @@ def etp_of_run(saved: dict, meta: dict) -> dict:
 
 
 def load_resharded(directory: str, saved: dict, params: dict, optimizer: Any, rank: int,
-                   scales: tuple = (), layers: Optional[tuple] = None) -> Optional[str]:
+                   scales: tuple = (), layers: Optional[tuple] = None,
+                   precision: Optional[str] = None) -> Optional[str]:
     """Load this rank's blocks of `params` (name -> DTensor) and its `optimizer`'s state for them (AdamW's or
     DistributedAdamW's) from the checkpoint in `directory` (its metadata `saved`), saved on another mesh or with
     the other of those optimizers: from each saved block that overlaps this rank's, read from only the files of
     the ranks chosen to give them (under ZeRO, of the ranks whose slices hold the overlap's elements; `rank`:
     this rank's on the whole mesh, its own file's where that holds a block), and FP8's `scales` (each table's
     `layers`, a range each; None: one table of every layer) by key from the files of ranks that held those
-    layers (spmdsim.models.gpt.reshard_fp8). None, or why not (nothing then changed). No collective."""
+    layers (spmdsim.models.gpt.reshard_fp8). Under another `precision` than the saved one (None: the same), the
+    state in this run's dtypes and FP8's tables fresh (spmdsim.models.gpt.reprecision). None, or why not (nothing
+    then changed). No collective."""
+    precision = saved.get("precision") if precision is None else precision
+    convert = converts(saved.get("precision"), precision)  # (the weights then from the whole master: read all)
     chosen: list = []  # the saved ranks whose files this rank reads, in the order first needed
     zero = saved.get("optimizer") == ZERO_ADAMW
     index = {id(p): i for i, p in enumerate(optimizer.params)}
     needs = optimizer.slices_of(optimizer.mesh.rank) if hasattr(optimizer, "slices_of") else None  # ZeRO's
     plans = {}
     for name, t in params.items():  # (under ZeRO, of the moments only the part of the block its slice holds)
-        need = True if needs is None else needs[index[id(t)]][1:3]
+        need = True if needs is None or convert else needs[index[id(t)]][1:3]
         plans[name] = _plan(name, (saved.get("regions") or {}).get(name), t, chosen, zero and need)
         if isinstance(plans[name], str):
             return plans[name]
@@ -181,8 +188,11 @@ def load_resharded(directory: str, saved: dict, params: dict, optimizer: Any, ra
             blocks = {name: _gather(plans[name], _reader(opened, lambda r, name=name: f"param.{name}"),
                                     opened[plans[name][1][0][0]][1]["dtypes"][name]) for name in params}
             moments = {name: _moments(name, plans[name], opened, zero) for name in params}
+            for name in params if convert else ():  # into this run's dtypes
+                blocks[name], moments[name] = converted(blocks[name], moments[name], params[name].local.dtype)
             state = _state(optimizer.state_dict(), opened[chosen[0]][2], moments, blocks, list(params))
-            built = tables(opened, given, list(layers), scales[0].recipe.history) if scales else []
+            built = tables(opened, given, list(layers), scales[0].recipe.history) \
+                if scales and keeps_tables(saved.get("precision"), precision) else []  # else: fresh
         except Exception as e:  # a damaged file: any reader's error, one line
             return f"the files of ranks {chosen} cannot be read: {type(e).__name__}: {reason(e)}"
     if isinstance(built, str):

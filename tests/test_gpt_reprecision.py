@@ -1,0 +1,143 @@
+"""Resuming the GPT trainer under another precision (spmdsim.models.gpt.reprecision; docs/howto/train-gpt.md,
+"Stopping and resuming the GPT"): a checkpoint saved under one preset resumes under another, on the same mesh or
+another. No run that never stopped exists to compare with: the switched resume must step exactly as a resume,
+under the new preset, of the same checkpoint converted by hand (`_by_hand`: bf16-mixed and fp8 hold the same
+arrays, FP8's tables fresh or dropped), every resumed step's check passing; moments lost in the switch are caught.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import spmdsim
+from spmdsim.base.fp8 import CURRENT, DELAYED
+from spmdsim.models.gpt import GPTConfig, encode as encode_text, load_text
+from spmdsim.models.gpt import checkpoint, reshard
+from spmdsim.models.gpt.checkpoint import META, checkpoint_problem, rank_file
+from spmdsim.models.gpt.reprecision import switch_words
+from spmdsim.models.gpt.train import train
+
+pytest.importorskip("ml_dtypes")
+
+CFG = GPTConfig(layers=1, d_model=32, heads=4, seq=16, batch=4, dropout=0.0)
+TEXT = encode_text(load_text(20_000))
+HISTORY = {"fp8": DELAYED.history, "fp8-current": CURRENT.history}
+
+
+def _run(mesh, steps, **kw):
+    """Each rank's StepResults of `train` of CFG on `mesh` (ranks, dp, tp) of simulated ranks."""
+    ranks, dp, tp = mesh
+    return spmdsim.simulate(ranks, lambda: train(CFG, spmdsim.world(), dp, tp, steps, TEXT, **kw)[1])
+
+
+def _by_hand(src, dst, precision):
+    """The checkpoint in `src` copied into `dst` as if saved under `precision` (a preset of the same arrays):
+    its metadata's precision, and each rank file's FP8 tables: one fresh (no keys) into FP8, none out of it."""
+    shutil.copytree(src, dst)
+    meta = json.loads((dst / META).read_text())
+    meta["precision"] = precision
+    (dst / META).write_text(json.dumps(meta))
+    for r in range(meta["world size"]):
+        with np.load(rank_file(str(dst), r)) as f:
+            arrays = {k: f[k] for k in f.files if not k.startswith("fp8.")}
+        header = json.loads(str(arrays["header"]))
+        header["fp8"] = [[]] if precision in HISTORY else []
+        if precision in HISTORY:
+            arrays["fp8.0.scales"] = np.zeros(0, np.float32)
+            arrays["fp8.0.history"] = np.zeros((0, HISTORY[precision]), np.float32)
+        arrays["header"] = np.array(json.dumps(header))
+        np.savez(rank_file(str(dst), r), **arrays)
+    return str(dst)
+
+
+def _switched(tmp_path, saved_on, there, resumed_on, here, saved_kw=None, resumed_kw=None, hand_on=False):
+    """2 steps saved on `saved_on` under `there`, resumed to 4 on `resumed_on` under `here`: (each rank's
+    StepResults of the switched resume, of the resume of the checkpoint converted by hand: on `resumed_on`, or
+    with `hand_on` on the mesh and settings it was saved with)."""
+    saved_kw, resumed_kw = saved_kw or {}, resumed_kw or {}
+    _run(saved_on, 2, precision=there, save=str(tmp_path / "half"), **saved_kw)
+    hand = _by_hand(tmp_path / "half", tmp_path / "hand", here)
+    return [_run(on, 4, precision=here, resume=where, **kw) for on, where, kw in (
+        (resumed_on, str(tmp_path / "half"), resumed_kw),
+        (saved_on, hand, saved_kw) if hand_on else (resumed_on, hand, resumed_kw))]
+
+
+def _said(results):
+    """Each rank's (step, loss, passed) of `results`."""
+    return [[(r.step, r.loss, r.passed) for r in rank] for rank in results]
+
+
+@pytest.mark.parametrize("saved_on, there, resumed_on, here, kw", [
+    ((4, 2, 2), "bf16-mixed", (4, 2, 2), "fp8", {}),  # the same mesh: FP8's tables start fresh
+    ((4, 2, 2), "fp8", (2, 1, 2), "bf16-mixed", {}),  # another mesh: FP8's tables dropped
+    ((4, 4, 1), "fp8-current", (4, 2, 2), "bf16-mixed", {"zero": 1}),  # ZeRO-1's float32 master slices
+    ((4, 4, 1), "fp8", (4, 4, 1), "fp8-current", {"zero": 1}),  # another recipe: FP8's tables start fresh
+])
+def test_a_run_resumed_under_another_mixed_precision_steps_as_its_checkpoint_converted_by_hand(
+        tmp_path, saved_on, there, resumed_on, here, kw):
+    switched, hand = map(_said, _switched(tmp_path, saved_on, there, resumed_on, here, kw, kw))
+    assert switched == hand  # bit for bit, every rank
+    assert [s for s, _, _ in switched[0]] == [2, 3] and all(p for rank in switched for _, _, p in rank)
+
+
+@pytest.mark.parametrize("saved_on, resumed_on, saved_kw, resumed_kw", [
+    ((4, 2, 2), (2, 1, 2), {}, {}),  # dp 2 x tp 2 -> tp 2
+    ((4, 4, 1), (4, 2, 2), {"zero": 1}, {}),  # ZeRO-1 dp 4 -> dp 2 x tp 2
+])
+def test_a_run_resumed_into_fp8_on_another_mesh_steps_as_its_checkpoint_converted_by_hand(
+        tmp_path, saved_on, resumed_on, saved_kw, resumed_kw):
+    # a checkpoint with fresh (keyless) FP8 tables resumes only on its own mesh: the switched resume on another
+    # mesh is compared with it there, within the check's tolerance (the sums run in another order)
+    switched, hand = _switched(tmp_path, saved_on, "bf16-mixed", resumed_on, "fp8", saved_kw, resumed_kw,
+                               hand_on=True)
+    for rank in switched:
+        assert [r.step for r in rank] == [2, 3] and all(r.passed for r in rank)
+        for r, h in zip(rank, hand[0]):
+            assert abs(r.loss - h.loss) <= r.tolerances[0] * abs(h.loss), (r.step, r.loss, h.loss)
+
+
+def test_moments_lost_in_a_switch_are_caught(tmp_path, monkeypatch):
+    # the check's reference starts each step from the run's own state, so it passes; the resume of the same
+    # checkpoint converted by hand does not step alike (step 2's forward, of the weights, is the same)
+    given = reshard._moments
+
+    def zeroed(*args):
+        state = given(*args)
+        return state and {f: v * 0 if f.startswith("exp_avg") else v for f, v in state.items()}
+
+    monkeypatch.setattr(reshard, "_moments", zeroed)
+    switched, hand = map(_said, _switched(tmp_path, (2, 1, 2), "bf16-mixed", (2, 1, 2), "fp8"))
+    assert switched[0][0] == hand[0][0] and switched[0][1][1] != hand[0][1][1]
+
+
+@pytest.mark.parametrize("there, here, said", [
+    ("bf16-mixed", "fp8", ", from bf16-mixed: FP8's scales start fresh"),
+    ("fp8", "bf16-mixed", ", from fp8: its FP8 scales dropped"),
+    ("fp8", "fp8-current", ", from fp8: FP8's scales start fresh"),
+    ("fp8", "fp8", ""),
+])
+def test_the_resume_line_says_the_precision_it_was_saved_under_and_what_converted(there, here, said):
+    assert switch_words(there, here) == said
+
+
+def test_the_resume_line_says_the_switch_after_the_mesh(tmp_path):
+    _run((2, 1, 2), 1, precision="fp8", save=str(tmp_path / "ck"), check=False)
+    where = str(tmp_path / "ck")
+    assert checkpoint.resume_line(where, 1, 2, False, precision="bf16-mixed") == (
+        f"resuming from {where} at step 1, from fp8: its FP8 scales dropped")
+    assert checkpoint.resume_line(where, 2, 2, False, precision="bf16-mixed") == (
+        f"resuming from {where} at step 1, resharded from dp 1 x tp 2 (2 ranks), from fp8: its FP8 scales dropped")
+    assert checkpoint_problem(CFG, 4, 2, 2, 3, resume=where, precision="fp8-current") is None
+
+
+def test_a_precision_this_spmdsim_does_not_train_is_refused_in_one_line(tmp_path):
+    _run((2, 1, 2), 1, precision="bf16-mixed", save=str(tmp_path / "ck"), check=False)
+    meta = json.loads((tmp_path / "ck" / META).read_text())
+    (tmp_path / "ck" / META).write_text(json.dumps({**meta, "precision": "fp16-mixed"}))
+    assert checkpoint_problem(CFG, 2, 1, 2, 3, resume=str(tmp_path / "ck"), precision="bf16-mixed") == (
+        f"--resume {tmp_path / 'ck'}: the checkpoint's precision is 'fp16-mixed', this run's 'bf16-mixed' "
+        "(resume with the settings it was saved with)")
