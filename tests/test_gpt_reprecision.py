@@ -2,7 +2,8 @@
 "Stopping and resuming the GPT"): a checkpoint saved under one preset resumes under another, on the same mesh or
 another. No run that never stopped exists to compare with: the switched resume must step exactly as a resume,
 under the new preset, of the same checkpoint converted by hand (`_by_hand`: bf16-mixed and fp8 hold the same
-arrays, FP8's tables fresh or dropped), every resumed step's check passing; moments lost in the switch are caught.
+arrays, fp64 and fp32's rounded or widened, FP8's tables fresh or dropped), every resumed step's check passing;
+moments lost in the switch are caught.
 """
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ import pytest
 
 import spmdsim
 from spmdsim.base.fp8 import CURRENT, DELAYED
+from spmdsim.base.precision import PRESETS, bfloat16
 from spmdsim.models.gpt import GPTConfig, encode as encode_text, load_text
 from spmdsim.models.gpt import checkpoint, reshard
 from spmdsim.models.gpt.checkpoint import META, checkpoint_problem, rank_file
+from spmdsim.models.gpt.checkpoint_files import decode, encode
 from spmdsim.models.gpt.reprecision import switch_words
 from spmdsim.models.gpt.train import train
 
@@ -35,16 +38,20 @@ def _run(mesh, steps, **kw):
 
 
 def _by_hand(src, dst, precision):
-    """The checkpoint in `src` copied into `dst` as if saved under `precision` (a preset of the same arrays):
-    its metadata's precision, and each rank file's FP8 tables: one fresh (no keys) into FP8, none out of it."""
+    """The checkpoint in `src` (saved without ZeRO) copied into `dst` as if saved under `precision`: its
+    metadata's precision, each rank file's arrays in its dtypes (`_converted`), and its FP8 tables: one fresh (no
+    keys) into FP8, none out of it."""
     shutil.copytree(src, dst)
     meta = json.loads((dst / META).read_text())
-    meta["precision"] = precision
+    there, meta["precision"] = PRESETS[meta["precision"]], precision
+    here = PRESETS[precision]
     (dst / META).write_text(json.dumps(meta))
     for r in range(meta["world size"]):
         with np.load(rank_file(str(dst), r)) as f:
             arrays = {k: f[k] for k in f.files if not k.startswith("fp8.")}
         header = json.loads(str(arrays["header"]))
+        if (there.param, there.optimizer) != (here.param, here.optimizer):  # (bf16-mixed and fp8's are alike)
+            arrays = _converted(arrays, header, here)
         header["fp8"] = [[]] if precision in HISTORY else []
         if precision in HISTORY:
             arrays["fp8.0.scales"] = np.zeros(0, np.float32)
@@ -52,6 +59,27 @@ def _by_hand(src, dst, precision):
         arrays["header"] = np.array(json.dumps(header))
         np.savez(rank_file(str(dst), r), **arrays)
     return str(dst)
+
+
+def _converted(arrays, header, policy):
+    """A rank file's `arrays` (`header` its header, changed in place) with its parameters and AdamW state in the
+    dtypes of `policy`, as a load into a module of those dtypes copies them: the weights (the master copy where
+    one was saved) as the master copy and the parameter cast from it, or as the parameter; the moments cast."""
+    state = decode(header["optimizer"], arrays)
+    for i, name in enumerate(header["params"]):
+        block = arrays[f"param.{name}"]
+        entry = state["state"].get(i)
+        weights = entry.pop("master") if entry and "master" in entry else \
+            block.view(bfloat16()) if header["dtypes"][name] == "bfloat16" else block
+        if entry:
+            entry.update({f: entry[f].astype(policy.optimizer) for f in ("exp_avg", "exp_avg_sq")})
+            entry.update({"master": weights.astype(policy.master)} if policy.master else {})
+        block = weights.astype(policy.master or policy.param).astype(policy.dtype("param"))
+        header["dtypes"][name] = block.dtype.name
+        arrays[f"param.{name}"] = block.view(np.uint16) if policy.master else block
+    out = {k: v for k, v in arrays.items() if not k.startswith("optimizer.")}
+    header["optimizer"] = encode(state, out)
+    return out
 
 
 def _switched(tmp_path, saved_on, there, resumed_on, here, saved_kw=None, resumed_kw=None, hand_on=False):
@@ -76,6 +104,12 @@ def _said(results):
     ((4, 2, 2), "fp8", (2, 1, 2), "bf16-mixed", {}),  # another mesh: FP8's tables dropped
     ((4, 4, 1), "fp8-current", (4, 2, 2), "bf16-mixed", {"zero": 1}),  # ZeRO-1's float32 master slices
     ((4, 4, 1), "fp8", (4, 4, 1), "fp8-current", {"zero": 1}),  # another recipe: FP8's tables start fresh
+    ((4, 2, 2), "fp64", (4, 2, 2), "bf16-mixed", {}),  # rounded to the float32 master, bfloat16 cast from it
+    ((4, 2, 2), "bf16-mixed", (2, 1, 2), "fp64", {}),  # the float32 master and moments widened
+    ((2, 1, 2), "fp32", (2, 1, 2), "fp8", {}),  # the weights as the master: FP8's tables start fresh
+    ((2, 1, 2), "fp8", (4, 2, 2), "fp32", {}),  # the master as the weights: FP8's tables dropped
+    ((4, 2, 2), "fp64", (4, 2, 2), "fp32", {}),  # rounded
+    ((4, 2, 2), "fp32", (2, 2, 1), "fp64", {}),  # widened
 ])
 def test_a_run_resumed_under_another_mixed_precision_steps_as_its_checkpoint_converted_by_hand(
         tmp_path, saved_on, there, resumed_on, here, kw):
@@ -84,20 +118,37 @@ def test_a_run_resumed_under_another_mixed_precision_steps_as_its_checkpoint_con
     assert [s for s, _, _ in switched[0]] == [2, 3] and all(p for rank in switched for _, _, p in rank)
 
 
-@pytest.mark.parametrize("saved_on, resumed_on, saved_kw, resumed_kw", [
-    ((4, 2, 2), (2, 1, 2), {}, {}),  # dp 2 x tp 2 -> tp 2
-    ((4, 4, 1), (4, 2, 2), {"zero": 1}, {}),  # ZeRO-1 dp 4 -> dp 2 x tp 2
+@pytest.mark.parametrize("saved_on, there, resumed_on, here, saved_kw, resumed_kw", [
+    ((4, 2, 2), "bf16-mixed", (2, 1, 2), "fp8", {}, {}),  # dp 2 x tp 2 -> tp 2
+    ((4, 4, 1), "bf16-mixed", (4, 2, 2), "fp8", {"zero": 1}, {}),  # ZeRO-1 dp 4 -> dp 2 x tp 2
+    ((4, 2, 2), "fp64", (4, 4, 1), "bf16-mixed", {}, {"zero": 1}),  # into ZeRO-1's float32 master slices
+    ((4, 2, 2), "bf16-mixed", (4, 4, 1), "fp64", {}, {"zero": 2}),  # into ZeRO-2's float64 slices
 ])
-def test_a_run_resumed_into_fp8_on_another_mesh_steps_as_its_checkpoint_converted_by_hand(
-        tmp_path, saved_on, resumed_on, saved_kw, resumed_kw):
+def test_a_run_resumed_under_another_precision_on_another_mesh_steps_as_its_checkpoint_converted_by_hand(
+        tmp_path, saved_on, there, resumed_on, here, saved_kw, resumed_kw):
     # a checkpoint with fresh (keyless) FP8 tables resumes only on its own mesh: the switched resume on another
-    # mesh is compared with it there, within the check's tolerance (the sums run in another order)
-    switched, hand = _switched(tmp_path, saved_on, "bf16-mixed", resumed_on, "fp8", saved_kw, resumed_kw,
-                               hand_on=True)
+    # mesh is compared with the converted one's on the mesh it was saved on, within the check's tolerance (the
+    # sums run in another order)
+    switched, hand = _switched(tmp_path, saved_on, there, resumed_on, here, saved_kw, resumed_kw, hand_on=True)
     for rank in switched:
         assert [r.step for r in rank] == [2, 3] and all(r.passed for r in rank)
         for r, h in zip(rank, hand[0]):
             assert abs(r.loss - h.loss) <= r.tolerances[0] * abs(h.loss), (r.step, r.loss, h.loss)
+
+
+@pytest.mark.parametrize("there, here, resumed_kw", [
+    ("bf16-mixed", "fp64", {"zero": 1}),  # the whole float32 master of each block read, widened, then sliced
+    ("fp64", "bf16-mixed", {"zero": 2}),
+])
+def test_a_zero_checkpoint_resumed_under_another_precision_takes_its_whole_master(tmp_path, there, here,
+                                                                                    resumed_kw):
+    # ZeRO-1's checkpoint holds each master in slices: resumed under ZeRO (each rank's slice only) and under
+    # AdamW (the whole block), the weights are alike: step 2's forward bit for bit, then within the tolerance
+    _run((4, 4, 1), 2, precision=there, zero=1, save=str(tmp_path / "ck"))
+    zero, plain = (_run((4, 4, 1), 4, precision=here, resume=str(tmp_path / "ck"), **kw) for kw in (resumed_kw, {}))
+    for z, p in zip(zero, plain):
+        assert z[0].loss == p[0].loss and all(r.passed for r in z + p)
+        assert abs(z[1].loss - p[1].loss) <= z[1].tolerances[0] * abs(p[1].loss)
 
 
 def test_moments_lost_in_a_switch_are_caught(tmp_path, monkeypatch):
@@ -119,6 +170,11 @@ def test_moments_lost_in_a_switch_are_caught(tmp_path, monkeypatch):
     ("fp8", "bf16-mixed", ", from fp8: its FP8 scales dropped"),
     ("fp8", "fp8-current", ", from fp8: FP8's scales start fresh"),
     ("fp8", "fp8", ""),
+    ("fp64", "bf16-mixed", ", from fp64: the weights and moments rounded to float32, the bfloat16 parameters cast "
+     "from the float32 master"),
+    ("fp8", "fp32", ", from fp8: the float32 master as the weights, its FP8 scales dropped"),
+    ("bf16-mixed", "fp64", ", from bf16-mixed: the master weights and moments widened to float64"),
+    ("fp32", "fp64", ", from fp32: the weights and moments widened to float64"),
 ])
 def test_the_resume_line_says_the_precision_it_was_saved_under_and_what_converted(there, here, said):
     assert switch_words(there, here) == said

@@ -249,10 +249,11 @@ def test_fp8_resumed_on_another_mesh_steps_as_the_run_that_never_stopped(tmp_pat
     ({"precision": "fp8", "world": 8, "pipeline": PIPE}, {"precision": "fp8", "world": 8, "tp": 4, "dp": 1,
                                                          "pipeline": PIPE}, None),  # FP8's tables: by key
     ({"precision": "fp8", "world": 8, "pipeline": PIPE}, {"precision": "fp8"}, None),  # and onto no pipeline
-    ({}, {"tp": 4, "dp": 1, "precision": "fp32"},  # what no reshard helps: said, not the mesh
-     f"the checkpoint's precision is 'fp64', this run's 'fp32' ({AGAIN})"),
+    ({"precision": "fp8", "world": 8, "pipeline": PIPE}, {"precision": "fp32"}, None),  # converted: reprecision
+    ({}, {"tp": 4, "dp": 1, "cfg": dataclasses.replace(TINY, lr=0.01)},  # what no reshard helps: said, not the mesh
+     f"the checkpoint's config has lr 0.003, this run's 0.01 ({AGAIN})"),
 ])
-def test_another_mesh_with_fp8_is_resharded_and_another_precision_refused_in_one_line(tmp_path, saved, run, said):
+def test_another_mesh_with_fp8_is_resharded_and_another_config_refused_in_one_line(tmp_path, saved, run, said):
     where = _written(tmp_path / "ck", **saved)
     args = {"cfg": TINY, "world": 4, "dp": 2, "tp": 2, **run}
     problem = checkpoint_problem(args.pop("cfg"), args.pop("world"), args.pop("dp"), args.pop("tp"), 5,

@@ -30,7 +30,7 @@ SAME_STATE = ("bf16-mixed", "fp8", "fp8-current")
 
 def switchable(there: Any, here: Any) -> bool:
     """Whether a run under preset `here` resumes a checkpoint saved under preset `there` (another one)."""
-    return there != here and there in SAME_STATE and here in SAME_STATE
+    return there != here and there in PRESETS and here in PRESETS
 
 
 def converts(there: Any, here: Any) -> bool:
