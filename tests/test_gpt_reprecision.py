@@ -22,6 +22,7 @@ from spmdsim.models.gpt import checkpoint, reshard
 from spmdsim.models.gpt.checkpoint import META, checkpoint_problem, rank_file
 from spmdsim.models.gpt.checkpoint_files import decode, encode
 from spmdsim.models.gpt.reprecision import switch_words
+from spmdsim.models.gpt.pipeline import train_pipelined
 from spmdsim.models.gpt.train import train
 
 pytest.importorskip("ml_dtypes")
@@ -197,3 +198,29 @@ def test_a_precision_this_spmdsim_does_not_train_is_refused_in_one_line(tmp_path
     assert checkpoint_problem(CFG, 2, 1, 2, 3, resume=str(tmp_path / "ck"), precision="bf16-mixed") == (
         f"--resume {tmp_path / 'ck'}: the checkpoint's precision is 'fp16-mixed', this run's 'bf16-mixed' "
         "(resume with the settings it was saved with)")
+
+
+DEEP = dataclasses.replace(CFG, layers=2)
+
+
+def _staged(pp, steps, **kw):
+    """Rank 0's StepResults of DEEP on 4 ranks: `train_pipelined` over pp 2 x tp 2 (2 microbatches), or with
+    `pp` None `train` over dp 2 x tp 2."""
+    if pp is None:
+        return spmdsim.simulate(4, lambda: train(DEEP, spmdsim.world(), 2, 2, steps, TEXT, **kw)[1])[0]
+    return spmdsim.simulate(4, lambda: train_pipelined(DEEP, spmdsim.world(), pp, 1, 2, steps, TEXT,
+                                                       microbatches=2, **kw)[1])[0]
+
+
+@pytest.mark.parametrize("there, here, resumed_pp", [
+    ("bf16-mixed", "fp8", 2),  # each chunk's table fresh
+    ("fp8", "fp64", None),  # each stage's tables dropped, off the pipeline
+])
+def test_a_pipeline_resumed_under_another_precision_steps_as_its_checkpoint_converted_by_hand(
+        tmp_path, there, here, resumed_pp):
+    _staged(2, 2, precision=there, save=str(tmp_path / "half"))
+    hand = _staged(2, 4, precision=here, resume=_by_hand(tmp_path / "half", tmp_path / "hand", here))
+    switched = _staged(resumed_pp, 4, precision=here, resume=str(tmp_path / "half"))
+    assert [r.step for r in switched] == [2, 3] and all(r.passed for r in switched + hand)
+    for r, h in zip(switched, hand):
+        assert abs(r.loss - h.loss) <= (0 if resumed_pp else r.tolerances[0] * abs(h.loss)), (r.step, r.loss, h.loss)
