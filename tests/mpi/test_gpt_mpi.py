@@ -333,3 +333,60 @@ def test_zero3_shards_rows_the_ranks_do_not_divide_under_mpi():
     piece = -(-cfg.vocab // comm.size)
     assert model.params["wte"].local.shape[0] == max(0, min(piece, cfg.vocab - comm.rank * piece))
     model.mesh.close()
+
+
+@pytest.mark.parametrize("there, here", [("bf16-mixed", "fp8"), ("fp64", "bf16-mixed")])
+def test_a_gpt_resumed_under_another_precision_passes_its_check_under_mpi(tmp_path, there, here):
+    """--resume under another precision under MPI (spmdsim.models.gpt.reprecision): saved after 2 steps on dp x
+    tp 2, resumed on the same mesh and on dp over every rank under ZeRO-1; every resumed step passes its check,
+    alike on every rank; bf16-mixed into fp8 steps on its own mesh bit for bit as the checkpoint relabelled fp8
+    by hand (the same arrays, FP8's tables fresh: none), and on the other within the check's tolerance of it."""
+    import json
+    import os
+    import shutil
+
+    import numpy as np
+    from mpi4py import MPI
+
+    from spmdsim.base.fp8 import DELAYED
+    from spmdsim.models.gpt import GPTConfig, encode, load_text
+    from spmdsim.models.gpt.checkpoint import META, rank_file
+    from spmdsim.models.gpt.train import train
+
+    pytest.importorskip("ml_dtypes")
+    comm = MPI.COMM_WORLD
+    if comm.size % 2:
+        pytest.skip("saved on tp 2: an even number of ranks")
+    where = os.path.join(comm.bcast(str(tmp_path), root=0), "half")
+    cfg = GPTConfig(layers=1, d_model=16, heads=2, seq=8, batch=comm.size * 2, dropout=0.0)
+    text = encode(load_text(20_000))
+
+    def run(steps, tp, **kw):
+        model, results = train(cfg, comm, comm.size // tp, tp, steps, text, **kw)
+        model.mesh.close()
+        return results
+
+    run(2, 2, save=where, check=False, precision=there)
+    same, other = run(4, 2, resume=where, precision=here), run(4, 1, resume=where, precision=here, zero=1)
+    for resumed in (same, other):
+        assert [r.step for r in resumed] == [2, 3] and all(r.passed for r in resumed), resumed
+        assert comm.allgather([r.loss for r in resumed]) == [[r.loss for r in resumed]] * comm.size
+    if here != "fp8":
+        return
+    if comm.rank == 0:  # relabelled by hand: fp8, one fresh (keyless) table a rank
+        shutil.copytree(where, where + "-fp8")
+        with open(os.path.join(where + "-fp8", META)) as f:
+            meta = json.load(f)
+        with open(os.path.join(where + "-fp8", META), "w") as f:
+            json.dump({**meta, "precision": "fp8"}, f)
+        for r in range(comm.size):
+            with np.load(rank_file(where + "-fp8", r)) as f:
+                arrays = {k: f[k] for k in f.files}
+            arrays["header"] = np.array(json.dumps({**json.loads(str(arrays["header"])), "fp8": [[]]}))
+            arrays["fp8.0.scales"] = np.zeros(0, np.float32)
+            arrays["fp8.0.history"] = np.zeros((0, DELAYED.history), np.float32)
+            np.savez(rank_file(where + "-fp8", r), **arrays)
+    comm.barrier()
+    hand = run(4, 2, resume=where + "-fp8", precision=here)
+    assert [r.loss for r in same] == [r.loss for r in hand]
+    assert all(abs(r.loss - h.loss) <= r.tolerances[0] * abs(h.loss) for r, h in zip(other, hand))
