@@ -18,10 +18,11 @@ On resume every rank reads ``checkpoint.json`` and refuses, alike and before any
 directory or metadata file, another config, precision, optimizer or pipeline, and a checkpoint at or past the run's
 last step (`resume_problem`); a config field the checkpoint lacks (added to GPTConfig after it was saved, as Llama's
 options were) reads as its default, the model it was saved of. Another mesh, world size or sequence parallelism, and
-so other layouts, is resharded where only dp, tp, sp, cp, ep, etp, the pipeline and ZeRO (FSDP too) changed, and
-the precision where the state converts (spmdsim.models.gpt.reprecision) (spmdsim.models.gpt.reshard: rank 0 records each rank's region of every parameter, under ZeRO its slices' parts too,
+so other layouts, is resharded where only dp, tp, sp, cp, ep, etp, the pipeline and ZeRO (FSDP too) changed
+(spmdsim.models.gpt.reshard: rank 0 records each rank's region of every parameter, under ZeRO its slices' parts too,
 and on resume each rank reads the pieces it needs from the files that hold them; FP8's tables by key, each layer's
-rows from a file of its stage), and refused in one line otherwise. Then each rank reads its own file
+rows from a file of its stage), the precision too (its state converted: spmdsim.models.gpt.reprecision), and
+refused in one line otherwise. Then each rank reads its own file
 (resharded: the files it needs); what a rank finds wrong there (its file missing or unreadable, blocks of another
 shape, another step) can differ between ranks, so the ranks agree on it by one Allgather of their problems and every
 rank raises the first one: one line, exit 2, never a hang (`load`).

@@ -5,7 +5,7 @@ fp8-current hold the same arrays: bfloat16 parameters, their float32 master copi
 updates) and float32 moments. A run under one of them resumes another's checkpoint with its weights, moments and
 steps as saved; only FP8's tables of amax histories and scales differ: a run kept under the same preset takes
 them, a run into fp8 from another preset starts them fresh as a new fp8 run does (scales 1, empty histories:
-TransformerEngine's start when a bf16 run goes on in FP8), and a run out of fp8 drops them (`SAME_STATE`).
+TransformerEngine's start when a bf16 run goes on in FP8), and a run out of fp8 drops them (`keeps_tables`).
 
 fp64 and fp32 keep no master copy: their parameters are the weights, their moments of the parameters' dtype. Between
 them and the mixed presets, and between the two, a checkpoint's state is copied into this run's dtypes as PyTorch's
@@ -22,11 +22,7 @@ import numpy as np
 
 from ...base.precision import PRESETS, is_low
 
-__all__ = ["SAME_STATE", "switchable", "converts", "keeps_tables", "converted", "switch_words"]
-
-#: The presets whose checkpoints hold the same arrays of the same dtypes (FP8's tables aside).
-SAME_STATE = ("bf16-mixed", "fp8", "fp8-current")
-
+__all__ = ["switchable", "converts", "keeps_tables", "converted", "switch_words"]
 
 def switchable(there: Any, here: Any) -> bool:
     """Whether a run under preset `here` resumes a checkpoint saved under preset `there` (another one)."""
