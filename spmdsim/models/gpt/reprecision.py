@@ -24,6 +24,7 @@ from ...base.precision import PRESETS, is_low
 
 __all__ = ["switchable", "converts", "keeps_tables", "converted", "switch_words"]
 
+
 def switchable(there: Any, here: Any) -> bool:
     """Whether a run under preset `here` resumes a checkpoint saved under preset `there` (another one)."""
     return there != here and there in PRESETS and here in PRESETS
