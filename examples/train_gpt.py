@@ -24,7 +24,7 @@ Run: timeout -k 5 3600 mpiexec -n 8 python examples/train_gpt.py --dp 2 --tp 4 -
   or Llama's architecture (RMSNorm, SwiGLU, grouped-query attention, rotary positions, an untied head, no
      biases): python examples/train_gpt.py --ranks 4 --dp 2 --tp 2 --ffn 352 --kv-heads 2 --norm rms \
          --mlp swiglu --untied --rope --no-bias
-  or stopped and resumed, bit for bit as the run that never stopped (docs/howto/train-gpt.md, "Stopping and resuming"):
+  or stopped and resumed, bit for bit as the run that never stopped (docs/howto/checkpoints.md):
      python examples/train_gpt.py --ranks 4 --steps 5 --save ckpt && \
      python examples/train_gpt.py --ranks 4 --steps 10 --resume ckpt
      (or on another dp, tp and sp, resharded: python examples/train_gpt.py --ranks 2 --tp 2 --steps 10 --resume ckpt)

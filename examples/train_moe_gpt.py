@@ -26,7 +26,7 @@ exchange tokens over its own ep groups and add their router losses, each microba
 
 Run: timeout -k 5 900 mpiexec -n 8 python examples/train_moe_gpt.py --ep 4 --tp 2
   or python examples/train_moe_gpt.py --ranks 8 --ep 2 --dp 2 --tp 2 --dropless   (8 simulated ranks)
-  or stopped and resumed (--save DIR, --resume DIR; docs/howto/train-gpt.md, "Stopping and resuming"): as train_gpt.py
+  or stopped and resumed (--save DIR, --resume DIR; docs/howto/checkpoints.md): as train_gpt.py
   or over a pipeline: python examples/train_moe_gpt.py --ranks 8 --pp 2 --ep 2 --tp 2 --microbatches 4
   or folded: python examples/train_moe_gpt.py --ranks 8 --ep 8 --tp 2 --etp 1
   or partly folded: python examples/train_moe_gpt.py --ranks 8 --ep 4 --tp 4 --etp 2

@@ -1,7 +1,7 @@
-"""Stopping and resuming the GPT trainer (spmdsim.models.gpt.checkpoint; docs/howto/train-gpt.md, "Stopping and resuming the
-GPT"): a run resumed from a checkpoint steps as the run that never stopped, bit for bit, on simulated ranks; a
-checkpoint that does not fit is refused in one line, alike on every rank; a rank whose own file is wrong stops
-every rank with one line. The MPI case: tests/mpi/test_gpt_mpi.py."""
+"""Stopping and resuming the GPT trainer (spmdsim.models.gpt.checkpoint; docs/howto/checkpoints.md): a run
+resumed from a checkpoint steps as the run that never stopped, bit for bit, on simulated ranks; a checkpoint that
+does not fit is refused in one line, alike on every rank; a rank whose own file is wrong stops every rank with one
+line. The MPI case: tests/mpi/test_gpt_mpi.py."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import spmdsim
-from docs_commands import Quote, assert_prints_quote, run_example, run_quoted, section
+from docs_commands import Quote, assert_prints_quote, quotes, run_example, run_quoted
 from spmdsim.errors import SpmdsimError
 from spmdsim.models.gpt import GPTConfig, encode, load_text
 from spmdsim.models.gpt.checkpoint import META, read_meta, rank_file
@@ -24,7 +24,7 @@ from testkit import unfold
 
 SMALL = GPTConfig(layers=1, d_model=16, heads=2, seq=8, batch=4, dropout=0.2)
 TEXT = encode(load_text(20_000))
-DOC = "docs/howto/train-gpt.md"
+DOC = "docs/howto/checkpoints.md"
 #: How a resume of a checkpoint without regions on another mesh or pipeline ends.
 OLDER = ("it records no ranks' regions to reshard from, saved by an older spmdsim: resume with the settings it was "
          "saved with")
@@ -175,7 +175,8 @@ def test_a_rank_whose_own_file_is_wrong_stops_every_rank_with_one_line(saved, tm
 
 
 def _section():
-    return section(DOC, "## Stopping and resuming the GPT")
+    """The commands the page quotes, in its order: save, resume, resume on another mesh, under another precision."""
+    return quotes(DOC)
 
 
 def _in(quote, where):
@@ -200,7 +201,7 @@ def test_the_documented_commands_resume_as_the_run_that_never_stopped(tmp_path):
     moved = assert_prints_quote(_in(resharded, where))  # on tp 2 alone: the losses to their digits
     rounded = assert_prints_quote(_in(switched, where))  # under fp32: its losses to their digits too
     refused = run_quoted(resume.command.replace("--tp 2", "--tp 2 --lr 0.01").replace(" ckpt", f" {where}"))
-    assert refused.returncode == 2  # the refusal the section quotes
+    assert refused.returncode == 2  # the refusal the page quotes
     assert "the checkpoint's config has lr 0.003, this run's 0.01 (" in unfold(refused.stdout + refused.stderr)
     whole = run_quoted(save.command.replace("--steps 3 --save ckpt", "--steps 6"))
     assert whole.returncode == 0, whole.stderr

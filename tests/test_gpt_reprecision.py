@@ -1,5 +1,5 @@
-"""Resuming the GPT trainer under another precision (spmdsim.models.gpt.reprecision; docs/howto/train-gpt.md,
-"Stopping and resuming the GPT"): a checkpoint saved under one preset resumes under another, on the same mesh or
+"""Resuming the GPT trainer under another precision (spmdsim.models.gpt.reprecision; docs/howto/checkpoints.md,
+"Resume under another precision"): a checkpoint saved under one preset resumes under another, on the same mesh or
 another. No run that never stopped exists to compare with: the switched resume must step exactly as a resume,
 under the new preset, of the same checkpoint converted by hand (`_by_hand`: bf16-mixed and fp8 hold the same
 arrays, fp64 and fp32's rounded or widened, FP8's tables fresh or dropped), every resumed step's check passing;

@@ -1,10 +1,10 @@
-"""Resuming the GPT trainer on another mesh (spmdsim.models.gpt.reshard; docs/howto/train-gpt.md, "Stopping and
-resuming the GPT"): a checkpoint saved on one (dp, tp, sp) mesh resumes on another, each rank reading the pieces
-of the saved blocks that overlap its own from the files it needs; the resumed steps pass the check and end at
-the uninterrupted run's loss within the check's tolerance (the sums over tp run in another order: not bit for
-bit), with ZeRO, FSDP, a pipeline, context parallelism, experts (their ep and etp) or FP8's scales too (over a
-pipeline, each chunk's table built by key). A checkpoint that records no regions, and FP8 rows a resumed table
-cannot take, are refused in one line, alike on every rank.
+"""Resuming the GPT trainer on another mesh (spmdsim.models.gpt.reshard; docs/howto/checkpoints.md, "Resume on
+another mesh, pipeline, ZeRO stage or experts"): a checkpoint saved on one (dp, tp, sp) mesh resumes on another,
+each rank reading the pieces of the saved blocks that overlap its own from the files it needs; the resumed steps
+pass the check and end at the uninterrupted run's loss within the check's tolerance (the sums over tp run in
+another order: not bit for bit), with ZeRO, FSDP, a pipeline, context parallelism, experts (their ep and etp) or
+FP8's scales too (over a pipeline, each chunk's table built by key). A checkpoint that records no regions, and FP8
+rows a resumed table cannot take, are refused in one line, alike on every rank.
 The documented commands: tests/test_gpt_checkpoint.py."""
 from __future__ import annotations
 

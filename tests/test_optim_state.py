@@ -293,15 +293,15 @@ def test_state_dict_in_a_dry_run_is_refused_in_one_line():
 
 
 def test_the_docs_checkpoint_example_runs():
-    """docs/howto/train-gpt.md, "Checkpoints": its example (a run resumed at step 2 against the whole run, on 4 simulated
-    ranks) runs and its assert holds; its quoted refusals are the ones the code says."""
+    """docs/howto/checkpoints.md, "In a program": its example (a run resumed at step 2 against the whole run, on 4
+    simulated ranks) runs and its assert holds; its quoted refusals are the ones the code says."""
     import pathlib
     import re
 
-    doc = (pathlib.Path(__file__).resolve().parents[1] / "docs/howto/train-gpt.md").read_text()
-    section = doc.split("## Checkpoints: state_dict and load_state_dict\n", 1)[1].split("\n## ", 1)[0]
+    doc = (pathlib.Path(__file__).resolve().parents[1] / "docs/howto/checkpoints.md").read_text()
+    section = doc.split("## In a program: state_dict and load_state_dict\n", 1)[1].split("\n## ", 1)[0]
     code = re.search(r"^```python\n(.*?)^```", section, re.S | re.M).group(1)
-    exec(compile(code, "docs/howto/train.md", "exec"), {})
+    exec(compile(code, "docs/howto/checkpoints.md", "exec"), {})
     quoted = re.search(r"^```text\n(.*?)^```", section, re.S | re.M).group(1).splitlines()
     assert quoted[0] == ("AdamW.load_state_dict: state[2]['exp_avg'] is float64 of shape (3, 4), expected float64 of "
                          "shape (3, 2) (this rank's block of parameter 2)")

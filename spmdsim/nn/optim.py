@@ -18,7 +18,7 @@ the data-parallel axes (ZeRO-1, Megatron's distributed optimizer); it counts 1/d
 
 Checkpoints: every optimizer's `state_dict()` and `load_state_dict(sd)`, torch.optim's, hold this rank's
 state alone (its blocks' moments, ZeRO-1's slices), copied both ways; a resumed run steps as the
-uninterrupted one, bit for bit (docs/howto/train.md, "Checkpoints").
+uninterrupted one, bit for bit (docs/howto/checkpoints.md, "In a program").
 """
 from __future__ import annotations
 

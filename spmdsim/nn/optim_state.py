@@ -2,7 +2,7 @@
 
 Every optimizer's `state_dict()` and `load_state_dict(sd)` hold this rank's state (its blocks' moments,
 ZeRO-1's slices), copied both ways; a resumed run steps as the uninterrupted one, bit for bit
-(docs/howto/train.md, "Checkpoints")."""
+(docs/howto/checkpoints.md, "In a program")."""
 from __future__ import annotations
 
 import numbers

@@ -205,7 +205,7 @@ def test_bf16_gpt_steps_match_one_numpy_process_under_the_same_policy():
 
 
 def test_a_resumed_gpt_steps_as_the_run_that_never_stopped(tmp_path):
-    """--save / --resume under MPI (spmdsim.models.gpt.checkpoint; docs/howto/train-gpt.md, "Stopping and resuming the GPT"):
+    """--save / --resume under MPI (spmdsim.models.gpt.checkpoint; docs/howto/checkpoints.md):
     4 steps, or 2 saved and 2 resumed, the same losses and parameters bit for bit; a rank's own file missing
     stops every rank with the same line (the ranks agree on it), never a hang."""
     import os

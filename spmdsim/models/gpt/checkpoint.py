@@ -1,4 +1,5 @@
-"""Checkpoints of the GPT trainer (spmdsim.models.gpt.train): save, validate and resume, per rank (train-gpt.md).
+"""Checkpoints of the GPT trainer (spmdsim.models.gpt.train): save, validate and resume, per rank
+(docs/howto/checkpoints.md).
 
 A checkpoint is a directory: one file per rank, ``rank-00000.npz`` ..., that rank's parameter blocks, its optimizer's
 `state_dict()` (spmdsim.nn.optim: this rank's moments, ZeRO-1's slices, a bfloat16 parameter's float32 master; a

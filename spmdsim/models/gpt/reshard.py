@@ -1,5 +1,5 @@
 """Resuming a GPT checkpoint on another mesh: dp, tp, sequence and context parallelism, experts' ep and etp, the
-pipeline and ZeRO (1, 2 or FSDP's 3) changed (docs/howto/train-gpt.md, "Stopping and resuming the GPT").
+pipeline and ZeRO (1, 2 or FSDP's 3) changed (docs/howto/checkpoints.md).
 
 A checkpoint (spmdsim.models.gpt.checkpoint) records, beside every parameter's layout, each saved rank's region of
 every parameter: [start, stop) per dim (`regions`, in its checkpoint.json), and under ZeRO-1 or 2 (DistributedAdamW:

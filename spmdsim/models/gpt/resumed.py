@@ -1,6 +1,6 @@
 """The line a GPT trainer prints as it resumes a checkpoint (spmdsim.models.gpt.checkpoint.resume_line): the step,
 and where the checkpoint was saved on another mesh, pipeline, sequence parallelism, ZeRO stage or precision, what it
-was saved with, from the metadata both sides have (docs/howto/train-gpt.md, "Stopping and resuming the GPT")."""
+was saved with, from the metadata both sides have (docs/howto/checkpoints.md)."""
 from __future__ import annotations
 
 from typing import Any, Optional
