@@ -118,12 +118,13 @@ def checkpoint_arguments(parser: Any) -> None:
     """Add the trainer's checkpoint options (spmdsim.models.gpt.train's `save`, `save_every`, `resume`) to a parser."""
     parser.add_argument("--save", type=directory, default=None, metavar="DIR",
                         help="write a checkpoint into DIR after the last step (a file per rank and checkpoint.json; "
-                             "docs/howto/train.md, \"Stopping and resuming\")")
+                             "docs/howto/checkpoints.md)")
     add_noted(parser, "--save-every", type=int, default=0, metavar="N",
               help="with --save: a checkpoint after every N-th step too (each replaces the last; 0, the "
                    "default: after the last step only)")
     parser.add_argument("--resume", type=directory, default=None, metavar="DIR",
-                        help="continue from the checkpoint in DIR to --steps, as the run that never stopped")
+                        help="continue from the checkpoint in DIR to --steps, as the run that never stopped (on "
+                             "another mesh, pipeline, ZeRO stage or precision too)")
 
 
 def context_arguments(parser: Any) -> None:
