@@ -6,6 +6,22 @@ import pytest
 pytestmark = pytest.mark.mpi(min_size=2)
 
 
+def _trainer(cfg, comm):
+    """run(steps, tp, **kw): `cfg`'s GPT trained `steps` steps on dp x tp over `comm` (dp the rest of its ranks),
+    the mesh closed after; each rank's step results."""
+    from spmdsim.models.gpt import encode, load_text
+    from spmdsim.models.gpt.train import train
+
+    text = encode(load_text(20_000))
+
+    def run(steps, tp, **kw):
+        model, results = train(cfg, comm, comm.size // tp, tp, steps, text, **kw)
+        model.mesh.close()
+        return results
+
+    return run
+
+
 @pytest.mark.parametrize("sp", [False, True])
 def test_gpt_steps_match_one_numpy_process(sp):
     from mpi4py import MPI
@@ -257,21 +273,13 @@ def test_a_gpt_resumed_on_another_mesh_passes_its_check_under_mpi(tmp_path, save
 
     from mpi4py import MPI
 
-    from spmdsim.models.gpt import GPTConfig, encode, load_text
-    from spmdsim.models.gpt.train import train
+    from spmdsim.models.gpt import GPTConfig
 
     comm = MPI.COMM_WORLD
     if comm.size % 2:
         pytest.skip("saved on tp 2: an even number of ranks")
     where = os.path.join(comm.bcast(str(tmp_path), root=0), "half")  # one directory for every rank (one machine)
-    cfg = GPTConfig(layers=1, d_model=16, heads=2, seq=8, batch=comm.size * 2, dropout=0.2)
-    text = encode(load_text(20_000))
-
-    def run(steps, tp, **kw):
-        model, results = train(cfg, comm, comm.size // tp, tp, steps, text, **kw)
-        model.mesh.close()
-        return results
-
+    run = _trainer(GPTConfig(layers=1, d_model=16, heads=2, seq=8, batch=comm.size * 2, dropout=0.2), comm)
     whole = run(4, 2, zero=saved_zero)
     run(2, 2, save=where, check=False, zero=saved_zero)
     resumed = run(4, 1, resume=where, zero=resumed_zero)
@@ -349,9 +357,8 @@ def test_a_gpt_resumed_under_another_precision_passes_its_check_under_mpi(tmp_pa
     from mpi4py import MPI
 
     from spmdsim.base.fp8 import DELAYED
-    from spmdsim.models.gpt import GPTConfig, encode, load_text
+    from spmdsim.models.gpt import GPTConfig
     from spmdsim.models.gpt.checkpoint import META, rank_file
-    from spmdsim.models.gpt.train import train
 
     pytest.importorskip("ml_dtypes")
     comm = MPI.COMM_WORLD
@@ -359,13 +366,7 @@ def test_a_gpt_resumed_under_another_precision_passes_its_check_under_mpi(tmp_pa
         pytest.skip("saved on tp 2: an even number of ranks")
     where = os.path.join(comm.bcast(str(tmp_path), root=0), "half")
     cfg = GPTConfig(layers=1, d_model=16, heads=2, seq=8, batch=comm.size * 2, dropout=0.0)
-    text = encode(load_text(20_000))
-
-    def run(steps, tp, **kw):
-        model, results = train(cfg, comm, comm.size // tp, tp, steps, text, **kw)
-        model.mesh.close()
-        return results
-
+    run = _trainer(cfg, comm)
     run(2, 2, save=where, check=False, precision=there)
     same, other = run(4, 2, resume=where, precision=here), run(4, 1, resume=where, precision=here, zero=1)
     for resumed in (same, other):
