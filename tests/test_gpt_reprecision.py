@@ -152,6 +152,41 @@ def test_a_zero_checkpoint_resumed_under_another_precision_takes_its_whole_maste
         assert abs(z[1].loss - p[1].loss) <= z[1].tolerances[0] * abs(p[1].loss)
 
 
+def _older(src, dst):
+    """The checkpoint in `src` copied into `dst` as an older spmdsim saved it: no ranks' regions recorded."""
+    shutil.copytree(src, dst)
+    meta = json.loads((dst / META).read_text())
+    (dst / META).write_text(json.dumps({k: v for k, v in meta.items() if k != "regions"}))
+    return str(dst)
+
+
+@pytest.mark.parametrize("there, here, zero", [
+    ("bf16-mixed", "fp8", 0),  # FP8's tables fresh
+    ("fp64", "bf16-mixed", 0),  # rounded, bfloat16 cast from the master
+    ("bf16-mixed", "fp32", 1),  # ZeRO-1: each block's whole master, from the slices of its dp group
+    ("fp32", "fp64", 3),  # FSDP's shards widened
+])
+def test_an_older_checkpoint_resumed_on_its_own_mesh_under_another_precision_steps_as_a_newer_one(
+        tmp_path, there, here, zero):
+    # saved before checkpoint.json recorded each rank's regions: on its own mesh they are this run's own
+    _run((4, 2, 2), 2, precision=there, zero=zero, save=str(tmp_path / "ck"), check=False)
+    older = _older(tmp_path / "ck", tmp_path / "older")
+    assert checkpoint_problem(CFG, 4, 2, 2, 4, resume=older, precision=here, zero=zero) is None
+    newer, old = (_said(_run((4, 2, 2), 4, precision=here, zero=zero, resume=where))
+                  for where in (str(tmp_path / "ck"), older))
+    assert old == newer and [s for s, _, _ in old[0]] == [2, 3] and all(p for rank in old for _, _, p in rank)
+
+
+def test_an_older_pipeline_checkpoint_under_another_precision_is_refused_in_one_line(tmp_path):
+    _staged(2, 1, precision="bf16-mixed", save=str(tmp_path / "ck"), check=False)
+    older = _older(tmp_path / "ck", tmp_path / "older")
+    pipeline = {"pp": 2, "schedule": "1f1b", "microbatches": 2, "virtual": 1, "split": None}
+    assert checkpoint_problem(DEEP, 4, 1, 2, 3, resume=older, precision="fp8", pipeline=pipeline) == (
+        f"--resume {older}: the checkpoint's precision is 'bf16-mixed', this run's 'fp8' (it records no ranks' "
+        "regions to convert a pipeline's state from, saved by an older spmdsim: resume with the settings it was "
+        "saved with)")
+
+
 def test_moments_lost_in_a_switch_are_caught(tmp_path, monkeypatch):
     # the check's reference starts each step from the run's own state, so it passes; the resume of the same
     # checkpoint converted by hand does not step alike (step 2's forward, of the weights, is the same)

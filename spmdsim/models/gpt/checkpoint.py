@@ -48,7 +48,8 @@ from ...runtime.sim import dry_run_active
 from ..axes import CONTEXT, DATA, EXPERT, PIPELINE, model_layout
 from .layouts import megatron_layouts
 from .mesh import zero_cut
-from .reshard import ADAMW, AGAIN, ZERO_ADAMW, etp_of_run, load_resharded, regions, resharded, scope, stage_regions
+from .reshard import (ADAMW, AGAIN, ZERO_ADAMW, etp_of_run, load_resharded, regions, resharded, scope, stage_regions,
+                      with_own_regions)
 from .resumed import resumed_words
 from .checkpoint_files import (META, Arrays, decode, encode, header_problem, rank_file, reason as _reason,
                                write_aside)
@@ -317,8 +318,9 @@ def load(directory: str, mesh: Any, params: dict, optimizer: Any, scales: tuple 
     saved, problem = read_meta(directory)
     step = saved["step"] if saved else 0
     if not problem:  # saved on another mesh (`meta`: this run's run_meta): resharded, from the files it needs
-        problem = load_resharded(directory, saved, params, optimizer, mesh.rank, scales, layers,
-                                 meta["precision"]) if meta is not None and resharded(saved, meta) else \
+        problem = load_resharded(directory, with_own_regions(saved, meta, params, mesh.size, optimizer), params,
+                                 optimizer, mesh.rank, scales, layers, meta["precision"]) \
+            if meta is not None and resharded(saved, meta) else \
             _read_own(directory, step, mesh.rank, mesh.size, params, optimizer, scales)
         problem = problem and f"--resume {directory}: {problem}"
     problems = all_gather_object(mesh.comm, problem) if mesh.size > 1 else [problem]

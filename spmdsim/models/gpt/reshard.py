@@ -26,9 +26,9 @@ over a pipeline each chunk's, of its own layers' keys) are built by key: each of
 its layers in the files of saved ranks that held those layers (spmdsim.models.gpt.reshard_fp8), so FP8 resumes on
 another pipeline or none, and a run without a pipeline's checkpoint on one. Resharding covers the mesh, the
 pipeline and the optimizer (dp, tp, sp, cp, ep, etp, pp and ZeRO changes); a checkpoint that records no regions
-(or under ZeRO no slices: saved by an older spmdsim) is refused in one line that names what differs and why
-(`scope`), alike on every rank and before any collective, as is what a rank finds wrong in the files it reads
-(a layer's FP8 rows missing, histories of another length: agreed by checkpoint.load).
+(under ZeRO no slices: saved by an older spmdsim) takes this run's where only the precision changed, off a pipeline
+(`with_own_regions`), else is refused in one line that names what differs and why (`scope`), alike on every rank
+and before any collective, as is what a rank finds wrong in the files it reads (a layer's FP8 rows missing).
 """
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ from .reshard_fp8 import holders, tables
 from .reprecision import converted, converts, keeps_tables, switchable
 
 __all__ = ["MESH_KEYS", "OPTIMIZERS", "ADAMW", "ZERO_ADAMW", "regions", "scope", "resharded", "load_resharded",
-           "etp_of_run"]
+           "etp_of_run", "with_own_regions"]
 
 #: The metadata a reshard may change: the mesh, its world size, sequence parallelism and so the layouts.
 MESH_KEYS = ("world size", "mesh", "sequence parallelism", "layouts")
@@ -125,11 +125,30 @@ def scope(saved: dict, meta: dict) -> tuple[tuple, Optional[str]]:
     keys = _covered(saved, meta)
     if any(saved.get(key) != here for key, here in meta.items() if key not in keys):
         return keys, None  # the config, precision or optimizer differs too: said, as on the same mesh
-    recorded = saved.get("regions")
-    if not isinstance(recorded, dict) or (saved.get("optimizer") == ZERO_ADAMW and not all(
-            isinstance(one, dict) and "slices" in one for one in recorded.values())):
-        return (), f"(it records no ranks' regions to reshard from, saved by an older spmdsim: {AGAIN})"
+    if not _recorded(saved) and not (_laid_out_as_saved(saved, meta) and saved.get("pipeline") is None):
+        what = "convert a pipeline's state" if _laid_out_as_saved(saved, meta) else "reshard"
+        return (), f"(it records no ranks' regions to {what} from, saved by an older spmdsim: {AGAIN})"
     return keys, None
+
+
+def _recorded(saved: dict) -> bool:
+    """Whether checkpoint metadata `saved` records each rank's regions (under ZeRO, its slices too)."""
+    recorded = saved.get("regions")
+    return isinstance(recorded, dict) and (saved.get("optimizer") != ZERO_ADAMW or all(
+        isinstance(one, dict) and "slices" in one for one in recorded.values()))
+
+
+def _laid_out_as_saved(saved: dict, meta: dict) -> bool:
+    """Whether the run of `meta` lays the state out as the checkpoint (`saved`) did: mesh, pipeline, optimizer."""
+    return all(saved.get(k) == meta.get(k) for k in MESH_KEYS + ("pipeline", "optimizer"))
+
+
+def with_own_regions(saved: dict, meta: dict, params: dict, world: int, optimizer: Any) -> dict:
+    """`saved` (a checkpoint's metadata) with this run's `regions` of `params` on `world` ranks where it records
+    none (saved by an older spmdsim) and the run of `meta` lays the state out as it did, without a pipeline:
+    only its precision changed, the state converted from the files (a ZeRO rank's from its master's slices)."""
+    keep = _recorded(saved) or not _laid_out_as_saved(saved, meta) or saved.get("pipeline") is not None
+    return saved if keep else {**saved, "regions": regions(params, world, optimizer)}
 
 
 def etp_of_run(saved: dict, meta: dict) -> dict:
