@@ -174,6 +174,26 @@ def test_a_rank_whose_own_file_is_wrong_stops_every_rank_with_one_line(saved, tm
     assert said == [f"--resume {where}: " + expected.format(d=where)] * 4
 
 
+@pytest.mark.parametrize("blocked", [2, META])
+def test_a_save_a_rank_cannot_write_stops_every_rank_with_one_line_and_no_metadata(tmp_path, blocked):
+    # a directory where rank 2's file (or the metadata) goes: os.replace cannot put a file there
+    where = tmp_path / "ck"
+    path = where / META if blocked == META else rank_file(str(where), blocked)
+    os.makedirs(path)
+
+    def body():
+        try:
+            train(SMALL, spmdsim.world(), 2, 2, 2, TEXT, save=str(where), check=False)
+        except SpmdsimError as e:
+            return str(e)
+        return None
+
+    said = spmdsim.simulate(4, body)
+    assert said == [f"--save {where}: cannot write {path}: Is a directory"] * 4  # every rank, alike
+    assert (where / META).is_dir() if blocked == META else not (where / META).exists()  # no metadata claims it
+    assert not [f for f in os.listdir(where) if f.endswith(".partial")]  # nothing left beside the files
+
+
 def _section():
     """The commands the page quotes, in its order: save, resume, resume on another mesh, under another precision."""
     return quotes(DOC)

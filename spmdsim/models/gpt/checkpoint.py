@@ -8,8 +8,9 @@ the step reached; and ``checkpoint.json``, written by rank 0, which records what
 config (GPTConfig, its MoE config too), the world size and the mesh (pp, dp, ep, cp, tp, sequence parallelism), every
 parameter's layout, the precision policy and the optimizer, the pipeline (schedule, microbatches, chunks, split; None
 without), the step reached and the training's first loss (step 0's: a resumed run judges its loss's trend from it,
-`first_loss`). Each file is written aside and renamed into place; a save ends with a barrier (the whole checkpoint is
-there when a trainer returns). The files hold arrays and text only (numpy's .npz read with ``allow_pickle=False``;
+`first_loss`). Each file is written aside and renamed into place, the metadata once every rank's file is (a rank
+that cannot write stops every rank with its line), and a save ends when it is (the whole checkpoint is there when a
+trainer returns). The files hold arrays and text only (numpy's .npz read with ``allow_pickle=False``;
 the optimizer's dict as JSON beside its arrays, bfloat16 as its 16 bits): no pickle.
 
 A step's data and randomness are functions of its index (spmdsim.models.gpt.data.batch, params' dropout seeds), so
@@ -40,7 +41,7 @@ import numpy as np
 
 from ...errors import SpmdsimError
 from ...base.precision import bfloat16, precision as get_precision
-from ...runtime.door import all_gather_object, barrier
+from ...runtime.door import all_gather_object
 from .config import GPTConfig
 from ...layouts.layout import Layout
 from ...nn.fsdp import on_mesh, shard_axes, sharded_layout
@@ -235,8 +236,10 @@ def save(directory: str, meta: dict, step: int, mesh: Any, params: dict, optimiz
     """Write this rank's file of the checkpoint at `step` (the steps done) into `directory`, and on rank 0 the
     metadata `meta` (`run_meta`) after it: `params` name -> DTensor, `optimizer` the trainer's, `scales` its FP8
     scales (spmdsim.base.fp8.Scales: a model's, or each chunk's of a pipeline stage). Collective: every rank writes
-    its own (a pipeline's ranks gather their regions: reshard.stage_regions), then a barrier over `mesh`, so that
-    the whole checkpoint is there when any rank goes on (a resume in the same program, by any rank, reads it all)."""
+    its own (a pipeline's ranks gather their regions: reshard.stage_regions), the ranks agree that all did (else
+    each raises the first rank's problem, and no metadata is written), rank 0 writes the metadata and the ranks
+    agree again, so that the whole checkpoint is there when any rank goes on (a resume in the same program, by
+    any rank, reads it all)."""
     rank = mesh.rank
     arrays: dict = {}
     header = {"rank": rank, "step": step, "world size": meta["world size"], "params": list(params),
@@ -249,16 +252,25 @@ def save(directory: str, meta: dict, step: int, mesh: Any, params: dict, optimiz
         arrays[f"param.{name}"] = block.view(np.uint16) if block.dtype.name == "bfloat16" else block
         header.setdefault("dtypes", {})[name] = block.dtype.name
     arrays["header"] = np.array(json.dumps(header))
-    write_aside(rank_file(directory, rank), lambda f: np.savez(f, **arrays))
+    problem = write_aside(rank_file(directory, rank), lambda f: np.savez(f, **arrays))
     # each rank's region of every parameter too, for a resume on another mesh (a pipeline's gathered: collective)
     where = regions(params, mesh.size, optimizer) if meta.get("pipeline") is None else \
         stage_regions(params, mesh, optimizer)
+    _agreed(mesh, problem and f"--save {directory}: {problem}")  # every rank's file written: then the metadata
     if rank == 0:
         text = json.dumps({"format": _FORMAT, "version": _VERSION, "step": step, **meta, "regions": where},
                           indent=1) + "\n"
-        write_aside(os.path.join(directory, META), lambda f: f.write(text.encode("utf-8")))
-    if mesh.size > 1:
-        barrier(mesh.comm)
+        problem = write_aside(os.path.join(directory, META), lambda f: f.write(text.encode("utf-8")))
+    _agreed(mesh, problem and f"--save {directory}: {problem}")  # (rank 0's)
+
+
+def _agreed(mesh: Any, problem: Optional[str]) -> None:
+    """Raise on every rank of `mesh` the first of the ranks' problems (this rank's `problem`), if any: one
+    Allgather (collective), so that no rank goes on, or waits, alone."""
+    problems = all_gather_object(mesh.comm, problem) if mesh.size > 1 else [problem]
+    first = next((p for p in problems if p), None)
+    if first:
+        raise SpmdsimError(first)
 
 
 def _read_own(directory: str, step: int, rank: int, world: int, params: dict, optimizer: Any,
@@ -323,10 +335,7 @@ def load(directory: str, mesh: Any, params: dict, optimizer: Any, scales: tuple 
             if meta is not None and resharded(saved, meta) else \
             _read_own(directory, step, mesh.rank, mesh.size, params, optimizer, scales)
         problem = problem and f"--resume {directory}: {problem}"
-    problems = all_gather_object(mesh.comm, problem) if mesh.size > 1 else [problem]
-    first = next((p for p in problems if p), None)
-    if first:
-        raise SpmdsimError(first)
+    _agreed(mesh, problem)
     return step
 
 

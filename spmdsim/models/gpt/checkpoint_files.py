@@ -93,15 +93,19 @@ def decode(value: Any, arrays: Any) -> Any:
     return value
 
 
-def write_aside(path: str, write: Any) -> None:
-    """`write(file)` into a file beside `path`, renamed onto it: a reader never sees half a file."""
+def write_aside(path: str, write: Any) -> Optional[str]:
+    """`write(file)` into a file beside `path`, renamed onto it: a reader never sees half a file. None, or why
+    not (the file beside it then removed)."""
     aside = f"{path}.{os.getpid()}.partial"
     try:
         with open(aside, "wb") as f:
             write(f)
         os.replace(aside, path)
     except OSError as e:
-        raise SpmdsimError(f"checkpoint: cannot write {path}: {reason(e)}") from None
+        if os.path.isfile(aside):
+            os.remove(aside)
+        return f"cannot write {path}: {reason(e)}"
+    return None
 
 
 def header_problem(path: str, rank: int, header: dict, step: int, world: int) -> Optional[str]:
