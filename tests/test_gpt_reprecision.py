@@ -177,6 +177,18 @@ def test_an_older_checkpoint_resumed_on_its_own_mesh_under_another_precision_ste
     assert old == newer and [s for s, _, _ in old[0]] == [2, 3] and all(p for rank in old for _, _, p in rank)
 
 
+@pytest.mark.parametrize("zero, said", [
+    (0, "optimizer is 'DistributedAdamW', this run's 'AdamW'"),  # what needs the regions, not the precision
+    (3, """layouts has wte '("tp", None)' and 18 more, this run's wte '(("tp", "dp"), None)' and 18 more"""),
+])
+def test_an_older_checkpoint_refused_under_another_precision_names_what_needs_its_regions(tmp_path, zero, said):
+    _run((4, 2, 2), 1, precision="bf16-mixed", zero=1, save=str(tmp_path / "ck"), check=False)
+    older = _older(tmp_path / "ck", tmp_path / "older")
+    assert checkpoint_problem(CFG, 4, 2, 2, 3, resume=older, precision="fp32", zero=zero) == (
+        f"--resume {older}: the checkpoint's {said} (it records no ranks' regions to reshard from, saved by an "
+        "older spmdsim: resume with the settings it was saved with)")
+
+
 def test_an_older_pipeline_checkpoint_under_another_precision_is_refused_in_one_line(tmp_path):
     _staged(2, 1, precision="bf16-mixed", save=str(tmp_path / "ck"), check=False)
     older = _older(tmp_path / "ck", tmp_path / "older")

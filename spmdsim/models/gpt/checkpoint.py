@@ -160,10 +160,12 @@ def _difference(directory: str, saved: dict, meta: dict, steps: int, covered: tu
         if isinstance(here, dict) and isinstance(there, dict):  # keys one side lacks first (the mesh's "etp")
             said = [_field(k, here.get(k), there.get(k)) for k in sorted(list(here) + [k for k in there if k not in
                     here], key=lambda k: k in here and k in there) if here.get(k) != there.get(k)]
-            mine = said[0][2] if len(said) == 1 else " and ".join(f"{k} {m}" for k, _, m in said)  # each that differs
+            more = f" and {len(said) - 1} more" if key == "layouts" and len(said) > 1 else ""  # (FSDP's: each one's)
+            said = said[:1] if more else said
+            mine = said[0][2] if len(said) == 1 and not more else " and ".join(f"{k} {m}" for k, _, m in said) + more
             if said:  # (`--tp 2` resumed with `--tp 4` said "mesh has dp 2, this run's 1")
                 return (f"--resume {directory}: the checkpoint's {key} has {' and '.join(f'{k} {t}' for k, t, _ in said)}"
-                        f", this run's {mine} ({AGAIN})")
+                        f"{more}, this run's {mine} ({AGAIN})")
         return (f"--resume {directory}: the checkpoint's {key} is {_shown(there)}, this run's {_shown(here)} "
                 f"({AGAIN})")
     if saved["step"] >= steps:

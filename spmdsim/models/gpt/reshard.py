@@ -24,11 +24,10 @@ them out as the mesh does: `etp_of_run`), and ZeRO's groups of its dense paramet
 other. FP8's tables of amax histories and scales (spmdsim.base.fp8.Scales: the model's, alike on every rank, or
 over a pipeline each chunk's, of its own layers' keys) are built by key: each of the run's tables from the rows of
 its layers in the files of saved ranks that held those layers (spmdsim.models.gpt.reshard_fp8), so FP8 resumes on
-another pipeline or none, and a run without a pipeline's checkpoint on one. Resharding covers the mesh, the
-pipeline and the optimizer (dp, tp, sp, cp, ep, etp, pp and ZeRO changes); a checkpoint that records no regions
-(under ZeRO no slices: saved by an older spmdsim) takes this run's where only the precision changed, off a pipeline
-(`with_own_regions`), else is refused in one line that names what differs and why (`scope`), alike on every rank
-and before any collective, as is what a rank finds wrong in the files it reads (a layer's FP8 rows missing).
+another pipeline or none, and a run without a pipeline's checkpoint on one. Resharding covers dp, tp, sp, cp, ep,
+etp, pp and ZeRO changes; a checkpoint that records no regions (under ZeRO no slices: saved by an older spmdsim)
+takes this run's where only the precision changed, off a pipeline (`with_own_regions`), else is refused in one line
+naming what differs and why (`scope`), alike on every rank before any collective.
 """
 from __future__ import annotations
 
@@ -125,17 +124,19 @@ def scope(saved: dict, meta: dict) -> tuple[tuple, Optional[str]]:
     keys = _covered(saved, meta)
     if any(saved.get(key) != here for key, here in meta.items() if key not in keys):
         return keys, None  # the config, precision or optimizer differs too: said, as on the same mesh
-    if not _recorded(saved) and not (_laid_out_as_saved(saved, meta) and saved.get("pipeline") is None):
-        what = "convert a pipeline's state" if _laid_out_as_saved(saved, meta) else "reshard"
-        return (), f"(it records no ranks' regions to {what} from, saved by an older spmdsim: {AGAIN})"
-    return keys, None
+    if _recorded(saved) or (_laid_out_as_saved(saved, meta) and saved.get("pipeline") is None):
+        return keys, None
+    pipeline = _laid_out_as_saved(saved, meta)  # the precision changed only, on a pipeline: else the layout's
+    what = "convert a pipeline's state" if pipeline else "reshard"  # difference is said, not the precision's
+    return ("precision",) * (not pipeline), f"(it records no ranks' regions to {what} from, saved by an older " \
+        f"spmdsim: {AGAIN})"
 
 
 def _recorded(saved: dict) -> bool:
     """Whether checkpoint metadata `saved` records each rank's regions (under ZeRO, its slices too)."""
-    recorded = saved.get("regions")
-    return isinstance(recorded, dict) and (saved.get("optimizer") != ZERO_ADAMW or all(
-        isinstance(one, dict) and "slices" in one for one in recorded.values()))
+    one = saved.get("regions")
+    return isinstance(one, dict) and (saved.get("optimizer") != ZERO_ADAMW or all(
+        isinstance(r, dict) and "slices" in r for r in one.values()))
 
 
 def _laid_out_as_saved(saved: dict, meta: dict) -> bool:
@@ -145,8 +146,7 @@ def _laid_out_as_saved(saved: dict, meta: dict) -> bool:
 
 def with_own_regions(saved: dict, meta: dict, params: dict, world: int, optimizer: Any) -> dict:
     """`saved` (a checkpoint's metadata) with this run's `regions` of `params` on `world` ranks where it records
-    none (saved by an older spmdsim) and the run of `meta` lays the state out as it did, without a pipeline:
-    only its precision changed, the state converted from the files (a ZeRO rank's from its master's slices)."""
+    none (saved by an older spmdsim) and the run of `meta` changed its precision only, without a pipeline."""
     keep = _recorded(saved) or not _laid_out_as_saved(saved, meta) or saved.get("pipeline") is not None
     return saved if keep else {**saved, "regions": regions(params, world, optimizer)}
 
