@@ -52,15 +52,11 @@ from .mesh import zero_cut
 from .reshard import (ADAMW, AGAIN, ZERO_ADAMW, etp_of_run, load_resharded, regions, resharded, scope, stage_regions,
                       with_own_regions)
 from .resumed import resumed_words
-from .checkpoint_files import (META, Arrays, decode, encode, header_problem, rank_file, reason as _reason,
-                               write_aside)
+from .checkpoint_files import (FORMAT as _FORMAT, META, VERSION as _VERSION, Arrays, decode, encode, header_problem,
+                               rank_file, read_meta, reason as _reason, write_aside)
 
 __all__ = ["META", "rank_file", "run_meta", "resume_problem", "save_problem", "save", "load", "read_meta",
            "checkpoint_problem", "checkpoint_meta", "first_loss", "with_first_loss", "resume_line"]
-
-_FORMAT = "spmdsim GPT checkpoint"
-_VERSION = 1
-
 
 def _plain(value: Any) -> Any:
     """`value` as JSON holds it (tuples as lists, numpy numbers as Python's)."""
@@ -77,28 +73,6 @@ def run_meta(cfg: Any, world: int, mesh_layout: Any, sp: bool, layouts: dict, pr
     return _plain({"world size": world, "mesh": axes, "sequence parallelism": bool(sp),
                    "config": dataclasses.asdict(cfg), "layouts": {k: str(v) for k, v in layouts.items()},
                    "precision": precision, "optimizer": optimizer})
-
-
-def read_meta(directory: str) -> tuple[Optional[dict], Optional[str]]:
-    """(the metadata of the checkpoint in `directory`, None) or (None, why it cannot be read)."""
-    if not os.path.isdir(directory):
-        what = "is not a directory" if os.path.exists(directory) else "does not exist"
-        return None, f"--resume {directory}: {what} (expected a checkpoint directory that --save wrote)"
-    path = os.path.join(directory, META)
-    try:
-        with open(path, encoding="utf-8") as f:
-            meta = json.load(f)
-    except FileNotFoundError:
-        return None, f"--resume {directory}: no {META} in it (expected a checkpoint directory that --save wrote)"
-    except (OSError, ValueError) as e:
-        return None, f"--resume {directory}: cannot read {META}: {_reason(e)}"
-    if not isinstance(meta, dict) or meta.get("format") != _FORMAT or meta.get("version") != _VERSION:
-        return None, (f"--resume {directory}: {META} is not a checkpoint of this version ({_FORMAT!r}, version "
-                      f"{_VERSION})")
-    step = meta.get("step")
-    if type(step) is not int or step < 1:
-        return None, f"--resume {directory}: {META} step {step!r} must be an integer >= 1"
-    return meta, None
 
 
 def first_loss(resume: Optional[str]) -> Optional[float]:

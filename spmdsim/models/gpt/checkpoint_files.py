@@ -1,9 +1,11 @@
-"""A GPT checkpoint's rank files (spmdsim.models.gpt.checkpoint): their names, the optimizer's dict as JSON beside
-its arrays (bfloat16 as its 16 bits: no pickle), writing a file aside and renaming it into place, and what a rank
-file's header must say (its rank, the step and world size of the checkpoint's metadata). Shared by resuming on the
-same mesh (spmdsim.models.gpt.checkpoint) and on another (spmdsim.models.gpt.reshard)."""
+"""A GPT checkpoint's files (spmdsim.models.gpt.checkpoint): their names, its metadata read and checked, the
+optimizer's dict as JSON beside its arrays (bfloat16 as its 16 bits: no pickle), writing a file aside and renaming
+it into place, and what a rank file's header must say (its rank, the step and world size of the checkpoint's
+metadata). Shared by resuming on the same mesh (spmdsim.models.gpt.checkpoint) and on another
+(spmdsim.models.gpt.reshard)."""
 from __future__ import annotations
 
+import json
 import os
 import threading
 from typing import Any, Optional
@@ -13,10 +15,14 @@ import numpy as np
 from ...errors import SpmdsimError
 from ...base.precision import bfloat16
 
-__all__ = ["META", "Arrays", "rank_file", "reason", "encode", "decode", "write_aside", "header_problem"]
+__all__ = ["META", "FORMAT", "VERSION", "Arrays", "rank_file", "reason", "encode", "decode", "write_aside",
+           "header_problem", "read_meta"]
 
 #: The metadata file rank 0 writes.
 META = "checkpoint.json"
+
+#: What its "format" and "version" say.
+FORMAT, VERSION = "spmdsim GPT checkpoint", 1
 
 
 #: numpy reads each array's header in an .npz with ast.literal_eval, and CPython 3.11 and 3.12 keep the AST
@@ -117,3 +123,25 @@ def header_problem(path: str, rank: int, header: dict, step: int, world: int) ->
         return (f"rank {rank}'s file {path} is of step {header.get('step')!r} of {header.get('world size')!r} "
                 f"ranks, the checkpoint's {META} of step {step} of {world} ranks (a save that did not finish?)")
     return None
+
+
+def read_meta(directory: str) -> tuple[Optional[dict], Optional[str]]:
+    """(the metadata of the checkpoint in `directory`, None) or (None, why it cannot be read)."""
+    if not os.path.isdir(directory):
+        what = "is not a directory" if os.path.exists(directory) else "does not exist"
+        return None, f"--resume {directory}: {what} (expected a checkpoint directory that --save wrote)"
+    path = os.path.join(directory, META)
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except FileNotFoundError:
+        return None, f"--resume {directory}: no {META} in it (expected a checkpoint directory that --save wrote)"
+    except (OSError, ValueError) as e:
+        return None, f"--resume {directory}: cannot read {META}: {reason(e)}"
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("version") != VERSION:
+        return None, (f"--resume {directory}: {META} is not a checkpoint of this version ({FORMAT!r}, version "
+                      f"{VERSION})")
+    step = meta.get("step")
+    if type(step) is not int or step < 1:
+        return None, f"--resume {directory}: {META} step {step!r} must be an integer >= 1"
+    return meta, None
