@@ -18,6 +18,7 @@ from docs_commands import Quote, assert_prints_quote, quotes, run_example, run_q
 from spmdsim.errors import SpmdsimError
 from spmdsim.models.gpt import GPTConfig, encode, load_text
 from spmdsim.models.gpt.checkpoint import META, read_meta, rank_file
+from spmdsim.models.gpt import checkpoint
 from spmdsim.models.gpt.checkpoint import checkpoint_problem
 from spmdsim.models.gpt.train import train
 from testkit import unfold
@@ -176,9 +177,9 @@ def test_a_rank_whose_own_file_is_wrong_stops_every_rank_with_one_line(saved, tm
 
 @pytest.mark.parametrize("blocked", [2, META])
 def test_a_save_a_rank_cannot_write_stops_every_rank_with_one_line_and_no_metadata(tmp_path, blocked):
-    # a directory where rank 2's file (or the metadata) goes: os.replace cannot put a file there
+    # a directory where rank 2's file of step 2 (or the metadata) goes: os.replace cannot put a file there
     where = tmp_path / "ck"
-    path = where / META if blocked == META else rank_file(str(where), blocked)
+    path = where / (META if blocked == META else f"rank-0000{blocked}.step-2.npz")
     os.makedirs(path)
 
     def body():
@@ -192,6 +193,41 @@ def test_a_save_a_rank_cannot_write_stops_every_rank_with_one_line_and_no_metada
     assert said == [f"--save {where}: cannot write {path}: Is a directory"] * 4  # every rank, alike
     assert (where / META).is_dir() if blocked == META else not (where / META).exists()  # no metadata claims it
     assert not [f for f in os.listdir(where) if f.endswith(".partial")]  # nothing left beside the files
+
+
+def _resumed(where, steps, **kw):
+    """Each rank's (step, loss) of SMALL resumed from `where` to `steps` on dp 2 x tp 2, or the line it raised."""
+    def body():
+        try:
+            results = train(SMALL, spmdsim.world(), 2, 2, steps, TEXT, resume=str(where), check=False, **kw)[1]
+        except SpmdsimError as e:
+            return str(e)
+        return [(r.step, r.loss) for r in results]
+
+    return spmdsim.simulate(4, body)
+
+
+def test_a_save_that_stops_before_its_metadata_leaves_the_checkpoint_it_would_replace(tmp_path, monkeypatch):
+    where = tmp_path / "ck"
+    _run(2, save=str(where), check=False)
+    before = _resumed(where, 4)
+    given = checkpoint.write_aside
+    monkeypatch.setattr(checkpoint, "write_aside", lambda path, write: "No space left on device" if
+                        path.endswith(META) else given(path, write))  # rank 0 stops before the metadata
+    assert _resumed(where, 4, save=str(where)) == [f"--save {where}: No space left on device"] * 4
+    monkeypatch.undo()
+    assert _resumed(where, 4) == before and [s for s, _ in before[0]] == [2, 3]  # the step-2 checkpoint, whole
+
+
+def test_a_save_that_stops_before_renaming_its_files_resumes_from_them(tmp_path):
+    # the metadata names step 4; rank 1's step-4 file is still under its step's name, the old one in its place
+    _run(2, save=str(tmp_path / "two"), check=False)
+    _resumed(tmp_path / "two", 4, save=str(tmp_path / "four"))
+    shutil.copytree(tmp_path / "four", tmp_path / "ck")
+    os.replace(rank_file(str(tmp_path / "ck"), 1), tmp_path / "ck" / "rank-00001.step-4.npz")
+    shutil.copy(rank_file(str(tmp_path / "two"), 1), rank_file(str(tmp_path / "ck"), 1))
+    assert _resumed(tmp_path / "ck", 6) == _resumed(tmp_path / "four", 6)
+    assert sorted(os.listdir(tmp_path / "four")) == [META] + [f"rank-0000{r}.npz" for r in range(4)]
 
 
 def _section():

@@ -8,9 +8,11 @@ the step reached; and ``checkpoint.json``, written by rank 0, which records what
 config (GPTConfig, its MoE config too), the world size and the mesh (pp, dp, ep, cp, tp, sequence parallelism), every
 parameter's layout, the precision policy and the optimizer, the pipeline (schedule, microbatches, chunks, split; None
 without), the step reached and the training's first loss (step 0's: a resumed run judges its loss's trend from it,
-`first_loss`). Each file is written aside and renamed into place, the metadata once every rank's file is (a rank
-that cannot write stops every rank with its line), and a save ends when it is (the whole checkpoint is there when a
-trainer returns). The files hold arrays and text only (numpy's .npz read with ``allow_pickle=False``;
+`first_loss`). A save into a directory that holds a checkpoint (the one resumed) leaves it readable until the new
+one is whole: each rank writes its file aside under its step's name, rank 0 the metadata once every rank has (a
+rank that cannot write stops every rank with its line), then each renames its file into place (a resume finds a
+file not yet renamed under its step's name: checkpoint_files.saved_file), and a save ends when all have (the whole
+checkpoint is there when a trainer returns). The files hold arrays and text only (numpy's .npz read with ``allow_pickle=False``;
 the optimizer's dict as JSON beside its arrays, bfloat16 as its 16 bits): no pickle.
 
 A step's data and randomness are functions of its index (spmdsim.models.gpt.data.batch, params' dropout seeds), so
@@ -53,7 +55,8 @@ from .reshard import (ADAMW, AGAIN, ZERO_ADAMW, etp_of_run, load_resharded, regi
                       with_own_regions)
 from .resumed import resumed_words
 from .checkpoint_files import (FORMAT as _FORMAT, META, VERSION as _VERSION, Arrays, decode, encode, header_problem,
-                               rank_file, read_meta, reason as _reason, write_aside)
+                               pending_file, put_in_place, rank_file, read_meta, reason as _reason, saved_file,
+                               write_aside)
 
 __all__ = ["META", "rank_file", "run_meta", "resume_problem", "save_problem", "save", "load", "read_meta",
            "checkpoint_problem", "checkpoint_meta", "first_loss", "with_first_loss", "resume_line"]
@@ -212,10 +215,11 @@ def save(directory: str, meta: dict, step: int, mesh: Any, params: dict, optimiz
     """Write this rank's file of the checkpoint at `step` (the steps done) into `directory`, and on rank 0 the
     metadata `meta` (`run_meta`) after it: `params` name -> DTensor, `optimizer` the trainer's, `scales` its FP8
     scales (spmdsim.base.fp8.Scales: a model's, or each chunk's of a pipeline stage). Collective: every rank writes
-    its own (a pipeline's ranks gather their regions: reshard.stage_regions), the ranks agree that all did (else
-    each raises the first rank's problem, and no metadata is written), rank 0 writes the metadata and the ranks
-    agree again, so that the whole checkpoint is there when any rank goes on (a resume in the same program, by
-    any rank, reads it all)."""
+    its own aside (checkpoint_files.pending_file; a pipeline's ranks gather their regions: reshard.stage_regions),
+    the ranks agree that all did (else each raises the first rank's problem, and the metadata still names the
+    checkpoint the directory held), rank 0 writes the metadata, the ranks agree, each renames its file into place
+    and they agree again, so that the whole checkpoint is there when any rank goes on (a resume in the same
+    program, by any rank, reads it all)."""
     rank = mesh.rank
     arrays: dict = {}
     header = {"rank": rank, "step": step, "world size": meta["world size"], "params": list(params),
@@ -228,7 +232,7 @@ def save(directory: str, meta: dict, step: int, mesh: Any, params: dict, optimiz
         arrays[f"param.{name}"] = block.view(np.uint16) if block.dtype.name == "bfloat16" else block
         header.setdefault("dtypes", {})[name] = block.dtype.name
     arrays["header"] = np.array(json.dumps(header))
-    problem = write_aside(rank_file(directory, rank), lambda f: np.savez(f, **arrays))
+    problem = write_aside(pending_file(directory, rank, step), lambda f: np.savez(f, **arrays))  # (the old kept)
     # each rank's region of every parameter too, for a resume on another mesh (a pipeline's gathered: collective)
     where = regions(params, mesh.size, optimizer) if meta.get("pipeline") is None else \
         stage_regions(params, mesh, optimizer)
@@ -237,7 +241,9 @@ def save(directory: str, meta: dict, step: int, mesh: Any, params: dict, optimiz
         text = json.dumps({"format": _FORMAT, "version": _VERSION, "step": step, **meta, "regions": where},
                           indent=1) + "\n"
         problem = write_aside(os.path.join(directory, META), lambda f: f.write(text.encode("utf-8")))
-    _agreed(mesh, problem and f"--save {directory}: {problem}")  # (rank 0's)
+    _agreed(mesh, problem and f"--save {directory}: {problem}")  # (rank 0's) the new checkpoint is the one
+    problem = put_in_place(directory, rank, step)
+    _agreed(mesh, problem and f"--save {directory}: {problem}")
 
 
 def _agreed(mesh: Any, problem: Optional[str]) -> None:
@@ -252,7 +258,7 @@ def _agreed(mesh: Any, problem: Optional[str]) -> None:
 def _read_own(directory: str, step: int, rank: int, world: int, params: dict, optimizer: Any,
               scales: tuple = ()) -> Optional[str]:
     """Load this rank's file into `params`, `optimizer` and `scales`; None, or why not (nothing then trusted)."""
-    path = rank_file(directory, rank)
+    path = saved_file(directory, rank, step)
     if not os.path.exists(path):
         return f"rank {rank}'s file {path} is missing"
     if not zipfile.is_zipfile(path):

@@ -5,6 +5,7 @@ metadata). Shared by resuming on the same mesh (spmdsim.models.gpt.checkpoint) a
 (spmdsim.models.gpt.reshard)."""
 from __future__ import annotations
 
+import glob
 import json
 import os
 import threading
@@ -15,8 +16,8 @@ import numpy as np
 from ...errors import SpmdsimError
 from ...base.precision import bfloat16
 
-__all__ = ["META", "FORMAT", "VERSION", "Arrays", "rank_file", "reason", "encode", "decode", "write_aside",
-           "header_problem", "read_meta"]
+__all__ = ["META", "FORMAT", "VERSION", "Arrays", "rank_file", "pending_file", "saved_file", "put_in_place", "reason",
+           "encode", "decode", "write_aside", "header_problem", "read_meta"]
 
 #: The metadata file rank 0 writes.
 META = "checkpoint.json"
@@ -57,6 +58,32 @@ class Arrays:
 def rank_file(directory: str, rank: int) -> str:
     """The path of rank `rank`'s file in `directory`."""
     return os.path.join(directory, f"rank-{rank:05d}.npz")
+
+
+def pending_file(directory: str, rank: int, step: int) -> str:
+    """Where a save of `step` writes rank `rank`'s file until the metadata names that step: a save that stops
+    before leaves the checkpoint it would have replaced whole (checkpoint.save)."""
+    return os.path.join(directory, f"rank-{rank:05d}.step-{step}.npz")
+
+
+def saved_file(directory: str, rank: int, step: int) -> str:
+    """Rank `rank`'s file of the checkpoint in `directory` whose metadata says `step`: its own (`rank_file`), or
+    where a save that stopped between writing the metadata and renaming the files left it (`pending_file`)."""
+    pending = pending_file(directory, rank, step)
+    return pending if os.path.exists(pending) else rank_file(directory, rank)
+
+
+def put_in_place(directory: str, rank: int, step: int) -> Optional[str]:
+    """Rank `rank`'s file of `step`, written aside (`pending_file`), renamed onto its own, any other step's left
+    aside by a save that stopped removed; None, or why not."""
+    path = rank_file(directory, rank)
+    try:
+        os.replace(pending_file(directory, rank, step), path)
+        for left in glob.glob(glob.escape(path[:-len(".npz")]) + ".step-*.npz"):
+            os.remove(left)
+    except OSError as e:
+        return f"cannot write {path}: {reason(e)}"
+    return None
 
 
 def reason(e: BaseException) -> str:

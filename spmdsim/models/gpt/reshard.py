@@ -43,7 +43,7 @@ import numpy as np
 from ...errors import SpmdsimError
 from ...base.precision import bfloat16, is_low
 from ...runtime.door import all_gather_object
-from .checkpoint_files import Arrays, decode, header_problem, rank_file, reason
+from .checkpoint_files import Arrays, decode, header_problem, reason, saved_file
 from .flat_ranges import wanted_range
 from .reshard_fp8 import holders, tables
 from .reprecision import converted, converts, keeps_tables, switchable
@@ -199,7 +199,7 @@ def load_resharded(directory: str, saved: dict, params: dict, optimizer: Any, ra
     with ExitStack() as files:
         opened = {}
         for r in chosen:
-            path = rank_file(directory, r)
+            path = saved_file(directory, r, saved["step"])
             opened[r], problem = _open(files, path, r, saved)
             if problem:
                 return problem
