@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -140,6 +141,12 @@ def test_a_missing_or_damaged_checkpoint_is_refused_in_one_line(saved, tmp_path)
     assert problem(tmp_path).startswith(f"--resume {tmp_path}: cannot read {META}: ")
     (tmp_path / META).write_text(json.dumps({"format": "something else"}))
     assert "is not a checkpoint of this version" in problem(tmp_path)
+    meta = json.loads((Path(saved) / META).read_text())
+    for key, value, said in (("config", None, "None, expected an object"), ("world size", "4", "'4', expected an "
+                             "integer"), ("mesh", ..., "missing, expected an object")):
+        (tmp_path / META).write_text(json.dumps({k: v for k, v in {**meta, key: value}.items()
+                                                 if v is not ...}))
+        assert problem(tmp_path) == f"--resume {tmp_path}: {META}'s {key!r} is {said} as --save writes it"
     assert problem(saved, save_every=2) == "--save-every 2 saves into the directory --save names; give --save DIR " \
                                            "with it"
     assert problem(saved, save=saved, save_every=-1) == ("--save-every -1 must be an integer >= 0 (0: save after the "

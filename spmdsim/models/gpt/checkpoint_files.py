@@ -171,4 +171,14 @@ def read_meta(directory: str) -> tuple[Optional[dict], Optional[str]]:
     step = meta.get("step")
     if type(step) is not int or step < 1:
         return None, f"--resume {directory}: {META} step {step!r} must be an integer >= 1"
+    for key, (kind, what) in _FIELDS.items():  # what every --save wrote (checkpoint.run_meta)
+        if not isinstance(meta.get(key), kind):
+            found = repr(meta[key])[:40] if key in meta else "missing"
+            return None, f"--resume {directory}: {META}'s {key!r} is {found}, expected {what} as --save writes it"
     return meta, None
+
+
+#: The metadata every --save wrote (checkpoint.run_meta), each's type and how a refusal says it.
+_FIELDS = {"world size": (int, "an integer"), "mesh": (dict, "an object"), "sequence parallelism": (bool, "a boolean"),
+           "config": (dict, "an object"), "layouts": (dict, "an object"), "precision": (str, "a string"),
+           "optimizer": (str, "a string")}
