@@ -129,6 +129,16 @@ def test_a_checkpoint_of_another_run_is_refused_in_one_line(saved, change, expec
     assert checkpoint_problem(SMALL, 4, 2, 2, 3, resume=saved) is None
 
 
+def test_an_moe_checkpoint_resumed_dense_is_said_by_its_experts(saved, tmp_path):
+    meta = json.loads((Path(saved) / META).read_text())
+    shutil.copytree(saved, tmp_path / "ck")
+    meta["config"]["moe"] = {"experts": 8, "top_k": 2, "every": 2, "capacity_factor": 1.25, "etp": 0}
+    (tmp_path / "ck" / META).write_text(json.dumps(meta))
+    assert checkpoint_problem(SMALL, 4, 2, 2, 5, resume=str(tmp_path / "ck")) == (
+        f"--resume {tmp_path / 'ck'}: the checkpoint's config has moe 8 experts (an MoE GPT), this run's none (a "
+        "dense GPT) (resume with the settings it was saved with)")
+
+
 def test_a_missing_or_damaged_checkpoint_is_refused_in_one_line(saved, tmp_path):
     def problem(where, **kw):
         return checkpoint_problem(SMALL, 4, 2, 2, 5, resume=str(where), **kw)
@@ -438,7 +448,8 @@ def test_another_moe_setting_is_named_by_its_own_field(tmp_path):
     assert checkpoint_problem(dropless, 2, 1, 1, 5, ep=2, resume=str(tmp_path)) == (
         f"--resume {tmp_path}: the checkpoint's config has moe.dropless False, this run's True (resume with the "
         "settings it was saved with)")
-    assert "config has moe {\"experts\": 4" in checkpoint_problem(SMALL, 2, 1, 1, 5, ep=2, resume=str(tmp_path))
+    assert "config has moe 4 experts (an MoE GPT), this run's none (a dense GPT)" in checkpoint_problem(
+        SMALL, 2, 1, 1, 5, ep=2, resume=str(tmp_path))  # (its experts, not its whole config)
 
 
 def test_a_checkpoint_of_context_parallel_ranks_is_said_by_its_cp(tmp_path):

@@ -180,6 +180,9 @@ def _field(k: str, mine: Any, theirs: Any) -> tuple[str, str, str]:
     if isinstance(mine, dict) and isinstance(theirs, dict):
         k, mine, theirs = next((f"{k}.{j}", mine.get(j), theirs.get(j)) for j in {**theirs, **mine}
                                if mine.get(j) != theirs.get(j))
+    elif k == "moe":  # an MoE GPT's checkpoint resumed dense, or the reverse: its experts, not its whole config
+        return k, *(f"{v.get('experts')} experts (an MoE GPT)" if isinstance(v, dict) else "none (a dense GPT)"
+                    for v in (theirs, mine))
     return k, _shown(theirs), _shown(mine)
 
 
