@@ -247,6 +247,16 @@ def test_a_save_that_stops_before_renaming_its_files_resumes_from_them(tmp_path)
     assert sorted(os.listdir(tmp_path / "four")) == [META] + [f"rank-0000{r}.npz" for r in range(4)]
 
 
+def test_a_save_on_fewer_ranks_leaves_no_file_of_the_checkpoint_it_replaced(tmp_path):
+    # 4 ranks' checkpoint, then a 2-rank run's into the same directory: its files alone beside its metadata
+    where = tmp_path / "ck"
+    _run(2, save=str(where), check=False)
+    (where / "rank-00003.step-9.npz").write_bytes(b"")  # and what a stopped save of rank 3 left aside
+    _run(1, dp=1, tp=2, save=str(where), check=False)
+    assert sorted(os.listdir(where)) == [META, "rank-00000.npz", "rank-00001.npz"]
+    assert read_meta(str(where))[0]["world size"] == 2
+
+
 def _section():
     """The commands the page quotes, in its order: save, resume, resume on another mesh, under another precision."""
     return quotes(DOC)

@@ -55,8 +55,8 @@ from .reshard import (ADAMW, AGAIN, ZERO_ADAMW, etp_of_run, load_resharded, regi
                       with_own_regions)
 from .resumed import resumed_words
 from .checkpoint_files import (FORMAT as _FORMAT, META, VERSION as _VERSION, Arrays, decode, encode, header_problem,
-                               pending_file, put_in_place, rank_file, read_meta, reason as _reason, saved_file,
-                               write_aside)
+                               pending_file, put_in_place, rank_file, read_meta, remove_past, reason as _reason,
+                               saved_file, write_aside)
 
 __all__ = ["META", "rank_file", "run_meta", "resume_problem", "save_problem", "save", "load", "read_meta",
            "checkpoint_problem", "checkpoint_meta", "first_loss", "with_first_loss", "resume_line"]
@@ -246,6 +246,8 @@ def save(directory: str, meta: dict, step: int, mesh: Any, params: dict, optimiz
         problem = write_aside(os.path.join(directory, META), lambda f: f.write(text.encode("utf-8")))
     _agreed(mesh, problem and f"--save {directory}: {problem}")  # (rank 0's) the new checkpoint is the one
     problem = put_in_place(directory, rank, step)
+    if rank == 0 and not problem:  # an earlier checkpoint's files of more ranks, replaced: not left beside it
+        remove_past(directory, meta["world size"])
     _agreed(mesh, problem and f"--save {directory}: {problem}")
 
 

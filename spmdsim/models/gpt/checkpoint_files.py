@@ -8,6 +8,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import threading
 from typing import Any, Optional
 
@@ -16,8 +17,8 @@ import numpy as np
 from ...errors import SpmdsimError
 from ...base.precision import bfloat16
 
-__all__ = ["META", "FORMAT", "VERSION", "Arrays", "rank_file", "pending_file", "saved_file", "put_in_place", "reason",
-           "encode", "decode", "write_aside", "header_problem", "read_meta"]
+__all__ = ["META", "FORMAT", "VERSION", "Arrays", "rank_file", "pending_file", "saved_file", "put_in_place",
+           "remove_past", "reason", "encode", "decode", "write_aside", "header_problem", "read_meta"]
 
 #: The metadata file rank 0 writes.
 META = "checkpoint.json"
@@ -84,6 +85,23 @@ def put_in_place(directory: str, rank: int, step: int) -> Optional[str]:
     except OSError as e:
         return f"cannot write {path}: {reason(e)}"
     return None
+
+
+#: A rank's file, in place or written aside (`rank_file`, `pending_file`): its rank.
+_RANK_FILE = re.compile(r"rank-(\d{5,})(\.step-\d+)?\.npz")
+
+
+def remove_past(directory: str, world: int) -> None:
+    """Remove from `directory` the files of ranks at or past `world`: an earlier checkpoint's, saved on more ranks,
+    that the one just written replaced (never read: a resume opens the files of the ranks its metadata counts).
+    As far as it can: a file it cannot remove stays, unread."""
+    for name in os.listdir(directory):
+        found = _RANK_FILE.fullmatch(name)
+        if found and int(found.group(1)) >= world:
+            try:
+                os.remove(os.path.join(directory, name))
+            except OSError:
+                pass
 
 
 def reason(e: BaseException) -> str:
