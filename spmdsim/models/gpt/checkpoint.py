@@ -12,8 +12,8 @@ without), the step reached and the training's first loss (step 0's: a resumed ru
 one is whole: each rank writes its file aside under its step's name, rank 0 the metadata once every rank has (a
 rank that cannot write stops every rank with its line), then each renames its file into place (a resume finds a
 file not yet renamed under its step's name: checkpoint_files.saved_file), and a save ends when all have (the whole
-checkpoint is there when a trainer returns). The files hold arrays and text only (numpy's .npz read with ``allow_pickle=False``;
-the optimizer's dict as JSON beside its arrays, bfloat16 as its 16 bits): no pickle.
+checkpoint is there when a trainer returns). The files hold arrays and text only (numpy's .npz read with
+``allow_pickle=False``; the optimizer's dict as JSON beside its arrays, bfloat16 as its 16 bits): no pickle.
 
 A step's data and randomness are functions of its index (spmdsim.models.gpt.data.batch, params' dropout seeds), so
 the step reached is the whole data position: a run resumed at step s steps as the run that never stopped, bit for bit.
@@ -51,8 +51,9 @@ from ...runtime.sim import dry_run_active
 from ..axes import CONTEXT, DATA, EXPERT, PIPELINE, model_layout
 from .layouts import megatron_layouts
 from .mesh import zero_cut
-from .reshard import (ADAMW, AGAIN, ZERO_ADAMW, etp_of_run, load_resharded, regions, resharded, scope, stage_regions,
-                      with_own_regions)
+from .reshard import load_resharded
+from .reshard_scope import (ADAMW, AGAIN, ZERO_ADAMW, etp_of_run, regions, resharded, scope, stage_regions,
+                            with_own_regions)
 from .resumed import resumed_words
 from .checkpoint_files import (FORMAT as _FORMAT, META, VERSION as _VERSION, Arrays, decode, encode, header_problem,
                                pending_file, put_in_place, rank_file, read_meta, remove_past, reason as _reason,
@@ -218,7 +219,7 @@ def save(directory: str, meta: dict, step: int, mesh: Any, params: dict, optimiz
     """Write this rank's file of the checkpoint at `step` (the steps done) into `directory`, and on rank 0 the
     metadata `meta` (`run_meta`) after it: `params` name -> DTensor, `optimizer` the trainer's, `scales` its FP8
     scales (spmdsim.base.fp8.Scales: a model's, or each chunk's of a pipeline stage). Collective: every rank writes
-    its own aside (checkpoint_files.pending_file; a pipeline's ranks gather their regions: reshard.stage_regions),
+    its own aside (checkpoint_files.pending_file; a pipeline's ranks gather their regions: reshard_scope.stage_regions),
     the ranks agree that all did (else each raises the first rank's problem, and the metadata still names the
     checkpoint the directory held), rank 0 writes the metadata, the ranks agree, each renames its file into place
     and they agree again, so that the whole checkpoint is there when any rank goes on (a resume in the same

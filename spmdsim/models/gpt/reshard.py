@@ -1,33 +1,26 @@
 """Resuming a GPT checkpoint on another mesh: dp, tp, sequence and context parallelism, experts' ep and etp, the
-pipeline and ZeRO (1, 2 or FSDP's 3) changed (docs/howto/checkpoints.md).
+pipeline, ZeRO (1, 2 or FSDP's 3) or the precision changed (docs/howto/checkpoints.md).
 
-A checkpoint (spmdsim.models.gpt.checkpoint) records, beside every parameter's layout, each saved rank's region of
-every parameter: [start, stop) per dim (`regions`, in its checkpoint.json), and under ZeRO-1 or 2 (DistributedAdamW:
-each rank holds a slice of flat buckets of the moments and master copy) the part of each rank's flattened block of
-it that the rank's slice holds, and where in the slice (Megatron-Core's "dp-reshardable" distributed optimizer
-checkpoint likewise maps bucket slices back to parameters); a pipeline's, gathered at the save, each rank's blocks of
-its stage's parameters and None for the others' (`stage_regions`: a parameter's name is the same on any stage). A
-run on another mesh or pipeline (another pp, schedule, chunks, microbatches or split, or none), or with the other
-of AdamW and DistributedAdamW, whose model config matches (its precision too, or one whose state converts:
-spmdsim.models.gpt.reprecision) is a redistribution from the saved layout to the new one, through the files,
-as PyTorch's distributed checkpoint reshards at load time from each tensor's saved chunks: each rank works out,
-from the recorded regions and its own layout, which saved blocks overlap its own block of every parameter
-(under ZeRO, the part of it its new slice holds; saved under ZeRO, which saved slices hold those elements), opens
-only those ranks' files (an .npz's arrays are read one by one, when named), and copies the overlaps into its blocks
-of the parameter and of its optimizer's state for it: the moments, the float32 master copy of a bfloat16 parameter
-(ZeRO's master slices whatever the dtype) and the step counts (`load_resharded`). No collective: the regions are in
-the metadata every rank reads, and what a rank finds wrong is agreed as on the same mesh (checkpoint.load).
+A checkpoint records each saved rank's region of every parameter (under ZeRO-1 or 2 its slices' parts too; a
+pipeline's, each stage's ranks' blocks of its own parameters), and what a resume may change is decided from the
+metadata alone (spmdsim.models.gpt.reshard_scope). Loading is then a redistribution from the saved layout to the
+new one, through the files, as PyTorch's distributed checkpoint reshards at load time from each tensor's saved
+chunks: each rank works out, from the recorded regions and its own layout, which saved blocks overlap its own block
+of every parameter (under ZeRO, the part of it its new slice holds; saved under ZeRO, which saved slices hold those
+elements: spmdsim.models.gpt.flat_ranges), opens only those ranks' files (an .npz's arrays are read one by one,
+when named), and copies the overlaps into its blocks of the parameter and of its optimizer's state for it: the
+moments, the float32 master copy of a bfloat16 parameter (ZeRO's master slices whatever the dtype) and the step
+counts (`load_resharded`); under another precision in this run's dtypes (spmdsim.models.gpt.reprecision). No
+collective: the regions are in the metadata every rank reads, and what a rank finds wrong is agreed as on the same
+mesh (checkpoint.load).
 
 FSDP's shards (--zero 3: AdamW on each rank's rows of a parameter) are blocks as any other, and the parameters are
-replicated over cp. An MoE GPT's experts are blocks over ("ep", ...) (their own tp "etp", a config field that lays
-them out as the mesh does: `etp_of_run`), and ZeRO's groups of its dense parameters over dp x ep are slices as any
-other. FP8's tables of amax histories and scales (spmdsim.base.fp8.Scales: the model's, alike on every rank, or
-over a pipeline each chunk's, of its own layers' keys) are built by key: each of the run's tables from the rows of
-its layers in the files of saved ranks that held those layers (spmdsim.models.gpt.reshard_fp8), so FP8 resumes on
-another pipeline or none, and a run without a pipeline's checkpoint on one. Resharding covers dp, tp, sp, cp, ep,
-etp, pp and ZeRO changes; a checkpoint that records no regions (under ZeRO no slices: saved by an older spmdsim)
-takes this run's where only the precision changed, off a pipeline (`with_own_regions`), else is refused in one line
-naming what differs and why (`scope`), alike on every rank before any collective.
+replicated over cp. An MoE GPT's experts are blocks over ("ep", ...), and ZeRO's groups of its dense parameters
+over dp x ep are slices as any other. FP8's tables of amax histories and scales (spmdsim.base.fp8.Scales: the
+model's, alike on every rank, or over a pipeline each chunk's, of its own layers' keys) are built by key: each of
+the run's tables from the rows of its layers in the files of saved ranks that held those layers
+(spmdsim.models.gpt.reshard_fp8), so FP8 resumes on another pipeline or none, and a run without a pipeline's
+checkpoint on one.
 """
 from __future__ import annotations
 
@@ -42,125 +35,13 @@ import numpy as np
 
 from ...errors import SpmdsimError
 from ...base.precision import bfloat16, is_low
-from ...runtime.door import all_gather_object
 from .checkpoint_files import Arrays, decode, header_problem, reason, saved_file
 from .flat_ranges import wanted_range
 from .reshard_fp8 import holders, tables
-from .reprecision import converted, converts, keeps_tables, switchable
+from .reprecision import converted, converts, keeps_tables
+from .reshard_scope import ZERO_ADAMW
 
-__all__ = ["MESH_KEYS", "OPTIMIZERS", "ADAMW", "ZERO_ADAMW", "regions", "scope", "resharded", "load_resharded",
-           "etp_of_run", "with_own_regions"]
-
-#: The metadata a reshard may change: the mesh, its world size, sequence parallelism and so the layouts.
-MESH_KEYS = ("world size", "mesh", "sequence parallelism", "layouts")
-
-#: The optimizers a reshard moves the state between, as checkpoint.json names them: AdamW (no ZeRO, or FSDP's) and
-#: ZeRO-1 and 2's.
-OPTIMIZERS = (ADAMW, ZERO_ADAMW) = ("AdamW", "DistributedAdamW")
-
-#: How a refusal to resume ends: the way out.
-AGAIN = "resume with the settings it was saved with"
-
-
-def regions(params: dict, world: int, optimizer: Any = None) -> dict:
-    """name -> {"shape": the global shape, "blocks": each of the `world` ranks' [start, stop) per dim} of
-    `params` (name -> DTensor): what checkpoint.json records for a resume on another mesh; under ZeRO
-    (`optimizer` a DistributedAdamW) "slices" too: each rank's [bucket, start, stop, offset] of the parameter's
-    flattened block that its slice of the bucket holds, from `offset` in the slice (start == stop: none)."""
-    zero = [optimizer.slices_of(r) for r in range(world)] if hasattr(optimizer, "slices_of") else None
-    index = {id(p): i for i, p in enumerate(getattr(optimizer, "params", ()))}
-    out = {}
-    for name, t in params.items():
-        shape = tuple(int(n) for n in t.global_shape)
-        out[name] = {"shape": list(shape),
-                     "blocks": [[[int(a), int(b)] for a, b in t.layout.bounds(r, shape)] for r in range(world)]}
-        if zero is not None:
-            out[name]["slices"] = [[int(n) for n in one[index[id(t)]]] for one in zero]
-    return out
-
-
-def stage_regions(params: dict, mesh: Any, optimizer: Any) -> dict:
-    """`regions` of a pipeline's stages (collective: one Allgather over `mesh`, the whole (pp, ...) mesh, of
-    each rank's own): each rank's block of the parameters of its stage (`params`, on its stage's mesh), and None
-    in "blocks" (and "slices") for a rank whose stage does not hold the parameter."""
-    zero = optimizer.slices_of(optimizer.mesh.rank) if hasattr(optimizer, "slices_of") else None
-    index = {id(p): i for i, p in enumerate(getattr(optimizer, "params", ()))}
-    own = {}
-    for name, t in params.items():
-        shape = tuple(int(n) for n in t.global_shape)
-        own[name] = (list(shape), [[int(a), int(b)] for a, b in t.layout.bounds(t.mesh.rank, shape)],
-                     None if zero is None else [int(n) for n in zero[index[id(t)]]])
-    every = all_gather_object(mesh.comm, own) if mesh.size > 1 else [own]
-    out: dict = {}
-    for r, theirs in enumerate(every):
-        for name, (shape, bounds, slices) in theirs.items():
-            one = out.setdefault(name, {"shape": shape, "blocks": [None] * len(every)})
-            one["blocks"][r] = bounds
-            if slices is not None:
-                one.setdefault("slices", [None] * len(every))[r] = slices
-    return out
-
-
-def _covered(saved: dict, meta: dict) -> tuple:
-    """The metadata keys a reshard from `saved` to the run of `meta` may change: the mesh's, the pipeline's, and
-    the optimizer between AdamW and ZeRO-1 or 2's DistributedAdamW, the precision where the state converts."""
-    both = saved.get("optimizer") in OPTIMIZERS and meta.get("optimizer") in OPTIMIZERS
-    other = switchable(saved.get("precision"), meta.get("precision"))  # (spmdsim.models.gpt.reprecision)
-    return MESH_KEYS + ("pipeline",) + ("optimizer",) * both + ("precision",) * other
-
-
-def resharded(saved: dict, meta: dict) -> bool:
-    """Whether the run of `meta` (checkpoint.run_meta) lays the checkpoint's parameters or optimizer state out
-    otherwise (its mesh, its pipeline's stages, its optimizer) or holds them in other dtypes (its precision)."""
-    return any(saved.get(key) != meta.get(key) for key in MESH_KEYS + ("pipeline", "optimizer", "precision"))
-
-
-def scope(saved: dict, meta: dict) -> tuple[tuple, Optional[str]]:
-    """(the metadata keys a reshard covers, which the comparison of the run of `meta` with the checkpoint's
-    `saved` metadata (its config's defaults filled in) then skips; what ends the refusal of the first difference
-    in place of "(resume with the settings it was saved with)" where a reshard is ruled out, or None)."""
-    if not resharded(saved, meta):
-        return (), None  # the same layout
-    keys = _covered(saved, meta)
-    if any(saved.get(key) != here for key, here in meta.items() if key not in keys):
-        return keys, None  # the config, precision or optimizer differs too: said, as on the same mesh
-    if _recorded(saved) or (_laid_out_as_saved(saved, meta) and saved.get("pipeline") is None):
-        return keys, None
-    pipeline = _laid_out_as_saved(saved, meta)  # the precision changed only, on a pipeline: else the layout's
-    what = "convert a pipeline's state" if pipeline else "reshard"  # difference is said, not the precision's
-    return ("precision",) * (not pipeline), f"(it records no ranks' regions to {what} from, saved by an older " \
-        f"spmdsim: {AGAIN})"
-
-
-def _recorded(saved: dict) -> bool:
-    """Whether checkpoint metadata `saved` records each rank's regions (under ZeRO, its slices too)."""
-    one = saved.get("regions")
-    return isinstance(one, dict) and (saved.get("optimizer") != ZERO_ADAMW or all(
-        isinstance(r, dict) and "slices" in r for r in one.values()))
-
-
-def _laid_out_as_saved(saved: dict, meta: dict) -> bool:
-    """Whether the run of `meta` lays the state out as the checkpoint (`saved`) did: mesh, pipeline, optimizer."""
-    return all(saved.get(k) == meta.get(k) for k in MESH_KEYS + ("pipeline", "optimizer"))
-
-
-def with_own_regions(saved: dict, meta: dict, params: dict, world: int, optimizer: Any) -> dict:
-    """`saved` (a checkpoint's metadata) with this run's `regions` of `params` on `world` ranks where it records
-    none (saved by an older spmdsim) and the run of `meta` changed its precision only, without a pipeline."""
-    keep = _recorded(saved) or not _laid_out_as_saved(saved, meta) or saved.get("pipeline") is not None
-    return saved if keep else {**saved, "regions": regions(params, world, optimizer)}
-
-
-def etp_of_run(saved: dict, meta: dict) -> dict:
-    """`saved` (a checkpoint's metadata) with its experts' tensor-parallel size (config moe.etp) the run of
-    `meta`'s where the two configs differ in nothing else: etp lays the experts out, as the mesh does (resharded
-    where the layouts differ)."""
-    there, here = saved.get("config"), meta.get("config")
-    if not (isinstance(there, dict) and isinstance(here, dict) and isinstance(there.get("moe"), dict)
-            and isinstance(here.get("moe"), dict)):
-        return saved
-    config = {**there, "moe": {**there["moe"], "etp": here["moe"].get("etp")}}
-    return {**saved, "config": config} if config == here else saved
+__all__ = ["load_resharded"]
 
 
 def load_resharded(directory: str, saved: dict, params: dict, optimizer: Any, rank: int,

@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 from ..axes import AXIS_ORDER
 from .reprecision import switch_words
-from .reshard import ZERO_ADAMW
+from .reshard_scope import ZERO_ADAMW
 
 __all__ = ["resumed_words"]
 
