@@ -11,7 +11,6 @@ import spmdsim
 from spmdsim import Layout, Mesh
 from spmdsim.errors import RankError, SpmdsimError
 from spmdsim.tools.cli.main import main
-from testkit import unfold
 from spmdsim.programs.plan import plan_redistribution
 from spmdsim.runtime.ranked import fold_ranked, gather_ranked, print_ranked, rank_ordered
 from spmdsim.programs.viz.table import fold_cell, fold_table, nbytes, wrap_lines

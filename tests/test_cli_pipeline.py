@@ -187,6 +187,7 @@ def test_a_file_alone_gives_its_own_sizes(tmp_path, kind, stages, microbatches, 
     assert code == 0 and err == ""
     built = _run(["pipeline", "--schedule", kind, "--stages", str(stages), "--microbatches", str(microbatches)]
                  + (["--virtual-stages", str(virtual)] if kind == "interleaved" else []))[1]
+
     def grid(text: str) -> list:
         return [line for line in text.splitlines() if line.startswith(("time ", "stage ", "in flight"))]
     assert grid(out) == grid(built) and len(grid(out)) >= stages + 2

@@ -170,6 +170,7 @@ def test_a_seeded_tensor_is_not_read_as_an_array_by_numpy():
         np.asarray(ws)
     assert np.allclose(reference.matmul(xs.full(), ws.full()), xs.full().astype(float) @ ws.full(), rtol=1e-6)
 
+
 #: The floors that decide (layouts, data, planning, cost, references, explanation, pictures) and the
 #: ground floor below them: importing none of their modules loads mpi4py or spmdsim.runtime, and none
 #: of their functions imports them, directly or through the modules it imports

@@ -144,6 +144,7 @@ def test_the_22b_search_prints_what_the_page_quotes():
 
 # ---- a GPT with MoE layers: cells of a dense and an MoE layer, each stage's layers counted ----
 
+
 def _moe(layers: int, **moe) -> GPTConfig:
     from spmdsim.models.moe.config import MoEConfig
 

@@ -181,6 +181,7 @@ def test_a_rank_whose_own_file_is_wrong_stops_every_rank_with_one_line(saved, tm
     elif damage == "other rank":
         shutil.copy(rank_file(str(where), 0), path)
     # every rank raises the same line (the ranks agreed on rank 3's problem): no rank waits for another
+
     def body():
         try:
             train(SMALL, spmdsim.world(), 2, 2, 3, TEXT, resume=str(where))
@@ -417,6 +418,7 @@ def test_an_moe_gpt_resumes_as_the_run_that_never_stopped(tmp_path):
     whole = run(3, save=str(tmp_path / "whole"))
     run(1, save=str(tmp_path / "half"))
     resumed = run(3, resume=str(tmp_path / "half"), save=str(tmp_path / "resumed"))
+
     def seen(results):
         return [(r.step, r.loss, r.errors) for r in results]
 

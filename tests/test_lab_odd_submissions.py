@@ -94,6 +94,7 @@ def test_two_long_names_that_differ_in_their_middle_are_told_apart_in_the_table(
         ["...-Johnson_102_assignsubmission_file_/double.py", "PASS"]], table
     assert [row["file"] for row in csv.DictReader((course / "g.csv").open())] == [f"{n}/double.py" for n in names]
 
+
 def test_a_link_to_a_file_that_does_not_exist_is_a_row_naming_its_target(course, capsys):
     """A broken link alice.py (the file it named moved away) was listed on stderr as 'not a .py file, or
     hidden', with no row: it is a NOT GRADED row saying what it is, in a student's folder too."""

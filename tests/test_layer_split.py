@@ -100,6 +100,7 @@ def test_the_estimate_dry_runs_the_split_it_is_given():
     params = [s["layer_params"] for s in data["stages"]]
     assert params[1] == 2 * params[0] and [s["layer_params"] for s in plain["stages"]] == params[::-1]
     assert data["stages"][1]["flops"]["forward"] > plain["stages"][1]["flops"]["forward"]
+
     def figures(text: str) -> list:  # the output less the dry run's own time
         return [line for line in text.splitlines() if not line.startswith("dry run of one step")]
 

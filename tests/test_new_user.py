@@ -483,6 +483,7 @@ def test_a_region_reference_of_another_shape_is_refused_in_one_line() -> None:
     assert str(info.value).startswith("check: region reference of shape (128, 32) does not match the tensor's "
                                       "global shape (64, 32); expected")
 
+
 def test_python_i_on_a_script_run_on_ranks_opens_its_prompt_without_a_traceback(tmp_path) -> None:
     """`python -i my_matmul.py --ranks 8` printed `Traceback ... in script ... SystemExit: 0` before the prompt:
     script ends the file with SystemExit once the ranks ran, which python -i shows. Now the prompt alone, after a

@@ -37,6 +37,7 @@ def _cases(seed: int, count: int):
         mesh = MESHES[rng.integers(len(MESHES))]
         sizes = [int(rng.choice(factors)) for _ in range(int(rng.integers(3, 6)))]
         # The same factors cut two ways: into old dims and into new dims.
+
         def cut(values):
             dims, cur = [], 1
             for v in values:

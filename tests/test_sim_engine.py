@@ -231,6 +231,7 @@ def test_collectives_that_diverge_end_the_run_though_the_program_catches_them():
     with pytest.raises(RuntimeMismatchError, match="collectives diverge on the world"):
         simulate(2, body)
 
+
 def test_eager_limit_sets_which_sends_are_buffered_and_0_buffers_none():
     """A standard Send under the world's eager limit completes at once; with limit 0 none does (MPI's test of a
     safe program), and 64-byte head-to-head Sends deadlock with the advice to stop relying on buffering."""

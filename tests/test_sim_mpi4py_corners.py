@@ -233,6 +233,7 @@ def test_thread_level_and_main_thread_as_under_mpiexec(tmp_path, mode, line):
                                capture_output=True, text=True)
         assert mpich.stdout.count(line) == 2, (mpich.stdout, mpich.stderr[-2000:])
 
+
 def test_matched_probes(simulated2):
     for r, res in enumerate(simulated2):
         left = (r - 1) % 2

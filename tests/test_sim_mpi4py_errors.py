@@ -155,6 +155,7 @@ def test_abort_ends_every_rank_at_once_whatever_catches_it(tmp_path, how):
         mpich = _run(tmp_path, _ABORT, how, simulated=False, n=3)
         assert mpich.returncode == run.returncode and mpich.stdout == "", (mpich.stdout, mpich.stderr)
 
+
 def test_errors_return_raises(tmp_path):
     run = _run(tmp_path, _BAD_RANK, "return", simulated=True)
     assert run.returncode == 0 and run.stderr == ""

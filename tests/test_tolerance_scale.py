@@ -165,6 +165,7 @@ def test_the_verdict_says_whether_the_reference_holds_the_non_finite_values():
     assert str(ref).startswith("check FAILED on ranks [0, 2]: 2 non-finite values (NaN/Inf; 2 in the reference); ")
     assert str(out).startswith("check FAILED on ranks [4]: 1 non-finite values (NaN/Inf; none in the reference); ")
 
+
 def test_a_complex_scale_is_refused():
     def body():
         mesh = Mesh(Layout((2,), ("mp",)))

@@ -266,6 +266,7 @@ def test_the_loss_method_takes_reduce_with_as_the_function_does():
     for held, grad, twice in spmdsim.simulate(2, body):
         assert held and grad == twice
 
+
 def test_zero1_holds_the_gradients_once_in_its_buffer_real_and_dry():
     """ZeRO-1 (Megatron's main_grad): each parameter's gradient accumulates in its view of the bucket's gradient
     buffer from the walk that gives it, so the most gradient bytes a rank holds in a step (MemoryReport.grads_peak)

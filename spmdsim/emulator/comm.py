@@ -172,6 +172,7 @@ class SimComm(CommIdentity, CommLifetime, Member, PointToPoint, BufferCollective
 
     def Dup(self, info: Any = None) -> "SimComm":
         group = self._group
+
         def made(slot: Any) -> None:  # named so in a report ('an Isend ... on a Dup of the world')
             slot.shared = Group(group.world, group.members, f"a Dup of {group.label()}")
 

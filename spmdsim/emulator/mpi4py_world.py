@@ -218,6 +218,7 @@ def swapped() -> Iterator[None]:
 
     if real("COMM_WORLD").Get_size() == 1:  # importing MPI initialized MPICH: unlink its segment now,
         release_segments_once(real("COMM_WORLD"))  # so a SIGKILL leaves nothing in /dev/shm
+
     def install() -> None:
         _OWN[:] = [type(MPI)]
         MPI.__class__ = _SimulatedMPI

@@ -30,6 +30,7 @@ class WindowSynchronization:
         shared = self._live()
         targets = self._members_of(group)
         me = self._comm._me
+
         def consume() -> None:
             for t in targets:
                 shared.posts[(t, me)] -= 1

@@ -92,8 +92,8 @@ def verify(comm: Any, op: str, axes: Sequence[str], dtype: Any, shape: Optional[
     # Every member saw the same table, so all of them take this extra exchange.
     notes = engine.all_gather_object(comm, (_world_rank(), describe(seq, op, axes, dtype, shape, extra)))
     raise DivergenceError(f"collectives diverge: rank {notes[bad][0]} calls {notes[bad][1]} but rank "
-                               f"{notes[good][0]} calls {notes[good][1]}"
-                               + (f" ({best} of {g} ranks of the group agree)" if g > 2 else ""))
+                          f"{notes[good][0]} calls {notes[good][1]}"
+                          + (f" ({best} of {g} ranks of the group agree)" if g > 2 else ""))
 
 
 def verify_operands(mesh: Any, op: str, operands: Sequence[tuple[str, Any, Any, Any]]) -> None:
@@ -124,8 +124,8 @@ def verify_counts(comm: Any, sends: Any, receives: Any, seq: int, polite: bool) 
     if bad.size:
         i, j = (int(v) for v in bad[0])
         raise DivergenceError(f"alltoallv counts disagree (seq {seq}): rank {i} sends {int(sent[i, j])} "
-                                   f"elements to rank {j}, which expects {int(expected[j, i])}"
-                                   + (f" ({len(bad)} pairs disagree)" if len(bad) > 1 else ""))
+                              f"elements to rank {j}, which expects {int(expected[j, i])}"
+                              + (f" ({len(bad)} pairs disagree)" if len(bad) > 1 else ""))
 
 
 def wait(request: Any, op: str, axes: Sequence[str], seq: int, polite: bool,

@@ -62,6 +62,7 @@ from .checkpoint_files import (FORMAT as _FORMAT, META, VERSION as _VERSION, Arr
 __all__ = ["META", "rank_file", "run_meta", "resume_problem", "save_problem", "save", "load", "read_meta",
            "checkpoint_problem", "checkpoint_meta", "first_loss", "with_first_loss", "resume_line"]
 
+
 def _plain(value: Any) -> Any:
     """`value` as JSON holds it (tuples as lists, numpy numbers as Python's)."""
     return json.loads(json.dumps(value, default=lambda v: v.item() if isinstance(v, np.generic) else str(v)))
