@@ -118,13 +118,13 @@ def _plan(name: str, recorded: Any, t: Any, chosen: list, zero: Any) -> Any:
     if not isinstance(recorded, dict) or tuple(recorded.get("shape", ())) != shape:
         return f"the checkpoint records no regions of parameter {name} of shape {shape}"
     mine = tuple(tuple(b) for b in t.layout.bounds(t.mesh.rank, shape))
-    holders: dict = {}  # each saved region -> the ranks that hold it (replicas), in rank order
+    held_by: dict = {}  # each saved region -> the ranks that hold it (replicas), in rank order
     for r, bounds in enumerate(recorded["blocks"]):
         if bounds is None:  # a pipeline stage's rank that does not hold it
             continue
-        holders.setdefault(tuple(tuple(b) for b in bounds), []).append(r)
+        held_by.setdefault(tuple(tuple(b) for b in bounds), []).append(r)
     pieces, covered = [], 0
-    for region, ranks in holders.items():
+    for region, ranks in held_by.items():
         overlap = tuple((max(a, c), min(b, d)) for (a, b), (c, d) in zip(region, mine))
         if any(lo >= hi for lo, hi in overlap):
             continue
