@@ -42,7 +42,7 @@ from typing import Any, NamedTuple, Optional
 import numpy as np
 
 import spmdsim
-from spmdsim.errors import RankCountError
+from spmdsim.errors import RankCountError, fold_message
 from spmdsim.nn.autograd.kept import kept_problem
 from spmdsim.base.precision import precision
 from spmdsim.models.gpt import GPTConfig, encode, load_text
@@ -281,8 +281,8 @@ def print_header(args, run):
     words = DIALECTS[args.dialect]
     print(f"layouts in {args.dialect}: column-parallel {words['columns']}, row-parallel {words['rows']}")
     if args.resume is not None:
-        print(resume_line(args.resume, dp, tp, args.sp, pp=pipelined(args) and args.pp, cp=args.cp, zero=run.zero,
-                          precision=args.precision))
+        print(fold_message(resume_line(args.resume, dp, tp, args.sp, pp=pipelined(args) and args.pp, cp=args.cp,
+                                       zero=run.zero, precision=args.precision)))  # (within 100 columns)
     print(step_header(run.check))
 
 

@@ -39,7 +39,7 @@ import sys
 from typing import Any, NamedTuple, Optional
 
 import spmdsim
-from spmdsim.errors import RankCountError
+from spmdsim.errors import RankCountError, fold_message
 from spmdsim.nn.autograd.kept import kept_problem
 from spmdsim.base.precision import precision
 from spmdsim.models.gpt.fp8_block import policy_problem
@@ -306,8 +306,9 @@ def print_header(args, run):
             print(f"  layers per {'chunk' if v > 1 else 'stage'}: {split_words(run.layers)}")
         print(f"  each stage's MoE layers exchange tokens over its own ep groups; router losses scaled by 1/{m}")
     if args.resume is not None:
-        print(resume_line(args.resume, run.dp, run.tp, args.sp, pp=pipelined(args) and args.pp, cp=args.cp,
-                          zero=run.zero, ep=run.ep, etp=run.cfg.expert_tp, precision=args.precision))
+        print(fold_message(resume_line(args.resume, run.dp, run.tp, args.sp, pp=pipelined(args) and args.pp,
+                                       cp=args.cp, zero=run.zero, ep=run.ep, etp=run.cfg.expert_tp,
+                                       precision=args.precision)))  # (within 100 columns)
     print(step_header(run.check))
 
 

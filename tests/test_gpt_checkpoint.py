@@ -16,7 +16,7 @@ import pytest
 
 import spmdsim
 from docs_commands import Quote, assert_prints_quote, quotes, run_example, run_quoted
-from spmdsim.errors import SpmdsimError
+from spmdsim.errors import SpmdsimError, fold_message
 from spmdsim.models.gpt import GPTConfig, encode, load_text
 from spmdsim.models.gpt.checkpoint import META, read_meta, rank_file
 from spmdsim.models.gpt import checkpoint
@@ -264,9 +264,15 @@ def _section():
 
 
 def _in(quote, where):
-    """The quote with its checkpoint directory `ckpt` in `where`."""
-    out = tuple(line.replace("ckpt", str(where)) for line in quote.output)
+    """The quote with its checkpoint directory `ckpt` in `where`; its resume line as the trainer prints it with
+    that longer path: folded within 100 columns."""
+    out = tuple(part for line in quote.output
+                for part in _folded(line.replace("ckpt", str(where))).split("\n"))
     return Quote(quote.doc, quote.line, quote.command.replace(" ckpt", f" {where}"), out)
+
+
+def _folded(line):
+    return fold_message(line) if line.startswith("resuming from ") else line
 
 
 def test_the_section_shows_the_commands_this_test_runs():
