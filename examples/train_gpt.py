@@ -169,9 +169,7 @@ def main(args):
     """One rank's run (MPI or simulated): check, train, report; the exit code every rank agrees on."""
     comm = spmdsim.world()
     run = checked_run(args, comm.size)._replace(comm=comm)
-    if run.comm.rank == 0:
-        print_header(args, run)
-    model, results = train_steps(args, run)
+    model, results = train_steps(args, run, print_header(args, run) if run.comm.rank == 0 else [])  # header first
     ok = report_results(args, run, results)
     if pipelined(args) and not dry_run_active():
         report_schedule(args, run, model)
@@ -246,7 +244,8 @@ def options_problem(args, cfg, zero, dp):
 
 
 def print_header(args, run):
-    """Print (rank 0) the model, the text, the mesh and what runs on it, then the steps' table header."""
+    """Print (rank 0) the model, the text, the mesh and what runs on it, then the steps' table header; resuming,
+    return the resume line and that header instead: train_steps prints them once every rank's load succeeded."""
     cfg, dp, tp = run.cfg, run.dp, run.tp
     print(f"GPT: {counted(cfg.layers, 'layer')}, d_model {cfg.d_model}, {cfg.heads} heads, seq {cfg.seq}, "
           f"batch {cfg.batch}, dropout {cfg.dropout}")
@@ -280,17 +279,20 @@ def print_header(args, run):
               f"{policy.optimizer}")
     words = DIALECTS[args.dialect]
     print(f"layouts in {args.dialect}: column-parallel {words['columns']}, row-parallel {words['rows']}")
-    if args.resume is not None:
-        print(fold_message(resume_line(args.resume, dp, tp, args.sp, pp=pipelined(args) and args.pp, cp=args.cp,
-                                       zero=run.zero, precision=args.precision)))  # (within 100 columns)
-    print(step_header(run.check))
+    if args.resume is None:
+        print(step_header(run.check))
+        return []
+    return [fold_message(resume_line(args.resume, dp, tp, args.sp, pp=pipelined(args) and args.pp, cp=args.cp,
+                                     zero=run.zero, precision=args.precision)), step_header(run.check)]
 
 
-def train_steps(args, run):
-    """Train --steps steps over the pipeline or the mesh, rank 0 printing every --every-th step's row."""
+def train_steps(args, run, resumed):
+    """Train --steps steps over the pipeline or the mesh, rank 0 printing `resumed` then every --every-th step's row."""
     cfg, comm, dp, tp = run.cfg, run.comm, run.dp, run.tp
 
     def report(r):
+        while resumed:  # at the first step, once every rank's load succeeded: a refused resume says that alone
+            print(resumed.pop(0))
         if comm.rank == 0 and (r.step % args.every == 0 or r.step == args.steps - 1):
             print(step_row(r, run.check))
 

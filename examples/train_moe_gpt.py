@@ -219,9 +219,7 @@ def main(args):
     layout = spmdsim.Layout(*stage_mesh(run.dp, run.ep, run.tp), zero_cut(run.zero))  # (a pipeline: each stage's)
     mesh = None if pipelined(args) else spmdsim.Mesh(layout, comm, algorithms=run.algorithms)
     run = run._replace(comm=comm, mesh=mesh)
-    if run.comm.rank == 0:
-        print_header(args, run)
-    model, results = train_steps(args, run)
+    model, results = train_steps(args, run, print_header(args, run) if run.comm.rank == 0 else [])  # header first
     ok = report_results(args, run, results)
     model.close() if pipelined(args) else model.mesh.close()
     return 0 if ok else 1
@@ -276,7 +274,9 @@ def checked_run(args, size):
 
 
 def print_header(args, run):
-    """Print (rank 0) the model, its experts and their capacity, the mesh and what runs on it, the table header."""
+    """Print (rank 0) the model, its experts and their capacity, the mesh and what runs on it, the table header;
+    resuming, return the resume line and that header instead: train_steps prints them once every rank's load
+    succeeded."""
     cfg, moe = run.cfg, run.cfg.moe
     print(f"MoE GPT: {counted(cfg.layers, 'layer')} ({', '.join(run.moe_layers) or 'none'} MoE), d_model "
           f"{cfg.d_model}, {cfg.heads} heads, seq {cfg.seq}, batch {cfg.batch}, dropout {cfg.dropout}")
@@ -305,11 +305,12 @@ def print_header(args, run):
         if run.layers is not None:
             print(f"  layers per {'chunk' if v > 1 else 'stage'}: {split_words(run.layers)}")
         print(f"  each stage's MoE layers exchange tokens over its own ep groups; router losses scaled by 1/{m}")
-    if args.resume is not None:
-        print(fold_message(resume_line(args.resume, run.dp, run.tp, args.sp, pp=pipelined(args) and args.pp,
-                                       cp=args.cp, zero=run.zero, ep=run.ep, etp=run.cfg.expert_tp,
-                                       precision=args.precision)))  # (within 100 columns)
-    print(step_header(run.check))
+    if args.resume is None:
+        print(step_header(run.check))
+        return []
+    return [fold_message(resume_line(args.resume, run.dp, run.tp, args.sp, pp=pipelined(args) and args.pp,
+                                     cp=args.cp, zero=run.zero, ep=run.ep, etp=run.cfg.expert_tp,
+                                     precision=args.precision)), step_header(run.check)]
 
 
 def mesh_lines(args, run):
@@ -335,11 +336,14 @@ def mesh_lines(args, run):
     return "\n".join(lines)
 
 
-def train_steps(args, run):
-    """Train --steps steps, rank 0 printing every --every-th step's row (and with --dispatch the first MoE layer's)."""
+def train_steps(args, run, resumed):
+    """Train --steps steps, rank 0 printing `resumed`, then every --every-th step's row (and with --dispatch the first
+    MoE layer's)."""
     cfg, comm, dp, ep, tp = run.cfg, run.comm, run.dp, run.ep, run.tp
 
     def report(r):
+        while resumed:  # at the first step, once every rank's load succeeded: a refused resume says that alone
+            print(resumed.pop(0))
         shown = r.step % args.every == 0 or r.step == args.steps - 1
         if comm.rank == 0 and shown:
             print(step_row(r, run.check))
