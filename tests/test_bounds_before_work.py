@@ -89,6 +89,18 @@ def test_a_size_at_two_to_the_24_still_runs(capsys):
                 "--width 10,001 is too wide; expected at most 10,000 columns")
 
 
+@pytest.mark.parametrize("command", [
+    ["pipeline", "--stages", "2", "--microbatches", "2"],
+    ["show", "--device-matrix", "2", "--alias", "x", "--tensor-map", "x,None", "--shape", "4,4"],
+    ["context", "--cp", "2", "--seq", "64"],
+])
+def test_a_width_past_ten_thousand_columns_is_refused_naming_its_flag(capsys, command):
+    _fails_fast(capsys, [*command, "--width", _HUGE], "--width 1,000,000,000,000,000,000,000,000,000,000 is too "
+                                                      "wide; expected at most 10,000 columns")
+    _fails_fast(capsys, [*command, "--width", "10001"], "--width 10,001 is too wide; expected at most 10,000 columns")
+    assert main([*command, "--width", "10000"]) == 0
+
+
 def test_a_saving_is_never_negative(capsys):
     from spmdsim.tools.autoshard.report import saving_text
 

@@ -13,16 +13,29 @@ from __future__ import annotations
 
 import re
 import textwrap
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
-__all__ = ["WIDTH", "fold_table", "fold_cell", "wrap_lines", "nbytes"]
+__all__ = ["WIDTH", "MAX_WIDTH", "width_problem", "fold_table", "fold_cell", "wrap_lines", "nbytes"]
 
 #: Columns of the default output: a 1920-pixel projector at a readable font size.
 WIDTH = 100
+#: Widest --width a command takes: ten times any terminal's columns, past which a width bounds nothing the
+#: command prints (``spmdsim show`` cuts a --name at half the width).
+MAX_WIDTH = 10_000
 
 # Break after a comma or a space, or before ">" / "->": the pieces keep their separators.
 _BREAK = re.compile(r"(?<=, )|(?<= )(?=\S)|(?=>)")
 _ITEMS = re.compile(r"(?<=, )")
+
+
+def width_problem(width: int, least: int) -> Optional[str]:
+    """Why a command's --width `width` cannot be (one line naming the flag: under `least` columns, its drawing's
+    narrowest, or over `MAX_WIDTH`), or None."""
+    if width < least:
+        return f"--width {width!r} is too narrow; expected at least {least} columns"
+    if width > MAX_WIDTH:
+        return f"--width {width:,} is too wide; expected at most {MAX_WIDTH:,} columns"
+    return None
 
 
 def nbytes(n: int) -> str:

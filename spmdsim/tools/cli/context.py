@@ -16,14 +16,12 @@ from ...errors import SpmdsimError
 from ...models.gpt.flags import MAX_SIZE, size_problem
 from ...programs.context import SPLITS
 from ...programs.context.picture import render
-from ...programs.viz.table import WIDTH, wrap_lines
+from ...programs.viz.table import MAX_WIDTH, WIDTH, width_problem, wrap_lines
 
 __all__ = ["register", "run", "MAX_CP"]
 
 #: Most context-parallel ranks the grid draws (cp rows of cp steps).
 MAX_CP = 64
-#: Widest --width: ten times any terminal's columns (a width past it wrapped nothing and was taken as it came).
-MAX_WIDTH = 10_000
 _ITEMSIZE = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp64": 8}
 #: numpy's names, which `plan --dtype` and `collective --dtype` take, as this command spells them.
 _NUMPY_NAMES = {numpy: f"{numpy!r} is written {short!r} here" for numpy, short in (
@@ -78,10 +76,9 @@ def _checked(args: argparse.Namespace) -> tuple[int, int, int]:
             raise SpmdsimError(problem)
     if args.heads % kv_heads:
         raise SpmdsimError(f"--heads {args.heads} is not a multiple of --kv-heads {kv_heads}")
-    if args.width < 40:
-        raise SpmdsimError(f"--width {args.width!r} is too narrow; expected at least 40 columns")
-    if args.width > MAX_WIDTH:
-        raise SpmdsimError(f"--width {args.width:,} is too wide; expected at most {MAX_WIDTH:,} columns")
+    problem = width_problem(args.width, 40)
+    if problem:
+        raise SpmdsimError(problem)
     elements = args.batch * (args.seq // args.cp) * args.head_dim
     rows = elements * _ITEMSIZE[args.dtype]
     return rows * args.heads, rows * kv_heads, elements * _SUMMED[args.dtype] * kv_heads

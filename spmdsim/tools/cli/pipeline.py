@@ -20,7 +20,7 @@ from ...programs.pipeline.picture import plot, render
 from ...programs.pipeline.records import MAX_PAIRS
 from ...programs.pipeline.schedule import SCHEDULES, build
 from ...programs.viz.png import check_picture_path, require_matplotlib
-from ...programs.viz.table import WIDTH, wrap_lines
+from ...programs.viz.table import MAX_WIDTH, WIDTH, width_problem, wrap_lines
 from ...programs.pipeline.options import schedule_choice
 from .paths import check_output_file
 
@@ -56,7 +56,7 @@ def register(subparsers: Any) -> None:
                         help="read a hand-written schedule: one 'stage N: F0 send-act0 ...' line per stage")
     parser.add_argument("--png", metavar="FILE", help="also draw the grid (.png/.svg/.pdf)")
     parser.add_argument("--width", type=int, default=WIDTH,
-                        help=f"terminal columns (default {WIDTH}, at least {MIN_WIDTH})")
+                        help=f"terminal columns (default {WIDTH}, {MIN_WIDTH} to {MAX_WIDTH:,})")
     parser.set_defaults(func=run)
 
 
@@ -76,8 +76,9 @@ def _sizes(args: argparse.Namespace) -> tuple[int, int, int]:
                         ("--virtual-stages", virtual)):
         if value < 1:
             raise SpmdsimError(f"{flag} {value!r} must be at least 1")
-    if args.width < MIN_WIDTH:
-        raise SpmdsimError(f"--width {args.width!r} is too narrow; expected at least {MIN_WIDTH} columns")
+    problem = width_problem(args.width, MIN_WIDTH)
+    if problem:
+        raise SpmdsimError(problem)
     pairs = args.stages * args.microbatches * virtual
     if pairs > MAX_PAIRS:
         raise SpmdsimError(f"--stages {args.stages} x --microbatches {args.microbatches} x "

@@ -10,6 +10,7 @@ from ...errors import SpmdsimError
 from ...programs.viz.ascii import render_layout_ascii
 from ...programs.viz.model import layout_picture
 from ...programs.viz.png import check_picture_path, render_layout_png, require_matplotlib
+from ...programs.viz.table import MAX_WIDTH, width_problem
 from .cases import add_case_arguments, case_from_args
 from ...layouts.dialects.strategy import matmul_layouts, parse_strategy
 from .case_checks import parse_int_list
@@ -42,13 +43,14 @@ def register(subparsers: Any) -> None:
                         help='with a MatMul --strategy such as "((1,2),(2,1))" and --shape M,K,N: draw '
                              "x, w and out side by side and each rank's partial sum with numbers")
     parser.add_argument("--width", type=int, default=80,
-                        help=f"terminal columns (default 80, at least {MIN_WIDTH})")
+                        help=f"terminal columns (default 80, {MIN_WIDTH} to {MAX_WIDTH:,})")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.width < MIN_WIDTH:
-        raise SpmdsimError(f"--width {args.width!r} is too narrow; expected at least {MIN_WIDTH} columns")
+    problem = width_problem(args.width, MIN_WIDTH)
+    if problem:
+        raise SpmdsimError(problem)
     if args.matmul:
         return _matmul(args)
     case = case_from_args(args)
