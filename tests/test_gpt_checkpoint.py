@@ -389,7 +389,7 @@ def test_a_resumed_pipeline_steps_as_the_pipeline_that_never_stopped(tmp_path, s
     assert read_meta(str(tmp_path / "resumed"))[0]["first loss"] == whole[0][0][1]  # step 0's, as train's
     assert read_meta(str(tmp_path / "whole"))[0]["pipeline"] == {"schedule": schedule, "microbatches": 2,
                                                                  "virtual": 1, "split": None}
-    # another pipeline's checkpoint: resharded (tests/test_gpt_reshard.py), FP8's scales too (by key)
+    # another pipeline's checkpoint: resharded (tests/test_gpt_reshard_pipeline.py), FP8's scales too (by key)
     pipeline = {"pp": 2, "schedule": schedule, "microbatches": 4, "virtual": 1, "split": None}
     zero = options.get("zero", 0)
     precision = options.get("precision", "fp64")
@@ -447,7 +447,7 @@ def test_another_layer_split_is_said_against_the_balanced_default(tmp_path):
     balanced = dict(pipeline, split=None)
     assert checkpoint_problem(cfg, 4, 1, 2, 5, resume=str(tmp_path), pipeline=balanced) == (
         f"--resume {tmp_path}: the checkpoint's pipeline has --stage-layers 1,3, this run's a balanced split (no "
-        f"--stage-layers) ({OLDER})")  # (a checkpoint that records regions: resharded, tests/test_gpt_reshard.py)
+        f"--stage-layers) ({OLDER})")  # (one that records regions: resharded, tests/test_gpt_reshard_pipeline.py)
     assert checkpoint_problem(cfg, 4, 1, 2, 5, resume=str(tmp_path), pipeline=dict(pipeline, split=[3, 1])) == (
         f"--resume {tmp_path}: the checkpoint's pipeline has --stage-layers 1,3, this run's --stage-layers 3,1 "
         f"({OLDER})")
