@@ -33,7 +33,7 @@ class ForeignAttribute:
     """Another framework's attribute name on a spmdsim class (``x.to_local()``, ``mesh.get_coordinate()``): reading
     it raises `ForeignName`, one line naming spmdsim's. A descriptor per name, not ``__getattr__``: CPython
     specializes no attribute read of an object whose class has one, and any other missing name gets Python's own
-    AttributeError, as it did. `owner` is how the line writes the object ("x", "mesh")."""
+    AttributeError. `owner` is how the line writes the object ("x", "mesh")."""
 
     __slots__ = ("owner", "spelled", "whose", "ours")
 

@@ -78,7 +78,8 @@ def _twice(flag: str, first: object, again: str, value: object, takes_value: boo
 
 def note_no_ranks(parser: argparse.ArgumentParser, command: str, gives: str) -> None:
     """Have the parser of a command that runs no ranks say, of ``--ranks 8`` given to it, what gives its ranks
-    (`gives`: "--device-matrix"): it said only "unrecognized arguments: --ranks", its 8 read as a case file."""
+    (`gives`: "--device-matrix"), where argparse alone says only "unrecognized arguments: --ranks" and reads its 8
+    as a case file."""
     parser.elsewhere = {**getattr(parser, "elsewhere", {}),
                         "--ranks": f"for the commands that run ranks (run, collective, demo); {command} runs none: "
                                    f"{gives} gives its ranks"}
@@ -117,8 +118,8 @@ class OnceParser(argparse.ArgumentParser):
             self.register("action", name, _once(base))
         # `--shape -8,8`, `--flops -1e9` and `--size -1K`: a value that starts with a minus and a digit is a
         # value (then refused by its own check, which names it), not an unknown option (no option of spmdsim's
-        # starts so). "-1K" was one: "argument --size: expected one argument", the value unnamed; so were
-        # -inf and -nan (`--timeout -inf`), which float() reads as numbers too.
+        # starts so). argparse alone takes "-1K" for an option ("argument --size: expected one argument", the
+        # value unnamed), and -inf and -nan too (`--timeout -inf`), which float() reads as numbers.
         self._negative_number_matcher = re.compile(r"^-(\.?\d|inf|nan)", re.IGNORECASE)
 
     #: Whether this parser reads a subcommand (made by `add_subparsers`): its parse runs inside its command's,

@@ -147,7 +147,7 @@ def matmul(a: np.ndarray, b: np.ndarray, out: Optional[np.ndarray] = None) -> np
     matrix (k, n) as one (M, k) @ (k, n) product on views.
 
     numpy multiplies such a stack matrix by matrix, one small GEMM each: for activations (T, B, D) =
-    (64, 4, 128) against a 128 x 128 weight that was 5x slower than the one GEMM on the same rows (760
+    (64, 4, 128) against a 128 x 128 weight that is 5x slower than the one GEMM on the same rows (760
     against 150 us here), and it is how a Linear meets its weight (spmdsim.nn.ops.megatron's pieces).
     Each output element is the same dot product either way (tests/test_precision.py)."""
     if b.ndim == 2 and a.ndim > 2 and a.shape[-1] and a.flags.c_contiguous:

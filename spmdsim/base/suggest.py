@@ -11,8 +11,8 @@ from typing import Iterable
 __all__ = ["close_matches", "did_you_mean", "did_you_mean_each", "word_list"]
 
 #: Names from other tools, and spmdsim's that do their work (the first a command has is named): PyTorch's
-#: sharding flags and Megatron-LM's (`--hsdp 2` was met with "did you mean --sp or --dp?", `--hidden-size`
-#: with nothing in train_gpt.py; train_gpt.py's `--d-model` is the estimate's `--hidden`).
+#: sharding flags and Megatron-LM's (by spelling alone `--hsdp 2` meets "did you mean --sp or --dp?", and
+#: `--hidden-size` nothing in train_gpt.py; train_gpt.py's `--d-model` is the estimate's `--hidden`).
 SYNONYMS = {"mpiexec": ("mpirun",), "srun": ("mpirun",), "--hsdp": ("--shard-group",),
             "--hybrid-shard": ("--shard-group",), "--fsdp": ("--zero",), "--sequence-parallel": ("--sp",),
             "--tensor-model-parallel-size": ("--tp",), "--pipeline-model-parallel-size": ("--pp",),

@@ -2,7 +2,7 @@
 the examples' and the GPT reference's flags (a module below the packages, so gpt and nets import it without
 importing cli, which imports them).
 
-``type=float`` kept only the number: ``--timeout -1`` was refused as ``-1.0``, ``--flops -1e9`` as
+``type=float`` keeps only the number: with it ``--timeout -1`` would be refused as ``-1.0``, ``--flops -1e9`` as
 ``-1000000000.0``, and ``--flops 1e400`` (inf) as if it had been typed "inf". Pure: never imports mpi4py.
 
 ``byte_count`` reads a size as the commands take it (``64K``, ``8KiB``, ``4M``): collective's --size,
@@ -54,7 +54,7 @@ def byte_count(text: str) -> int:
         whole = int(value)
     except (ValueError, OverflowError):  # OverflowError: "inf"
         raise argparse.ArgumentTypeError(f"size {given!r} is not a byte count like 64K or 4M") from None
-    if whole != value:  # "1.5" was 1 byte, silently: a size the user did not ask for
+    if whole != value:  # int() makes "1.5" 1 byte, silently: a size the user did not ask for
         raise argparse.ArgumentTypeError(f"size {given!r} is not a whole number of bytes; expected a byte count "
                                          "like 64K or 4M")
     return whole

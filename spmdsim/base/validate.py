@@ -166,7 +166,7 @@ MAX_JSON_DEPTH = 64
 
 def loads_json(text: str, where: str, expected: str, invalid: str = "valid JSON") -> Any:
     """`json.loads(text)`, or one SpmdsimError naming `where`: empty, not JSON, or nested past MAX_JSON_DEPTH."""
-    if not text.strip():  # json's "Expecting value: line 1 column 1 (char 0)" did not say the file was empty
+    if not text.strip():  # json's "Expecting value: line 1 column 1 (char 0)" does not say the file is empty
         raise SpmdsimError(f"{where} is empty{' (only white space)' if text else ''}; expected {expected}")
     depth = deepest = 0
     quoted = escaped = False
