@@ -98,8 +98,8 @@ def plain_reduction(call: str, red: Any, sendbuf: Any, recvbuf: Any, receives: b
 
 def _op_on_elements(call: str, red: Any, allowed: str, specs: tuple) -> None:
     """MPI.ERR_OP, as MPICH raises it ("Invalid MPI_Op"), where a predefined op meets elements the standard does
-    not define it on: MPI.MAX of complex numbers, MPI.SUM of booleans, MPI.BAND of floats (numpy's answer here
-    was a value, or a TypeError). The elements are a plain array's, or a predefined datatype's."""
+    not define it on: MPI.MAX of complex numbers, MPI.SUM of booleans, MPI.BAND of floats (numpy alone answers
+    with a value, or a TypeError). The elements are a plain array's, or a predefined datatype's."""
     for spec in specs:
         if in_place(spec):
             continue

@@ -73,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 #: mpiexec's options that place ranks on hosts and cores (MPICH's and Open MPI's), which simulated ranks have no
-#: use for: refused in one line saying so (`-host` was read as `-h ost`: "ignored explicit argument 'ost'").
+#: use for: refused in one line saying so (argparse reads `-host` as `-h ost`: "ignored explicit argument 'ost'").
 LAUNCH_ONLY = ("-host", "--host", "-hosts", "-hostfile", "--hostfile", "--machinefile", "-ppn", "-bind-to",
                "--bind-to", "--map-by")  # (no -m...: `-m module` is the program's form)
 
@@ -131,7 +131,7 @@ def _program(kind: str, what: str) -> int:
 def _rank(kind: str, what: str, exits: dict, failures: list, notice: FailureNotice, ends: tuple) -> int:
     """`_program`, noting a non-zero exit code (in `exits`, and for deadlock reports: 'rank 1 exited
     (sys.exit(3))'); return the rank's exit status as the OS reports a process's: the code's low 8 bits
-    (sys.exit(-1) is 255 under mpiexec; the largest of a negative code and the others' 0 was 0). `ends`:
+    (sys.exit(-1) is 255 under mpiexec, where the largest of a negative code and the others' 0 would be 0). `ends`:
     (a count of the ranks whose program ended, the number of ranks), for `_threads_still_run`."""
     adopt()  # a process of its own: its own random and numpy.random generators
     _local.current().launcher = _local.MPIRUN  # how its world started: its errors' ways to more ranks say mpirun's
@@ -227,8 +227,8 @@ def _failed(code: int) -> int:
     """`code`, once a failed run (an Abort, an exception, a deadlock) was reported; where threads the ranks
     started (no daemons: Python's exit waits for them) still run LEFT_RUNNING_S later, computing without a call
     to MPI, the process exits now with `code`, saying how many it left, as MPI_Abort ends every process with its
-    threads (the report was printed and the process never exited; under mpiexec a rank that raised waits for
-    them forever)."""
+    threads (Python's exit waits for them: the report printed, the process would never exit; under mpiexec a
+    rank that raised waits for them forever)."""
     deadline = time.monotonic() + LEFT_RUNNING_S
     for thread in _rank_started():
         thread.join(max(0.0, deadline - time.monotonic()))

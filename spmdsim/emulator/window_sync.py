@@ -160,9 +160,9 @@ class WindowSynchronization:
     def _lock_in_turn(self, shared: _Shared, rank: int, exclusive: bool, what: str) -> None:
         """Take a lock on member `rank`'s window once it may be taken and the members that asked before this
         one have theirs: in the order they asked, as a fair lock grants it. A member that unlocks and locks
-        again at once no longer takes the lock before one that waits for it (mpi4py's nxtval-scalable demo:
-        two ranks' mutex loops, one always locking again first, the other's increment never undone, and
-        the loop ran forever now and then)."""
+        again at once does not take the lock before one that waits for it (else mpi4py's nxtval-scalable demo
+        can run forever: two ranks' mutex loops, one always locking again first, the other's increment never
+        undone)."""
         me = self._comm._me
         world = self._comm._group.world
         with world.lock:
