@@ -29,7 +29,7 @@ FORMAT, VERSION = "spmdsim GPT checkpoint", 1
 
 #: numpy reads each array's header in an .npz with ast.literal_eval, and CPython 3.11 and 3.12 keep the AST
 #: constructor's recursion depth per interpreter, not per thread: simulated ranks reading their files at once
-#: failed now and then with "SystemError: AST constructor recursion depth mismatch" (CPython gh-106905; seen on
+#: fail now and then with "SystemError: AST constructor recursion depth mismatch" (CPython gh-106905; seen on
 #: 3.11.7). One array read at a time in this process.
 _READING = threading.Lock()
 

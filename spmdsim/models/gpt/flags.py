@@ -33,8 +33,8 @@ ARCHITECTURE_SAID = {"ffn": "--ffn", "kv_heads": "--kv-heads", "norm": "--norm",
 LLAMA_FLAGS = "--ffn N --kv-heads N --norm rms --mlp swiglu --untied --rope --no-bias"
 #: The most a size flag may say (--hidden, --ffn, --vocab, --heads, --experts, --global-batch, a sequence's tokens):
 #: 2**24, over 900 times the widest published model's width (18,432) and 65 times the largest vocabulary (256,000).
-#: Past it a dry run was refused by a seeded tensor's line that named no flag, and the pure commands printed
-#: numbers of thirty digits.
+#: Unbounded, a dry run past it would stop at a seeded tensor's line that names no flag, and the pure commands
+#: would print numbers of thirty digits.
 MAX_SIZE = 1 << 24
 
 

@@ -53,7 +53,7 @@ __all__ = ["model_arguments", "model_config", "padding_line", "check_lines", "si
 #: The examples' size flags (those an example has): ranks along each mesh axis, and the pipeline's counts.
 SIZE_FLAGS = (PIPELINE, DATA, EXPERT, CONTEXT, TENSOR, "microbatches", "virtual_stages")
 #: The most --layers an example builds (as `spmdsim estimate`'s dry run): each layer's parameters are made on every
-#: rank before the step's memory is weighed, so 100,000 layers ran for minutes before their refusal.
+#: rank before the step's memory is weighed, so 100,000 layers would run for minutes before their refusal.
 MAX_LAYERS = 1024
 #: GPTConfig's fields -> the flag of `model_arguments` that sets each (GPTConfig's refusals name it).
 MODEL_SAID = {"vocab": "--vocab", "vocab_pad_to": "--pad-vocab-to", "layers": "--layers", "d_model": "--d-model",
@@ -75,8 +75,8 @@ MICRO_BATCH_SIZE = ("Megatron-LM's sequences per microbatch on each data-paralle
 
 def other_example_flags(parser: Any, moe: bool) -> None:
     """Note on `parser` (a spmdsim.base.once_parser.OnceParser: its `elsewhere`) the flags only the other GPT
-    example takes, so that one typed here is said to be that example's: `train_gpt.py --ep 2` was met with "did
-    you mean --kept or --help?", `train_moe_gpt.py --sample 0` with "did you mean --save?"."""
+    example takes, so that one typed here is said to be that example's (by spelling alone `train_gpt.py --ep 2`
+    meets "did you mean --kept or --help?", and `train_moe_gpt.py --sample 0` "did you mean --save?")."""
     where = "examples/train_gpt.py's (the dense GPT's)" if moe else \
         "examples/train_moe_gpt.py's (the mixture-of-experts GPT: docs/howto/experts.md)"
     parser.elsewhere = {flag: where for flag in (DENSE_ONLY if moe else MOE_ONLY)}
@@ -348,8 +348,8 @@ def default_split(rest: int, problem_of: Any, ranks: int, axis: str = TENSOR, mo
     --`axis`: n the largest of `most` (0: `rest`) to 1 that divides `rest` and whose mesh runs the model
     (`problem_of(dp, n)` None). Where none does, each one's problem (the one problem where it is the same for
     each: the schedule's, the batch's), and the world sizes up to 64 that run it as configured. `of`: what the
-    `rest` ranks are, said after their count. `mpiexec -n 6 python examples/train_gpt.py` said "dp 1 x tp 4
-    must multiply to the world size 6" (the default tp was min(world, 4))."""
+    `rest` ranks are, said after their count. n divides `rest`: `mpiexec -n 6 python examples/train_gpt.py`
+    takes a tp that divides 6, not min(6, 4) = 4."""
     tried = []
     for n in range(min(rest, most or rest), 0, -1):
         if rest % n == 0:

@@ -170,7 +170,7 @@ def stop_if_diverged(step: int, loss: float, params: dict, lr: float, clipping: 
                      optimizer: Any = None, weights: str = "") -> None:
     """Raise SpmdsimError naming `step` (after `what`, the network's name, where given) when its loss (alike on
     every rank) or a block of `params` (name -> DTensor) this rank holds after the step's update is not finite:
-    training diverged, where the check's differences came out NaN and it said PASS (`train_gpt.py --lr 1e300`).
+    training diverged, where the check's differences would come out NaN and pass (`train_gpt.py --lr 1e300`).
     With `optimizer`, its state too (AdamW's second moment past float range: the parameters stop moving while
     the loss still looks fine, `train_moe_gpt.py --z-loss-coeff 1e300`). `clipping`: the trainer can clip its
     gradients (said beside the lower learning rate); `weights`: other weights to lower ("router-loss weights
@@ -206,7 +206,7 @@ def stop_if_reference_diverged(step: int, loss: float, ref_loss: float, top: dic
     its gradients' and updated parameters' largest magnitudes `top`, spmdsim.models.gpt.wholes.peaks) is not
     finite while the run's loss `loss` and parameters are (stop_if_diverged passed them): the values outgrew their
     dtype in the reference's order of operations first, and the check has nothing to compare them with. Its
-    differences came out NaN and it said PASS (`train_gpt.py --lr 1e20 --steps 6`). Alike on every rank (the
+    differences would come out NaN and pass (`train_gpt.py --lr 1e20 --steps 6`). Alike on every rank (the
     reference is the ranks' one, spmdsim.runtime.shared_reference.shared_once), before any collective of the check's."""
     if not math.isfinite(ref_loss):
         said = f"its loss is {ref_loss}"

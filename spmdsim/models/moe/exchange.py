@@ -80,9 +80,10 @@ class _Plan:
 
     def made(self, per_expert: np.ndarray, got: Optional[np.ndarray]) -> "_Exchange":
         """This step's _Exchange as the layer's exchanges made it (`last`), for the FLOP count, outside a kernel:
-        `exchange` there compares the counts, which while capturing are traced arrays, so a dropless capture
-        recorded each comparison as a guard (np.array_equal) that a replay with other counts failed on, and a
-        count under a counter was no longer the step's alone. Made by `exchange` where none was yet."""
+        `exchange` there compares the counts, which while capturing are traced arrays: inside a kernel a
+        dropless capture would record each comparison as a guard (np.array_equal) that a replay with other
+        counts fails on, and a count under a counter would not be the step's alone. Made by `exchange` where
+        none was yet."""
         last = self.last
         return last[2] if last is not None else self.exchange(per_expert, got)
 
