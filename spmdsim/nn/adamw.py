@@ -103,7 +103,7 @@ class AdamW(_Optimizer):
     def _update(self, index: int, param: np.ndarray, grad: np.ndarray) -> None:
         # A bfloat16 parameter (spmdsim.base.precision's bf16-mixed): a float32 master copy and float32 moments
         # take the update, and the parameter is the master rounded once (Megatron's mixed precision).
-        # (The master made once: `setdefault`'s default was a float32 copy of the block made at every step.)
+        # (The master made once: `setdefault`'s default would be a float32 copy of the block made at every step.)
         target = param if not is_low(param.dtype) else self.master.get(index)
         if target is None:
             target = self.master[index] = param.astype(np.float32)

@@ -68,7 +68,7 @@ class _Optimizer(_Checkpoints):
 
     def __init__(self, params: Iterable[Any], lr: float) -> None:
         if hasattr(params, "_ag") or isinstance(params, (str, bytes, dict)) or not hasattr(params, "__iter__"):
-            # (one DTensor was iterated by rows: "parameter 0 ... not a leaf")
+            # (iterated, one DTensor gives its rows: "parameter 0 ... not a leaf")
             one = "; one parameter goes in a list: [p]" if hasattr(params, "_ag") else ""
             raise OperatorError(f"optimizer params: expected an iterable of parameters (a list of leaf DTensors), "
                                 f"got {_what(params, leaf=True)}{one}")
@@ -104,7 +104,7 @@ class _Optimizer(_Checkpoints):
         leaves = self._leaves
         if set_to_none and leaves is not None and all(map(_is, map(_AG, self.params), leaves)):
             # The leaves the last step saw (each parameter's own still): their gradients forgotten with no
-            # Python per parameter (`map` calls setattr; this loop was ~14 opcodes a parameter a step).
+            # Python per parameter (`map` calls setattr; a Python loop is ~14 opcodes a parameter a step).
             _drain(map(setattr, leaves, _GRAD_NAMES, _NONES))
             return
         for p in self.params:

@@ -286,8 +286,8 @@ def _explained(node: Node, dy: Any, run: Any, inputs: tuple, grads: dict, owners
 
 def kept_leaves(keep_pending: Any) -> set:
     """The ids of the leaves `backward(keep_pending=...)` names, or the error every rank raises alike (before
-    any collective). One DTensor was iterated by rows (each a new tensor, no leaf) and anything that is not a
-    leaf was skipped, so the gradients named were summed at once without a word."""
+    any collective): iterated as it comes, one DTensor would give its rows (each a new tensor, no leaf), and
+    skipping what is not a leaf would sum the gradients named at once without a word."""
     if hasattr(keep_pending, "_ag") or isinstance(keep_pending, (str, bytes)) \
             or not hasattr(keep_pending, "__iter__"):
         raise OperatorError(f"backward(keep_pending=...): expected an iterable of parameters (a list, "

@@ -200,7 +200,7 @@ def _ints(shape: tuple) -> bool:
 # every step; a TensorLayout key would call its Python __hash__ and __eq__), the entry holding the
 # layout so its id is not reused while the entry lives; by the shape's value: a shape of Python ints
 # equal to one that passed passes again (16.0 equals 16 and hashes alike: such a tuple is checked
-# every time). DTensor()'s checks were ~5 us of every operator's result (paid once per simulated rank).
+# every time). Without it DTensor()'s checks are ~5 us of every operator's result (paid once per simulated rank).
 _CHECKED: dict = {}
 # Dtypes a shard may have without more checks (runtime.dtensor keeps the same set).
 _PLAIN_DTYPES = frozenset(np.dtype(c) for c in np.typecodes["AllInteger"] + np.typecodes["AllFloat"])
@@ -217,8 +217,8 @@ def local_matmul(a: np.ndarray, b: np.ndarray, sent: bool = True) -> np.ndarray:
     """``np.matmul(a, b)`` as spmdsim.base.precision.product computes it (bfloat16 widened: a float32 product), of
     its dtype (`product_dtype`, numpy's np.matmul's) whether or not a collective sums it; placed for MPI
     (spmdsim.base.buffers) when a collective reads it next (`sent`): a pending sum of bfloat16 blocks is float32, as
-    the whole product is, and the collective adds float32 (it was rounded to bfloat16 on each rank, and the
-    dtype was np.result_type's: bfloat16).
+    the whole product is, and the collective adds float32 (not rounded to bfloat16 on each rank first, as
+    np.result_type's dtype, bfloat16, would have it).
 
     A product no collective reads (a column-parallel Linear without its
     gather) is numpy's own array: placing it costs ~2 us of Python, several

@@ -51,7 +51,7 @@ def reshape(x: Any, shape: Any) -> Any:
         raise
     # By the layout object, for shapes of Python ints (16.0 equals 16 and hashes alike, and must be refused
     # again): the entry holds the layout, so its id is not reused; a model reshapes the same few ways.
-    # The sizes' types in the key (in C, where _ints was a call): 16.0 finds no entry of 16.
+    # The sizes' types in the key (in C, cheaper than a call to _ints): 16.0 finds no entry of 16.
     key = (id(source), old_shape, shape, rank, tuple(map(type, shape))) if type(shape) is tuple else None
     seen = _RESHAPED.get(key) if key is not None else None
     if seen is not None and seen[0] is source:

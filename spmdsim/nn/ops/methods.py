@@ -61,7 +61,7 @@ def _size(x: Any, dim: Any = None) -> Any:
 def _size_of(x: Any) -> CallableInt:
     """``x.size``: numpy's attribute, the global number of elements (an int: ``x.size == 24``, ``x.sum() / x.size``),
     that PyTorch's ``x.size()`` and ``x.size(dim)`` call for the global shape or one dim's size. A bound method in
-    its place compared unequal to every number, silently (``x.size == 24`` was False)."""
+    its place would compare unequal to every number, silently (``x.size == 24`` False)."""
     return CallableInt(math.prod(x.global_shape), partial(_size, x))
 
 
@@ -355,7 +355,7 @@ _METHODS = {
     "norm": lambda x, p="fro", dim=None, keepdim=False: _norm(x, None if p == "fro" else p, dim, keepdim),
     "expand": _expand,
     # x != 0, not x.astype(bool) (the same truth, NaN's too): a pending sum is added up first, where astype
-    # refused to cut it to bools ("the addends would be truncated one by one")
+    # refuses to cut it to bools ("the addends would be truncated one by one")
     "any": lambda x, *a, **k: _reduce("any", pointwise("ne", x, 0) if x.dtype.kind != "b" else x, *a, **k),
     "all": lambda x, *a, **k: _reduce("all", pointwise("ne", x, 0) if x.dtype.kind != "b" else x, *a, **k),
     "var": lambda x, axis=None, ddof=0, keepdims=False: _var(x, axis, keepdims, ddof),
