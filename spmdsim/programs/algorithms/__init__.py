@@ -85,7 +85,7 @@ def build(collective: str, algorithm: str, p: int, count: int, itemsize: int = 1
         raise ShapeError(f"{collective}: {counted(count, 'element')} per rank {'does' if count == 1 else 'do'} not divide "
                          f"into {p} blocks")
     if collective == "bcast":
-        index = as_int(root)  # numpy's integers too (np.int64(2) was refused as "must be a group rank"); bool not
+        index = as_int(root)  # numpy's integers too (np.int64(2) is a group rank as 2 is); bool not
         if index is None or not 0 <= index < p:
             raise SpmdsimError(f"bcast root {root!r} must be an integer group rank (0 <= root < {p})")
         root = index

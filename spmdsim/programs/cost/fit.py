@@ -74,10 +74,11 @@ def _fit_groups(model: _Model, data: Sequence[Measurement], algorithm: str) -> _
 
 
 def _priced_by_size(own: OpParams) -> bool:
-    """Whether an override's cost grows with the bytes (beta > 0). One whose times did not grow with the size (a
+    """Whether an override's cost grows with the bytes (beta > 0). One whose times do not grow with the size (a
     collective's few points on a busy, oversubscribed machine: `mpiexec -n 4 spmdsim calibrate` on 2 cores, one run
-    in three) fit best with beta 0, which prices any message, however large, as free of bandwidth; calibrate then
-    refused to save the whole fit. Such a collective is left to the shared fit, which has a bandwidth term."""
+    in three) fits best with beta 0, which prices any message, however large, as free of bandwidth, and would
+    make calibrate refuse to save the whole fit. Such a collective is left to the shared fit, which has a
+    bandwidth term."""
     return own.beta_s_per_byte > 0
 
 

@@ -107,7 +107,7 @@ def out_layout_from_strategy(local: TensorLayout, counts: Sequence[int]) -> Tens
         entries[d] = entries[d] + local.partial
         return TensorLayout(local.layout, tuple(entries))
     head = f"out_strategy {counts!r} does not follow from the output {fmt(local)} (cut {now!r}); expected {now!r}"
-    if not local.partial:  # it said "or one dim cut 1 times more (the contraction's ())"
+    if not local.partial:  # no finer cut to offer: the line below would say "one dim cut 1 times more"
         raise OperatorError(f"{head}: the contraction is not split, so no pending sum is left to reduce-scatter "
                             "into a finer cut")
     finer = " or ".join(repr(now[:d] + (now[d] * extra,) + now[d + 1:]) for d in range(local.ndim))

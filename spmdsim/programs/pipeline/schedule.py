@@ -144,7 +144,7 @@ def most_in_flight(name: str, stages: int, microbatches: int, virtual: int = 1) 
     """The most (microbatch, chunk) pairs any stage holds at once (forwards run, their backwards not yet)
     under schedule `name`: its warmup forwards and the steady phase's next forward (stage 0's, the most).
     From the sizes, without building the schedule; spmdsim.programs.pipeline.in_flight counts them per stage in a
-    built one (this was also called in_flight, a name two functions with different answers shared)."""
+    built one (another answer, so another name)."""
     return _held(name, stages, microbatches, virtual, 0)
 
 
@@ -267,7 +267,7 @@ def schedule_problem(name: object, stages: object, microbatches: object, virtual
 @contextmanager
 def _collector_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off while a schedule is built and checked: its records are new objects
-    that all live on (no cycles among them), and the collections their numbers set off walked them again and
+    that all live on (no cycles among them), and the collections their numbers set off walk them again and
     again: 0.50 of 0.71 CPU-s building a 64 x 512 1F1B, 0.21 without. On again after, if it was on (another
     thread that paused it meanwhile leaves it on when it ends: at worst a collection comes late)."""
     was_on = gc.isenabled()

@@ -92,7 +92,7 @@ def block_rule(tl, shape: tuple) -> str:
             stride = math.prod(sizes[k + 1:])
             terms.append(axis if stride == 1 else f"{stride}*{axis}")
         count = math.prod(sizes)
-        if count == 1:  # split over axes of size 1: every rank holds the whole dim ("1 blocks of 64" was printed)
+        if count == 1:  # split over axes of size 1: every rank holds the whole dim (not "1 blocks of 64")
             parts.append(f"dim {d}: whole")
             continue
         blocks = f"{size // count:,}"

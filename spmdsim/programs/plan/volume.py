@@ -102,7 +102,7 @@ _HELD: dict = {}  # (device matrices, tensor maps, shape) -> `_held_of_new`
 
 def _count_held(before: TensorLayout, after: TensorLayout, shape: tuple[int, ...]) -> tuple[tuple, tuple]:
     """`_held_of_new`, worked out: one numpy pass over every rank's two boxes where int64 holds the sizes (a
-    Python intersection per rank was most of the planner's time at 64 devices and more); exact Python ints
+    Python intersection per rank is most of the planner's time at 64 devices and more); exact Python ints
     past that (and for a 0-d tensor)."""
     old, new = _box_array(before, shape), _box_array(after, shape)
     if old is not None and new is not None:

@@ -28,7 +28,7 @@ MAX_NUMBERS = (16, 16)
 
 def _block(bounds: Sequence[tuple[int, int]], cols: int) -> np.ndarray:
     """The block `bounds` of arange(rows * cols) as (rows, cols), built alone: the whole input is never
-    built (a --shape 20000,20000,2 allocated 3.2 GB only to print that its numbers were left out)."""
+    built (a --shape 20000,20000,2 would allocate 3.2 GB only to print that its numbers are left out)."""
     (r0, r1), (c0, c1) = bounds
     return np.arange(r0, r1, dtype=np.int64)[:, None] * cols + np.arange(c0, c1, dtype=np.int64)
 

@@ -163,8 +163,8 @@ class PictureArgumentError(SpmdsimError, TypeError):
 
 def as_picture(picture: object, shape: Optional[Sequence[int]], name: str, call: str) -> "LayoutPicture":
     """`picture` as a renderer draws it (`call`: how it is called, for the errors): a LayoutPicture as it is, a
-    TensorLayout with `shape`. A device matrix alone (`Layout`, its tensor map forgotten) was an AttributeError
-    from inside the renderer."""
+    TensorLayout with `shape`. A device matrix alone (`Layout`, its tensor map forgotten) is refused here, with
+    the tensor layout to give, rather than failing inside the renderer."""
     if isinstance(picture, LayoutPicture):
         return picture
     if isinstance(picture, TensorLayout):

@@ -111,7 +111,7 @@ def render_layout_png(
     or a TensorLayout with `shape`.
     """
     if isinstance(shape, (str, os.PathLike)) and not isinstance(path, (str, os.PathLike)):
-        # render_layout_ascii(tl, shape) takes the shape second: its order here was a TypeError from os.fspath.
+        # render_layout_ascii(tl, shape) takes the shape second: its order here would fail in os.fspath.
         raise PictureArgumentError(f"render_layout_png(layout, path, shape) takes the path before the shape; got "
                                    f"path {path!r} and shape {shape!r}: expected render_layout_png(layout, {shape!r}, "
                                    f"{path!r})")
