@@ -38,7 +38,7 @@ class _Recipe:
     """How `_pair` contracts two blocks of given words and shapes: sums, transposes, one matmul, reshapes.
 
     Pure in (words, shapes): a training step contracts the same few pairs every step, and working
-    the permutations out again was ~15 us of Python per product (paid once per simulated rank).
+    the permutations out again is ~15 us of Python per product (paid once per simulated rank).
     A permutation that leaves the order as it is is None (the view numpy's transpose would give).
     """
 
@@ -141,7 +141,7 @@ def pair_plain(a_word: str, a: np.ndarray, b_word: str, b: np.ndarray, out: str)
 
 def _compiled(r: _Recipe) -> Callable:
     """`r` as a function of the two blocks that runs only the steps `r` needs (no test of a step it skips):
-    a training step's ~75 products a rank each ran ~100 opcodes of `_general`'s tests, a 2-d GEMM ~20 now.
+    a training step's ~75 products a rank each run ~100 opcodes of `_general`'s tests, a 2-d GEMM ~20 here.
 
     Its numpy calls are `_general`'s, in the same order, with the same arguments (the same bits, the same
     record in a captured step); a dry run's product and a bfloat16 one run `_general` itself. The source
