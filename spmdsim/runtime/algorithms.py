@@ -217,8 +217,9 @@ def run_collective(comm: Any, name: str, local: Any, root: int = 0, out: np.ndar
     collective, algorithm = parse_name(name)
     x = np.ascontiguousarray(local)
     if not is_low(x.dtype):  # bfloat16 is summed here in numpy and moved as its 16-bit words
-        # What the mesh's collectives take (runtime.arguments): text summed into garbage with numpy's string
-        # add, bool sums were ORs, a datetime or object array failed inside numpy or the engine.
+        # What the mesh's collectives take (runtime.arguments): else text would be summed into garbage with
+        # numpy's string add, bool sums would be ORs, a datetime or object array would fail inside numpy or the
+        # engine.
         _check_dtype(collective, x.dtype)
     p = comm.Get_size()
     _same_input(comm, name, collective, x, root)
@@ -240,7 +241,7 @@ def _same_input(comm: Any, name: str, collective: str, x: np.ndarray, root: Any)
     """Every rank's element count and dtype, compared before the algorithm's first message (their least and
     largest, two small reductions: O(p) on p simulated ranks; gathered only when they differ, to name the
     ranks): ranks whose arrays differ each build another schedule (a bcast receiver with more elements
-    than the root kept the rest uninitialised; one with fewer was truncated or deadlocked). The same
+    than the root would keep the rest uninitialised; one with fewer would be truncated or deadlock). The same
     error on every rank."""
     mine = (int(x.size), x.dtype.name)
     engine = engine_of(comm)

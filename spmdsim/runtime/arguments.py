@@ -70,8 +70,8 @@ _ORDERED = "iuf"  # and the ones it can take the maximum or minimum of
 
 
 #: op -> the dtypes (as the callers pass them: an array's, or a dtype where shapes differ) `_check_dtype` let it
-#: take: `issue` and `_alone` check a dtype once per op, then look it up. The plain way used to check only after
-#: mpi4py refused its buffers, which the thread and dry engines never do.
+#: take: `issue` and `_alone` check a dtype once per op, then look it up, on every engine: mpi4py refuses what
+#: MPI cannot take, but the thread and dry engines never do.
 _TAKEN: defaultdict[str, set] = defaultdict(set)
 
 

@@ -99,9 +99,9 @@ class Verdict:
 
 def checked_scale(scale: Any, what: str = "check: scale") -> np.ndarray:
     """`scale` as an array of magnitudes, or one SpmdsimError naming its first entry that is none: a magnitude
-    is real and not negative (a negative one was taken as its absolute value, a complex one as its modulus). A
-    NaN or Inf passes here, as a magnitude that overflowed does: `local_stats` fails its element as non-finite
-    (an infinite scale passed any value before)."""
+    is real and not negative (the check's arithmetic would take a negative one as its absolute value, a complex
+    one as its modulus). A NaN or Inf passes here, as a magnitude that overflowed does: `local_stats` fails its
+    element as non-finite (an infinite scale would otherwise pass any value)."""
     scale = np.asarray(scale)
     if np.iscomplexobj(scale) or scale.dtype.kind in "bOSUM":
         raise SpmdsimError(f"{what} of dtype {scale.dtype} must hold real magnitudes (numbers >= 0)")
@@ -215,7 +215,7 @@ def agree(comm: Any, stats: np.ndarray, rtol: float, atol: float, polite: bool =
 
 def _verdict(table: np.ndarray, rtol: float, atol: float, scaled: bool) -> Verdict:
     """`agree`'s Verdict from the table of every rank's record (a row per rank), with numpy (4,096 ranks reading
-    4,096 rows each in Python took two thirds of a check's 41 s; simulated ranks now build it once for all).
+    4,096 rows each in Python would take two thirds of a check's 41 s; simulated ranks build it once for all).
     Failed: the ranks whose record did not pass; the worst rank, the failing one (else any) with the largest
     error, a non-finite one counting as infinite; a NaN wins a maximum, the first of equals is taken (numpy's
     max and argmax)."""

@@ -69,7 +69,7 @@ def issue(mesh: Mesh, comm: Any, g: int, op: str, axes: Any, label: str | None, 
         emulate: False keeps the engine's transfer on a mesh made with ``algorithms=`` (prepared collectives).
     """
     # The dtype first, on every engine alike: the thread and dry engines take what MPI refuses (a bool
-    # "sum" was its inputs' OR, a str "sum" its input). One set lookup a call once the dtype was taken.
+    # "sum" would be its inputs' OR, a str "sum" its input). One set lookup a call once the dtype was taken.
     dtype = x.dtype if type(x) is _ndarray else x
     if dtype not in _TAKEN[op]:
         _take(op, dtype)

@@ -44,7 +44,7 @@ Reference = Union[SeededTensor, np.ndarray, Callable[[tuple], Any]]
 @lru_cache(maxsize=1024, typed=True)
 def _checked_shapes(layout: TensorLayout, rank: int, *global_shape: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(global shape as ints, `rank`'s shard shape), cached: deriving the shard shape of every
-    operator's result was ~6 us of each call (a failed check raises and is not cached)."""
+    operator's result is ~6 us of each call (a failed check raises and is not cached)."""
     shape = layout.check_shape(global_shape)
     return shape, layout.local_shape(shape, rank)
 

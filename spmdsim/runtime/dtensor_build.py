@@ -122,7 +122,7 @@ class _Constructors:
         check_seeded(mesh.comm, layout, seeded)  # the same limits as a generated tensor, on every rank alike
         local = buffers.zeros(layout.local_shape(shape, mesh.rank), kind)
         # A dry run's large block (lazy zeros) is not written: its values are not results, and a fill would touch
-        # every page (a 10,000,000,000-wide GPT's weights, terabytes, were filled element by element).
+        # every page (a 10,000,000,000-wide GPT's weights, terabytes, would be filled element by element).
         if value and _holds_value(mesh, layout) and not buffers.is_lazy(local):
             local[...] = value
         return cls(mesh, local, layout, shape)

@@ -66,8 +66,8 @@ def no_buffer(what: str, methods: str = "send, bcast, allreduce") -> TypeError:
     """mpi4py's TypeError for None where a message goes ("message: expecting buffer or list/tuple"): its readers
     take None only for a message MPI does not read (to or from MPI.PROC_NULL, a non-root's receive buffer of a
     gather or reduce, a non-root's send buffer of a scatter) and, where MPI allows it, as MPI.IN_PLACE; the callers
-    pass neither here. Read as an empty buffer, it was a receive of 0 x uint8 ("send dtype 'float64' and receive
-    dtype 'uint8' differ"), a Bcast that ran or whose ranks diverged."""
+    pass neither here. Read as an empty buffer, it would be a receive of 0 x uint8 ("send dtype 'float64' and
+    receive dtype 'uint8' differ"), a Bcast that runs or whose ranks diverge."""
     return TypeError(f"{what}: message: expecting buffer or list/tuple, got None (Python objects go with the "
                      f"lowercase methods: {methods}, ...)")
 

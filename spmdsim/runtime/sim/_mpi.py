@@ -41,7 +41,7 @@ class DatatypeMapError(SpmdsimError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-# Public as spmdsim.runtime.sim's (a traceback names a class by its module: was spmdsim.runtime.sim._buffers.BufferSpecError)
+# Public as spmdsim.runtime.sim's (a traceback names a class by its module, not spmdsim.runtime.sim._buffers)
 BufferSpecError.__module__ = DatatypeMapError.__module__ = "spmdsim.runtime.sim"
 
 # MPICH's values, used when mpi4py is not loaded (a program that passes MPI's

@@ -33,7 +33,7 @@ class RankBytes:
 class DryRunReport:
     """Every rank's line; `table()` folds runs of ranks with equal lines, `to_json()` lists them all;
     `notes`: the lines the program added (`note`), below the table. Printed, or shown as a notebook cell's
-    value (IPython's `_repr_pretty_`), it is the table; its repr is one line (a line per rank was 94 KB at
+    value (IPython's `_repr_pretty_`), it is the table; its repr is one line (a line per rank would be 94 KB at
     1,024 ranks)."""
 
     ranks: tuple[RankBytes, ...]

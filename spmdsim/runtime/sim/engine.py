@@ -70,8 +70,8 @@ LEFT_AFTER_S = 0.5  # World.given_up: after a refusal that ends the run, how lon
 POLL_STALL_S = 2.0
 
 #: A rank that polls in vain (Test, Iprobe, Testany) again and again, less than SPIN_GAP_S apart, for SPIN_S (in
-#: its thread's CPU time), naps NAP_S after each such poll: a `while not req.Test(): pass` loop no longer spins a
-#: core (and holds the interpreter from the ranks that compute what it waits for) for as long as it waits; a
+#: its thread's CPU time), naps NAP_S after each such poll: a `while not req.Test(): pass` loop does not spin a
+#: core (and hold the interpreter from the ranks that compute what it waits for) for as long as it waits; a
 #: message that arrives meanwhile is seen at most NAP_S late. A loop that computes between its polls (SPIN_GAP_S
 #: or more) never naps.
 SPIN_S = 0.01

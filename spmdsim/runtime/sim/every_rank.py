@@ -17,8 +17,9 @@ def every_ranks_line(exc: BaseException, n: int) -> Optional[str]:
     else None. Rank 0's text, as under MPI, and where the texts differ, the ranks that said it and the next
     text with its ranks: 'TEXT (rank 0; ranks differ: ranks 1,3: TEXT; 1 more text on rank 2)'.
 
-    Only the ranks' texts alike used to count: a shard's size in the message (DTensor.from_local), or a
-    ShapeError on one rank and an SpmdsimError on the others, was exit 1 with 'error on simulated rank 0'."""
+    The texts need not be alike, nor the classes: a shard's size in the message (DTensor.from_local), or a
+    ShapeError on one rank and an SpmdsimError on the others, is still the one line and exit 2 (not exit 1 with
+    'error on simulated rank 0')."""
     failures = getattr(exc, "simulated_failures", None)
     if failures is None:  # a dry run's: one rank ran for all, its error every rank's (spmdsim.runtime.sim.run._dry_run)
         failures = tuple((rank, type(exc), str(exc)) for rank in getattr(exc, "simulated_ranks", ()))

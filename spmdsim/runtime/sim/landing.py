@@ -39,7 +39,7 @@ def _sample(view: Any) -> Any:
 def rewritten(send: Any, watch: tuple, call: str, code: Any, offset: Any) -> None:
     """The program completed `send`, which its nonblocking `call` at instruction `offset` of `code` posted (Wait,
     a Test that returned true, ...; `program_line` says where, worked out only for a warning): if the buffer's
-    bytes differ from those it held when posted (`watch`, which was Request.watch), note it in the world's
+    bytes differ from those it held when posted (`watch`), note it in the world's
     `rewritten` (a warning when the ranks end). MPI: "the sender should
     not modify any part of the send buffer after a nonblocking send operation is called, until the send
     completes"; what the receiver gets is then undefined (here, as under MPICH on one node: a message under

@@ -65,8 +65,8 @@ def ranks_problem(n: Any, dry_run: bool = False) -> Optional[str]:
 
 def launched_problem(n: int) -> Optional[str]:
     """Why ``--ranks`` `n` cannot run here, or None: mpiexec started several processes, and each would run all
-    `n` ranks (n x launched, the output repeated). The examples ask it before their own checks of `n` ranks:
-    `mpiexec -n 4 ... --ranks 64` said why 64 ranks did not fit the model, not that --ranks was the mistake."""
+    `n` ranks (n x launched, the output repeated). The examples ask it before their own checks of `n` ranks, so
+    that `mpiexec -n 4 ... --ranks 64` says --ranks is the mistake, not why 64 ranks do not fit the model."""
     launched = launcher_size()
     if launched <= 1:
         return None
@@ -206,7 +206,7 @@ def ranks_argument(parser: Any) -> None:
 
 def note_mpiexec_flags(parser: Any) -> None:
     """Have a parser of a command that takes --ranks say, of mpiexec's `-n 4` given to it, whose flag that is
-    (OnceParser's `elsewhere`), where it said only "unrecognized arguments: -n 4"."""
+    (OnceParser's `elsewhere`), where argparse alone says only "unrecognized arguments: -n 4"."""
     said = "mpiexec's (mpiexec -n N spmdsim ...); here --ranks N simulates N ranks in this process"
     parser.elsewhere = {**getattr(parser, "elsewhere", {}), **{flag: said for flag in ("-n", "-np", "--np")}}
 
@@ -239,7 +239,7 @@ def script(path: str, argv: Optional[Sequence[str]] = None, *, ranks: Optional[i
             if launcher_rank() == 0:  # under mpiexec every rank refuses; one says so
                 print(fold_message(f"spmdsim: error: {DRY_RUN_NEEDS_RANKS}"), file=sys.stderr)
             _end(after_rank0_says(2))
-        if argv is None and _from_a_cell():  # a kernel's argv is its own (-f kernel.json): it said nothing
+        if argv is None and _from_a_cell():  # a kernel's argv is its own (-f kernel.json): say why nothing runs
             print(fold_message(f"spmdsim: script({path!r}) runs nothing: no --ranks N in this session's arguments; "
                                f"give them: spmdsim.script({path!r}, ['--ranks', '8'])"), file=sys.stderr)
             return

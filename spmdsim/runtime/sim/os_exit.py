@@ -1,8 +1,8 @@
 """os._exit(code) on a simulated rank ends that rank, not the process (simulate(), --ranks N, spmdsim mpirun).
 
 An MPI process that calls os._exit ends alone, and the ranks waiting for it are its launcher's to end; on
-simulated ranks, threads of one process, it ended the process and every rank without a word (exit 1, no line
-after the banner). Within `os_exit_ends_the_rank` a rank's own thread raises `OsExit` instead, which the run
+simulated ranks, threads of one process, Python's would end the process and every rank without a word (exit 1,
+no line after the banner). Within `os_exit_ends_the_rank` a rank's own thread raises `OsExit` instead, which the run
 takes as that rank's exit (those that wait for it then deadlock, naming it: 'rank 1 exited (os._exit(1))').
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ class OsExit(BaseException):
 @contextlib.contextmanager
 def os_exit_ends_the_rank() -> Iterator[None]:
     """While the ranks run, os._exit(code) in a simulated rank's own thread ends that rank with `code`, as it
-    ends that MPI process, where it ended this process and every rank without a word; in any other thread
+    ends that MPI process, where Python's would end this process and every rank without a word; in any other thread
     (one a rank started too) it is Python's, and ends the process. Nested (spmdsim mpirun, --ranks N and the
     lab's grader enter it around simulate(), which enters it too) the outer one's stays: one OsExit for all,
     each caller reporting it its own way (the grader as its verdict 'exit'). Counted: simulations in several

@@ -77,17 +77,17 @@ def explain(world: Any, polling: Optional[tuple] = None,
     if rest:
         clauses.append(f"and {len(by_call) - MAX_CLAUSES + (polling is not None)} more calls, where "
                        f"{ranks_text(rest)} wait")
-    # One call (or hint) a line, each folded within 100 columns: at 4 ranks the report
-    # was one line of 465 columns. unfold() gives back the one-line form. The call the head names is the
+    # One call (or hint) a line, each folded within 100 columns: at 4 ranks the report on one line
+    # is 465 columns. unfold() gives back the one-line form. The call the head names is the
     # first line after it, not on the head's line: a printer that puts "spmdsim: error on rank 0: " before
-    # the head folds that line again, which cut the call's clause in two ("ranks 0,2,3 wait in\n  it;").
+    # the head folds that line again, which would cut the call's clause in two ("ranks 0,2,3 wait in\n  it;").
     return fold_message(head + ":" + "".join(f"\n  {clause}" for clause in clauses + hints))
 
 
 def _why_stuck(world: Any, token: Any) -> tuple[str, str]:
     """What a report adds to a waiting call of point-to-point requests (Request.why_stuck), and its hint: of a
     Waitany's or Waitsome's tuple, those of the requests its call names (the first three), each said once, as
-    a Recv's ('; no rank has sent to rank 1'; it said only which requests it waits for); ('', '') for none."""
+    a Recv's ('; no rank has sent to rank 1', more than which requests it waits for); ('', '') for none."""
     if type(token) is not tuple:
         stuck = getattr(token, "why_stuck", None)  # a point-to-point request (spmdsim.runtime.sim.requests)
         return ("", "") if stuck is None else stuck(world)

@@ -109,7 +109,8 @@ def _programs_frames(tb: Any) -> Any:
 
 def _check_call(fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
     """Refuse `fn` where ``fn(*args, **kwargs)`` cannot bind, before any rank starts: a new user's ``fn(rank)``
-    (as multiprocessing passes it) was a TypeError on every rank. A callable that tells no signature is called."""
+    (as multiprocessing passes it) would be a TypeError on every rank. A callable that tells no signature is
+    called."""
     try:
         signature = inspect.signature(fn, follow_wrapped=False)  # a wrapper's own: it may give fn what it needs
     except (TypeError, ValueError):
@@ -174,8 +175,8 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict, eager_lim
                 results[rank] = fn(*args, **kwargs)
             except (SystemExit, OsExit) as exc:
                 # The rank's process exits: it ends, and the others go on, as MPI ranks do (those that wait
-                # for it deadlock, naming it). A failure instead stopped them, and simulate() raised the
-                # SystemExit: `python prog.py` exited 0 without a word while three ranks had waited for it.
+                # for it deadlock, naming it). Taken as a failure, it would stop them and simulate() raise the
+                # SystemExit: `python prog.py` would exit 0 without a word while three ranks wait for it.
                 exited[rank] = exc if isinstance(exc, SystemExit) else SystemExit(exc.code)
                 with engine.lock:
                     engine.exits[rank] = exit_text(exc)

@@ -18,7 +18,7 @@ def ranks_text(ranks: Any) -> str:
 
 def after_the_end(what: "_Waiting", rank: int) -> str:
     """Why rank `rank`'s wait in `what` cannot be: its simulation ended (a DTensor or communicator that simulate
-    returned, used in a later cell); it was a deadlock report of ranks that 'finished', or a wait for good."""
+    returned, used in a later cell), not a deadlock report of ranks that 'finished', nor a wait for good."""
     return (f"{what.text()}: a collective on simulated rank {rank}'s communicator after its simulation ended "
             "(simulate returned it, in a DTensor or as it is); collectives run inside simulate's fn, on every rank: "
             "return what you need from there (x.local, the array a gather gives, a check's verdict)")
