@@ -155,7 +155,7 @@ def _general_search(nodes: int, table: Table, options: list, prop: Outcome, hand
         outcome = branch_and_bound(table.node, table.edge, start, runners_up, node_limit,
                                    time_limit_s)
         # Stopped at its limit: elimination is exact, and quick when its tables are small (a large graph's
-        # was tried first, and found a table too large).
+        # is tried first, and finds a table too large).
         if not outcome.proven and not big:
             exact = eliminate(table.node, table.edge, runners_up)
             if exact is not None:
@@ -234,7 +234,7 @@ def _parse_fix(name: str, text: str) -> Optional[tuple]:
     if text.strip().lower() == "hand":
         return None
     parts = re.split(r"\s+out\s+", text.strip())
-    if len(parts) > 2:  # the parts after the second were dropped unsaid: the operator ran another strategy
+    if len(parts) > 2:  # not the parts after the second dropped unsaid: the operator would run another strategy
         raise SpmdsimError(f"--fix {name}={text.strip()} has {len(parts) - 1} 'out' parts; expected "
                            "STRATEGY or STRATEGY out OUT_STRATEGY, e.g. '((2,4),(4,1)) out ((8,1),)'")
     return parse_strategy(parts[0]), parse_strategy(parts[1]) if len(parts) == 2 else None

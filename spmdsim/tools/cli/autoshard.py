@@ -183,11 +183,11 @@ def run(args: argparse.Namespace) -> int:
         raise SpmdsimError(f"--repeat {args.repeat} counts the forward passes of --run; add --run")
     if args.repeat is not None and args.repeat < 1:  # 0 printed a table and PASS after no pass at all
         raise SpmdsimError(f"--repeat {args.repeat} must be at least 1 (forward passes of --run)")
-    if args.repeat is not None and args.repeat > MAX_REPEAT:  # 10**30 ran till killed, without a word
+    if args.repeat is not None and args.repeat > MAX_REPEAT:  # 10**30 would run till killed, without a word
         raise SpmdsimError(f"--repeat {args.repeat:,} is too many; expected at most {MAX_REPEAT:,} (forward passes "
                            "of --run, each of the whole network on every rank: the median of a few is the measure)")
     _fixes(args.fix)  # a malformed or twice-given --fix is refused before any search or launch
-    if args.node_limit is not None and args.method == "propagate":  # was taken and ignored without a word
+    if args.node_limit is not None and args.method == "propagate":  # not taken and ignored without a word
         raise SpmdsimError(f"--node-limit {args.node_limit} bounds the search's branch and bound; --method propagate "
                            "searches nothing: leave one of them out")
     for flag, default in OPERATOR_DEFAULTS.items():

@@ -76,7 +76,7 @@ def gpt_config(text: str, max_layers: int = MAX_GPT_LAYERS, sizes: bool = True, 
             number = int(value)
         except ValueError:
             number = 0
-        if number < 1 and key != "dropless":  # layers=-1 was "GPTConfig layers -1 must be ...", not the key typed
+        if number < 1 and key != "dropless":  # the key typed, not GPTConfig's "layers -1 must be ..."
             raise SpmdsimError(f"--gpt {key} {value!r} must be an integer >= 1")
         problem = None if sizes or key in ("layers", "seq") else size_problem(f"--gpt {key}", number)
         if problem:  # the search by a machine file (the operators' graph bounds its tensors below; its own bounds

@@ -286,7 +286,7 @@ def _lines(cfg: Any, r: Any, seconds: float, note: str = "", fixed: Any = None) 
 
 def _unproven(r: Any) -> list[str]:
     """The line saying the choice is not proven best, when configurations the dry-run cap left unpriced have a
-    time bound below its time (the table listed them without a word); none otherwise."""
+    time bound below its time (the table alone lists them without a word); none otherwise."""
     below = [c for c in r.candidates if c.verdict == "not priced" and c.bound_s < r.chosen.step_s]
     if not below:
         return []

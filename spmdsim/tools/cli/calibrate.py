@@ -57,7 +57,7 @@ def _group_size_list(text: str) -> list[int]:
         raise SpmdsimError(f"--group-sizes {text!r} must be comma-separated integers "
                            "such as 2,4") from None
     small = [g for g in sizes if g < 2]
-    if small:  # refused before MPI starts: whatever the world size (1 process outside mpiexec said only that)
+    if small:  # refused before MPI starts, whatever the world size (1 process outside mpiexec: not only that said)
         raise SpmdsimError(f"--group-sizes {text!r}: group size {small[0]} must be >= 2 (the ranks of one "
                            "collective) and divide the world size")
     return sizes

@@ -291,7 +291,7 @@ def case_from_args(args: argparse.Namespace, stdin: Optional[TextIO] = None) -> 
     if args.strategy is not None:
         flags["strategy"] = args.strategy
     if args.world_size is not None:
-        if args.world_size < 1:  # was "case key 'world_size' must be ...", a JSON key the user never wrote
+        if args.world_size < 1:  # the flag typed, not "case key 'world_size' must be ...", a JSON key never written
             raise SpmdsimError(f"--world-size {args.world_size} must be a positive number of ranks, such as 8")
         flags["world_size"] = args.world_size
     if args.operand is not None:

@@ -88,7 +88,7 @@ def parse_size(text: str) -> int:
 
 def _check_args(args: argparse.Namespace, p: int) -> tuple[str, str, int, int]:
     """(collective, algorithm, element count, root) on `p` ranks, or the SpmdsimError every rank raises alike,
-    before any MPI (and with --ranks, before the banner: a bad --root was refused after it)."""
+    before any MPI (and with --ranks, before the banner, so that a bad --root is not refused after it)."""
     import numpy as np
 
     collective, algorithm = parse_name(args.name)
@@ -145,7 +145,7 @@ def _simulated(args: argparse.Namespace) -> int:
 
 def _check_messages(name: str, p: int, repeat: int) -> None:
     """Refuse a run on `p` simulated ranks of more than MAX_SIMULATED_MESSAGES messages, before the schedule is
-    built: a ring's rounds grow with p, each of p messages (ring-allreduce on 1,000 ranks ran for minutes)."""
+    built: a ring's rounds grow with p, each of p messages (ring-allreduce on 1,000 ranks would run for minutes)."""
     rounds = round_count(name, p)
     messages = rounds * p * repeat
     if messages > MAX_SIMULATED_MESSAGES:

@@ -64,7 +64,7 @@ def on_world(args: argparse.Namespace, fn: Callable[[Any], int],
 ONE_PROCESS = "spmdsim: that ran on 1 rank: nothing was split or sent; add --ranks 8 or use mpiexec -n 8"
 
 #: --explain beside --dry-run: a dry run prints its bytes table in place of the program's output, so the per-rank
-#: explanation was built and thrown away, each rank's line naming every member of its group: O(ranks^2) text,
+#: explanation would be built and thrown away, each rank's line naming every member of its group: O(ranks^2) text,
 #: 317 s and 16.7 GB at 32,768 ranks for the table the dry run prints alone in 1.8 s.
 DRY_RUN_EXPLAINS_NOTHING = ("--explain shows what each rank holds and which collectives it runs, from a run with "
                             "data; a dry run prints its table of bytes instead: leave out --explain (or --dry-run)")
@@ -106,8 +106,8 @@ def check_watchdog(args: argparse.Namespace) -> None:
 
 
 #: Largest --seed + 1: each generated tensor takes a seed of its own above --seed (seed + 1, seed + 2, ...), and
-#: every one must stay below 2**63 (SeededTensor's range); a --seed near 2**63 was refused naming a seed the user
-#: never typed ("seed 9223372036854775808 must be ...").
+#: every one must stay below 2**63 (SeededTensor's range); past it a --seed near 2**63 would be refused naming a
+#: seed the user never typed ("seed 9223372036854775808 must be ...").
 SEED_LIMIT = 2 ** 62
 
 

@@ -35,7 +35,7 @@ __all__ = ["register", "run", "config_record", "CONFIG_FIELDS", "MAX_DRY_LAYERS"
 
 #: Most layers a dry run of the GPT steps through (here and in autoshard's search by a machine file): each takes
 #: about 7 ms and 0.5 MB (1,000 small layers: 9 s, 500 MB; 3,000: 31 s, 1.4 GB), and the largest published
-#: models have under 200; --layers 100000 ran for minutes without a word.
+#: models have under 200; --layers 100000 would run for minutes without a word.
 MAX_DRY_LAYERS = 1024
 
 #: Most tokens a microbatch may hold (--micro-batch x --seq, so --seq too): the dry run makes its token ids and
@@ -45,7 +45,7 @@ MAX_DRY_TOKENS = 1 << 24
 
 
 def no_moe_block(layers: int) -> str:
-    """What too large a moe_every makes of `layers` blocks ("none of the 1 blocks an MoE layer" was said)."""
+    """What too large a moe_every makes of `layers` blocks (one block said as one, not "none of the 1 blocks")."""
     return "no MoE layer of the only block" if layers == 1 else f"none of the {layers} blocks an MoE layer"
 
 

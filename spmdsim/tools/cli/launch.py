@@ -78,8 +78,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 #: mpiexec's options that place ranks on other hosts (MPICH's and Open MPI's): launch starts every rank on this
-#: machine (its thread cap, its segment watch), so they are refused saying what to run (they read "unrecognized
-#: arguments: -f", and a hostfile that does not exist was never said).
+#: machine (its thread cap, its segment watch), so they are refused saying what to run (argparse alone says
+#: "unrecognized arguments: -f", and never that a hostfile does not exist).
 PLACEMENT = ("-f", "-hostfile", "--hostfile", "-machinefile", "--machinefile", "-host", "--host", "-hosts", "-ppn")
 
 
@@ -172,7 +172,7 @@ def launch_env(ranks: int, wait: str | None, base: dict | None = None) -> dict:
     else:
         env.setdefault("SPMDSIM_WAIT", "auto")
     # The count the user asked for in any of them (OpenBLAS reads its own variable first: OMP_NUM_THREADS=4 beside
-    # a capped OPENBLAS_NUM_THREADS was lost), else the cap; a value that is no count (abc, 0) asks for none.
+    # a capped OPENBLAS_NUM_THREADS would be lost), else the cap; a value that is no count (abc, 0) asks for none.
     threads = str(user_thread_count(env) or thread_cap(ranks))
     for var in THREAD_VARS:
         if thread_count(env.get(var)) is None:

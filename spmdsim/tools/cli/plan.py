@@ -186,7 +186,7 @@ def _side(args, which: str, mesh: Layout, ndim: int, world: int) -> TensorLayout
         tl = strategy_to_layout(strategy, world)
         if which == "to":
             tl = _renamed(tl, {n: "to_" + n[5:] for n in tl.layout.alias_name if n[:5] == "axis_"})
-    else:  # a refusal led by the flag: plan reads two layouts, and "sbp 'Q' in 'S(0),Q'" did not say whose
+    else:  # a refusal led by the flag: plan reads two layouts, and "sbp 'Q' in 'S(0),Q'" alone does not say whose
         form, text = given[0], {"map": tmap, "sbp": sbp, "placements": placements, "partition-spec": spec}[given[0]]
         flag = f"--{which}" + ("" if form == "map" else f"-{form}")
         tl = led_by_flag(f"{flag} {text!r}", text, lambda: _read_side(form, text, mesh, ndim, which),
@@ -281,7 +281,7 @@ def _one_form(args: argparse.Namespace, which: str) -> list[tuple[str, str]]:
         ("map", getattr(args, f"{which}_map")), ("sbp", getattr(args, f"{which}_sbp")),
         ("strategy", getattr(args, f"{which}_strategy")), ("placements", getattr(args, f"{which}_placements")),
         ("partition-spec", getattr(args, f"{which}_partition_spec"))) if value is not None]
-    if len(given) != 1:  # it said "give exactly one of ..., got []" (or "got ['map', 'sbp']", no flag's name)
+    if len(given) != 1:  # the flags named, not "give exactly one of ..., got []" (or "got ['map', 'sbp']")
         side = "source" if which == "from" else "target"
         both = "both" if len(given) == 2 else "all"
         raise SpmdsimError(
@@ -326,8 +326,8 @@ def _one_of(counts: tuple) -> str:
 
 def _check_target_names(args: argparse.Namespace, source_mesh: Layout, target_mesh: Layout) -> None:
     """Refuse a target that names --alias's axes over a --to-device-matrix without --to-alias: that mesh is
-    another one, its axes named axis_0, axis_1, ...; the refusal ("unknown alias 'x' in tensor map ...;
-    expected one of ('axis_0', 'axis_1')") did not say why or name --to-alias."""
+    another one, its axes named axis_0, axis_1, ...; the parser's own refusal ("unknown alias 'x' in tensor map
+    ...; expected one of ('axis_0', 'axis_1')") would not say why or name --to-alias."""
     for flag, text, parse in (("--to", args.to_map, lambda t: parse_tensor_map(t, takes=dialect_flags("to-"))),
                               ("--to-partition-spec", args.to_partition_spec, parse_partition_spec),
                               ("--to-partial", args.to_partial, lambda t: parse_name_list(t, "--to-partial"))):
@@ -374,7 +374,7 @@ def _check_alias_used(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if getattr(args, "show", False) and args.json:  # given both, the record was printed and --show dropped
+    if getattr(args, "show", False) and args.json:  # given both, the record would print and --show be dropped
         raise SpmdsimError("--show draws the layout before and after each step, which --json replaces (its record "
                            "lists each step): give one of them")
     if getattr(args, "png", None) is not None:

@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.op:
         args._parser.print_help()
         return 2
-    if args.json and args.explain:  # given both, the record was printed and --explain dropped
+    if args.json and args.explain:  # given both, the record would print and --explain be dropped
         raise SpmdsimError("--explain adds each rank's blocks and collectives to the text report, which --json "
                            "replaces (its record has neither): give one of them")
     from .run_ops import check_op, run_op  # the jobs and the runtime they run on: loaded to run one, not for --help

@@ -71,7 +71,7 @@ def _check_flags(args: argparse.Namespace) -> None:
                            "vocab-parallel only; use --front megatron (ParallelEmbedding) for dim")
     if args.op != "matmul":
         return
-    # A flag given empty is given ("--x-map ''" beside --strategy was dropped without a word): `is not None`.
+    # A flag given empty is given (so "--x-map ''" beside --strategy counts, not dropped unsaid): `is not None`.
     map_flags = [flag for flag, value in (
         ("--device-matrix", args.device_matrix), ("--alias-name", args.alias_name),
         ("--x-map", args.x_map), ("--w-map", args.w_map), ("--out-map", args.out_map)) if value is not None]

@@ -159,8 +159,8 @@ def _terminated(signum: int, frame: Any) -> None:
 
 @contextlib.contextmanager
 def _born_ignoring_ctrl_c() -> Iterator[None]:
-    """A worker started within is born ignoring Ctrl-C (SIG_IGN survives exec; Python keeps it): a Ctrl-C while a
-    worker still imported, before `_worker_start`, printed that worker's KeyboardInterrupt traceback. This
+    """A worker started within is born ignoring Ctrl-C (SIG_IGN survives exec; Python keeps it): else a Ctrl-C while
+    a worker still imports, before `_worker_start`, would print that worker's KeyboardInterrupt traceback. This
     process's own Ctrl-C is held meanwhile, not lost (blocked first: Linux keeps a blocked signal pending even
     while its action is to ignore it). Only in the main thread, where Python sets handlers."""
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):

@@ -18,7 +18,7 @@ _MISSING = object()
 
 def _fail(where: str, key: str, value: Any, expected: str) -> SpmdsimError:
     shown = "missing" if value is _MISSING else repr(value)
-    if len(shown) > 80:  # a whole object's text, cut where a reader sees it is cut (it was cut mid-entry, unmarked)
+    if len(shown) > 80:  # a whole object's text, cut where a reader sees it is cut (not mid-entry, unmarked)
         shown = f"{shown[:77]}..."
     return SpmdsimError(f"{where}: key {key!r} is {shown}; expected {expected}")
 

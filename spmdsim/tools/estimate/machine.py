@@ -279,7 +279,7 @@ def load_machine(name_or_path: str | os.PathLike) -> Machine:
     """A shipped machine by name (`machines()`), else the machine file at a path."""
     text = os.fspath(name_or_path)
     shipped = _SHIPPED / f"{text}.json"
-    if not text:  # Path("") is ".", a directory: it was read as "machine file '.'"
+    if not text:  # Path("") is ".", a directory: it would be read as "machine file '.'"
         raise SpmdsimError(f"machine name is empty; expected one of {machines()!r} or a path to a machine file")
     if text in machines():
         path = shipped
@@ -305,7 +305,7 @@ def load_machine(name_or_path: str | os.PathLike) -> Machine:
     except RecursionError:  # the parser recurses per bracket (spmdsim.base.validate.loads_json's case too)
         raise SpmdsimError(f"{where}: nests too deeply; expected a JSON machine file") from None
     if isinstance(data, dict) and "beta_s_per_byte" in data and "format" not in data:
-        # (its first key was refused: "key 'version' is 1; expected no such key")
+        # (else its first key would be refused: "key 'version' is 1; expected no such key")
         raise SpmdsimError(f"{where}: is a cost model (spmdsim calibrate --output's alpha_s, beta_s_per_byte), not "
                            "a machine file; expected the file spmdsim calibrate --machine-out PATH writes")
     return machine_from_dict(data, where)
