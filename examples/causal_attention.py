@@ -74,7 +74,8 @@ verdicts = [y.check(lambda region: once("causal_attention y", numpy_program, *ar
 # Central differences, 128 elements a call; the ranks share them, each computing 1/p
 # (spmdsim.runtime.shared_numeric_grads: the same bits as one process computing them all).
 numeric = [None] * 5 if dry else shared_numeric_grads(mesh, lambda *b: numpy_program(*b) ** 2, *arrays, batch=128)
-# Their rounding follows what entered sum(y^2) over the step h (spmdsim.references.tolerances.central_difference_tolerance).
+# Their rounding follows what entered sum(y^2) over the step h
+# (spmdsim.references.tolerances.central_difference_tolerance).
 rtol, atol = (0.0, 0.0) if dry else central_difference_tolerance(magnitudes(*arrays), T * D)
 verdicts += [t.grad.check(lambda region, r=r: r[region], rtol=rtol, atol=atol)
              for t, r in zip((x, wq, wk, wv, wo), numeric)]

@@ -54,5 +54,6 @@ if comm.rank == 0:
     print(holdings({"x": x, "W": layer.weight, "b": layer.bias, "y": y}))
 # Every rank's own lines, printed by rank 0 in rank order; ranks with the same lines
 # share one entry ("ranks 0-7: ...").
-print_ranked(comm, f"weight local {layer.weight.local.shape}, y layout {y.layout}, local {y.local.shape}", *trace_lines(trace), verdict)
+print_ranked(comm, f"weight local {layer.weight.local.shape}, y layout {y.layout}, local {y.local.shape}",
+             *trace_lines(trace), verdict)
 sys.exit(0 if verdict.passed else 1)

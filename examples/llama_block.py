@@ -131,7 +131,8 @@ verdicts = [y.check(lambda region: once("llama_block y", numpy_block, *arrays)[r
 # (spmdsim.runtime.shared_numeric_grads: the same bits as one process computing them all).
 numeric = [None] * len(params) if dry else shared_numeric_grads(mesh, lambda *b: numpy_block(*b) ** 2, *arrays,
                                                                  batch=128)
-# Their rounding follows what entered sum(y^2) over the step h (spmdsim.references.tolerances.central_difference_tolerance).
+# Their rounding follows what entered sum(y^2) over the step h
+# (spmdsim.references.tolerances.central_difference_tolerance).
 rtol, atol = (0.0, 0.0) if dry else central_difference_tolerance(magnitudes(*arrays), max(T * D, F))
 verdicts += [t.grad.check(lambda region, r=r: r[region], rtol=rtol, atol=atol) for t, r in zip(params, numeric)]
 if mesh.rank == 0:

@@ -4,8 +4,8 @@ The fused c_attn weight (C, 3C) is split on its columns over tp, so `split(C, di
 blocks: each of q, k and v moves only the columns each rank's share lacks (an Alltoallv each). Each comment
 names the nanoGPT line the spmdsim line replaces; output and both weights' gradients are checked against
 numpy (central differences); the global arrays and the reference are made once for all simulated ranks
-(spmdsim.runtime.sim.once), and a dry run makes no reference (it has no values to check). The batch is 2 sequences per dp
-replica (weak scaling, as data parallelism is: more ranks, more rows): the work, the gradients (sums over the batch)
+(spmdsim.runtime.sim.once), and a dry run makes no reference (it has no values to check). The batch is 2 sequences per
+dp replica (weak scaling, as data parallelism is: more ranks, more rows): the work, the gradients (sums over the batch)
 and so their check's absolute error grow with --ranks; its tolerance is relative to the gradients' size.
 Run: python examples/port_nanogpt_attention.py --ranks 8   (or: timeout -k 5 120 mpiexec -n 8 python ...)
 """
@@ -79,7 +79,8 @@ verdicts = [y.check(lambda region: once("nanoGPT y", numpy_program, X, WA, WP)[r
 squares = lambda x, wa, wp: numpy_program(x, wa, wp) ** 2  # noqa: E731  # the loss's addends
 # The weights' only, 128 elements a call, each rank computing 1/p of them (spmdsim.runtime.shared_numeric_grads).
 grads = [np.zeros(0)] * 2 if dry else shared_numeric_grads(mesh, lambda wa, wp: squares(X, wa, wp), WA, WP, batch=128)
-# Their rounding follows what entered sum(y^2) over the step h (spmdsim.references.tolerances.central_difference_tolerance).
+# Their rounding follows what entered sum(y^2) over the step h
+# (spmdsim.references.tolerances.central_difference_tolerance).
 rtol, atol = (0.0, 0.0) if dry else central_difference_tolerance(magnitudes(X, WA, WP), max(B * T * C, 3 * C))
 verdicts += [t.grad.check(lambda region, g=g: g[region], rtol=rtol, atol=atol) for t, g in zip((c_attn, c_proj), grads)]
 if mesh.rank == 0:

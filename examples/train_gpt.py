@@ -12,8 +12,8 @@ model trained in one numpy process (spmdsim.models.gpt.reference); the largest r
 difference must stay within 1e-10. With --precision bf16-mixed the model computes in bfloat16
 with float32 master weights, and the reference runs under the same policy (docs/howto/bf16.md); with
 --precision fp8 the linear layers' products are FP8 as TransformerEngine's (e4m3 forward, e5m2 backward,
-per-tensor delayed scaling; fp8-current: current scaling). Llama's architecture is options of the same model, flags spelled as `spmdsim
-estimate` spells them: --ffn N, --kv-heads N, --norm rms, --mlp swiglu, --untied, --rope, --no-bias
+per-tensor delayed scaling; fp8-current: current scaling). Llama's architecture is options of the same model, flags
+spelled as `spmdsim estimate` spells them: --ffn N, --kv-heads N, --norm rms, --mlp swiglu, --untied, --rope, --no-bias
 (docs/howto/train-gpt.md, "Llama's options"), each checked as the GPT is.
 
 Run: timeout -k 5 3600 mpiexec -n 8 python examples/train_gpt.py --dp 2 --tp 4 --sp
@@ -86,7 +86,8 @@ context_arguments(parser)  # --cp, --cp-method, --cp-split (spmdsim.models.gpt.c
 pipeline_arguments(parser)  # --pp, --microbatches, --schedule, --virtual-stages, the layers' split
 parser.add_argument("--trace-out", default=None, metavar="PATH", help="with a pipeline: the last step as a "
                     "Perfetto trace (a track per rank: messages, collectives and the F/B cells); not with --dry-run")
-model_arguments(parser)  # --vocab, --pad-vocab-to, the sizes, --dropout, --lr, --seed, Llama's (spmdsim.models.gpt.options)
+# --vocab, --pad-vocab-to, the sizes, --dropout, --lr, --seed, Llama's (spmdsim.models.gpt.options)
+model_arguments(parser)
 other_example_flags(parser, moe=False)  # --ep and the like: said to be train_moe_gpt.py's
 parser.add_argument("--clip", type=flag_float, default=0.0, help="clip the gradients' joint norm to this (0: none)")
 parser.add_argument("--every", type=int, default=20, help="print every N steps")

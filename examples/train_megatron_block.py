@@ -37,7 +37,8 @@ import numpy as np  # noqa: E402
 parser = OnceParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=20)
 parser.add_argument("--lr", type=flag_float, default=None,
-                    help="SGD step (default 0.05, and 0.05 * 64 / ranks above 64 ranks: the widths grow with the ranks)")
+                    help="SGD step (default 0.05, and 0.05 * 64 / ranks above 64 ranks: the widths grow with "
+                         "the ranks)")
 ranks_argument(parser)  # --ranks N (simulated ranks) and --dry-run beside it
 args = parser.parse_args()
 

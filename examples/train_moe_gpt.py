@@ -106,11 +106,11 @@ parser.add_argument("--recompute", choices=("none", "selective", "full"), defaul
                     help="selective: the attention core recomputed in the backward; full: each block, its MoE layer "
                          "routing and exchanging its tokens again (docs/howto/experts.md)")
 parser.add_argument("--kept", default="graph", metavar="{graph,megatron}",
-                    help="what the blocks keep for backward: the graph's inputs, or Megatron's set (docs/howto/train.md); "
-                         "the MoE layers keep what their backward reads under either")
+                    help="what the blocks keep for backward: the graph's inputs, or Megatron's set "
+                         "(docs/howto/train.md); the MoE layers keep what their backward reads under either")
 parser.add_argument("--dialect", choices=sorted(DIALECTS), default=None,
-                    help="write Megatron's parameter layouts in this dialect (read back by spmdsim.layouts.dialects: the same "
-                         "layouts; default: spmdsim's own)")
+                    help="write Megatron's parameter layouts in this dialect (read back by "
+                         "spmdsim.layouts.dialects: the same layouts; default: spmdsim's own)")
 parser.add_argument("--zero", default="0", metavar="{0,1,2,3}",
                     help="1: ZeRO-1, AdamW's states and master copy sharded: the dense layers' over dp x ep, the "
                          "experts' over dp (docs/howto/experts.md); 2: ZeRO-2, the gradients too; 3: ZeRO-3, the "
@@ -124,14 +124,15 @@ parser.add_argument("--aux-loss-coeff", type=flag_float, default=MoEConfig.aux_l
 parser.add_argument("--z-loss-coeff", type=flag_float, default=MoEConfig.z_loss_coeff, metavar="C",
                     help=f"weight of the router z-loss (default {MoEConfig.z_loss_coeff:g})")
 parser.add_argument("--algorithm", choices=("pairwise", "bruck"), default=None,
-                    help="run the Alltoalls as this emulated algorithm (docs/explanation/algorithms.md); pairwise runs the "
-                         "dropless Alltoallv too (bruck has no Alltoallv: it stays the engine's)")
+                    help="run the Alltoalls as this emulated algorithm (docs/explanation/algorithms.md); "
+                         "pairwise runs the dropless Alltoallv too (bruck has no Alltoallv: it stays the engine's)")
 parser.add_argument("--replay", action="store_true",
                     help="capture step 0 and replay it for the later steps (spmdsim.runtime.replay; checked alike)")
 parser.add_argument("--dispatch", action="store_true",
                     help="print each reported step's dispatch of the first MoE layer: tokens rank -> rank, "
                          "per expert, dropped")
-model_arguments(parser)  # --vocab, --pad-vocab-to, the sizes, --dropout, --lr, --seed, Llama's (spmdsim.models.gpt.options)
+# --vocab, --pad-vocab-to, the sizes, --dropout, --lr, --seed, Llama's (spmdsim.models.gpt.options)
+model_arguments(parser)
 other_example_flags(parser, moe=True)  # --sample and the like: said to be train_gpt.py's
 parser.add_argument("--every", type=int, default=10, help="print every N steps")
 parser.add_argument("--no-check", action="store_true", help="skip the single-process reference")

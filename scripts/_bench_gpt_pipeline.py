@@ -124,7 +124,8 @@ def message_groups(cfg, pp: int, microbatches: int, rank: int) -> list:
     """`rank`'s point-to-point groups of one 1F1B step, in the order spmdsim.models.gpt.pipeline posts them:
     (receives, sends), each a list of (bytes, peer, tag), from the schedule spmdsim runs
     (spmdsim.programs.pipeline.schedule.build; tags as spmdsim.models.gpt.pipeline tags them) and, on the first and the
-    last stage, the tied table's gradient exchange that ends the step (spmdsim.models.gpt.stage_program._tie_embedding)."""
+    last stage, the tied table's gradient exchange that ends the step
+    (spmdsim.models.gpt.stage_program._tie_embedding)."""
     from spmdsim.models.gpt.stage_steps import op_tag
     from spmdsim.programs.pipeline.records import Compute, Post, Send
     from spmdsim.programs.pipeline.schedule import build

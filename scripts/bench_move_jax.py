@@ -94,7 +94,8 @@ def one_copy(whole: np.ndarray) -> Callable[[], None]:
         for block, ((s0, s1), (t0, t1)) in zip(blocks, bounds):
             lo, hi, left, right = max(r0, s0), min(r1, s1), max(c0, t0), min(c1, t1)
             if lo < hi and left < right:
-                pieces.append((new[lo - r0:hi - r0, left - c0:right - c0], block[lo - s0:hi - s0, left - t0:right - t0]))
+                pieces.append((new[lo - r0:hi - r0, left - c0:right - c0],
+                               block[lo - s0:hi - s0, left - t0:right - t0]))
 
     def run() -> None:
         for place, piece in pieces:

@@ -13,8 +13,8 @@ folder on PYTHONPATH). It prints the median wall time of each over the rounds, t
 time (user and system, of every process of the launch: on a loaded machine the steadier of the
 two), every launch's wall time and the load average before and after. Each run must print what
 mpiexec prints, compared as the characters printed in any order (ranks print at once, and MPICH
-may join two ranks' lines), the OSU benchmarks' times and rates masked. The programs are mpi4py's demos helloworld.py (no numpy)
-and compute-pi/cpi-cco.py (numpy) by default, and, with --demo, the OSU benchmarks osu_bw.py (windows
+may join two ranks' lines), the OSU benchmarks' times and rates masked. The programs are mpi4py's demos helloworld.py
+(no numpy) and compute-pi/cpi-cco.py (numpy) by default, and, with --demo, the OSU benchmarks osu_bw.py (windows
 of 64 small Isends and Irecvs) and osu_latency.py (Send and Recv in turn) at 2 ranks, from the sdist
 that tests/mpi4py_suite.py --fetch keeps.
 """

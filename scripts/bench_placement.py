@@ -66,7 +66,8 @@ def whole_blocks(sizes: Sequence[int], ranks: int) -> list[int]:
 
 
 def pair_calls(comm: Any, op: str, pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[Callable[[], None]]:
-    """One raw mpi4py call per (send, receive) pair: ``Alltoall``, or ``Sendrecv`` to the next rank from the previous."""
+    """One raw mpi4py call per (send, receive) pair: ``Alltoall``, or ``Sendrecv`` to the next rank from the
+    previous."""
     if op == "alltoall":
         return [lambda s=s, r=r: comm.Alltoall(s, r) for s, r in pairs]
     rank, size = comm.Get_rank(), comm.Get_size()

@@ -46,7 +46,8 @@ __all__ = ["run", "stopped", "print_result", "main"]
 
 
 def _spmdsim_masks(cfg: Any, step: int, d: int, t: int) -> Callable[[str, tuple], np.ndarray]:
-    """spmdsim.models.gpt's mask numbers of step `step` at this rank's block (its samples, its sequence rows or heads)."""
+    """spmdsim.models.gpt's mask numbers of step `step` at this rank's block (its samples, its sequence rows or
+    heads)."""
     from spmdsim.models.gpt import dropout_tensor
 
     def draw(site: str, shape: tuple) -> np.ndarray:
