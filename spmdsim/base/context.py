@@ -27,8 +27,9 @@ SIMULATE, MPIRUN, MPIEXEC, ONE_PROCESS = "simulate", "spmdsim mpirun", "mpiexec"
 class RankContext:
     """One rank's own state: who it is, its world communicator and engine, its traces, counter and settings."""
 
-    __slots__ = ("rank", "size", "comm", "engine", "traces", "seq", "hooks", "meter", "shared", "self_comm", "world_comm",
-                 "dry_run", "launcher", "guarded", "flops", "phase", "streams", "__weakref__")
+    __slots__ = ("rank", "size", "comm", "engine", "traces", "seq", "hooks", "meter", "shared",
+                 "self_comm", "world_comm", "dry_run", "launcher", "guarded", "flops", "phase",
+                 "streams", "__weakref__")
 
     def __init__(self, rank: Optional[int] = None, size: Optional[int] = None, comm: Any = None,
                  engine: Any = None, dry_run: bool = False, shared: Optional[dict] = None,

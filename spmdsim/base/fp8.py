@@ -33,8 +33,8 @@ np = numpy_on_first_use(globals())
 #: What asking for bfloat16 or FP8 without ml_dtypes says (one line; spmdsim.base.precision's too).
 NEEDS_ML_DTYPES = "needs ml_dtypes: pip install -e '.[bf16]'"
 
-__all__ = ["NEEDS_ML_DTYPES", "Recipe", "DELAYED", "CURRENT", "fp8_dtype", "fp8_max", "quantize", "amax", "scale_from", "Scales",
-           "fp8_product", "FORWARD", "BACKWARD"]
+__all__ = ["NEEDS_ML_DTYPES", "Recipe", "DELAYED", "CURRENT", "fp8_dtype", "fp8_max", "quantize", "amax",
+           "scale_from", "Scales", "fp8_product", "FORWARD", "BACKWARD"]
 
 #: The format of the forward's operands and of the backward's output gradient (Format.HYBRID).
 FORWARD, BACKWARD = "e4m3", "e5m2"

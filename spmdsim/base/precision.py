@@ -24,8 +24,8 @@ a pending sum (its contraction split over ranks) stays float32 until the collect
 and is rounded after the sum. Rounded to what its operator gives, the same for every layout:
 einsum (np.einsum's dtype) and the GPT's layers round to bfloat16; ops.matmul, ops.linear and
 ops.mlp give np.matmul's dtype (`product_dtype`: float32 beside bfloat16, float16 or float32),
-the float32 product itself, whole or summed by its collective. Layer norm, softmax and cross-entropy take their statistics in
-float32. A tensor's gradient is summed in float32 over its consumers and rounded once to the
+the float32 product itself, whole or summed by its collective. Layer norm, softmax and cross-entropy take their
+statistics in float32. A tensor's gradient is summed in float32 over its consumers and rounded once to the
 tensor's dtype before its own rule runs (spmdsim.nn.autograd.engine).
 
 bfloat16 comes from ``ml_dtypes`` (the package JAX gives numpy its bfloat16 with), an optional
@@ -127,8 +127,8 @@ def product_dtype(a: Any, b: Any) -> np.dtype:
     numpy's matmul has no bfloat16 loop; it computes in the first of its loops both dtypes cast to, as `product`
     does: float32 for bfloat16 beside bfloat16, float16, float32, bool or a small int, float64 beside float64 or
     int32 and wider ints; np.result_type's for numpy's own dtypes. Whatever splits the contraction, a product's
-    dtype is this one (spmdsim.nn.ops._common.local_matmul; spmdsim.references.forward.matmul). Kept per pair; numpy's own
-    error where it multiplies no such blocks."""
+    dtype is this one (spmdsim.nn.ops._common.local_matmul; spmdsim.references.forward.matmul). Kept per pair; numpy's
+    own error where it multiplies no such blocks."""
     out = _PRODUCT_DTYPES.get((a, b))
     if out is None:
         out = product(np.zeros((1, 1), a), np.zeros((1, 1), b)).dtype

@@ -39,8 +39,8 @@ from .topology import CartCalls, cart_map, create_cart
 from ..runtime.sim.requests import completed, noted
 from ..runtime.mpi_library import SIMULATE_INSTEAD, load_mpi
 
-__all__ = ["SimComm", "SimTopoComm", "SimCartComm", "SimGraphComm", "SimDistGraphComm", "self_comm", "comm_null", "world",
-           "world_of"]
+__all__ = ["SimComm", "SimTopoComm", "SimCartComm", "SimGraphComm", "SimDistGraphComm", "self_comm",
+           "comm_null", "world", "world_of"]
 
 
 class SimComm(CommIdentity, CommLifetime, Member, PointToPoint, BufferCollectives, ObjectCollectives, CommHandles,

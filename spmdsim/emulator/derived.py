@@ -2,11 +2,11 @@
 ``Create_struct``, ...) on simulated ranks: the sender's values are packed with this process's MPI
 (``Datatype.Pack`` on the real MPI.COMM_SELF, the typemap MPI itself reads) and travel as bytes; a receive
 into a derived datatype (``Recv``, ``Irecv``, ``Sendrecv``, a persistent ``Recv_init``, a matched message's
-``Mrecv``) unpacks them with ``Datatype.Unpack`` when they arrive, before the receive completes (spmdsim.runtime.sim.p2p:
-``Request.unpack``). The bytes of a message are the same whichever datatypes the two sides name, as MPI's type
-matching requires, so a vector sent to an array of MPI.DOUBLE arrives as its doubles. ``Bcast``, ``Scatter(v)``,
-``Gather(v)``, ``Allgather(v)``, ``Alltoall(v)`` and the neighbour collectives move them alike (`blocks`: a
-message's blocks packed side by side where they are sent, unpacked where received); ``Alltoallw`` and
+``Mrecv``) unpacks them with ``Datatype.Unpack`` when they arrive, before the receive completes
+(spmdsim.runtime.sim.p2p: ``Request.unpack``). The bytes of a message are the same whichever datatypes the two sides
+name, as MPI's type matching requires, so a vector sent to an array of MPI.DOUBLE arrives as its doubles. ``Bcast``,
+``Scatter(v)``, ``Gather(v)``, ``Allgather(v)``, ``Alltoall(v)`` and the neighbour collectives move them alike
+(`blocks`: a message's blocks packed side by side where they are sent, unpacked where received); ``Alltoallw`` and
 ``Neighbor_alltoallw`` too, a datatype per block, from a buffer or from MPI.BOTTOM (struct types of absolute
 addresses: `wblocks`); with MPI.IN_PLACE, a rank's own blocks are packed from its receive buffer first. The
 reductions take a derived datatype with a user-defined op (MPI.Op.Create: `laid_out`, the data travelling

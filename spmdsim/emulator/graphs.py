@@ -94,7 +94,8 @@ class GraphCalls(Neighbourhood):
 
     def Get_neighbors(self, rank: int) -> list:
         if not 0 <= rank < len(self._index):
-            raise _detailed("ERR_RANK", f"Get_neighbors: rank {rank!r} is outside the graph of {len(self._index)} nodes")
+            raise _detailed("ERR_RANK",
+                            f"Get_neighbors: rank {rank!r} is outside the graph of {len(self._index)} nodes")
         return list(self._edges[self._index[rank - 1] if rank else 0:self._index[rank]])
 
     def Get_neighbors_count(self, rank: int) -> int:

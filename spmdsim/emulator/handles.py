@@ -12,7 +12,8 @@ ERRORS_ABORT end every simulated rank as MPI_Abort does, a user's handler is cal
 ``fn(comm, code)``. An error the emulator itself meets in a communicator's call (a bad rank, a
 truncated message) ends every simulated rank under ERRORS_ARE_FATAL and ERRORS_ABORT, as MPICH aborts
 the job (one line, the error class as exit code), and is raised as MPI.Exception under ERRORS_RETURN
-and a user's handler (MPICH calls that one and goes on). As in one mpi4py process, a rank has at most 32 user-made handlers at a time.
+and a user's handler (MPICH calls that one and goes on). As in one mpi4py process, a rank has at most 32 user-made
+handlers at a time.
 
 Attributes: a keyval made by ``Create_keyval(copy_fn, delete_fn)`` keys one value per communicator.
 ``Dup`` copies a value as MPI's copy callback says (mpi4py's rules: None or False, not copied; True,

@@ -286,7 +286,8 @@ def run(n: int, command: Sequence[str], eager_limit: Optional[int] = None) -> in
     for their receive (None: simulate's default, 8 KiB); return the exit code."""
     if n is None:  # mpiexec's own place for it: `mpiexec ring.py -n 4` runs ring.py with the argument -n 4
         late = next((a for a in command if a.split("=")[0] in ("-n", "-np", "--np")), None)
-        print(fold_message("spmdsim mpirun: error: " + (f"{late.split('=')[0]} N goes before the program, not after it (there it is "
+        print(fold_message("spmdsim mpirun: error: "
+                           + (f"{late.split('=')[0]} N goes before the program, not after it (there it is "
               "the program's own argument): spmdsim mpirun -n 4 python prog.py" if late else
               "-n N is missing: the number of simulated ranks, as in spmdsim mpirun -n 4 python prog.py")),
               file=sys.stderr)

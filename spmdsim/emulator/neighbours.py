@@ -83,8 +83,8 @@ class Neighbourhood:
 
     def _exchange(self, op: str, src: np.ndarray, blocks: Any, dst: np.ndarray, rblocks: list) -> None:
         """Deposit `src` (`blocks(src, j)`: the slice of it for destination j; `src` passed in, so that a
-        nonblocking form's kept copy of it is the one read: spmdsim.emulator.nonblocking._kept), then fill each receive block
-        rblocks[i] = (start, count) of `dst` from source i's block for this rank: the members meet once,
+        nonblocking form's kept copy of it is the one read: spmdsim.emulator.nonblocking._kept), then fill each receive
+        block rblocks[i] = (start, count) of `dst` from source i's block for this rank: the members meet once,
         the last to arrive filling every member's blocks (Group.enter_all), as the other collectives do."""
         null = special("PROC_NULL")
         sources, destinations = self._inout()

@@ -48,7 +48,8 @@ class PointToPoint:
     """Point-to-point methods of SimComm (a mixin; `self._group`, `self._me`)."""
 
     # The program's nonblocking calls note their requests until completed (a warning names one never completed:
-    # spmdsim.runtime.sim.requests.noted); the blocking calls, which complete theirs at once, post through _isend, _irecv.
+    # spmdsim.runtime.sim.requests.noted); the blocking calls, which complete theirs at once, post through
+    # _isend, _irecv.
 
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:
         return noted(self._isend(buf, dest, tag, "standard", True), "Isend")

@@ -28,7 +28,8 @@ from ..base.validate import as_int, counted
 __all__ = ["Layout", "TensorLayout", "default_axis_names"]
 
 
-#: MindSpore's virtual axis name for micro-interleaving, refused by Layout (docs/reference/dialects.md, "Not supported").
+#: MindSpore's virtual axis name for micro-interleaving, refused by Layout (docs/reference/dialects.md,
+#: "Not supported").
 INTERLEAVED = "interleaved_parallel"
 
 

@@ -105,7 +105,8 @@ _BASE, _DTYPE_OF, _NBYTES = operator.attrgetter("base"), operator.attrgetter("dt
 _CONTIGUOUS = operator.attrgetter("flags.c_contiguous")
 
 
-_INTERFACE, _DATA, _FIRST = operator.attrgetter("__array_interface__"), operator.itemgetter("data"), operator.itemgetter(0)
+_INTERFACE, _DATA, _FIRST = (operator.attrgetter("__array_interface__"), operator.itemgetter("data"),
+                             operator.itemgetter(0))
 
 
 #: AdamW's flat update takes the parameters in groups of about this many elements (512 KiB a float64

@@ -102,7 +102,8 @@ class DistributedAdamW(_ZeroBuffers, _ZeroGrads, _Optimizer):
             expert-data-parallel group (one split over all of them keeps its states whole, as AdamW).
         lr, betas, eps, weight_decay, decay: as spmdsim.nn.optim.AdamW's.
         bucket: the most bytes of gradients per bucket (one Reduce_scatter and one Allgather each);
-            None: one bucket per dtype (Megatron's default is max(40M, 1M x dp) elements: spmdsim.models.gpt.buckets.buckets).
+            None: one bucket per dtype (Megatron's default is max(40M, 1M x dp) elements:
+            spmdsim.models.gpt.buckets.buckets).
         clip_grad: clip the gradients' joint norm to this before the update (0: no clipping).
         clip_across: (mesh, axes): the squares summed once more over those axes of that mesh, as
             spmdsim.nn.optim.clip_grad_norm_'s `across` (a pipeline: the whole (pp, dp, tp) mesh and ("pp",),

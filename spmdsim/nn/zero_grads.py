@@ -16,7 +16,8 @@ from .zero_buffers import _Bucket, _dry_flat, _GLOBAL, _MESH, _pack
 
 
 class _ZeroGrads:
-    """DistributedAdamW's gradients: summed over dp into each bucket (one Reduce_scatter), as the walk reaches them or after it, and checked."""
+    """DistributedAdamW's gradients: summed over dp into each bucket (one Reduce_scatter), as the walk reaches them or
+    after it, and checked."""
 
     def reduce_after(self, params: Iterable[Any]) -> None:
         """Leave the buckets of these parameters (of this optimizer's) to the step: their gradients change after

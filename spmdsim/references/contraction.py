@@ -206,7 +206,8 @@ def _general(r: _Recipe, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     lhs = a if r.lhs is None else a.transpose(r.lhs)
     rhs = b if r.rhs is None else b.transpose(r.rhs)
     engine = _THREAD.context.engine  # current().engine, without its call
-    if engine.dry:  # shapes only (spmdsim.runtime.sim.dry): no operand copied into its matmul shape, no result reordered
+    # shapes only (spmdsim.runtime.sim.dry): no operand copied into its matmul shape, no result reordered
+    if engine.dry:
         # Read-only zeros in the matmul shapes (the dry engine's product reads their shapes and dtypes alone;
         # reshaping a transposed block would copy it).
         # Counted with the blocks the real product reads (spmdsim.base.flops: a parameter's block is one the rank

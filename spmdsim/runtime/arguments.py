@@ -63,7 +63,8 @@ def _copy_into(out: np.ndarray, x: np.ndarray, op: str) -> np.ndarray:
     return out
 
 
-# dtype kinds MPI moves (numbers, bool, and bytes/str as their bytes: spmdsim.runtime.engines.mpi) and the ones it can sum.
+# dtype kinds MPI moves (numbers, bool, and bytes/str as their bytes: spmdsim.runtime.engines.mpi) and the
+# ones it can sum.
 _MOVABLE = "biufcSU"
 _SUMMABLE = "iufc"
 _ORDERED = "iuf"  # and the ones it can take the maximum or minimum of

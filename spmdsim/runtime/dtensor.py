@@ -147,7 +147,8 @@ class DTensor(_Constructors, _Methods):
         """This tensor re-laid out as `target` by the least-communication plan (`spmdsim.redistribute`).
 
         PyTorch's ``(device_mesh, placements)``, positional or by keyword, and OneFlow's ``sbp=`` are refused in
-        one line naming the layout to pass; its ``async_op=False`` and dtypes of None are taken (spmdsim.base.foreign)."""
+        one line naming the layout to pass; its ``async_op=False`` and dtypes of None are taken
+        (spmdsim.base.foreign)."""
         if placements or "device_mesh" in foreign or "placements" in foreign:
             raise PlanError("redistribute takes the target TensorLayout alone, not PyTorch's (device_mesh, "
                             "placements): x.redistribute(placements_to_layout(placements, x.mesh, x.ndim)), "

@@ -1,7 +1,8 @@
 """The layers around an engine's transfer: the divergence check, an emulated algorithm, the watchdog.
 
 A collective on a mesh with no debug hook on and no ``algorithms=`` is the
-engine's transfer alone (from runtime.door.issue), then one trace row. Otherwise `run` passes it through these layers, outermost first:
+engine's transfer alone (from runtime.door.issue), then one trace row. Otherwise `run` passes it through these layers,
+outermost first:
 
 - `Checked`: with SPMDSIM_CHECK, the call's fingerprint (and an Alltoallv's
   counts) compared over the group before anything moves (`debug_calls.begin`; the

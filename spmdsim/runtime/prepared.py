@@ -150,4 +150,5 @@ def prepare_alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_d
     """Block j of `local` along `tensor_dim` to member j; received blocks joined along the same dim."""
     axes, comm, g, x, d = _bind(mesh, local, axes, tensor_dim, "alltoall", divisible=True)
     result = _result(out, x.shape, x.dtype, "alltoall")
-    return Prepared(mesh, "alltoall", axes, comm, g, x, result, (d, d), mesh.engine.all_to_all, True, (x, result), label)
+    return Prepared(mesh, "alltoall", axes, comm, g, x, result, (d, d), mesh.engine.all_to_all,
+                    True, (x, result), label)

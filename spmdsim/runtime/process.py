@@ -28,8 +28,8 @@ from ..errors import SpmdsimError
 from .engines import engine_of
 from . import memwatch
 
-__all__ = ["tune_mpi_process", "release_segments_once", "release_shared_segments", "end_job", "abort_job", "world_channel",
-           "FORWARD_S"]
+__all__ = ["tune_mpi_process", "release_segments_once", "release_shared_segments", "end_job",
+           "abort_job", "world_channel", "FORWARD_S"]
 
 #: Seconds a rank waits between writing its last words and MPI_Abort: abort at once and the job's
 #: whole stderr can be lost when it goes to a pipe (seen: an empty stderr and exit 1 in CI).

@@ -10,7 +10,8 @@ import numpy as np
 from ...errors import DialectError, SpmdsimError
 from ..layout import Layout, TensorLayout, default_axis_names
 from ..notation import dialect_hint
-from ...base.validate import as_int, counted  # as_int: shared with layouts, data and plans; re-exported for the dialects
+# as_int: shared with layouts, data and plans; re-exported for the dialects
+from ...base.validate import as_int, counted
 from ...base.deprecated import deprecated
 
 

@@ -115,7 +115,8 @@ def moe_problem(mesh: Any, moe: MoEConfig, x_shape: tuple, hidden: int) -> Optio
     if moe.experts % fold.ep:
         return f"experts {moe.experts} are not divisible by ep {fold.ep} (experts are split over ep)"
     if hidden % fold.etp:
-        return f"the experts' hidden width {hidden} is not divisible by {TENSOR if not fold.folded else 'etp'} {fold.etp}"
+        return (f"the experts' hidden width {hidden} is not divisible by "
+                f"{TENSOR if not fold.folded else 'etp'} {fold.etp}")
     if len(x_shape) != 3:
         return f"the MoE layer's input of shape {x_shape!r} must be (tokens, batch, features)"
     tp = L.axis_size(TENSOR)  # folded: the part of attention's tp whose ranks each route their own tokens

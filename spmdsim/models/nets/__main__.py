@@ -72,9 +72,10 @@ def _run(names: list[str], args: argparse.Namespace, comm: object) -> int:
     if not ran:  # an exit 0 here read as a pass: a script or a user checking the code saw nothing fail
         if comm.Get_rank() == 0:
             size = comm.Get_size()
-            print(fold_message(f"python -m spmdsim.models.nets: no network ran on {size} rank{'s' if size != 1 else ''} "
-                               f"({len(names)} asked for, each skipped: its SKIP line says what it needs); "
-                               f"8 ranks run them all (mpiexec -n 8, or --ranks 8)"), file=sys.stderr)
+            print(fold_message(f"python -m spmdsim.models.nets: no network ran on {size} "
+                               f"rank{'s' if size != 1 else ''} ({len(names)} asked for, each skipped: its SKIP line "
+                               f"says what it needs); 8 ranks run them all (mpiexec -n 8, or --ranks 8)"),
+                  file=sys.stderr)
         return 3
     return 0 if ok else 1
 

@@ -32,7 +32,8 @@ _bind_dtensor()  # the runtime's DTensor calls these operators: x + y, x @ w, x.
 concat = concatenate  # numpy 2's, PyTorch's and JAX's other name for it
 
 __all__ = ["matmul", "einsum", "linear", "embedding", "relu", "gelu", "activation", "scale", "add", "sub", "mul",
-           "div", "floor_divide", "remainder", "round", "floor", "ceil", "sign", "neg", "pow", "maximum", "minimum", "where", "exp", "log", "sqrt", "tanh", "abs", "sigmoid",
+           "div", "floor_divide", "remainder", "round", "floor", "ceil", "sign", "neg", "pow", "maximum", "minimum",
+           "where", "exp", "log", "sqrt", "tanh", "abs", "sigmoid",
            "silu", "sin", "cos", "square", "rsqrt", "clip", "erf", "equal", "not_equal", "sum", "mean", "max", "min",
            "prod", "var", "argmax", "argmin", "bias_add", "astype",
            "transpose", "reshape", "narrow", "chunk", "concatenate", "concat", "stack", "broadcast_to", "softmax",

@@ -30,8 +30,8 @@ _BOOL = np.dtype(bool)
 # An operator's operands' layouts, global shapes, dtypes and blocks, as ``tuple(map(LAYOUT, xs))``: in C, where
 # a comprehension runs a frame of its own (a few an operator).
 LAYOUT, SHAPE, LOCAL = attrgetter("_layout"), attrgetter("_shape"), attrgetter("local")
-# The blocks themselves, for a hot path while this thread does not capture (spmdsim.base.buffers.CAPTURE): the same arrays
-# `LOCAL` gives then, without DTensor.local's function call per tensor.
+# The blocks themselves, for a hot path while this thread does not capture (spmdsim.base.buffers.CAPTURE): the same
+# arrays `LOCAL` gives then, without DTensor.local's function call per tensor.
 BLOCK = attrgetter("_local")
 DTYPE = attrgetter("_local.dtype")
 

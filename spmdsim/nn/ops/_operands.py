@@ -135,8 +135,8 @@ def check_meshes(op: str, mesh: Any, other: Any) -> None:
 def different_meshes(op: str, first: Any, other: Any, why: str | None = None) -> OperatorError:
     """The refusal of operands on the Layouts `first` and `other` (by `op`, "" unnamed; `why`: what differs where
     the Layouts are equal). Where the two have the same
-    device matrix and one has the default names, it says where such a Layout comes from: a layout built from a bare mesh shape
-    (placements_to_layout("R, S(1)", (2, 4), 2)) names its axes axis_0, axis_1, ..., and a redistribution onto it
+    device matrix and one has the default names, it says where such a Layout comes from: a layout built from a bare mesh
+    shape (placements_to_layout("R, S(1)", (2, 4), 2)) names its axes axis_0, axis_1, ..., and a redistribution onto it
     moves the tensor onto that mesh."""
     said = f"{op}: " if op else ""
     if first == other:

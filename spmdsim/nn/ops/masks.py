@@ -38,7 +38,8 @@ def causal_mask(mesh: Any, shape: Any, layout: Any = None) -> Any:
     if len(shape) < 2:
         raise OperatorError(f"causal_mask shape {shape!r} needs at least 2 dims (queries, keys)")
     layout = mesh.layout(*([None] * len(shape))) if layout is None else layout
-    if mesh.engine.dry:  # a large mask: the engine's zeros of its block (spmdsim.runtime.sim.dry), neither built nor kept
+    # a large mask: the engine's zeros of its block (spmdsim.runtime.sim.dry), neither built nor kept
+    if mesh.engine.dry:
         dry = dry_zeros(mesh, layout.local_shape(shape, mesh.rank), bool, np.greater)
         if dry is not None:
             return make_dtensor(mesh, dry, layout, shape)

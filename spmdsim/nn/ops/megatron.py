@@ -50,7 +50,8 @@ from ..autograd.kept import shell
 from ..autograd.rules.shapes import record_reshape
 from ..autograd.rules.megatron import (record_bias_dropout_add, record_column, record_rotary, record_row,
                                        record_swiglu, rotate_halves)
-from ...runtime.engines import local as _engine_local, matmul as _engine_matmul  # the kernel; the dry engine's zeros, not computed
+# the kernel; the dry engine's zeros, not computed
+from ...runtime.engines import local as _engine_local, matmul as _engine_matmul
 from ...errors import DTypeError, OperatorError
 from ...base.flops import sweep
 from ...layouts.layout import TensorLayout

@@ -182,8 +182,9 @@ def layer_norm(x: Any, weight: Optional[Any] = None, bias: Optional[Any] = None,
 
     `kept` (rows whole on every rank; split rows take the composite either way): "graph", one node
     (spmdsim.nn.ops.norm_affine) keeping what the normalization's, the weight's and the bias's nodes would
-    keep (x, its normalized values and 1 / sqrt(var + eps), the product and the sum); "megatron", one node keeping x and each row's mean and standard
-    deviation (Apex's fused layer norm: 2 numbers a row), which makes the rest again in the backward.
+    keep (x, its normalized values and 1 / sqrt(var + eps), the product and the sum); "megatron", one node keeping x and
+    each row's mean and standard deviation (Apex's fused layer norm: 2 numbers a row), which makes the rest again
+    in the backward.
     """
     try:  # a call like one that passed the checks below: x's layout object, shape and dtype, eps, kept and
         # the weight's and bias's shapes (each a DTensor's) as then
@@ -302,9 +303,9 @@ def rms_norm(x: Any, weight: Optional[Any] = None, eps: float = 1e-6, kept: str 
 
     `kept` (rows whole on every rank; split rows take the composite either way): "graph", one node
     (spmdsim.nn.ops.norm_affine) keeping what the normalization's and the weight's nodes would keep (x, its
-    normalized values and 1 / sqrt(mean(x ** 2) + eps), the product); "megatron", one node keeping x and each row's root (TransformerEngine's fused RMSNorm,
-    whose forward saves its input and rsigma, one number a row), which makes the normalized values again in the
-    backward.
+    normalized values and 1 / sqrt(mean(x ** 2) + eps), the product); "megatron", one node keeping x and each row's root
+    (TransformerEngine's fused RMSNorm, whose forward saves its input and rsigma, one number a row), which makes the
+    normalized values again in the backward.
     """
     d = _normalized_dim(x, "rms_norm")
     eps = _eps(eps, "rms_norm")

@@ -82,8 +82,8 @@ def build(collective: str, algorithm: str, p: int, count: int, itemsize: int = 1
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise SpmdsimError(f"{what} {value!r} must be an integer >= {low}")
     if collective in ("reduce_scatter", "alltoall") and count % p:
-        raise ShapeError(f"{collective}: {counted(count, 'element')} per rank {'does' if count == 1 else 'do'} not divide "
-                         f"into {p} blocks")
+        raise ShapeError(f"{collective}: {counted(count, 'element')} per rank "
+                         f"{'does' if count == 1 else 'do'} not divide into {p} blocks")
     if collective == "bcast":
         index = as_int(root)  # numpy's integers too (np.int64(2) is a group rank as 2 is); bool not
         if index is None or not 0 <= index < p:
@@ -120,8 +120,8 @@ def elements_for(collective: str, p: int, size: int, itemsize: int) -> int:
                          "elements")
     count = size // itemsize
     if collective in ("allgather", "reduce_scatter", "alltoall") and count % p:
-        raise ShapeError(f"{count:,} element{'s' if count != 1 else ''} of {itemsize} bytes {'does' if count == 1 else 'do'} not "
-                         f"divide into {p} "
+        raise ShapeError(f"{count:,} element{'s' if count != 1 else ''} of {itemsize} bytes "
+                         f"{'does' if count == 1 else 'do'} not divide into {p} "
                          f"blocks, one per rank; expected a multiple of {p * itemsize} bytes")
     return count // p if collective == "allgather" else count
 

@@ -1,12 +1,12 @@
 """Einsum by sharding rules (pure): which split each subscript keeps, and the pending sums it leaves.
 
-| subscript letter                          | result                                   |
-| ----------------------------------------- | ---------------------------------------- |
-| in the output, split over A               | the output dim stays split over A        |
-| contracted (not in the output), split over A | the local product is a pending sum over A |
-| split differently in two operands         | the operands are redistributed first, by the least-bytes choice (spmdsim.programs.infer.assign), counting the bytes a pending result will need to be resolved |
-| an operand pending over P                 | einsum is linear in each operand: the result stays pending over P (the others may not be split over P) |
-| two operands pending                      | all but the largest are resolved first (a product of sums is not a sum of products) |
+- in the output, split over A: the output dim stays split over A
+- contracted (not in the output), split over A: the local product is a pending sum over A
+- split differently in two operands: the operands are redistributed first, by the least-bytes choice
+  (spmdsim.programs.infer.assign), counting the bytes a pending result will need to be resolved
+- an operand pending over P: einsum is linear in each operand: the result stays pending over P (the others may not be
+  split over P)
+- two operands pending: all but the largest are resolved first (a product of sums is not a sum of products)
 
 Matmul is ``einsum("...mk,kn->...mn")``; attention's scores ``einsum("bqhd,bkhd->bhqk")``.
 """

@@ -5,11 +5,12 @@ the logits' rows; neither a pending sum. Each rank works on its own block of
 logits and no logit ever moves (Megatron's vocab-parallel cross-entropy when
 the classes are split). The program, in order:
 
-| step           | over          | what each rank contributes                                              |
-| -------------- | ------------- | ----------------------------------------------------------------------- |
-| Allreduce(MAX) | class axes    | each of its rows' largest logit (one number per row): the common shift |
-| Allreduce      | class axes    | per row the sum of the shifted exponentials and the label's shifted logit (two numbers; a third, the row's sum of logits, with label smoothing) |
-| Allreduce      | row axes      | its rows' summed loss and the labels' counts (out of range, ignored): two numbers when both counts fit one, ``bad * (rows + 1) + ignored``, exactly in the logits' dtype (float64 up to ~9e7 rows, float32 up to 4,094), else three |
+- Allreduce(MAX) over class axes: each of its rows' largest logit (one number per row): the common shift
+- Allreduce over class axes: per row the sum of the shifted exponentials and the label's shifted logit (two numbers; a
+  third, the row's sum of logits, with label smoothing)
+- Allreduce over row axes: its rows' summed loss and the labels' counts (out of range, ignored): two numbers when both
+  counts fit one, ``bad * (rows + 1) + ignored``, exactly in the logits' dtype (float64 up to ~9e7 rows, float32 up to
+  4,094), else three
 
 Classes whole: no first two steps; rows whole: no third. `ops.cross_entropy`
 runs these steps; the strategy search prices them (`spmdsim.tools.autoshard.rules`).

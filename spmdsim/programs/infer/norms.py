@@ -1,9 +1,9 @@
 """Layer norm and RMS norm over the last dim by sharding rules (pure): the program of their statistics.
 
-| x's last dim            | program                                                            |
-| ----------------------- | ------------------------------------------------------------------ |
-| whole on every rank     | one local kernel per row, nothing moves (rows split or not: sequence parallel, data parallel) |
-| split over A            | layer_norm: two Allreduces over A of one number per row (the mean, then the variance); rms_norm: one (the mean square) |
+- x's last dim whole on every rank: one local kernel per row, nothing moves (rows split or not: sequence parallel, data
+  parallel)
+- x's last dim split over A: layer_norm: two Allreduces over A of one number per row (the mean, then the variance);
+  rms_norm: one (the mean square)
 
 Each statistic is a sum over the last dim (`infer_reduce`: a pending sum over
 A, one number per row) finished by the Allreduce `resolve_partial` gives. A

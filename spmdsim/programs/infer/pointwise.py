@@ -5,13 +5,12 @@ the split its operands agree on (operands that disagree are redistributed by
 the least-bytes choice, spmdsim.programs.infer.assign; a broadcast dim of size 1 is
 never split). Pending sums (partial layouts):
 
-| op                                   | pending operand                                   |
-| ------------------------------------ | ------------------------------------------------- |
-| add, sub, neg, where's two branches  | stays pending; a non-pending operand becomes an addend on one replica (B -> P, no communication) |
-| mul                                  | stays pending when the other operand is not (a * sum = sum of a * addend); two pending: the smaller is resolved |
-| div                                  | a pending numerator stays pending; a pending denominator is resolved |
-| exp, log, sqrt, tanh, pow, maximum, minimum, relu, gelu, where's condition | resolved first: f(a + b) != f(a) + f(b) |
-| sigmoid, silu, sin, cos, square, rsqrt, clip, erf, exact gelu | resolved first, likewise                |
+- add, sub, neg, where's two branches: stays pending; a non-pending operand becomes an addend on one replica (B -> P, no
+  communication)
+- mul: stays pending when the other operand is not (a * sum = sum of a * addend); two pending: the smaller is resolved
+- div: a pending numerator stays pending; a pending denominator is resolved
+- exp, log, sqrt, tanh, pow, maximum, minimum, relu, gelu, where's condition: resolved first: f(a + b) != f(a) + f(b)
+- sigmoid, silu, sin, cos, square, rsqrt, clip, erf, exact gelu: resolved first, likewise
 
 Reductions: ``sum``/``mean`` over a split dim leave a pending sum over its
 axes (no communication) and keep an input's pending sum; ``max``/``min``

@@ -153,7 +153,8 @@ def _ints(shape: object) -> bool:
     return True
 
 
-def _infer_reshape(x: TensorLayout, old_shape: Sequence[int], new_shape: object) -> tuple[TensorLayout, tuple[int, ...]]:
+def _infer_reshape(x: TensorLayout, old_shape: Sequence[int],
+                   new_shape: object) -> tuple[TensorLayout, tuple[int, ...]]:
     old = x.check_shape(old_shape)
     new = reshape_shape(old, new_shape)
     if math.prod(old) == 0:

@@ -24,8 +24,8 @@ from typing import Any, Optional
 from ...base.typed_numbers import add_noted
 from .schedule import SCHEDULES
 
-__all__ = ["schedule_choice", "pipeline_arguments", "pipelined", "microbatches", "virtual_stages", "default_microbatches_problem",
-           "default_virtual_problem", "split_arguments", "layer_split", "split_words"]
+__all__ = ["schedule_choice", "pipeline_arguments", "pipelined", "microbatches", "virtual_stages",
+           "default_microbatches_problem", "default_virtual_problem", "split_arguments", "layer_split", "split_words"]
 
 
 def schedule_choice(text: str) -> str:
@@ -104,7 +104,8 @@ def layer_split(args: Any, layers: int, pp: int, virtual: int) -> tuple[Optional
                           "run of K equal counts N as NxK (K >= 1), e.g. 7,8x14,7")
         counts = tuple(int(w[0]) for w in words for _ in range(int(w[1]) if len(w) == 2 else 1))
         if len(counts) != chunks:
-            return None, f"--stage-layers {given} gives {len(counts)} counts: expected {chunks}, one for each of {where}"
+            return None, (f"--stage-layers {given} gives {len(counts)} counts: expected {chunks}, one for "
+                          f"each of {where}")
         if sum(counts) != layers:
             return None, f"--stage-layers {given} covers {sum(counts)} layers: expected the model's {layers}"
         empty = [c for c in range(1, chunks - 1) if counts[c] == 0]

@@ -168,7 +168,8 @@ class Allreduce(Step):
 
     def __str__(self) -> str:
         text = super().__str__()
-        return text if self.reduction == "sum" else text.replace("via Allreduce", f"via Allreduce({self.reduction.upper()})")
+        return text if self.reduction == "sum" else text.replace("via Allreduce",
+                                                                 f"via Allreduce({self.reduction.upper()})")
 
     @staticmethod
     def moved(group_size: int, local_nbytes: int) -> int:

@@ -33,8 +33,9 @@ from ...base.once import once
 from ...base.ranks import is_ranks_flag
 from ...errors import RankCountError
 
-__all__ = ["Engine", "MpiEngine", "MPI", "DONE", "SimulationError", "engine_of", "RankContext", "PROCESS", "current", "simulated",
-           "enter", "leave", "local", "c_order", "matmul", "once", "world", "launcher", "ways_out", "advised"]
+__all__ = ["Engine", "MpiEngine", "MPI", "DONE", "SimulationError", "engine_of", "RankContext", "PROCESS",
+           "current", "simulated", "enter", "leave", "local", "c_order", "matmul", "once", "world", "launcher",
+           "ways_out", "advised"]
 
 
 def launcher(size: int) -> str:

@@ -4,21 +4,23 @@ An engine is what a mesh runs on. It answers how a group of the mesh is made
 (`group`: a communicator of the engine's own kind, its size and this rank's
 place in it) and how each kind of transfer runs on such a group:
 
-| method | moves |
-| --- | --- |
-| ``all_reduce(comm, send, recv, op, wait)`` | the elementwise sum (max, min) of every member's `send`, into `recv` (``send is recv``: in place) |
-| ``all_gather(comm, send, recv, wait)`` | every member's `send` side by side, in group order |
-| ``reduce_scatter(comm, send, recv, op, wait)`` | block j (1/g of `send`) summed over the members, to member j |
-| ``all_to_all(comm, send, recv, wait)`` | block j of `send` to member j, received side by side |
-| ``all_to_allv(comm, send, scounts, sdispls, recv, rcounts, rdispls, wait)`` | the same with counts and offsets per peer |
-| ``all_to_all_boxes(comm, sends, receives, dtype, wait)`` | per peer a view of the block (any strides), copied once into the peer's view of its new block (where ``moves_boxes``: ranks that share memory) |
-| ``broadcast(comm, buf, root, wait)`` | the root's `buf` into every member's |
-| ``gather_to(comm, send, recv, root, wait)`` | every member's `send` side by side into the root's `recv` |
-| ``barrier(comm, wait)`` | nothing: every member has arrived |
-| ``isend(comm, buf, dest, tag)``, ``irecv(comm, buf, source, tag)`` | one message; a request with ``Test()``/``Wait()`` |
-| ``post(comm, receives, sends)`` | a group's messages: every receive posted, then every send; their requests |
-| ``bind(comm, receives, sends)``, ``start(bound)`` | the same messages bound to their buffers once (persistent requests), then posted again |
-| ``all_gather_object``, ``gather_object``, ``broadcast_object``, ``all_reduce_object`` | picklable objects (control traffic) |
+- ``all_reduce(comm, send, recv, op, wait)``: the elementwise sum (max, min) of every member's `send`, into `recv`
+  (``send is recv``: in place)
+- ``all_gather(comm, send, recv, wait)``: every member's `send` side by side, in group order
+- ``reduce_scatter(comm, send, recv, op, wait)``: block j (1/g of `send`) summed over the members, to member j
+- ``all_to_all(comm, send, recv, wait)``: block j of `send` to member j, received side by side
+- ``all_to_allv(comm, send, scounts, sdispls, recv, rcounts, rdispls, wait)``: the same with counts and offsets per peer
+- ``all_to_all_boxes(comm, sends, receives, dtype, wait)``: per peer a view of the block (any strides), copied once into
+  the peer's view of its new block (where ``moves_boxes``: ranks that share memory)
+- ``broadcast(comm, buf, root, wait)``: the root's `buf` into every member's
+- ``gather_to(comm, send, recv, root, wait)``: every member's `send` side by side into the root's `recv`
+- ``barrier(comm, wait)``: nothing: every member has arrived
+- ``isend(comm, buf, dest, tag)``, ``irecv(comm, buf, source, tag)``: one message; a request with ``Test()``/``Wait()``
+- ``post(comm, receives, sends)``: a group's messages: every receive posted, then every send; their requests
+- ``bind(comm, receives, sends)``, ``start(bound)``: the same messages bound to their buffers once (persistent
+  requests), then posted again
+- ``all_gather_object``, ``gather_object``, ``broadcast_object``, ``all_reduce_object``: picklable objects (control
+  traffic)
 
 `wait` says how the caller waits: None for the blocking call; else a function
 that completes a posted request (the polite wait, engines/wait.py, or the

@@ -6,10 +6,10 @@ enumerates each operator's candidate strategies (`candidates`), prices them and
 the redistributions between them (`cost`: exact bytes per rank, or modelled
 seconds), and picks one per operator by propagation from the fixed operators
 or by search (`search`: exact DP on chains and trees, branch and bound or
-variable elimination on other graphs); ``training=True`` adds the backward's bytes (`backward`). `spmdsim autoshard --network NAME` is the command line;
-`spmdsim.tools.autoshard.execute` runs a choice on the ranks (chains through the network runner, other
-graphs node by node: `dag`, checked against `evaluate`'s numpy). The module is callable:
-``spmdsim.tools.autoshard("net_mindspore_tutorial", 8)`` is ``autoshard(...)``.
+variable elimination on other graphs); ``training=True`` adds the backward's bytes (`backward`).
+`spmdsim autoshard --network NAME` is the command line; `spmdsim.tools.autoshard.execute` runs a choice on the ranks
+(chains through the network runner, other graphs node by node: `dag`, checked against `evaluate`'s numpy). The module is
+callable: ``spmdsim.tools.autoshard("net_mindspore_tutorial", 8)`` is ``autoshard(...)``.
 """
 from __future__ import annotations
 

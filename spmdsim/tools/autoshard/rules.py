@@ -10,13 +10,15 @@ What an operator does on those layouts is asked of `spmdsim.programs.infer`, who
 rules the operators run: the output layout, the pending sums and the
 operator's own program (the step records `candidates.own_plan` prices):
 
-| kind          | rule (spmdsim.programs.infer)                    | own program                                |
-| ------------- | --------------------------------------- | ------------------------------------------ |
-| einsum        | `infer_einsum`, then `resolve_partial`  | split contracted letters: Allreduce, or Reduce_scatter into an output dim |
-| pointwise     | `infer_pointwise`                       | none                                       |
-| layernorm     | `infer_norm("layer_norm")`              | hidden dim split: two Allreduces of one number per row (mean, variance) |
-| reshape       | `infer_reshape`                         | none (a local reshape)                     |
-| cross_entropy | `infer_cross_entropy`                   | classes split: Allreduce(MAX) and a sum of two numbers per row; rows split: one sum of two numbers (the loss and the packed counts of bad and ignored labels; three past float's exact range) |
+- einsum: rule `infer_einsum`, then `resolve_partial`; own program: split contracted letters: Allreduce, or
+  Reduce_scatter into an output dim
+- pointwise: rule `infer_pointwise`; own program: none
+- layernorm: rule `infer_norm("layer_norm")`; own program: hidden dim split: two Allreduces of one number per row (mean,
+  variance)
+- reshape: rule `infer_reshape`; own program: none (a local reshape)
+- cross_entropy: rule `infer_cross_entropy`; own program: classes split: Allreduce(MAX) and a sum of two numbers per
+  row; rows split: one sum of two numbers (the loss and the packed counts of bad and ignored labels; three past float's
+  exact range)
 
 The search adds one condition of its own: a candidate's operands are used
 where they are (an einsum's or pointwise op's operands split alike, a layer

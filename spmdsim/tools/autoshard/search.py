@@ -77,7 +77,8 @@ def _total(node: Sequence[np.ndarray], edge: Edges, choice: Sequence[int]) -> fl
 # -- propagation ---------------------------------------------------------------------
 def propagate(node: Sequence[np.ndarray], edge: Edges, decided: Sequence[int], names: Sequence[str],
               unit=str) -> Outcome:
-    """MindSpore's sharding propagation (docs/howto/autoshard.md) from the `decided` nodes (their only candidate, index 0).
+    """MindSpore's sharding propagation (docs/howto/autoshard.md) from the `decided` nodes (their only
+    candidate, index 0).
 
     Breadth first from the decided nodes in the order given (the fixed
     operators, then the input): each operator reached takes the candidate with

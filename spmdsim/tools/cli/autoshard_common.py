@@ -38,8 +38,8 @@ MAX_GPT_ELEMENTS = 2 ** 40
 def gpt_said(text: Optional[str]) -> Any:
     """GPTConfig's refusals, within it, name the fields --gpt `text` typed ("--gpt d_model 100") and the
     architecture's flags (--rope, --kv-heads, ...) as typed, the other sizes as defaults ("the default d_model 128
-    must be divisible by --gpt heads 3", not "--gpt d_model 128", a key the user never typed); spmdsim.models.gpt.config.
-    said_as. `text` already read by gpt_config (None: no --gpt)."""
+    must be divisible by --gpt heads 3", not "--gpt d_model 128", a key the user never typed);
+    spmdsim.models.gpt.config.said_as. `text` already read by gpt_config (None: no --gpt)."""
     typed = gpt_typed(text)
     sizes = GPT_KEYS + ("vocab_pad_to",)
     return said_as({**{key: f"--gpt {key}" for key in sizes if key in typed}, **ARCHITECTURE_SAID,

@@ -32,7 +32,8 @@ from .common import guarded
 from ..autoshard.cost import measure_flops_rate
 from ...runtime.engines.wait import local_ranks
 
-__all__ = ["register", "run", "parse_size", "byte_count", "measure_memory_bandwidth", "calibrated_machine", "implausible"]
+__all__ = ["register", "run", "parse_size", "byte_count", "measure_memory_bandwidth",
+           "calibrated_machine", "implausible"]
 
 _DEFAULT_SIZES = "64K,1M,4M,16M"
 _DEFAULT_OPS = "allgather,allreduce,reduce_scatter,alltoall,alltoallv,bcast"
@@ -378,8 +379,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--group-sizes", default=None,
                         help="comma-separated group sizes (default 2, 4, ... and the world size)")
     parser.add_argument("--ops", default=_DEFAULT_OPS, help=f"collectives (default {_DEFAULT_OPS})")
-    parser.add_argument("--repeats", type=int, default=7, help="timed runs of each case, the median of the slowest rank's "
-                        "times kept (default 7)")
+    parser.add_argument("--repeats", type=int, default=7,
+                        help="timed runs of each case, the median of the slowest rank's times kept (default 7)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed runs before them (default 2)")
     parser.add_argument("--wait", choices=("busy", "polite", "auto"), default=None,
                         help="how ranks wait in a collective (default $SPMDSIM_WAIT or auto)")

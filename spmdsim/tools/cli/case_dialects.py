@@ -41,8 +41,8 @@ def strategy_case(data: Mapping, shape: tuple[int, ...], partial: tuple[str, ...
         hint = "; for a MatMul strategy add --operand x, w or out" if len(parsed) == 2 else ""
         example = "((" + ", ".join(["2"] + ["1"] * (len(shape) - 1)) + "),)" if shape else "((2, 1),)"
         raise SpmdsimError(  # named as the user gave it: the flag and its key, as the other case refusals
-            f"{_flag_text('strategy', value if isinstance(value, str) else str(value))} gives {len(parsed)} tensors; expected one "
-            f"tensor's strategy such as {example!r}{hint}"
+            f"{_flag_text('strategy', value if isinstance(value, str) else str(value))} gives {len(parsed)} "
+            f"tensors; expected one tensor's strategy such as {example!r}{hint}"
         )
     parsed = parsed[0]
     strategy = tuple(parsed)

@@ -150,9 +150,10 @@ def _check_messages(name: str, p: int, repeat: int) -> None:
     messages = rounds * p * repeat
     if messages > MAX_SIMULATED_MESSAGES:
         runs = "once" if repeat == 1 else f"{repeat} times (--repeat)"
-        raise SpmdsimError(f"{name} on --ranks {p} sends up to {messages:,} messages ({rounds:,} rounds of up to {p:,}, "
-                           f"{runs}); expected at most {MAX_SIMULATED_MESSAGES:,} on simulated ranks (about "
-                           "50 us each on one core): fewer --ranks or --repeat, or MPI ranks (mpiexec -n N)")
+        raise SpmdsimError(f"{name} on --ranks {p} sends up to {messages:,} messages ({rounds:,} rounds "
+                           f"of up to {p:,}, {runs}); expected at most {MAX_SIMULATED_MESSAGES:,} on "
+                           "simulated ranks (about 50 us each on one core): fewer --ranks or --repeat, or MPI "
+                           "ranks (mpiexec -n N)")
 
 
 def _execute(args: argparse.Namespace, comm: Any) -> int:

@@ -49,7 +49,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--cp", type=int, required=True, metavar="N", help=f"context-parallel ranks (1 to {MAX_CP})")
     parser.add_argument("--seq", type=int, required=True, metavar="T",
                         help=f"tokens per sequence (each size, --seq to --head-dim, at most {MAX_SIZE:,})")
-    parser.add_argument("--split", choices=SPLITS, default="balanced", help="how the sequence is cut (default balanced)")
+    parser.add_argument("--split", choices=SPLITS, default="balanced",
+                        help="how the sequence is cut (default balanced)")
     parser.add_argument("--batch", type=int, default=1, metavar="B", help="sequences per rank (default 1)")
     parser.add_argument("--heads", type=int, default=32, help="query heads (default 32)")
     parser.add_argument("--kv-heads", type=int, default=None, help="key/value heads (default: --heads)")

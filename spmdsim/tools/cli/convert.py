@@ -118,7 +118,8 @@ def _uneven_note(tl: TensorLayout, shape: tuple[int, ...], who: str) -> Optional
 
 
 #: Why a Paddle split() form needs a dim that divides: spmdsim's split() (version 1) refuses one that does not, as
-#: Paddle's own linear split does; Paddle's embedding split would give the last rank the remainder (docs/reference/dialects.md).
+#: Paddle's own linear split does; Paddle's embedding split would give the last rank the remainder
+#: (docs/reference/dialects.md).
 PADDLE_EVEN = ("spmdsim's split() cuts only evenly, as Paddle's linear split does (Paddle's embedding split "
                "gives the last rank the remainder, which spmdsim does not model)")
 

@@ -79,8 +79,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--pad-vocab-to", type=int, default=1, metavar="N",
                         help="pad the vocabulary to a multiple of N (Megatron pads to 128 x tp: GPT-2's 50257 "
                              "becomes 50304 at tp 1, 51200 at tp 8); default 1: no padding")
-    # Llama's architecture (spmdsim.models.gpt.GPTConfig's options; docs/howto/estimate.md, "A Llama"): each default the GPT's,
-    # the flags the examples take (spmdsim.models.gpt.options).
+    # Llama's architecture (spmdsim.models.gpt.GPTConfig's options; docs/howto/estimate.md, "A Llama"): each default the
+    # GPT's, the flags the examples take (spmdsim.models.gpt.options).
     architecture_arguments(parser, width="--hidden")
     parser.add_argument("--dropout", type=flag_float, default=0.1, metavar="P",
                         help="dropout probability of the embeddings, the attention and the residual branches "

@@ -63,8 +63,8 @@ def report(args: argparse.Namespace, record: dict, cfg: Any, microbatches: int, 
     use = _utilization(stages, max(t.total_s for t in times), ranks, machine, args.precision)
     assumed = assumptions(machine, overlap=overlap, experts=cfg.moe is not None)
     if args.json:
-        print(json.dumps(_json_record(args, record, cfg, microbatches, split, seconds, machine, memories, times, use, assumed,
-                                      rows), default=str, indent=1))
+        print(json.dumps(_json_record(args, record, cfg, microbatches, split, seconds, machine, memories,
+                                      times, use, assumed, rows), default=str, indent=1))
         return 0
     worst = cfg.moe is not None and cfg.moe.dry_routing == "worst" and args.ep > 1
     head = _head_lines(args, cfg, microbatches, split, schedule, machine, stages, seconds, worst)
@@ -92,12 +92,12 @@ def _head_lines(args: argparse.Namespace, cfg: Any, microbatches: int, split: An
     ranks = args.pp * args.dp * args.ep * args.cp * args.tp
     mesh = f"pp {args.pp} x dp {args.dp}" + (f" x ep {args.ep}" if cfg.moe else "") + \
         (f" x cp {args.cp} ({args.cp_method})" if args.cp > 1 else "") + f" x tp {args.tp}"
-    head = [f"GPT {counted(args.layers, 'layer')}, hidden {args.hidden}, {counted(args.heads, 'head')}, seq {args.seq}, "
-            f"vocab {cfg.vocab_words}{architecture_words(cfg)}; "
+    head = [f"GPT {counted(args.layers, 'layer')}, hidden {args.hidden}, {counted(args.heads, 'head')}, "
+            f"seq {args.seq}, vocab {cfg.vocab_words}{architecture_words(cfg)}; "
             f"global batch {args.global_batch}",
             f"mesh {mesh} ({ranks:,} rank{'s' if ranks > 1 else ''}){_sp(args)}; "
-            f"{counted(microbatches, 'microbatch')} of {args.micro_batch} per {f'{DATA} x {EXPERT}' if cfg.moe else DATA} rank, "
-            f"{schedule}",
+            f"{counted(microbatches, 'microbatch')} of {args.micro_batch} per "
+            f"{f'{DATA} x {EXPERT}' if cfg.moe else DATA} rank, {schedule}",
             f"recompute {args.recompute}, dropout {args.dropout:g}, ZeRO {args.zero}{_alone(args)}, kept {args.kept}; "
             f"machine {machine.name}"]
     if args.tp > machine.gpus_per_node:  # said: each layer's tensor-parallel collectives cross the nodes
@@ -127,8 +127,8 @@ def _head_lines(args: argparse.Namespace, cfg: Any, microbatches: int, split: An
     return head
 
 
-def _json_record(args: argparse.Namespace, record: dict, cfg: Any, microbatches: int, split: Any, seconds: float, machine: Any,
-                 memories: list, times: list, use: Any, assumed: Any, rows: list) -> dict:
+def _json_record(args: argparse.Namespace, record: dict, cfg: Any, microbatches: int, split: Any,
+                 seconds: float, machine: Any, memories: list, times: list, use: Any, assumed: Any, rows: list) -> dict:
     """The JSON record of `spmdsim estimate gpt --json`."""
     return {"config": record,
             "microbatches": microbatches, "dry_run_s": seconds,

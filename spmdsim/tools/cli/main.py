@@ -148,7 +148,8 @@ def _pure(args: argparse.Namespace) -> bool:
 def run_script(main: Callable[[], Any]) -> Any:
     """`main()`'s exit code, for a script of scripts/ (``sys.exit(run_script(main))``): its stdout flushed before it
     returns, and closed early by the reader (``| head``) it ends quietly with 141, a shell's code for a command
-    that SIGPIPE stopped (as a ``--ranks`` run does, spmdsim.runtime.sim.launch), not with a BrokenPipeError traceback."""
+    that SIGPIPE stopped (as a ``--ranks`` run does, spmdsim.runtime.sim.launch), not with a
+    BrokenPipeError traceback."""
     try:
         try:
             return main()

@@ -84,7 +84,8 @@ def _sizes(args: argparse.Namespace) -> tuple[int, int, int]:
         raise SpmdsimError(f"--stages {args.stages} x --microbatches {args.microbatches} x "
                            f"--virtual-stages {virtual} = {pairs:,} (microbatch, chunk) pairs is too many "
                            f"to draw; expected at most {MAX_PAIRS:,}")
-    if interleaved and args.stages < 2:  # as training refuses it (spmdsim.models.gpt.pipeline_problems.pipeline_layout_problem)
+    # as training refuses it (spmdsim.models.gpt.pipeline_problems.pipeline_layout_problem)
+    if interleaved and args.stages < 2:
         raise SpmdsimError(f"--stages {args.stages!r} gives the interleaved schedule one stage; it puts chunk k on "
                            f"stage k mod p, so it needs --stages 2 or more, as training does (one stage is "
                            f"--schedule 1f1b)")

@@ -345,7 +345,8 @@ def _check_target_names(args: argparse.Namespace, source_mesh: Layout, target_me
 
 
 def _cut(args: argparse.Namespace, which: str, tl: TensorLayout, cut: str | None) -> TensorLayout:
-    """`tl` cutting dims by rule `cut` (docs/explanation/semantics.md, "Uneven shards"); a strategy or an SBP cuts evenly."""
+    """`tl` cutting dims by rule `cut` (docs/explanation/semantics.md, "Uneven shards"); a strategy or an SBP cuts
+    evenly."""
     if cut is None or cut == tl.layout.cut:
         return tl
     for flag, why in (("strategy", "MindSpore cuts every dim evenly"), ("sbp", ONEFLOW_EVEN)):
