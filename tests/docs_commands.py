@@ -337,7 +337,8 @@ def run_long(quote: Quote) -> subprocess.CompletedProcess:
 
 def mpi_long(quote: Quote) -> bool:
     """Whether `quote` is an MPI launch of examples/train_gpt.py marked ``# long``: tests/test_train_docs_mpi.py runs
-    every such command of docs/howto/train.md and docs/howto/replay.md (run_long_together), the pages' other tests the rest."""
+    every such command of docs/howto/train.md and docs/howto/replay.md (run_long_together), the pages' other
+    tests the rest."""
     command, _, note = quote.command.partition("#")
     return quote.mpi is not None and quote.mpi[1][:2] == ["python", "examples/train_gpt.py"] and note.strip() == "long"
 

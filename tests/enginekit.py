@@ -161,8 +161,9 @@ def run_dtypes(comm: Any) -> dict:
         mesh.close()
     mesh = Mesh(Layout((g,), ("x",)), comm)
     calls = {"allreduce": lambda a: allreduce(mesh, a, "x"), "max": lambda a: allreduce(mesh, a, "x", op="max"),
-             "reduce_scatter": lambda a: reduce_scatter(mesh, a, "x", 0), "allgather": lambda a: allgather(mesh, a, "x", 0),
-             "alltoall": lambda a: alltoall(mesh, a, "x", 0, 0), "bcast": lambda a: bcast(mesh, a, "x", 0)}
+             "reduce_scatter": lambda a: reduce_scatter(mesh, a, "x", 0),
+             "allgather": lambda a: allgather(mesh, a, "x", 0), "alltoall": lambda a: alltoall(mesh, a, "x", 0, 0),
+             "bcast": lambda a: bcast(mesh, a, "x", 0)}
     for dtype in USER_DTYPES:
         a = np.zeros(2 * g, dtype="i4,f8" if dtype == "|V12" else dtype)
         for op in DTYPE_OPS:

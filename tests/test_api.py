@@ -19,12 +19,13 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 #: Values with no docstring and no ``#:`` comment yet, whose lines docs/reference/api.md writes itself (it says so).
 #: When one gets a comment in spmdsim/references/forward.py, drop it here: its line is then the comment's.
-_NO_COMMENT = {"spmdsim.references.forward.ACTIVATIONS", "spmdsim.references.forward.Region", "spmdsim.references.forward.RegionFn"}
+_NO_COMMENT = {"spmdsim.references.forward.ACTIVATIONS", "spmdsim.references.forward.Region",
+               "spmdsim.references.forward.RegionFn"}
 
 
 def _entries() -> list[tuple[Optional[str], str, str]]:
-    """(module, name, text) for each ``| `name` | text |`` row of docs/reference/api.md, in order; module is None for the
-    lines under a heading that names no module (the names the page leaves out, written module.name)."""
+    """(module, name, text) for each ``| `name` | text |`` row of docs/reference/api.md, in order; module is None for
+    the lines under a heading that names no module (the names the page leaves out, written module.name)."""
     out = []
     module = None
     for line in (ROOT / "docs" / "reference" / "api.md").read_text().splitlines():
@@ -125,7 +126,8 @@ def test_api_md_lines_are_their_names_docstrings_first_sentences():
 
 def test_first_sentence_is_the_pages_rule():
     assert first_sentence("One line.\n\n    More.") == "One line."
-    assert first_sentence("A first line,\n    its end.  Then more.\n    Not this.") == "A first line, its end. Then more."
+    assert first_sentence("A first line,\n    its end.  Then more.\n    Not this.") == ("A first line, its "
+                                                                                        "end. Then more.")
     assert first_sentence("No period\n\nNext paragraph.") == "No period"
     assert first_sentence("e.g. ``x``, one line.") == "e.g. ``x``, one line."
 
@@ -140,7 +142,8 @@ def test_listed_modules_have_no_other_public_names_than_the_page_says():
                     if isinstance(target, ast.Name)}
         # numpy's lazy stand-in (spmdsim._lazy: a module's ``np`` until numpy is first used) is numpy, no name of its
         own = {name for name, value in vars(mod).items() if not name.startswith("_") and not inspect.ismodule(value)
-               and value is not _lazy._NUMPY and (name in assigned or re.match(rf"{re.escape(module)}(\.|$)", str(getattr(value, "__module__", ""))))}
+               and value is not _lazy._NUMPY
+               and (name in assigned or re.match(rf"{re.escape(module)}(\.|$)", str(getattr(value, "__module__", ""))))}
         unlisted = own - set(mod.__all__) - {n.rsplit(".", 1)[1] for n in left_out if n.rsplit(".", 1)[0] == module}
         assert not unlisted, f"{module} has public names neither in its __all__ nor in docs/reference/api.md's " \
             f"'Not listed': {sorted(unlisted)}"
@@ -172,7 +175,8 @@ def test_every_public_name_resolves_and_private_modules_have_no_all():
 
 def test_front_door_is_lazy_and_gives_what_the_examples_use():
     code = ("import sys, spmdsim; lazy = 'mpi4py' in sys.modules\n"
-            "from spmdsim import Layout, Mesh, DTensor, SeededTensor, redistribute, simulate, world; from spmdsim.nn import ops, optim\n"
+            "from spmdsim import Layout, Mesh, DTensor, SeededTensor, redistribute, simulate, world; "
+            "from spmdsim.nn import ops, optim\n"
             "import spmdsim.runtime as rt\n"
             "print(lazy, redistribute is rt.redistribute, DTensor.redistribute.__name__, ops.matmul.__name__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

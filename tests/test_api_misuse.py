@@ -45,7 +45,8 @@ def test_a_check_against_a_dtensor_says_to_gather_it():
         x.check(y)
 
     assert _said(compare) == ["check: the reference is a DTensor of global shape (4, 4); expected the whole tensor "
-                              "as a numpy array: pass what its gather() returns (a collective: every rank calls it)"] * 4
+                              "as a numpy array: pass what its gather() returns (a collective: "
+                              "every rank calls it)"] * 4
 
 
 def test_torch_optims_param_groups_say_to_set_the_optimizers_own_settings():

@@ -392,7 +392,8 @@ def test_a_backward_through_a_freed_graph_names_the_step_a_depth_first_search_me
 
 
 def test_grad_of_an_operators_output_is_none_with_pytorchs_warning_saying_how():
-    """``y.grad`` of a non-leaf was None without a word (PyTorch warns); the leaves' and untracked tensors' stay quiet."""
+    """``y.grad`` of a non-leaf was None without a word (PyTorch warns); the leaves' and untracked tensors' stay
+    quiet."""
     def body():
         mesh, layout, x, w = _setup(2)
         y = x @ w

@@ -110,10 +110,12 @@ def test_conflicting_flags_are_refused_naming_both(capsys):
     """--repeat without --run was accepted and dropped, and one operator fixed twice kept the last strategy:
     each is refused in one line now; the same strategy twice (spaced otherwise) is still one fix."""
     assert main(TUTORIAL + ["--repeat", "5"]) == 2
-    assert unfold(capsys.readouterr().err) == "spmdsim: error: --repeat 5 counts the forward passes of --run; add --run\n"
+    assert unfold(capsys.readouterr().err) == ("spmdsim: error: --repeat 5 counts the forward passes of "
+                                               "--run; add --run\n")
     # --run --repeat 0 printed a table and PASS after no forward pass at all
     assert main(TUTORIAL + ["--run", "--repeat", "0"]) == 2
-    assert unfold(capsys.readouterr().err) == "spmdsim: error: --repeat 0 must be at least 1 (forward passes of --run)\n"
+    assert unfold(capsys.readouterr().err) == ("spmdsim: error: --repeat 0 must be at least 1 (forward "
+                                               "passes of --run)\n")
     # --run --repeat 10**30 ran forward passes till killed
     assert main(TUTORIAL + ["--run", "--repeat", "1001"]) == 2
     assert unfold(capsys.readouterr().err) == (

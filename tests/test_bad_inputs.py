@@ -197,8 +197,8 @@ def test_bad_input_ends_the_job_with_one_line(case: str, batch) -> None:
 
 
 def test_the_doc_quotes_each_cases_line_as_it_is_printed(batch) -> None:
-    """docs/explanation/reliability.md's table of these cases quotes each message exactly: two rows had drifted from what
-    the program prints ("has 1 entries" for "has 1 entry"; "e.g. w mapped ("mp", "mp")", itself an invalid map,
+    """docs/explanation/reliability.md's table of these cases quotes each message exactly: two rows had drifted from
+    what the program prints ("has 1 entries" for "has 1 entry"; "e.g. w mapped ("mp", "mp")", itself an invalid map,
     for ("mp", None)). Each case's line, unwrapped, is in the doc (lines the doc abridges with "..." aside)."""
     doc = (Path(__file__).resolve().parents[1] / "docs" / "explanation" / "reliability.md").read_text()
     missing = []

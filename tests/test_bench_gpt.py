@@ -58,7 +58,8 @@ def test_ratios_are_launch_by_launch_against_the_same_engine(bench, monkeypatch,
     rep = mpi.index(next(line for line in mpi if line.startswith("  spmdsim, replayed")))
     assert mpi[rep].endswith("1.05x by hand (1.05-1.58)")
     assert mpi[rep + 1].endswith("1.05x by hand (1.05-1.05)")  # its collectives: that launch alike
-    assert mpi[rep + 2].startswith("    waiting for a later member") and mpi[rep + 2].endswith("1.05x by hand (1.05-1.05)")
+    assert (mpi[rep + 2].startswith("    waiting for a later member")
+            and mpi[rep + 2].endswith("1.05x by hand (1.05-1.05)"))
     assert mpi[rep + 4].startswith("    CPU time of its 8 ranks") and mpi[rep + 4].endswith("1.05x by hand (1.05-1.58)")
     assert mpi[rep - 5].endswith("0.98x by hand (0.98-0.98)")  # the A/A control's step
     assert [line for line in lines if "replayed / DTensor" in line][0].endswith("0.26x (0.26-0.39)")

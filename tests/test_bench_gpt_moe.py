@@ -88,8 +88,8 @@ def _args(**kw):
     return argparse.Namespace(**{**base, **kw})
 
 
-_ROW = dict(step=0.1, collectives=0.05, waited=0.01, arrived=0.04, cpu=0.2, calls=32, loss0=4.5, losses=[4.5], reference=[4.5],
-            grad_error=1e-16, param_error=1e-15)
+_ROW = dict(step=0.1, collectives=0.05, waited=0.01, arrived=0.04, cpu=0.2, calls=32, loss0=4.5,
+            losses=[4.5], reference=[4.5], grad_error=1e-16, param_error=1e-15)
 
 
 def test_simulated_adds_the_peer_and_the_replayed_step_on_simulated_ranks(bench, monkeypatch, capsys):

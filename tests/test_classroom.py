@@ -147,7 +147,8 @@ def test_a_subcommand_error_names_the_subcommands_help(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["show", "--device-matrix", "4", "--bogus"])
     err = capsys.readouterr().err
-    assert exc.value.code == 2 and err == "spmdsim show: error: unrecognized arguments: --bogus; see: spmdsim show --help\n"
+    assert exc.value.code == 2 and err == ("spmdsim show: error: unrecognized arguments: --bogus; see: "
+                                           "spmdsim show --help\n")
     with pytest.raises(SystemExit):
         main(["run", "redistribute", "--device-matrix", "8", "--shape", "8", "--bogus"])
     assert unfold(capsys.readouterr().err).endswith("; see: spmdsim run redistribute --help\n")

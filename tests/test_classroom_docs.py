@@ -29,7 +29,8 @@ _ELSEWHERE = (
      "tests/test_moe.py: its output, and each stage's program run at step 0 alone"),
     (re.compile(r"^python scripts/estimate_tables\.py$"),
      "tests/test_estimate_tables.py: its fast rows against the quoted table (all 18 take about 65 s)"),
-    (re.compile(r"^spmdsim autoshard --network gpt --gpt layers=16,d_model=25600,.* --devices 3072 --memory-limit 8\.5G "),
+    (re.compile(r"^spmdsim autoshard --network gpt --gpt layers=16,d_model=25600,.* --devices 3072 "
+                r"--memory-limit 8\.5G "),
      "tests/test_estimate_bounds.py: its output against the quote, and the search's choice and counts"),
     (re.compile(r"^python examples/train_gpt\.py --ranks 8 .* --replay$"),
      "tests/test_gpt_parallel.py: its check's PASS, its widths, its rows against the steps run one by one"),
@@ -89,8 +90,8 @@ def _run(quote, workdir: pathlib.Path) -> tuple[int, str, str]:
 
 class _Ran(dict):
     """{doc: [(quote, (code, out, err))]} for every pure command a doc quotes, run when a doc is first asked for,
-    in one folder (README and docs/tutorials/lab.md quote some commands twice, with and without their output: each runs once),
-    and the folder, where the pictures they draw are, under the key "workdir". Run doc by doc, not all at the
+    in one folder (README and docs/tutorials/lab.md quote some commands twice, with and without their output: each runs
+    once), and the folder, where the pictures they draw are, under the key "workdir". Run doc by doc, not all at the
     first test: each test's time limit (pytest-timeout) covers its own doc's commands only."""
 
     def __init__(self, workdir: pathlib.Path) -> None:

@@ -306,10 +306,12 @@ def test_reports_count_one_in_the_singular(capsys, argv, needle):
      "--gpt d_model 100 must be divisible by --gpt heads 3"),
     (["autoshard", "--network", "gpt", "--gpt", "d_model=12,heads=4", "--rope", "--machine", "a100-dgx"],
      "--rope needs an even head_dim, got --gpt d_model 12 / --gpt heads 4 = 3"),
-    # "ColumnParallelLinear output_size 0 must be an integer >= 1", "ParallelMLP hidden_size 0 ...", "... embedding_dim 0"
+    # "ColumnParallelLinear output_size 0 must be an integer >= 1", "ParallelMLP hidden_size 0 ...", "...
+    # embedding_dim 0"
     (["run", "linear", "--shape", "8,8,0"], "--shape '8,8,0' gives N = 0; expected M,K,N with K and N >= 1"),
     (["run", "mlp", "--shape", "8,0,8"], "--shape '8,0,8' gives H = 0; expected M,H,F with H and F >= 1"),
-    (["run", "embedding", "--shape", "4,8,0"], "--shape '4,8,0' gives DIM = 0; expected ID_DIMS...,VOCAB,DIM with DIM >= 1"),
+    (["run", "embedding", "--shape", "4,8,0"],
+     "--shape '4,8,0' gives DIM = 0; expected ID_DIMS...,VOCAB,DIM with DIM >= 1"),
 ])
 def test_refusals_name_the_flag_given(capsys, argv, needle):
     _fails(capsys, argv, needle)
@@ -529,7 +531,8 @@ def test_a_negative_size_flag_is_named_as_the_flag(capsys):
     # It said "case key 'shape' must be a list of non-negative integers", a JSON key the user never wrote.
     _fails(capsys, ["show", "--device-matrix", "2,4", "--alias", "dp,mp", "--tensor-map", "mp,None",
                     "--shape", "8,-6"], "--shape '8,-6' must be sizes of at least 0, such as 2,4")
-    _fails(capsys, ["slices", "--device-matrix", "0,4", "--alias", "dp,mp", "--tensor-map", "mp,None", "--shape", "8,8"],
+    _fails(capsys,
+           ["slices", "--device-matrix", "0,4", "--alias", "dp,mp", "--tensor-map", "mp,None", "--shape", "8,8"],
            "--device-matrix '0,4' must be positive sizes, such as 2,4")
     _fails(capsys, ["slices", "--sbp", "S(0),B", "--placement", "2,0", "--shape", "8,6"],
            "--placement '2,0' must be positive sizes, such as 2,4")
@@ -1078,7 +1081,8 @@ def test_simulated_ranks_refuse_bad_values_before_the_banner(capsys, argv, needl
 def test_an_error_before_mpi_is_printed_once_per_job(capsys, monkeypatch):
     """Under `mpiexec -n 4`, an error every process raised before MPI (a bad --shape beside --ranks, --ranks 0, a
     bad slices flag) was printed by each of the 4: rank 0 says it and the job exits 2 (mpiexec gives the largest
-    code); slices needs no MPI, so the other ranks do not run it at all (exit 0, spmdsim.tools.cli.main's PURE_COMMANDS)."""
+    code); slices needs no MPI, so the other ranks do not run it at all (exit 0, spmdsim.tools.cli.main's
+    PURE_COMMANDS)."""
     argv = ["slices", "--device-matrix", "0,4", "--alias", "a,b", "--tensor-map", "a,None", "--shape", "8,8"]
     monkeypatch.setenv("PMI_SIZE", "4")
     for rank, lines, code in (("1", 0, 0), ("0", 1, 2)):
@@ -1089,8 +1093,9 @@ def test_an_error_before_mpi_is_printed_once_per_job(capsys, monkeypatch):
     assert "--device-matrix '0,4' must be positive sizes" in err
 
 
-@pytest.mark.parametrize("variable, rank, waits", [("OMPI_COMM_WORLD_RANK", "1", True), ("OMPI_COMM_WORLD_RANK", "0", False),
-                                                   ("PMI_RANK", "1", False)], ids=["open-mpi-1", "open-mpi-0", "mpich-1"])
+@pytest.mark.parametrize("variable, rank, waits",
+                         [("OMPI_COMM_WORLD_RANK", "1", True), ("OMPI_COMM_WORLD_RANK", "0", False),
+                          ("PMI_RANK", "1", False)], ids=["open-mpi-1", "open-mpi-0", "mpich-1"])
 def test_an_error_every_rank_met_waits_for_rank_0_to_say_it_under_open_mpi(capsys, monkeypatch, variable, rank, waits):
     """Open MPI's launcher ends the job as soon as a process exits non-zero: under `mpiexec -n 2` rank 1 refused a
     bad flag and exited 2 first, and rank 0's line was cut (bench.py's: no line in 4 runs of 6, only prterun's

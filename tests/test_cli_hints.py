@@ -141,7 +141,8 @@ def test_the_gpt_examples_name_their_flag_for_pytorchs_and_megatrons(flag, meant
     nothing: the flag that does the work is named."""
     out = run_example("examples/train_gpt.py", "--ranks", "8", flag, "2")
     assert out.returncode == 2
-    assert out.stderr.splitlines()[-1] == f"train_gpt.py: error: unrecognized arguments: {flag} 2; did you mean {meant}?"
+    assert out.stderr.splitlines()[-1] == (f"train_gpt.py: error: unrecognized arguments: {flag} 2; did "
+                                           f"you mean {meant}?")
 
 
 def test_the_estimate_names_its_flags_for_megatrons_and_micro_batch_size_is_explained_in_the_examples(capsys):

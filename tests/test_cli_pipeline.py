@@ -295,7 +295,8 @@ def test_the_table_at_8_stages_is_measured():
                                          ("1f1b", "1f1b")])
 def test_every_schedule_flag_takes_the_name_in_any_case(typed, name):
     # The docs write 1F1B and GPipe; --schedule 1F1B was argparse's "invalid choice" in `spmdsim pipeline`,
-    # `spmdsim estimate` and the training examples (spmdsim.programs.pipeline.options.pipeline_arguments): one rule for all.
+    # `spmdsim estimate` and the training examples (spmdsim.programs.pipeline.options.pipeline_arguments):
+    # one rule for all.
     import argparse
 
     from spmdsim.tools.cli.main import build_parser

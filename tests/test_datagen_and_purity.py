@@ -241,8 +241,9 @@ ENGINES = "spmdsim.runtime.engines"
 #: The operators and the runtime package load spmdsim.runtime (lazily, names on first
 #: use) but still no mpi4py until a program runs.
 MPI_FREE_MODULES = ["spmdsim.nn.ops", "spmdsim.nn.ops.losses", "spmdsim.nn.ops.local", "spmdsim.nn.ops.einsum",
-                    "spmdsim.nn.ops.pointwise", "spmdsim.nn.ops.reduce", "spmdsim.nn.ops.norms", "spmdsim.models.gpt.parallel",
-                    "spmdsim.runtime", "spmdsim.tools.autoshard.execute", "spmdsim.tools.autoshard.dag", "spmdsim.models.nets.run"]
+                    "spmdsim.nn.ops.pointwise", "spmdsim.nn.ops.reduce", "spmdsim.nn.ops.norms",
+                    "spmdsim.models.gpt.parallel", "spmdsim.runtime", "spmdsim.tools.autoshard.execute",
+                    "spmdsim.tools.autoshard.dag", "spmdsim.models.nets.run"]
 
 
 def _loaded_after_import(modules: list[str], prefixes: tuple[str, ...]) -> str:

@@ -409,7 +409,8 @@ def test_a_strategy_on_a_mesh_holds_what_it_holds_on_its_own_device_matrix(count
 def test_a_strategy_that_does_not_group_the_mesh_axes_is_one_line():
     mesh = Layout((2, 4), ("dp", "mp"))
     _errors_with("strategy (4, 2) does not lie on the mesh Layout(device_matrix=(2, 4), alias_name=('dp', 'mp')): "
-                 "its slice count 4 is not the product of the next mesh axes in order", strategy_to_layout, (4, 2), mesh)
+                 "its slice count 4 is not the product of the next mesh axes in order",
+                 strategy_to_layout, (4, 2), mesh)
     _errors_with("or the number of ranks (8) for the strategy's own device matrix", strategy_to_layout, (4, 2), mesh)
     _errors_with("strategy (3, 1) uses 3 devices, which does not divide the world size 8", strategy_to_layout,
                  (3, 1), mesh)
@@ -443,7 +444,8 @@ def test_a_mesh_where_a_count_goes_is_one_line_with_the_count_to_pass():
     assert str(error.value) == (
         f"num_partitions {mesh!r} is a mesh, not a count; split_layouts takes Paddle's num_partitions, the size "
         "of the model-parallel group (the layouts come on Layout((num_partitions,), ('mp',))): pass 4 for this mesh")
-    with pytest.raises(DialectError, match=r"^num_partitions \(8,\) is a mesh shape, not a count; .*: pass that number$"):
+    with pytest.raises(DialectError,
+                       match=r"^num_partitions \(8,\) is a mesh shape, not a count; .*: pass that number$"):
         split_layouts((8, 8), "linear", 1, (8,))
     # The counts still work, numpy's too.
     assert matmul_layouts("((2,1),(1,4))", np.int64(8)).layout.device_matrix == (2, 1, 4)

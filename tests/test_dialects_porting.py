@@ -383,7 +383,8 @@ def test_a_layout_written_with_the_mindspore_tutorials_name_keyword_is_one_line(
 def test_the_device_matrix_of_placements_reads_as_its_ranks(capsys, form):
     """PyTorch's DeviceMesh("cpu", [[0, 1], [2, 3]]) written on the command line: the mesh (2, 2)."""
     code, by_ranks, _ = _cli(capsys, ["slices", *form, "--device-matrix", "[[0,1],[2,3]]", "--shape", "4,4"])
-    assert code == 0 and _cli(capsys, ["slices", *form, "--device-matrix", "2,2", "--shape", "4,4"]) == (0, by_ranks, "")
+    assert code == 0 and _cli(capsys,
+                              ["slices", *form, "--device-matrix", "2,2", "--shape", "4,4"]) == (0, by_ranks, "")
     code, out, err = _cli(capsys, ["slices", *form, "--device-matrix", "[[0,2],[1,3]]", "--shape", "4,4"])
     assert (code, out) == (2, "") and err.startswith("spmdsim: error: --device-matrix '[[0,2],[1,3]]' numbers its "
                                                      "ranks in another order than spmdsim does")

@@ -121,7 +121,8 @@ def test_the_documented_no_grad_spelling_in_a_fresh_process():
 def test_a_name_that_is_no_module_is_still_an_attribute_error():
     """The packages' __getattr__, asked directly (whatever this process imported): no module, no name."""
     for package, name in ((spmdsim, "no_such_name"), (spmdsim, "__main__"), (spmdsim, "runtime.mesh"),
-                          (spmdsim.programs.plan, "no_such"), (spmdsim.runtime, "no_such"), (spmdsim.models.gpt, "no_such")):
+                          (spmdsim.programs.plan, "no_such"), (spmdsim.runtime, "no_such"),
+                          (spmdsim.models.gpt, "no_such")):
         try:
             vars(package)["__getattr__"](name)
         except AttributeError as error:

@@ -33,7 +33,8 @@ def test_synopsis_lines_are_text_blocks():
     # The forms with alternatives and optional flags stay in the docs, in ```text blocks.
     assert "spmdsim run embedding --mode vocab|dim" in (ROOT / "docs/reference/operators.md").read_text()
     assert "python -m spmdsim.models.nets [NAME ...]" in (ROOT / "docs/reference/networks.md").read_text()
-    for doc, what in (("docs/reference/operators.md", "--mode vocab|dim"), ("docs/reference/networks.md", "[NAME ...]")):
+    for doc, what in (("docs/reference/operators.md", "--mode vocab|dim"),
+                      ("docs/reference/networks.md", "[NAME ...]")):
         text = (ROOT / doc).read_text()
         at = text.index(what)
         fence = text.rfind("```", 0, at)
@@ -165,15 +166,15 @@ def test_demo_too_few_ran_line_is_folded(capsys):
 def test_an_infinite_compute_rate_is_refused(capsys):
     # 1e400 reads as inf; it was accepted and every compute time priced at 0.
     argv = ["autoshard", "--network", "mlp", "--devices", "8", "--flops"]
-    assert _error(capsys, argv + ["1e400"]) == ("spmdsim: error: --flops 1e400 (read as inf) must be a finite number > 0 "
-                                                "(FLOP/s of one rank)\n")
-    assert _error(capsys, argv + ["-1e9"]) == ("spmdsim: error: --flops -1e9 must be a finite number > 0 (FLOP/s of one "
-                                               "rank)\n")
+    assert _error(capsys, argv + ["1e400"]) == ("spmdsim: error: --flops 1e400 (read as inf) must be a finite "
+                                                "number > 0 (FLOP/s of one rank)\n")
+    assert _error(capsys, argv + ["-1e9"]) == ("spmdsim: error: --flops -1e9 must be a finite number > 0 (FLOP/s "
+                                               "of one rank)\n")
 
 
 def test_reliability_says_how_every_example_guards_its_ranks():
-    """docs/explanation/reliability.md said `spmdsim.script(__file__)` is "the first line of every example": the training
-    examples call run_main instead, and the others parse their arguments first (--help, unknown arguments).
+    """docs/explanation/reliability.md said `spmdsim.script(__file__)` is "the first line of every example": the
+    training examples call run_main instead, and the others parse their arguments first (--help, unknown arguments).
     The doc says so now, and every example does as it says: run_main, or script(__file__) the statement after
     parse_args() (the two port_*_mlp.py examples too: they called it after their imports and refused --help)."""
     text = " ".join((ROOT / "docs" / "explanation" / "reliability.md").read_text(encoding="utf-8").split())

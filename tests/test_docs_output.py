@@ -63,7 +63,8 @@ def test_docs_networks_tables_are_what_the_command_prints(capsys):
     from docs_commands import mismatch, quotes
     from spmdsim.models.nets.__main__ import main as nets
 
-    quoted = [q for q in quotes("docs/reference/networks.md") if q.output and q.command.startswith("python -m spmdsim.models.nets")]
+    quoted = [q for q in quotes("docs/reference/networks.md") if q.output
+              and q.command.startswith("python -m spmdsim.models.nets")]
     assert len(quoted) == 5
     for quote in quoted:
         assert nets(shlex.split(quote.command)[3:]) == 0

@@ -2,8 +2,9 @@
 
 A line fails when it holds a date (YYYY-MM-DD), an issue number ("issue 58", "#58" in prose), a commit hash
 (7 to 40 hex digits, letters and digits mixed), a "round" of measurement ("rounds 8-10", "the latest round",
-"measured over rounds") or the load a figure was measured at ("at load 9"); a prose line (outside code blocks and tables) fails past 100 characters. README.md
-has at most 250 lines, a docs page at most 600, the performance page at most 300.
+"measured over rounds") or the load a figure was measured at ("at load 9"); a prose line (outside code blocks and
+tables) fails past 100 characters. README.md has at most 250 lines, a docs page at most 600, the performance
+page at most 300.
 """
 from __future__ import annotations
 
@@ -92,5 +93,6 @@ def test_the_checks_catch_what_they_name():
     assert history("the ring's rounds, round by round; in 3 rounds; after round 3; each round's sends") == []
     assert history("as issues 54 and 58 asked") and not history("a step issues 41 collectives")
     assert history("shard `#2`; 0.75 s; 1e+15; 2**40; it rounds once, as the graph rounds") == []
-    assert too_wide("x " * 51) and not too_wide("  (<https://" + "x" * 100 + ">,") and not too_wide("| " + "x" * 200 + " |") and not too_wide("```\n" + "x" * 200 + "\n```")
+    assert (too_wide("x " * 51) and not too_wide("  (<https://" + "x" * 100 + ">,")
+            and not too_wide("| " + "x" * 200 + " |") and not too_wide("```\n" + "x" * 200 + "\n```"))
     assert PERFORMANCE in PAGES and "docs/reference/glossary.md" in PAGES and "docs/index.md" in PAGES

@@ -123,8 +123,8 @@ def test_an_eager_step_calls_none_of_the_helpers_it_has_cut():
     ranks' threads share the table), a comprehension gathering an operator's operands (mapped by
     attrgetter in C) or a node's read layouts, a new plan
     of the walk's leaves (the first step's is taken again: `_leaf_plan`, once), `gradient_block` (a rule's
-    transposed block of its operand's shape and dtype is copied to C order by `grad_tensor`); and the walk brings a node's
-    gradient to its layout (`_prepared`) only where it is not already there."""
+    transposed block of its operand's shape and dtype is copied to C order by `grad_tensor`); and the walk brings a
+    node's gradient to its layout (`_prepared`) only where it is not already there."""
     import os
 
     import numpy as np
@@ -153,8 +153,8 @@ def test_an_eager_step_calls_none_of_the_helpers_it_has_cut():
     rules = "nn/autograd/rules/"
     cut = [("numpy", "_sum"), (rules + "pointwise.py", "_summed"), (rules + "pointwise.py", "_sum_dims"),
            (rules + "pointwise.py", "_summed_axes"), (rules + "pointwise.py", "<listcomp>"),
-           (rules + "einsum.py", "<listcomp>"), ("nn/ops/pointwise.py", "<listcomp>"), ("nn/ops/ufuncs.py", "<listcomp>"),
-           ("nn/ops/einsum.py", "<listcomp>"),
+           (rules + "einsum.py", "<listcomp>"), ("nn/ops/pointwise.py", "<listcomp>"),
+           ("nn/ops/ufuncs.py", "<listcomp>"), ("nn/ops/einsum.py", "<listcomp>"),
            ("nn/autograd/graph.py", "<listcomp>"), ("nn/autograd/plans.py", "_new_leaf_plan"),
            (rules + "grads.py", "gradient_block"),  # (attention's transposed dq, dk, dv: copied by grad_tensor)
            ("runtime/replay.py", "recorded")]  # (kernels called through replay.kernels' namespaces: no wrapper)
@@ -205,9 +205,11 @@ def test_an_eager_step_decides_no_move_again_and_builds_its_fused_gradients_itse
     # two gradients of one tensor in one layout object (a residual stream's) summed by the walk itself
     assert ("add_grads", "_walk") not in called
     assert ("grad_tensor", "__call__") not in {(n, c) for f, n, cf, c in seen if cf == "nn/autograd/rules/fused.py"}
-    assert {k for k in [("layouts/datagen.py", "with_seed"), ("layouts/datagen.py", "at_least"), ("nn/ops/norms.py", "kernel"),
-                        ("nn/ops/normalize.py", "kernel"), ("base/buffers.py", "_sized")] if k in callees} == set()
-    assert ("layouts/datagen.py", "uniform_at_least") in callees  # (the masks are drawn: the fast path is the one taken)
+    assert {k for k in [("layouts/datagen.py", "with_seed"), ("layouts/datagen.py", "at_least"),
+                        ("nn/ops/norms.py", "kernel"), ("nn/ops/normalize.py", "kernel"), ("base/buffers.py", "_sized")]
+            if k in callees} == set()
+    # (the masks are drawn: the fast path is the one taken)
+    assert ("layouts/datagen.py", "uniform_at_least") in callees
     # A repeated Allgather or Reduce_scatter move runs its kept collective call from `redistribute` itself (no
     # runner's and no collective's frame), a move's node is built by `moved` itself, a gradient sum without
     # DTensor._trusted's frame, a buffer without current()'s, the fused rules' blocks without `_made`'s and

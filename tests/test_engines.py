@@ -126,8 +126,9 @@ def _imports(path: pathlib.Path) -> set[str]:
     return {n for n in found if n.startswith("spmdsim")}
 
 
-@pytest.mark.parametrize("where", ["spmdsim/runtime", "spmdsim/nn/ops", "spmdsim/nn/autograd", "spmdsim/layouts/datagen.py",
-                                   "spmdsim/layouts/counters.py"])
+@pytest.mark.parametrize("where",
+                         ["spmdsim/runtime", "spmdsim/nn/ops", "spmdsim/nn/autograd", "spmdsim/layouts/datagen.py",
+                          "spmdsim/layouts/counters.py"])
 def test_the_runtime_ops_autograd_and_datagen_do_not_ask_which_engine_they_run_on(where):
     """They ask the mesh's engine or the running rank's context, never the simulator's internals."""
     files = [ROOT / where] if where.endswith(".py") else sorted((ROOT / where).glob("*.py"))
@@ -256,9 +257,10 @@ def test_only_the_mpi_engine_and_the_emulator_call_a_communicators_transfer_meth
     assert f'$ grep -rnE "{TRANSFER_CALL}" spmdsim | grep -v "KERNELS\\."' in shown  # the docs show this command
 
 
-@pytest.mark.parametrize("where", ["spmdsim/runtime", "spmdsim/runtime/engines", "spmdsim/runtime/sim", "spmdsim/nn/ops",
-                                   "spmdsim/nn/autograd", "spmdsim/tools/cli", "spmdsim/tools/autoshard", "spmdsim/models/nets",
-                                   "spmdsim/models/gpt"])
+@pytest.mark.parametrize("where",
+                         ["spmdsim/runtime", "spmdsim/runtime/engines", "spmdsim/runtime/sim", "spmdsim/nn/ops",
+                          "spmdsim/nn/autograd", "spmdsim/tools/cli", "spmdsim/tools/autoshard", "spmdsim/models/nets",
+                          "spmdsim/models/gpt"])
 def test_spmdsim_never_imports_the_mpi4py_emulator(where):
     """The emulator runs users' own mpi4py programs (spmdsim.world(), spmdsim mpirun); spmdsim's own code runs
     on the thread engine and imports it nowhere, function-level imports included. The CLI's mpirun command

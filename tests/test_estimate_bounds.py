@@ -1,5 +1,5 @@
-"""spmdsim.tools.estimate.bounds and the branch and bound of spmdsim.tools.estimate.search: the layer cells' bounds lie below
-every configuration's own dry-run price, so pruning by them never drops the fastest configuration that fits."""
+"""spmdsim.tools.estimate.bounds and the branch and bound of spmdsim.tools.estimate.search: the layer cells' bounds lie
+below every configuration's own dry-run price, so pruning by them never drops the fastest configuration that fits."""
 from __future__ import annotations
 
 import re
@@ -156,8 +156,9 @@ def _moe(layers: int, **moe) -> GPTConfig:
     (4, {"capacity_factor": 0.5}, 8), (6, {"every": 3, "top_k": 1, "dropless": True, "dry_routing": "worst"}, 1)])
 def test_an_moe_gpts_cells_lie_below_every_configurations_price_and_keep_the_best(layers, moe, node):
     """Every configuration of a small MoE GPT on 2 devices (ep 1 and 2, the experts split over tp 2 or folded
-    into their ep, interleaved chunks of one layer, nodes of 8, 2 or 1 GPUs) priced by its own dry run: the cells' time and memory bounds lie below it, they are
-    tighter than the closed forms on most, and the search bounded by them (`moe_cells`) chooses the fastest."""
+    into their ep, interleaved chunks of one layer, nodes of 8, 2 or 1 GPUs) priced by its own dry run: the cells' time
+    and memory bounds lie below it, they are tighter than the closed forms on most, and the search bounded by them
+    (`moe_cells`) chooses the fastest."""
     import dataclasses
     cfg = _moe(layers, **moe)
     machine = dataclasses.replace(A100, gpus_per_node=node)

@@ -163,7 +163,8 @@ def test_the_curve_round_trips_and_needs_model_shape():
     with pytest.raises(SpmdsimError) as info:
         machine_from_dict(_edit(_h100(), _U, _DELETE), "machine file 'x.json'")
     assert str(info.value) == ("machine file 'x.json': key 'gemm_efficiency.batched' is missing; expected present "
-                               "with model 'shape', or 'unbatched' (its measured tables, docs/howto/add-machine-file.md)")
+                               "with model 'shape', or 'unbatched' (its measured tables, "
+                               "docs/howto/add-machine-file.md)")
 
 
 def test_a_table_needs_model_shape_and_model_shape_needs_a_table():

@@ -206,7 +206,8 @@ def test_the_command_prints_each_stage_within_100_columns():
     (["--virtual-stages", "2"], "virtual stages 2 interleave the layers over the pipeline's stages (chunk k on "
                                 "stage k mod pp): they need pp 2 or more, got pp 1"),  # was a KeyError's traceback
     (["--schedule", "interleaved"], "--schedule interleaved interleaves 2 model chunks a stage (the default "
-                                    "--virtual-stages) over the pipeline's stages: expected --pp 2 or more, got --pp 1"),
+                                    "--virtual-stages) over the pipeline's stages: expected --pp 2 or "
+                                    "more, got --pp 1"),
     (["--pad-vocab-to", "0"], "--pad-vocab-to 0 must be >= 1"),
     # the dry run's token ids: np.arange(2 * seq + 2) was a ValueError's traceback, or numpy asked for 149 GiB
     (["--seq", "1180591620717411303424"], "--seq 1,180,591,620,717,411,303,424 is too long; expected at most "
@@ -490,12 +491,14 @@ def test_a_block_no_address_space_holds_ends_the_estimate_in_one_line_saying_it_
 
 def test_a_model_larger_than_this_machine_is_estimated_not_refused():
     """docs/explanation/estimate.md, "A dry run is not this machine" (its flags, which the page quoted without
-    --heads, --seq and --global-batch: those gave 974.36 GiB): a 48.8 GiB float64 shard (the embedding at tp 1) is more than this machine has, and a
-    dry run writes none of it: the estimate runs and says the rank does not fit the A100."""
+    --heads, --seq and --global-batch: those gave 974.36 GiB): a 48.8 GiB float64 shard (the embedding at tp 1) is more
+    than this machine has, and a dry run writes none of it: the estimate runs and says the rank does not
+    fit the A100."""
     done = _cli("--layers", "1", "--hidden", "65536", "--heads", "64", "--seq", "128", "--vocab", "100000",
                 "--tp", "1", "--global-batch", "1", "--micro-batch", "1")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split("\nto fit: ")[0].splitlines()[-1] == ("memory: stage 0 needs 974.85 GiB a rank at its peak, more than the "
+    assert done.stdout.split("\nto fit: ")[0].splitlines()[-1] == ("memory: stage 0 needs 974.85 GiB a rank at its "
+                                                                   "peak, more than the "
                                             "a100-dgx's 80.00 GiB per GPU")
 
 
@@ -599,8 +602,8 @@ def test_the_json_config_is_the_commands_options_not_every_attribute_of_its_argu
 
 def test_the_peak_adds_no_block_the_memory_line_holds():
     """The transient part of the peak counts only the blocks of a product or kernel that the memory line does
-    not hold already (spmdsim.base.flop_counts.Fresh: the dry run tells them apart by identity). One layer of width 256 on
-    one rank, seq 8, no recomputation, Megatron's kept set: MLP fc1's forward product (8 x 256) @ (256 x 1024)
+    not hold already (spmdsim.base.flop_counts.Fresh: the dry run tells them apart by identity). One layer of width 256
+    on one rank, seq 8, no recomputation, Megatron's kept set: MLP fc1's forward product (8 x 256) @ (256 x 1024)
     reads x, which its backward keeps, and the weight W1, a parameter: only its result (8 x 1024, before the
     bias add) is the moment's own; its weight-gradient product x^T dA reads the kept x and writes W1's gradient,
     which the memory line holds as the gradients: only dA. The largest moment is then the backward walk's sum

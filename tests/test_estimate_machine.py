@@ -370,8 +370,8 @@ def test_calibrate_writes_a_machine_file_load_machine_reads(tmp_path):
     out = tmp_path / "machine.json"
     # 16 MiB against 64 KiB, the median of 3 after a warm-up: under load (~8) one cold 4 MiB call against one
     # 64 KiB call timed no slower per byte now and then, and the fit then has no bandwidth term (below).
-    cmd = ["timeout", "-k", "5", "90", MPIEXEC, "-n", "2", sys.executable, "-m", "spmdsim", "calibrate", "--sizes", "64K,16M",
-           "--ops", "allreduce,allgather", "--repeats", "3", "--warmup", "1",
+    cmd = ["timeout", "-k", "5", "90", MPIEXEC, "-n", "2", sys.executable, "-m", "spmdsim", "calibrate",
+           "--sizes", "64K,16M", "--ops", "allreduce,allgather", "--repeats", "3", "--warmup", "1",
            "--output", str(tmp_path / "cost.json"), "--machine-out", str(out)]
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)

@@ -63,7 +63,8 @@ def test_the_tokens_all_to_all_stays_on_nvlink_and_each_gradient_is_summed_over_
         sent = stage["sent"]
         assert "alltoallv cluster" not in sent
         # (routed balanced: 1/ep of a rank's rows go to its own experts, copied within the rank)
-        assert sent["alltoallv node"] == 4 * layers_a_stage * d["microbatches"] * TOP_K * SEQ * HIDDEN * 2 * (EP - 1) // EP
+        assert sent["alltoallv node"] == (4 * layers_a_stage * d["microbatches"] * TOP_K * SEQ * HIDDEN * 2
+                                          * (EP - 1) // EP)
         experts, dense = stage["expert_params"], stage["params"] - stage["expert_params"]
         assert experts == layers_a_stage * EXPERTS // EP * 3 * HIDDEN * FFN
         assert sent["reduce_scatter cluster"] == 4 * dense * (DP * EP - 1) // (DP * EP) + 4 * experts * (DP - 1) // DP

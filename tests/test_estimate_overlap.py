@@ -1,6 +1,6 @@
-"""`spmdsim estimate --overlap tp,pp` (docs/explanation/estimate.md, "The predicted step time"): the layers' tensor-parallel
-collectives hidden under their GEMMs (Megatron's --tp-comm-overlap) and the pipeline's messages under the
-microbatches' compute (overlap_p2p_comm), each at most that compute; without it the figures are as before (the dp
+"""`spmdsim estimate --overlap tp,pp` (docs/explanation/estimate.md, "The predicted step time"): the layers'
+tensor-parallel collectives hidden under their GEMMs (Megatron's --tp-comm-overlap) and the pipeline's messages under
+the microbatches' compute (overlap_p2p_comm), each at most that compute; without it the figures are as before (the dp
 gradient sums alone hidden, under the backward). Before, the option did not exist: NeMo's GPT-3 175B recipe, which
 turns both on, could not be estimated as it runs."""
 from __future__ import annotations

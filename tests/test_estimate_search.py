@@ -262,7 +262,8 @@ def test_a_configuration_whose_dry_run_cannot_map_a_block_is_over_the_limit_not_
     r = search(CFG, 2, A100, 1 << 40, max_dry_runs=1000, pricer=pricer, cells=False)
     (lost,) = [c for c in r.candidates if c.config == huge]
     assert lost.verdict == "memory bound over the limit" and lost.bound_bytes == 2 << 46  # bf16: 2 bytes each
-    assert lost.step_s is None and r.chosen is not None and r.dry_runs == sum(c.step_s is not None for c in r.candidates)
+    assert lost.step_s is None and r.chosen is not None and r.dry_runs == sum(c.step_s is not None
+                                                                              for c in r.candidates)
     with pytest.raises(UnmappableError, match=r"^the dry run cannot map a block of shape \(1099511627776, 64\)"):
         search(CFG, 2, A100, 4 << 46, max_dry_runs=1000, pricer=pricer, cells=False)
 
@@ -381,7 +382,8 @@ def test_the_command_searches_an_moe_gpt_and_shows_its_ep(capsys, monkeypatch):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "4 experts, top-1, in 1 of every 2 blocks (the dry runs route balanced)" in unfold(out)
-    assert "  ep etp  cp     mb recompute" in out and "chosen: " in out and all(len(line) <= 100 for line in out.splitlines())
+    assert "  ep etp  cp     mb recompute" in out and "chosen: " in out and all(len(line) <= 100
+                                                                                for line in out.splitlines())
     assert "0 small dry runs of layer cells" in unfold(out)  # the closed forms alone, unless --moe-cells
     monkeypatch.setattr(autoshard_common, "PATIENCE_S", 0.05)  # the search's cells take seconds: never silent that long
     # the cells on 2 devices, tp 1 and no recomputation held (the CLI's path and its patience line; every cell's

@@ -124,8 +124,8 @@ def test_utilization_refuses_bad_values_in_one_line(args, message):
 
 
 def _quoted(text: str, what: str) -> dict:
-    """{"MFU": (percent, TFLOP/s), "HFU": ...} of the output docs/explanation/estimate-published.md quotes under the command with `what`
-    (tests/test_classroom_docs.py checks the quoted lines against the command's own output)."""
+    """{"MFU": (percent, TFLOP/s), "HFU": ...} of the output docs/explanation/estimate-published.md quotes under the
+    command with `what` (tests/test_classroom_docs.py checks the quoted lines against the command's own output)."""
     from docs_commands import quotes
 
     (quote,) = [q for q in quotes("docs/explanation/estimate-published.md") if what in q.command and q.output
@@ -139,8 +139,9 @@ def _quoted(text: str, what: str) -> dict:
 
 
 def test_the_docs_comparisons_with_the_papers_are_the_quoted_outputs():
-    """docs/explanation/estimate-published.md's table beside Korthikanti's Table 5 and Narayanan's Table 1, and its prose, give the
-    MFU, HFU and TFLOP/s the commands it quotes print (each quoted line is checked against the program)."""
+    """docs/explanation/estimate-published.md's table beside Korthikanti's Table 5 and Narayanan's Table 1, and its
+    prose, give the MFU, HFU and TFLOP/s the commands it quotes print (each quoted line is checked against
+    the program)."""
     text = (Path(__file__).resolve().parents[1] / "docs" / "explanation" / "estimate-published.md").read_text()
     prose = " ".join(text.split())
     # (the 22B model's own flags: the Mixtral section quotes a selective, kept megatron run with an MFU line too)

@@ -12,7 +12,8 @@ from spmdsim.layouts.explain import MAX_VALUE_ELEMENTS, explain, explanation_to_
 
 ABCDE = ("a", "b", "c", "d", "e")
 
-# (device matrix, tensor map, shape, value held by ranks 0..7) from MindSpore's Layout tutorial (docs/explanation/semantics.md).
+# (device matrix, tensor map, shape, value held by ranks 0..7) from MindSpore's Layout tutorial
+# (docs/explanation/semantics.md).
 SEED_CASES = [
     ((2, 1, 2, 2, 1), ("b", "d", "e", "c", "a"), (1, 2, 1, 2, 2), [0, 4, 2, 6, 1, 5, 3, 7]),
     ((4, 1, 1, 2, 1), ("b", "d", "e", "a"), (1, 2, 1, 4), [0, 4, 1, 5, 2, 6, 3, 7]),

@@ -2,7 +2,8 @@
 parameters sharded over dp, the ranks that hold the same experts (the expert-data-parallel group), the dense
 ones over dp x ep, as Megatron-Core and DeepSpeed shard them. Every step checked against one numpy process;
 each layer's gathers and Reduce_scatters (one per group of its parameters on the same axes) read from the trace,
-on their own axes, against its parameters' bytes; the MoE layer's backward holds no gathered expert between its forward and its backward."""
+on their own axes, against its parameters' bytes; the MoE layer's backward holds no gathered expert between its forward
+and its backward."""
 from __future__ import annotations
 
 import numpy as np

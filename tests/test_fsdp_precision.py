@@ -2,8 +2,8 @@
 
 The parameters are bfloat16 and their gradients float32 (Megatron's main_grad, spmdsim.base.precision's
 bf16-mixed): each layer's one gather moves 2 bytes an element and its gradients are reduce-scattered in float32,
-4 bytes an element, by one Reduce_scatter, which is FSDP2's MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32). The
-steps are checked against one numpy process under the same policy.
+4 bytes an element, by one Reduce_scatter, which is FSDP2's MixedPrecisionPolicy(param_dtype=bfloat16,
+reduce_dtype=float32). The steps are checked against one numpy process under the same policy.
 """
 from __future__ import annotations
 

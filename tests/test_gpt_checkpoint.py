@@ -280,7 +280,8 @@ def test_the_section_shows_the_commands_this_test_runs():
     assert [q.output is not None for q in shown] == [True, True, True, True]
     assert [q.command.split("--steps")[1] for q in shown] == [" 3 --save ckpt"] + [" 6 --resume ckpt"] * 3
     assert [q.command.split("--layers")[0] for q in shown] == ["python examples/train_gpt.py --ranks 4 --tp 2 "] * 2 \
-        + ["python examples/train_gpt.py --ranks 2 --tp 2 ", "python examples/train_gpt.py --ranks 4 --tp 2 --precision fp32 "]
+        + ["python examples/train_gpt.py --ranks 2 --tp 2 ",
+           "python examples/train_gpt.py --ranks 4 --tp 2 --precision fp32 "]
 
 
 def test_the_documented_commands_resume_as_the_run_that_never_stopped(tmp_path):

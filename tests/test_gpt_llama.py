@@ -139,8 +139,9 @@ def test_tp_must_divide_the_key_value_heads_and_a_low_precision_check_takes_llam
     assert mesh_problem(GPTConfig(ffn=30), 1, 4, False) == (
         "the MLP's hidden width ffn 30 is not divisible by tp 4 (its columns are split over tp)")
     pytest.importorskip("ml_dtypes")
-    # spmdsim.models.gpt.mixed mirrors every option's rounding points (it refused RMSNorm, SwiGLU and RoPE): tp 2 without
-    # sp (the column-parallel inputs' gradients pending over tp; tests/test_train_bf16_llama.py has dp 2 x tp 2, sp)
+    # spmdsim.models.gpt.mixed mirrors every option's rounding points (it refused RMSNorm, SwiGLU and RoPE): tp 2
+    # without sp (the column-parallel inputs' gradients pending over tp; tests/test_train_bf16_llama.py has
+    # dp 2 x tp 2, sp)
     cfg = GPTConfig(layers=1, d_model=16, heads=4, seq=8, batch=4, norm="rms", mlp="swiglu", positions="rope",
                     kv_heads=2, tied=False, bias=False)
     steps = spmdsim.simulate(2, lambda: train(cfg, spmdsim.world(), 1, 2, 1, TEXT, precision="bf16-mixed")[1])[0]

@@ -396,7 +396,8 @@ def test_the_examples_refuse_a_schedule_without_a_pipeline_in_one_line():
                                                           "4 ranks left (world size 8 / cp 2)"),
     (["examples/train_moe_gpt.py", "--tp", "2", "--ep", "2", "--dp", "1"],
      "the MoE GPT cannot run on 8 ranks: dp 1 x ep 2 x tp 2 must multiply to the world size 8: e.g. --dp 2 --ep 2"),
-    (["examples/train_gpt.py", "--dp", "2", "--tp", "2"],  # both given: the dp that fits named (was "set --dp and --tp")
+    # both given: the dp that fits named (was "set --dp and --tp")
+    (["examples/train_gpt.py", "--dp", "2", "--tp", "2"],
      "the GPT cannot run on 8 ranks: dp 2 x tp 2 must multiply to the world size 8: e.g. --dp 4 --tp 2"),
     (["examples/train_gpt.py", "--pp", "2", "--dp", "1", "--tp", "2"],
      "the GPT cannot run on 8 ranks: pp 2 x dp 1 x tp 2 must multiply to the world size 8: e.g. --dp 2 --tp 2"),

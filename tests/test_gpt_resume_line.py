@@ -61,7 +61,8 @@ def test_a_refused_resume_prints_its_refusal_without_a_resume_line(saved, exampl
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     at = lines.index(f"resuming from {good} at step 1")
-    assert lines[at + 1].startswith(" step    loss") and [line.split()[0] for line in lines[at + 2:at + 4]] == ["1", "2"]
+    assert lines[at + 1].startswith(" step    loss") and [line.split()[0]
+                                                          for line in lines[at + 2:at + 4]] == ["1", "2"]
 
 
 @pytest.mark.skipif(not MPIEXEC, reason="no mpiexec")

@@ -111,7 +111,8 @@ def test_output_paths_in_a_missing_folder_are_refused_and_nothing_is_made(capsys
     missing = tmp_path / "no" / "such"
     line = _one_error_line(capsys, SHOW + ["--png", str(missing / "x.png")], "cannot be written")
     assert line.endswith(f"directory {str(missing)!r} does not exist; expected a path in an existing directory")
-    _one_error_line(capsys, RUN + ["--trace-out", str(missing / "t.json")], f"directory {str(missing)!r} does not exist")
+    _one_error_line(capsys, RUN + ["--trace-out", str(missing / "t.json")],
+                    f"directory {str(missing)!r} does not exist")
     _one_error_line(capsys, ["plan", "--device-matrix", "8", "--alias", "x", "--from", "x,None", "--to", "None,x",
                              "--shape", "8,8", "--png", str(missing / "pics")], "does not exist")
     assert not (tmp_path / "no").exists()
@@ -147,7 +148,8 @@ def test_version(capsys):
     (["--rank", "8"], 0, None),  # a prefix, as argparse takes it for the CLI's --ranks (ran 1 process)
     # and how to get 8 ranks (it was said for a 1-rank run only)
     (["--ranks", "4"], 2, "spmdsim: error: device matrix (2, 4) needs 8 ranks but the communicator has 4 (simulate 8 "
-                          "ranks with `--ranks 8` / spmdsim.simulate(8, main), or launch them with `mpiexec -n 8 ...`)"),
+                          "ranks with `--ranks 8` / spmdsim.simulate(8, main), or launch them with "
+                          "`mpiexec -n 8 ...`)"),
 ])
 def test_readme_library_example_takes_ranks_as_every_script_does(tmp_path, argv, code, needle):
     from testkit import readme_library_example, unfold

@@ -206,7 +206,8 @@ def test_the_code_names_none_of_our_issues():
     assert not found, "say what the code does and why, not which issue asked for it:\n" + "\n".join(found)
     assert OUR_ISSUE.search("a node a call: issue 58") and OUR_ISSUE.search("(issues 52 and 53)")
     assert OUR_ISSUE.search("Issue 55: bounds")
-    assert not OUR_ISSUE.search("Megatron-LM issue 1754") and not OUR_ISSUE.search("NVIDIA/nccl-tests issues 319 and 267")
+    assert (not OUR_ISSUE.search("Megatron-LM issue 1754")
+            and not OUR_ISSUE.search("NVIDIA/nccl-tests issues 319 and 267"))
     assert not OUR_ISSUE.search("a step issues 41 sends")
 
 

@@ -173,8 +173,8 @@ OPTIONS = {"swiglu": dict(mlp="swiglu", ffn=48), "gqa": dict(kv_heads=2), "rope"
 @pytest.mark.parametrize("precision", ["fp64", "bf16-mixed"])
 @pytest.mark.parametrize("option", list(OPTIONS))
 def test_a_step_under_megatrons_kept_set_passes_its_check(precision, option):
-    """fp64 against spmdsim.models.gpt.reference; bf16-mixed against spmdsim.models.gpt.mixed, which rounds as the fused pieces
-    under kept "megatron" (tests/test_train_bf16_llama.py tells a reference rounding as the graph apart)."""
+    """fp64 against spmdsim.models.gpt.reference; bf16-mixed against spmdsim.models.gpt.mixed, which rounds as the fused
+    pieces under kept "megatron" (tests/test_train_bf16_llama.py tells a reference rounding as the graph apart)."""
     if precision != "fp64":
         pytest.importorskip("ml_dtypes")
     cfg = _cfg(**OPTIONS[option])

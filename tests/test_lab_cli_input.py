@@ -54,7 +54,8 @@ def desk(tmp_path, monkeypatch, capsys):
     (["grade", "5", "s/right.py", "--csv", "g.csv"], "lab grade takes a folder of submissions (or a zip of one), "
      "and 's/right.py' is a file; for one file: spmdsim lab check 5 s/right.py"),
     (["grade", "1", "s/right.py", "--csv", "g.csv", "--exercises", "course"], "lab grade takes a folder of "
-     "submissions (or a zip of one), and 's/right.py' is a file; for one file: spmdsim lab check 1 s/right.py --exercises course"),
+     "submissions (or a zip of one), and 's/right.py' is a file; for one file: spmdsim lab check 1 s/right.py "
+     "--exercises course"),
     (["grade", "s", "--csv", "g.csv"], "lab grade needs the exercise's number before the folder: spmdsim lab grade "
      "N s --csv g.csv (spmdsim lab list lists the exercises)"),
     (["grade", "5", "--csv", "g.csv"], "lab grade needs the folder of submissions after the exercise's number: "

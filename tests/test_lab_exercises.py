@@ -720,7 +720,8 @@ WRONG = [
                 block.append((rank % parts * (length // parts), (rank % parts + 1) * (length // parts)))
             return block
         """),
-    (14, 8, 0, "wrong", ["rank 1 item 0 is (0, 4), expected (4, 8)", "rank 4's block: ranks are numbered row-major"], """
+    (14, 8, 0, "wrong",
+     ["rank 1 item 0 is (0, 4), expected (4, 8)", "rank 4's block: ranks are numbered row-major"], """
         def my_block(comm, device_matrix, alias_names, tensor_map, shape):
             rank = comm.Get_rank()
             coords, rest = {}, rank
@@ -971,7 +972,8 @@ WRONG = [
         import numpy as np
         def attention_heads(comm, x, wq, wk, wv, wo, e):
             whole = [np.concatenate(parts, axis=axis) for parts, axis in
-                     ((comm.allgather(wq), 1), (comm.allgather(wk), 1), (comm.allgather(wv), 1), (comm.allgather(wo), 0))]
+                     ((comm.allgather(wq), 1), (comm.allgather(wk), 1), (comm.allgather(wv), 1),
+                      (comm.allgather(wo), 0))]
             return x @ whole[0] @ whole[3]
         """),
     (22, 2, 0, "forbidden", ["line 6: comm.Allreduce is not allowed", "in one Reduce_scatter"], """

@@ -1,5 +1,5 @@
-"""The pipeline's layers split as the user says (spmdsim.programs.pipeline.options.layer_split): --first-stage-layers and
---last-stage-layers (Megatron's --decoder-first/last-pipeline-num-layers) and --stage-layers, for `spmdsim
+"""The pipeline's layers split as the user says (spmdsim.programs.pipeline.options.layer_split): --first-stage-layers
+and --last-stage-layers (Megatron's --decoder-first/last-pipeline-num-layers) and --stage-layers, for `spmdsim
 estimate gpt` (its dry run, ledger and bounds of THAT split), examples/train_gpt.py and train_moe_gpt.py (a real
 pipelined run, checked every step), each bad value refused in one line."""
 from __future__ import annotations
@@ -131,8 +131,8 @@ def test_the_estimate_refuses_a_bad_split_in_one_line(argv, message):
 
 
 def test_the_bounds_and_the_price_of_a_configuration_with_a_split():
-    """spmdsim.tools.estimate.configs.Config's split: its price is the dry run of that split, and the layer cells' bounds
-    count each stage's layers as it cuts them, still below the price."""
+    """spmdsim.tools.estimate.configs.Config's split: its price is the dry run of that split, and the layer cells'
+    bounds count each stage's layers as it cuts them, still below the price."""
     from spmdsim.tools.estimate.bounds import Cells
     from spmdsim.tools.estimate.machine import load_machine
     from spmdsim.tools.estimate.configs import Config
@@ -178,6 +178,7 @@ def test_train_moe_gpt_takes_megatrons_flag_over_its_pipeline():
 def test_the_examples_refuse_fewer_layers_than_stages_naming_the_layers(example):
     # not "no dp x tp of 4 ranks runs it (tp 4: 1 layers cannot fill 2 pipeline chunks; tp 2: ...)"
     moe = ["--moe-every", "1"] if "moe" in example else []  # (its one block an MoE layer)
-    code, out, err = run_here(f"examples/{example}", ["--ranks", "8", "--pp", "2", "--layers", "1", "--steps", "1"] + moe)
+    code, out, err = run_here(f"examples/{example}",
+                              ["--ranks", "8", "--pp", "2", "--layers", "1", "--steps", "1"] + moe)
     assert code == 2 and err.replace("\n  ", " ").endswith(
         "spmdsim: error: --layers 1 cannot fill --pp 2 stages: each stage needs a layer at least\n"), err

@@ -151,7 +151,8 @@ def test_local_shape_and_bounds():
         (lambda: Layout((2, 4), ("dp", "mp"))("dp", partial=("dp",)), "axis 'dp' is used more than once"),
         (lambda: Layout((2, 0), ("dp", "mp")), "positive integers, got 0"),
         (lambda: Layout((2, -1), ("dp", "mp")), "positive integers, got -1"),
-        (lambda: Layout((2, 4), ("dp",)), "alias_name ('dp',) has 1 name but device_matrix (2, 4) has 2 axes; expected one name per axis"),
+        (lambda: Layout((2, 4), ("dp",)),
+         "alias_name ('dp',) has 1 name but device_matrix (2, 4) has 2 axes; expected one name per axis"),
         (lambda: Layout((2, 4), ("dp", "dp")),
          "alias_name ('dp', 'dp') names two axes 'dp'; expected a different name for each axis"),
         (lambda: Layout((2, 4), ("dp", "None")), "other than 'None'"),
@@ -168,7 +169,8 @@ def test_layout_errors_name_the_value(build, fragment):
 
 def test_shape_errors():
     tl = Layout((2, 2, 2), ("dp", "sp", "mp"))("mp", ("sp", "dp"))
-    with pytest.raises(ShapeError, match=r"tensor \(4, 10\): dim 1 of size 10 is not divisible by 4 shards over \('sp', 'dp'\)"):
+    with pytest.raises(ShapeError,
+                       match=r"tensor \(4, 10\): dim 1 of size 10 is not divisible by 4 shards over \('sp', 'dp'\)"):
         tl.check_shape((4, 10))
     with pytest.raises(ShapeError, match=r"has 2 entries but shape \(4, 8, 2\) has 3 dims"):
         tl.check_shape((4, 8, 2))

@@ -1,6 +1,6 @@
 """Simulated ranks are threads: the limits on threads and their stacks are refused in one line, before any rank
-runs (spmdsim.runtime.sim.thread_limits), and a thread that cannot start anyway ends the run in one line, not a traceback
-naming a rank that never ran."""
+runs (spmdsim.runtime.sim.thread_limits), and a thread that cannot start anyway ends the run in one line, not a
+traceback naming a rank that never ran."""
 from __future__ import annotations
 
 import os

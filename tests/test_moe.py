@@ -276,7 +276,8 @@ def test_a_bad_zero_stage_is_refused_before_the_example_prints_its_model():
      "batch 8 is not divisible by 6 microbatches (the default at --pp 3: 2 x pp)"),
     (["--pp", "3", "--ranks", "6"], "--layers 2 cannot fill --pp 3 stages: each stage needs a layer at least"),
     (["--schedule", "interleaved"], "--schedule interleaved interleaves 2 model chunks a stage (the default "
-                                    "--virtual-stages) over the pipeline's stages: expected --pp 2 or more, got --pp 1")])
+                                    "--virtual-stages) over the pipeline's stages: expected --pp 2 or "
+                                    "more, got --pp 1")])
 def test_a_schedule_the_sizes_do_not_fit_is_refused_before_the_example_prints_its_model(flags, message):
     """--pp 2 --virtual-stages 2 (1f1b takes one chunk a stage) printed the model, its experts and the pipeline's
     line, then the schedule's refusal; the default microbatches' (2 x pp) was named as if the user gave it."""

@@ -215,9 +215,10 @@ def test_the_examples_bad_foldings_are_refused_in_one_line(flags, message):
 
 
 @pytest.mark.parametrize("flags, division", [
-    (["--tp", "4", "--etp", "2", "--ep", "4", "--pp", "2"], "--ep 4 must divide the 2 ranks left (world size 8 / pp 2 x "
-                                                            "etp 2)"),
-    (["--tp", "2", "--etp", "1", "--ep", "8", "--pp", "2"], "--ep 8 must divide the 4 ranks left (world size 8 / pp 2)"),
+    (["--tp", "4", "--etp", "2", "--ep", "4", "--pp", "2"],
+     "--ep 4 must divide the 2 ranks left (world size 8 / pp 2 x etp 2)"),
+    (["--tp", "2", "--etp", "1", "--ep", "8", "--pp", "2"],
+     "--ep 8 must divide the 4 ranks left (world size 8 / pp 2)"),
     (["--tp", "2", "--ep", "3", "--pp", "2"], "--ep 3 must divide the 2 ranks left (world size 8 / pp 2 x tp 2)"),
 ])
 def test_an_ep_the_stage_cannot_take_says_a_division_that_holds(flags, division):

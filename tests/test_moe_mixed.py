@@ -1,6 +1,7 @@
-"""The MoE layer under the low-precision policies (spmdsim.models.moe.layer, spmdsim.models.moe.mixed; docs/howto/experts-memory.md,
-"bf16"): the layer on simulated ranks against its one-process reference, element by element, and the MoE
-GPT's bf16-mixed and fp32 steps checked as the dense GPT's (spmdsim.models.gpt.mixed's tolerances)."""
+"""The MoE layer under the low-precision policies (spmdsim.models.moe.layer, spmdsim.models.moe.mixed;
+docs/howto/experts-memory.md, "bf16"): the layer on simulated ranks against its one-process reference, element by
+element, and the MoE GPT's bf16-mixed and fp32 steps checked as the dense GPT's (spmdsim.models.gpt.mixed's
+tolerances)."""
 from __future__ import annotations
 
 import numpy as np

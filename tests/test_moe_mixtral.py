@@ -1,5 +1,5 @@
-"""Mixtral's experts (docs/howto/experts.md, "Mixtral's experts"): the MoE layer's experts follow GPTConfig's mlp and bias,
-SwiGLU experts (w1 and w3 column-parallel over tp, w2 row-parallel) without biases, checked against the numpy
+"""Mixtral's experts (docs/howto/experts.md, "Mixtral's experts"): the MoE layer's experts follow GPTConfig's mlp and
+bias, SwiGLU experts (w1 and w3 column-parallel over tp, w2 row-parallel) without biases, checked against the numpy
 reference on simulated ranks (ep 1 and 2, tp 1 and 2, a capacity and dropless); the reference itself against the
 dense SwiGLU MLP and central differences; the parameter list, the closed count and the dry run's count of a
 Mixtral-8x7B-shaped model against the published total (Jiang et al. 2024, "Mixtral of Experts"; the config.json

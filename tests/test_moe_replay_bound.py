@@ -1,5 +1,5 @@
-"""A replayed MoE layer's exchanges (spmdsim.models.moe.layer, spmdsim.runtime.replay): with a capacity each dispatch and
-combine Alltoall is its own recorded call, bound to its mesh's kept plan (the engine's transfer alone: no
+"""A replayed MoE layer's exchanges (spmdsim.models.moe.layer, spmdsim.runtime.replay): with a capacity each dispatch
+and combine Alltoall is its own recorded call, bound to its mesh's kept plan (the engine's transfer alone: no
 collective's checks, no door.repeat on replay); dropless, the Alltoallv whose counts change each step runs whole.
 Either way a replay equals the eager layer on the same tokens bit for bit."""
 from __future__ import annotations
@@ -64,7 +64,8 @@ def _layer_step(dropless, counted=None):
         graph = capture(step, xd, state=params.values())
     counts = (eager_count.counts, eager_count.kernels) == (captured_count.counts, captured_count.kernels) \
         if counted else None
-    exchanges = {getattr(collectives.alltoall, "__wrapped__", collectives.alltoall).__code__, door.repeat.__code__, getattr(group_alltoallv, "__wrapped__", group_alltoallv).__code__}
+    exchanges = {getattr(collectives.alltoall, "__wrapped__", collectives.alltoall).__code__, door.repeat.__code__,
+                 getattr(group_alltoallv, "__wrapped__", group_alltoallv).__code__}
     replays = []
     for x in xs[1:]:
         y, frames = _entered(lambda: graph(DTensor.from_global(mesh, x, tokens)))

@@ -78,11 +78,13 @@ def test_the_layers_stats_kernel_is_stats():
             T, bl, E, ep = 6, 2, 4, 2
             plan = moe_exchange._plan(mesh, moe, T, bl, E // ep, "h1")
             tab = moe_slots._tables(T, bl, E, 2, plan.capacity, ep)
-            experts, gates, slots, counts, rows, per_expert, _ = moe_slots._route(_probs(rng, T, bl, E, np.float64), tab,
+            experts, gates, slots, counts, rows, per_expert, _ = moe_slots._route(_probs(rng, T, bl, E, np.float64),
+                                                                                  tab,
                                                                               dropless)
             got = KERNELS.alltoall(mesh, per_expert, "ep", 0, 0, "counts") if dropless else None
             put: list = [None]
-            moe_slots._note(put.__setitem__, 0, moe_slots._facts(plan, tab, 8 * 16), experts, slots, rows, per_expert, got)
+            moe_slots._note(put.__setitem__, 0, moe_slots._facts(plan, tab, 8 * 16), experts, slots,
+                            rows, per_expert, got)
             move = plan.exchange(per_expert, got)
             want = moe_stats._stats(mesh, "h1", Routing(experts, gates, slots, counts, plan.capacity), move,
                                 rows[rows >= 0], 8 * 16)
@@ -201,9 +203,10 @@ def test_a_replayed_moe_layer_runs_no_shape_python_and_equals_the_eager_layer(dr
     """Before, each replay ran numpy's take_along_axis and put_along_axis (routing, gates' backward), a
     broadcast_to per pack, unpack and combine backward, the stats' group look-up and a Routing's properties,
     each slot reordering's reshapes, and np.max's and np.sum's Python wrappers in the router's softmax and its
-    gradient (spmdsim.references.forward.softmax and reference_grad.softmax_grad now call their reductions); with a capacity on tp 2, fc2's Allreduce inside the experts' kernel
-    (the collective's checks each replay). Now none of them: the Allreduce is its own recorded call, bound to
-    its kept plan (dropless, it sums the rows that arrived, a count each step's: inside the kernel still)."""
+    gradient (spmdsim.references.forward.softmax and reference_grad.softmax_grad now call their reductions); with a
+    capacity on tp 2, fc2's Allreduce inside the experts' kernel (the collective's checks each replay). Now none of
+    them: the Allreduce is its own recorded call, bound to its kept plan (dropless, it sums the rows that arrived, a
+    count each step's: inside the kernel still)."""
     for results in spmdsim.simulate(4, lambda: _layer_step(dropless)):
         assert results[1][4]  # the second replay's tokens gave another output
         for gone, summed_inside, same, same_stats, _, dropped in results:

@@ -304,7 +304,8 @@ def test_a_dry_runs_flags_pass_the_checks_before_the_banner(example: str, flags:
     ranks run): a dry run's --routing passes them, and its report follows the banner."""
     out = subprocess.run([sys.executable, str(ROOT / "examples" / f"{example}.py"), *flags, "--steps", "1"],
                          capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and out.stdout.startswith("spmdsim: a dry run (shapes only) on "), (out.stdout, out.stderr)
+    assert (out.returncode == 0
+            and out.stdout.startswith("spmdsim: a dry run (shapes only) on ")), (out.stdout, out.stderr)
 
 
 @pytest.mark.parametrize("width", ["80", "100"])

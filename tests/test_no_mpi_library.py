@@ -44,7 +44,8 @@ def test_dtensor_program_on_simulated_ranks_needs_no_mpi_library(tmp_path):
             comm = spmdsim.world()
             mesh = Mesh(Layout((comm.size,), ("tp",)), comm)
             X, W = np.arange(12.0).reshape(3, 4), np.arange(8.0).reshape(4, 2)
-            y = DTensor.from_global(mesh, X, mesh.layout(None, "tp")) @ DTensor.from_global(mesh, W, mesh.layout("tp", None))
+            y = (DTensor.from_global(mesh, X, mesh.layout(None, "tp"))
+                 @ DTensor.from_global(mesh, W, mesh.layout("tp", None)))
             return bool(y.check(X @ W)), comm.Get_size()
 
         print(spmdsim.simulate(2, main), "mpi4py.MPI" in sys.modules)

@@ -4,10 +4,10 @@ The same values and gradients bit for bit, the same bytes kept for backward (spm
 same FLOPs and kernels counted (spmdsim.base.flops), on a tensor-parallel case with a pending-free product, a broadcast
 bias and a transposed dropout mask, a layer norm and an RMSNorm with their weight and bias (the sequence-parallel
 layout: the weight's gradient pending), at fp64, fp32 and bfloat16 (the operands a node's outputs of their dtype, so
-every bfloat16 rounding is the chain's; the norms at fp64 and fp32 only: a bfloat16 norm rounds once), each measured on a repeated call signature (which runs its kernels and
-builds its tensors and node without the general helpers, but at bfloat16); a GPT block of kept "graph" records 16
-nodes where its separate operators recorded 31; and the GPT compares an activation's layout object with its whole
-layout once.
+every bfloat16 rounding is the chain's; the norms at fp64 and fp32 only: a bfloat16 norm rounds once), each measured on
+a repeated call signature (which runs its kernels and builds its tensors and node without the general helpers, but at
+bfloat16); a GPT block of kept "graph" records 16 nodes where its separate operators recorded 31; and the GPT compares
+an activation's layout object with its whole layout once.
 """
 from __future__ import annotations
 
@@ -54,7 +54,8 @@ def _fused_norm(x, w=None, b=None, centre=True):
 
 
 _NORMS = {"layer_norm": (True, True, True), "layer_norm_weight": (True, True, False),
-          "layer_norm_bias": (True, False, True), "rms_norm": (False, True, False), "layer_norm_of_a_leaf": (True, True, True)}
+          "layer_norm_bias": (True, False, True), "rms_norm": (False, True, False),
+          "layer_norm_of_a_leaf": (True, True, True)}
 
 
 # The general helpers a fused piece's first call goes through; a repeat of its call signature (fp64,

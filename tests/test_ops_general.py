@@ -309,8 +309,8 @@ def test_python_ints_beyond_an_integer_dtype_and_powers_of_bools_as_numpy_2(spli
     """NEP 50: an int32 DTensor compared with 2**40 is compared (every entry lies below it), as numpy 2 does;
     lifting the number to int32 raised numpy's OverflowError from deep inside. Arithmetic with it, a bool's
     comparison past int64 and a clip bound on the side where it clips are refused as numpy refuses them, in
-    one line; a bound that clips nothing is dropped (numpy 2.4's clip; 2.0's refused it). ``mask ** 2`` is numpy's int8 (its
-    operator's np.square; np.power(mask, 2) is int64), and an integer to a negative integer power is refused
+    one line; a bound that clips nothing is dropped (numpy 2.4's clip; 2.0's refused it). ``mask ** 2`` is numpy's int8
+    (its operator's np.square; np.power(mask, 2) is int64), and an integer to a negative integer power is refused
     on every rank (numpy's ValueError came from the kernel, on the ranks holding entries alone)."""
     from spmdsim import DTensor, DTypeError, Mesh
 
@@ -318,7 +318,8 @@ def test_python_ints_beyond_an_integer_dtype_and_powers_of_bools_as_numpy_2(spli
     small = np.arange(8, dtype=np.uint8).reshape(2, 4)
     calls = [lambda x, u, w, m: x < 2 ** 40, lambda x, u, w, m: 2 ** 40 >= x, lambda x, u, w, m: x == -2 ** 40,
              lambda x, u, w, m: x != 2 ** 40, lambda x, u, w, m: np.greater(x, -2 ** 40),
-             lambda x, u, w, m: u <= -1, lambda x, u, w, m: w > 2 ** 70, lambda x, u, w, m: x.clip(0, 2 ** 40) if hasattr(x, "gather") else x.clip(0, None),
+             lambda x, u, w, m: u <= -1, lambda x, u, w, m: w > 2 ** 70,
+             lambda x, u, w, m: x.clip(0, 2 ** 40) if hasattr(x, "gather") else x.clip(0, None),
              lambda x, u, w, m: m ** 2, lambda x, u, w, m: m ** 3, lambda x, u, w, m: np.power(m, 2),
              lambda x, u, w, m: m < 2 ** 40, lambda x, u, w, m: x ** 2]
     bad = [lambda x, u, w, m: x + 2 ** 40, lambda x, u, w, m: u - 1 + -1, lambda x, u, w, m: m < 2 ** 70,
@@ -667,7 +668,8 @@ def test_bad_operands_get_one_line():
              "dropout: mask_dims (0, 0) must be a permutation of the tensor's 2 dims, e.g. (1, 0)"),
             (lambda: ops.dropout(x, 0.1, seed=1, mask_dims="ab"), OperatorError,
              "dropout: mask_dims 'ab' must be a permutation of the tensor's 2 dims"),
-            (lambda: ops.attention(q, q, np.ones(3)), OperatorError, "attention: v must be a DTensor, got ndarray of shape (3,)"),
+            (lambda: ops.attention(q, q, np.ones(3)), OperatorError,
+             "attention: v must be a DTensor, got ndarray of shape (3,)"),
             (lambda: ops.attention(q, q, q, mask=x), OperatorError, "attention: mask must be a bool DTensor (True "
                                                                      "where a key takes part), got dtype 'float64'"),
             (lambda: ops.attention(q, q, q, mask=x > 0.0), ShapeError, "attention: mask of global shape (4, 8); "

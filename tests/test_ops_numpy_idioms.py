@@ -35,8 +35,8 @@ IDIOMS = {  # name -> (the idiom on an array or a DTensor, whether it has a grad
     "dot": (lambda x: np.dot(x[0], x[1]), True), "positive": (lambda x: +x, True),
     "over_zero": (lambda x: x / 0.0, False), "times_inf": (lambda x: np.inf * x, False),
 }
-#: spmdsim's own refusals where numpy computes (docs/reference/operators.md): a reshape whose blocks would not stay blocks,
-#: a sum of bools over a letter (numpy's einsum of bools is an or; a split letter would leave a pending count).
+#: spmdsim's own refusals where numpy computes (docs/reference/operators.md): a reshape whose blocks would not stay
+#: blocks, a sum of bools over a letter (numpy's einsum of bools is an or; a split letter would leave a pending count).
 REFUSED = {"ravel": "OperatorError: ravel: reshape (4, 2) -> (8,) of x mapped",
            "einsum": "OperatorError: einsum 'ij->i': the operands have dtype 'bool', but it sums over 'j'"}
 DTYPES = {"float64": lambda a: a, "float32": lambda a: a.astype(np.float32),

@@ -86,7 +86,8 @@ def test_a_number_beside_a_dtensor_is_numpys_in_every_binary_op():
             x = DTensor.from_global(mesh, g, mesh.layout("x"))
             for number in NUMBERS:
                 for op in BINARY:
-                    for args, args_np, order in (((x, number), (g, number), "x, n"), ((number, x), (number, g), "n, x")):
+                    for args, args_np, order in (((x, number), (g, number), "x, n"),
+                                                 ((number, x), (number, g), "n, x")):
                         why = _compare(mesh, x, g, op, args, args_np)
                         if why:
                             bad.append(f"{op}({order}) {name} x, n {type(number).__name__} {number!r}: {why}")
@@ -144,7 +145,8 @@ def test_where_and_clip_beside_bfloat16_are_numpys():
         np.logical_and(np.zeros(1, np.float32), 2 ** 70)
     except OverflowError:
         refused.append("logical_and: the Python int 1180591620717411303424 is out of bounds for int64, the dtype it "
-                       "takes beside a DTensor of float32 (numpy 2 refuses it too: OverflowError); pass its truth, True")
+                       "takes beside a DTensor of float32 (numpy 2 refuses it too: OverflowError); pass "
+                       "its truth, True")
     assert said == refused
 
 
@@ -277,7 +279,8 @@ def _norms(dtypes, dry=False):
     weight's): rows split (whole on each rank: one fused node) or the last dim split (the composite), kept "graph"
     or "megatron"; each result's block gathered (float64) with its dtype, and the weight's and bias's gradients."""
     rng = np.random.default_rng(5)
-    x, g, b, dy = rng.standard_normal((4, 8)), rng.standard_normal(8), rng.standard_normal(8), rng.standard_normal((4, 8))
+    x, g, b, dy = (rng.standard_normal((4, 8)), rng.standard_normal(8), rng.standard_normal(8),
+                   rng.standard_normal((4, 8)))
 
     def body():
         mesh = Mesh(Layout((2,), ("r",)))

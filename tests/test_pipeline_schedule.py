@@ -9,8 +9,9 @@ from fractions import Fraction
 import pytest
 
 from spmdsim.errors import PipelineError, SpmdsimError
-from spmdsim.programs.pipeline import (MAX_PAIRS, Compute, Post, Recv, Schedule, Send, Timeline, build, bubble_formula, check,
-                              gpipe, in_flight, interleaved, one_f_one_b, parse, plot, render, timeline)
+from spmdsim.programs.pipeline import (MAX_PAIRS, Compute, Post, Recv, Schedule, Send, Timeline, build,
+                                       bubble_formula, check, gpipe, in_flight, interleaved, one_f_one_b, parse,
+                                       plot, render, timeline)
 from spmdsim.programs.pipeline.check import message_ops
 
 BUILT = ([("gpipe", p, m, 1) for p in range(1, 9) for m in range(1, 4 * p + 1)]
@@ -87,8 +88,9 @@ def test_measured_bubble_equals_the_papers_formula_exactly(name, v, p, times):
 
 
 def test_in_flight_names_one_function():
-    """spmdsim.programs.pipeline.schedule.in_flight (the most pairs, an int from the sizes) and spmdsim.programs.pipeline.in_flight
-    (per stage, a tuple from a built schedule) shared a name: the first is most_in_flight now."""
+    """spmdsim.programs.pipeline.schedule.in_flight (the most pairs, an int from the sizes) and
+    spmdsim.programs.pipeline.in_flight (per stage, a tuple from a built schedule) shared a name: the first is
+    most_in_flight now."""
     from spmdsim.programs.pipeline import schedule as schedule_module
 
     assert getattr(schedule_module, "in_flight", in_flight) is in_flight

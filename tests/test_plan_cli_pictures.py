@@ -86,4 +86,5 @@ def test_strategy_pairs_name_the_target_axes_apart(capsys):
     assert main(["plan", "--device-matrix", "8", "--from-strategy", "((4,1),)", "--to-strategy",
                  "((1,8),)", "--shape", "32,512"]) == 0
     head = " ".join(line.strip() for line in capsys.readouterr().out.splitlines()[:2])
-    assert head == 'redistribute ("axis_0", "axis_1") -> ("to_0", "to_1") on Layout(axis_0=4, axis_1=1, rep=2) -> Layout(to_0=1, to_1=8)'
+    assert head == ('redistribute ("axis_0", "axis_1") -> ("to_0", "to_1") on Layout(axis_0=4, axis_1=1, rep=2) -> '
+                    'Layout(to_0=1, to_1=8)')

@@ -717,7 +717,8 @@ def test_max_and_min_of_a_bool_over_a_split_dim_are_numpys():
     from spmdsim import DTensor, Layout, Mesh
     from spmdsim.nn import ops
 
-    b = np.array([[True, False, True, False, False], [False, False, True, False, True], [True, False, True] + [False] * 2])
+    b = np.array([[True, False, True, False, False], [False, False, True, False, True],
+                  [True, False, True] + [False] * 2])
 
     def body():
         mesh = Mesh(Layout((2, 2), ("x", "y"), cut="chunk"), spmdsim.world())
@@ -810,8 +811,8 @@ def test_another_frameworks_tensor_attribute_names_spmdsims_in_one_line(tmp_path
     done = _run(str(program), "--ranks", "2")
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert unfold(done.stderr).splitlines() == [
-        "spmdsim: error: x.to_local() is PyTorch DTensor's and OneFlow's; spmdsim's is x.local, this rank's block, a numpy array "
-        "(docs/tutorials/porting.md)"], done.stderr
+        "spmdsim: error: x.to_local() is PyTorch DTensor's and OneFlow's; spmdsim's is x.local, this rank's "
+        "block, a numpy array (docs/tutorials/porting.md)"], done.stderr
 
 
 def test_pytorchs_redistribute_spellings_say_how_to_write_the_target():

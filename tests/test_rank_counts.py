@@ -17,7 +17,8 @@ from spmdsim.errors import (DialectError, MeshSizeError, RankCountError, Runtime
 from spmdsim.layouts.dialects import strategy_to_layout
 from spmdsim.runtime.engines import advised, launcher, ways_out
 
-SIMULATED_WAYS = " (simulate 8 ranks with `--ranks 8` / spmdsim.simulate(8, main), or launch them with `mpiexec -n 8 ...`)"
+SIMULATED_WAYS = (" (simulate 8 ranks with `--ranks 8` / spmdsim.simulate(8, main), or launch them with "
+                  "`mpiexec -n 8 ...`)")
 
 
 def _mesh_2x4(color_of=None):

@@ -365,7 +365,8 @@ def test_a_scalar_converts_to_its_own_value():
     for rate in (0.25, Scalar(1.5), np.float32(2.0)):  # a Scalar's place takes a number or a Scalar
         expect = float(getattr(rate, "value", rate))
         assert np.array_equal(graph(np.ones(3), rate), np.full(3, expect)), rate
-    with pytest.raises(ReplayError, match=r"argument 1 was captured as Scalar\(.*2.0\)+ and is .x. now; a Scalar.s place takes a real number"):
+    with pytest.raises(ReplayError, match=r"argument 1 was captured as Scalar\(.*2.0\)+ and is .x. now; a Scalar.s "
+                                          r"place takes a real number"):
         graph(np.ones(3), "x")
 
 
@@ -388,9 +389,11 @@ def test_a_changed_value_stops_the_replay_with_the_captured_value():
 
 def test_replay_arguments_must_match_the_captured_ones():
     graph = capture(lambda x, n: x * n, np.ones(3), 2)
-    with pytest.raises(ReplayError, match=r"argument 0 must match the captured one: array \(3,\) float64, got array \(4,\)"):
+    with pytest.raises(ReplayError,
+                       match=r"argument 0 must match the captured one: array \(3,\) float64, got array \(4,\)"):
         graph(np.ones(4), 2)
-    with pytest.raises(ReplayError, match="argument 1 was 2 when captured and is 5 now; .* spmdsim.runtime.replay.Scalar"):
+    with pytest.raises(ReplayError,
+                       match="argument 1 was 2 when captured and is 5 now; .* spmdsim.runtime.replay.Scalar"):
         graph(np.ones(3), 5)
     with pytest.raises(ReplayError, match="got 1 argument"):
         graph(np.ones(3))

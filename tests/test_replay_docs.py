@@ -1,4 +1,5 @@
-"""Every training command docs/howto/replay.md shows runs (with ``--steps 2 --sample 0``, as ``# long`` marks) and PASSes.
+"""Every training command docs/howto/replay.md shows runs (with ``--steps 2 --sample 0``, as ``# long``
+marks) and PASSes.
 
 The simulated ones here; the MPI ones in tests/test_train_docs_mpi.py, in one mpiexec job with docs/howto/train.md's
 (docs_commands.mpi_long). The page's other fenced block is an error message it quotes, not a command; the test

@@ -170,8 +170,8 @@ def test_launch_reports_a_killed_mpiexec_as_a_shell_does(sig, tmp_path):
 def test_importing_runtime_package_does_not_load_mpi4py():
     import subprocess
 
-    code = ("import sys, spmdsim.runtime, spmdsim.runtime.trace, spmdsim.runtime.engines.wait, spmdsim.tools.cli.launch, "
-            "spmdsim.runtime.exchange_spec; print('mpi4py' in sys.modules)")
+    code = ("import sys, spmdsim.runtime, spmdsim.runtime.trace, spmdsim.runtime.engines.wait, "
+            "spmdsim.tools.cli.launch, spmdsim.runtime.exchange_spec; print('mpi4py' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
 

@@ -238,7 +238,8 @@ def test_valid_arguments_parse_as_before():
     assert bc.parse_args(["--sizes", "4096", "64K"]).sizes == [4096, 65536]
     args = bc.parse_args([])
     assert (args.ops, args.wait, args.ranks, args.iterations) == (list(bc.OPS), "busy", 8, 60)
-    args = bc.parse_args(["--launches", "10", "-n", "8", "--iterations", "30"])  # docs/explanation/oversubscription.md's
+    # docs/explanation/oversubscription.md's
+    args = bc.parse_args(["--launches", "10", "-n", "8", "--iterations", "30"])
     assert (args.launches, args.ranks, args.iterations, args.sizes) == (10, 8, 30, list(bc.SIZES))
     assert bc.parse_args(["--wait", "polite", "--sizes", "4096", "65536"]).wait == "polite"
     bp = _script("bench_placement")
@@ -441,8 +442,8 @@ def test_calls_gpt_counts_both_steps_calls():
 
 
 def test_bench_eager_prints_each_configurations_ratio():
-    """scripts/bench_eager.py (docs/explanation/performance.md quotes it, also under `taskset -c 0`: one core, which its child
-    keeps): one short run of the two modes in one process, and one with each mode in its own (`--apart`) timing
+    """scripts/bench_eager.py (docs/explanation/performance.md quotes it, also under `taskset -c 0`: one core, which its
+    child keeps): one short run of the two modes in one process, and one with each mode in its own (`--apart`) timing
     Megatron's fused blocks (`--kept megatron`, which the launches it makes are given: a launch is ~1.5 CPU-s, so
     the two options share one run), on one core where taskset is here."""
     one_core = ["taskset", "-c", "0"] if shutil.which("taskset") else []
@@ -456,8 +457,8 @@ def test_bench_eager_prints_each_configurations_ratio():
         assert done.returncode == 0, done.stderr
         text = unfold(done.stdout)
         rows = [re.fullmatch(r"ranks (\d) \(dp 1 x tp (\d)\), d_model 16" + re.escape(where) + r": eager ([\d.]+) "
-                             r"ms, replayed ([\d.]+) ms of CPU a step; eager / replayed ([\d.]+)x \(([\d.]+)-([\d.]+)\)",
-                             line)
+                             r"ms, replayed ([\d.]+) ms of CPU a step; eager / replayed ([\d.]+)x "
+                             r"\(([\d.]+)-([\d.]+)\)", line)
                 for line in text.splitlines() if line.startswith("ranks ")]
         assert [(m.group(1), m.group(2)) for m in rows if m] == [(extra[1], extra[1])], done.stdout
         for m in rows:
@@ -470,8 +471,9 @@ def test_bench_eager_prints_each_configurations_ratio():
 
 
 def test_digest_training_tells_equal_results_from_different_ones():
-    """scripts/digest_training.py (docs/explanation/performance.md): selective recomputation computes what the plain step
-    computes, bit for bit (the same state, the same step rows), fp32 does not; an unknown name is one error line."""
+    """scripts/digest_training.py (docs/explanation/performance.md): selective recomputation computes what the plain
+    step computes, bit for bit (the same state, the same step rows), fp32 does not; an unknown name is
+    one error line."""
     script = str(_SCRIPTS / "digest_training.py")
     done = subprocess.run([sys.executable, script, "--only", "dense,selective,fp32"], capture_output=True, text=True,
                           timeout=300)

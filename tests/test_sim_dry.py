@@ -309,8 +309,8 @@ def test_a_rank_list_too_long_for_its_column_says_how_many():
 
 
 def test_the_meter_counts_each_array_over_one_lazy_mapping_until_it_is_freed():
-    """A pipeline's dry message buffers share one lazy mapping per size (spmdsim.models.gpt.stage_memory._DryBlocks): the
-    Meter still counts each array as the owner of its bytes (a view as its array's) and lets each go when freed."""
+    """A pipeline's dry message buffers share one lazy mapping per size (spmdsim.models.gpt.stage_memory._DryBlocks):
+    the Meter still counts each array as the owner of its bytes (a view as its array's) and lets each go when freed."""
     from spmdsim.base import buffers
     from spmdsim.models.gpt.stage_memory import _DryBlocks
     from spmdsim.runtime.sim.dry_meter import Meter

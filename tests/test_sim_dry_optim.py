@@ -1,5 +1,5 @@
-"""The optimizers' dry path (spmdsim.nn.optim, spmdsim.runtime.sim.dry): a dry run's step allocates no state and computes
-nothing, and the bytes the states would hold are counted on the run's meter, so the report's peak includes
+"""The optimizers' dry path (spmdsim.nn.optim, spmdsim.runtime.sim.dry): a dry run's step allocates no state and
+computes nothing, and the bytes the states would hold are counted on the run's meter, so the report's peak includes
 them; the real path is untouched (tests/test_optim_fused.py)."""
 from __future__ import annotations
 

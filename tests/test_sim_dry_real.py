@@ -1,8 +1,8 @@
 """A dry run counts what the real run allocates: one training step of a small GPT, run for real and dry
 (``spmdsim.simulate(n, ..., dry_run=True)``) at the same precision, gives every rank the same record.
 
-The record is each product's and kernel's blocks the rank holds nowhere else (spmdsim.base.flop_counts.Fresh, by identity:
-a block the step keeps for its backward, a parameter or its gradient is held; a product's result that nothing
+The record is each product's and kernel's blocks the rank holds nowhere else (spmdsim.base.flop_counts.Fresh, by
+identity: a block the step keeps for its backward, a parameter or its gradient is held; a product's result that nothing
 keeps is the moment's own, what the estimate's peak adds, spmdsim.tools.estimate.ledger.largest_transient), the
 products and kernels themselves, and the bytes kept for the backward, the master copy, the optimizer's states
 and the buffers (StepResult.memory). Dense and MoE GPTs (GELU experts with biases, Mixtral's SwiGLU experts

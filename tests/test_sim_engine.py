@@ -329,24 +329,27 @@ MISMATCHES = [  # (body, ranks, eager limit, what the report says of it; None: n
                              "0's send to rank 1 has tag 1, not 2: no message matches; at "),
     (_tag_mismatch, 2, 0, "recv from group rank 0 (tag 2) on the world: rank 1 waits in it; rank 0's send to rank 1 "
                           "has tag 1, not 2: no message matches; at "),
-    (_source_mismatch, 3, None, "recv from group rank 2 (any tag) on the world: rank 1 waits in it; rank 2 finished; the "
-                                "message pending for rank 1 is from rank 0 (tag 0), not from rank 2: no message "
-                                "matches; at "),
+    (_source_mismatch, 3, None,
+     "recv from group rank 2 (any tag) on the world: rank 1 waits in it; rank 2 finished; the message pending for rank "
+     "1 is from rank 0 (tag 0), not from rank 2: no message matches; at "),
     (_communicator_mismatch, 2, None, "recv from group rank 0 (any tag) on the world: rank 1 waits in it; rank 0 "
                                       "finished; rank 0's send to rank 1 (tag 0) is on a Dup of the world, not the "
                                       "world: no message matches; at "),
     (_sendrecv_tags, 2, 0, "send to group rank 1 (tag 1) on the world: rank 0 waits in it; rank 1's receive from rank "
                            "0 has tag 2, not 1: no message matches; at "),
-    (_both_receive_first, 2, None, "recv from group rank 1 (any tag) on the world: rank 0 waits in it; no rank has sent to "
-                                   "rank 0; at "),
-    (_never_sent, 2, None, "recv from group rank 0 (any tag) on the world: rank 1 waits in it; rank 0 finished; no rank "
-                           "has sent to rank 1; at "),
+    (_both_receive_first, 2, None,
+     "recv from group rank 1 (any tag) on the world: rank 0 waits in it; no rank has sent to rank 0; at "),
+    (_never_sent, 2, None,
+     "recv from group rank 0 (any tag) on the world: rank 1 waits in it; rank 0 finished; no rank has "
+     "sent to rank 1; at "),
     (_sends_first, 2, 0, "send to group rank 1 (tag 0) on the world: rank 0 waits in it; a message of 32 bytes; at "),
     # a Waitany or Waitsome says it as a Recv does (it said only which requests it waits for)
-    (_waitany_never_sent, 2, None, "recv from group rank 0 (tag 9) | recv from group rank 0 (tag 9) on the world: rank 1 "
-                                   "waits in it; no rank has sent to rank 1; at "),
-    (_waitsome_tags, 2, None, "recv from group rank 0 (tag 2) on the world: rank 1 waits in it; rank 0 finished; rank 0's "
-                              "send to rank 1 has tag 1, not 2: no message matches; at "),
+    (_waitany_never_sent, 2, None,
+     "recv from group rank 0 (tag 9) | recv from group rank 0 (tag 9) on the world: rank 1 waits in it; no rank has "
+     "sent to rank 1; at "),
+    (_waitsome_tags, 2, None,
+     "recv from group rank 0 (tag 2) on the world: rank 1 waits in it; rank 0 finished; rank 0's send to rank 1 has "
+     "tag 1, not 2: no message matches; at "),
     (_wait_never_sent, 2, None, "recv from group rank 0 (tag 9) on the world: rank 1 waits in it; no rank has sent to "
                                 "rank 1; at "),
 ]

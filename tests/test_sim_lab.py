@@ -130,8 +130,8 @@ def test_file_is_absolute_as_python_sets_it(in_lab, capsys):
 
 
 DEADLOCK = "spmdsim mpirun: error: simulated ranks deadlock (every live rank waits, none can go on): "
-# (program, arguments, exit code, stderr): where MPICH hangs or aborts (docs/howto/simulate.md has which), one line each.
-# A rank polling (Test) what no rank left can send is reported after POLL_STALL_S (2 s) of it; these tests wait
+# (program, arguments, exit code, stderr): where MPICH hangs or aborts (docs/howto/simulate.md has which), one line
+# each. A rank polling (Test) what no rank left can send is reported after POLL_STALL_S (2 s) of it; these tests wait
 # _STALL_S instead (the same report, found sooner).
 _STALL_S = 0.3
 WRONG = [
@@ -146,8 +146,8 @@ WRONG = [
      "recv from group rank 1 (tag 3) on the world: rank 0 waits in it; rank 1 finished; no rank has sent to rank 0; at "
      "missing_send.py:6"),
     ("one_recv_too_many.py", [], 1, DEADLOCK +
-     "recv from any rank (any tag) on the world: rank 0 waits in it; ranks 1-3 finished; no rank has sent to rank 0; at "
-     "one_recv_too_many.py:6"),
+     "recv from any rank (any tag) on the world: rank 0 waits in it; ranks 1-3 finished; no rank has "
+     "sent to rank 0; at one_recv_too_many.py:6"),
     ("wrong_tag.py", [], 1, DEADLOCK +
      "recv from group rank 1 (tag 3) on the world: rank 0 waits in it; rank 1's send to rank 0 has tag 4, not 3: no "
      "message matches; at wrong_tag.py:8 | barrier on the world (call 1): ranks 1-3 wait in it; rank 0 is "
@@ -167,16 +167,17 @@ WRONG = [
          f"has sent to rank {r}; at test_loop_blocked.py:12" for r in (1, 2, 3))),
     ("test_loop_two.py", [], 1, DEADLOCK +
      "recv from group rank 1 (tag 9) on the world: rank 0 polls it (Test), while every other live rank waits; no "
-     "rank has sent to rank 0; at test_loop_two.py:8 | recv from group rank 0 (tag 5) on the world: rank 1 waits in it; "
-     "rank 0 polls (Test) in vain; no rank has sent to rank 1; at test_loop_two.py:11"),
+     "rank has sent to rank 0; at test_loop_two.py:8 | recv from group rank 0 (tag 5) on the world: rank "
+     "1 waits in it; rank 0 polls (Test) in vain; no rank has sent to rank 1; at test_loop_two.py:11"),
     ("iprobe_loop_blocked.py", [], 1, DEADLOCK +
      "probe from group rank 1 (tag 9) on the world: rank 0 polls it (Iprobe), while every other live rank waits; no "
      "rank has sent to rank 0; at iprobe_loop_blocked.py:6 | recv from group rank 0 (tag 5) on the world: rank 1 waits "
      "in it; rank 0 polls (Iprobe) in vain; no rank has sent to rank 1; at iprobe_loop_blocked.py:9"),
     ("testany_loop_blocked.py", [], 1, DEADLOCK +
      "recv from group rank 1 (tag 9) on the world: rank 0 polls it (Testany), while every other live rank waits; no "
-     "rank has sent to rank 0; at testany_loop_blocked.py:9 | recv from group rank 0 (tag 5) on the world: rank 1 waits "
-     "in it; rank 0 polls (Testany) in vain; no rank has sent to rank 1; at testany_loop_blocked.py:12"),
+     "rank has sent to rank 0; at testany_loop_blocked.py:9 | recv from group rank 0 (tag 5) on the "
+     "world: rank 1 waits in it; rank 0 polls (Testany) in vain; no rank has sent to rank 1; at "
+     "testany_loop_blocked.py:12"),
     ("win_test_loop.py", [], 1, DEADLOCK +
      "a window's exposure epoch (the Complete of rank 1) on the world: rank 0 polls it (Win.Test), while every other "
      "live rank waits; at win_test_loop.py:12 | recv from group rank 0 (tag 5) on the world: rank 1 waits in it; "
@@ -257,8 +258,8 @@ elif comm.rank == 0:
     ("bool", "uint8", False)])
 def test_a_typed_receive_of_other_elements_is_refused(sent, got, refused, tmp_path, capsys):
     """Whole elements of another type (a float received as an integer, float64 as twice as many float32) land as
-    values no rank sent; MPI calls it erroneous, no library checks it. Signed and unsigned integers of one width, and bytes, are
-    the same bits (delivered as every MPI library delivers them)."""
+    values no rank sent; MPI calls it erroneous, no library checks it. Signed and unsigned integers of one width, and
+    bytes, are the same bits (delivered as every MPI library delivers them)."""
     program = tmp_path / "typed.py"
     program.write_text(_TYPED.format(sent=sent, got=got))
     code, out, err = _mpirun(capsys, str(program))
@@ -493,7 +494,8 @@ def test_a_send_buffer_written_before_wait_is_a_warning(capsys, size, got):
                                                      "...)")])
 def test_a_buffer_mpi4py_refuses_is_named_by_mpi4pys_class(buffer, mpi4py_class, text, capsys):
     # mpi4py: "BufferError: dlpack: buffer is not contiguous", "KeyError: \"cannot map 'O' to MPI datatype\"". The
-    # report's traceback ended with spmdsim.runtime.sim._buffers.BufferSpecError (DatatypeMapError), a private module's class.
+    # report's traceback ended with spmdsim.runtime.sim._buffers.BufferSpecError (DatatypeMapError), a private
+    # module's class.
     code, out, err = _mpirun(capsys, "-c", f"import numpy as np\nfrom mpi4py import MPI\nif MPI.COMM_WORLD.rank == 0:\n"
                                            f"    MPI.COMM_WORLD.Send({buffer}, dest=1)")
     assert code == 1 and str(PACKAGE) not in err
@@ -666,8 +668,8 @@ def test_reductions_refuse_a_send_count_other_than_the_receive_count(capsys):
                           "the receive buffer takes 3\n")
 
 
-_LOCK_IN_TURN = """# Rank 0 holds rank 0's window's lock while rank 1 asks for it, then unlocks and locks again at once: rank 1
-# asked first, so it gets the lock first and its Put comes before rank 0's Get (MPICH's locks grant in turn).
+_LOCK_IN_TURN = """# Rank 0 holds rank 0's window's lock while rank 1 asks for it, then unlocks and locks again at once:
+# rank 1 asked first, so it gets the lock first and its Put comes before rank 0's Get (MPICH's locks grant in turn).
 import time
 
 import numpy as np
@@ -926,8 +928,8 @@ def test_every_rank_polling_in_vain_is_a_deadlock(capsys, monkeypatch):
                         r"rank \2; at test_loop_all.py:(9|10)", clauses[0]), clauses[0]
     ranks = set()
     for clause in clauses:
-        found = re.search(r"recv from group rank (\d) \(tag 3\) on the world: rank (\d) polls it \(Test\)(,| in vain;).*"
-                          r"at test_loop_all.py:(9|10)$", clause)
+        found = re.search(r"recv from group rank (\d) \(tag 3\) on the world: rank (\d) polls it "
+                          r"\(Test\)(,| in vain;).*at test_loop_all.py:(9|10)$", clause)
         assert found and int(found[1]) == (int(found[2]) + 1) % 4, clause
         ranks.add(int(found[2]))
     assert ranks == {0, 1, 2, 3}
@@ -955,7 +957,8 @@ def test_aliased_buffers_are_mpichs_error(capsys):
         comm.Allreduce(a, a)
         """))
     assert sorted(out.splitlines()) == sorted(line for r in range(4) for line in (
-        f"{r} in place ran [6.0, 6.0, 6.0]", f"{r} Allgather True", f"{r} Scatter True", f"{r} Allgather other ran ")), out
+        f"{r} in place ran [6.0, 6.0, 6.0]", f"{r} Allgather True", f"{r} Scatter True",
+        f"{r} Allgather other ran ")), out
     assert code == 1 and err.startswith(
         f"spmdsim mpirun: error on simulated ranks 0-3: MPI.Exception: {mpi_says('ERR_BUFFER')}: Allreduce: buffers "
         "must not be aliased: the data sent and the receive buffer share memory (the MPI standard forbids it); pass "
@@ -1043,7 +1046,8 @@ def test_a_persistent_requests_rank_and_tag_are_checked_when_made(capsys):
         """))
     assert (code, err) == (0, "")
     assert [line for line in out.splitlines() if line.startswith("0 ")] == [
-        f"0 True {mpi_says('ERR_RANK')}: dest rank 99 is outside the communicator of 4 ranks (0 to 3, or MPI.PROC_NULL)",
+        f"0 True {mpi_says('ERR_RANK')}: dest rank 99 is outside the communicator of 4 ranks (0 to 3, "
+        "or MPI.PROC_NULL)",
         f"0 True {mpi_says('ERR_RANK')}: source rank 99 is outside the communicator of 4 ranks (0 to 3, or "
         "MPI.PROC_NULL)",
         f"0 True {mpi_says('ERR_TAG')}: send tag -3 is negative: tags are 0 or more",

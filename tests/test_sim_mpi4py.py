@@ -149,8 +149,9 @@ def test_create_with_disjoint_groups_makes_one_communicator_a_group():
         got = simulate(4, body)
     assert [g[:2] for g in got] == [[1, [1, 0]], [0, [1, 0]], [1, [3, 2]], [0, [3, 2]]]
     assert [g[2] for g in got] == [(True, f"Create: the group holds world ranks {[2, 3] if r < 2 else [0, 1]}, which "
-                                          f"are not in this communicator (the group of ranks {'0,1' if r < 2 else '2,3'}"
-                                          f"): a new communicator's group is a subset of its parent's") for r in range(4)]
+                                          "are not in this communicator (the group of ranks "
+                                          f"{'0,1' if r < 2 else '2,3'}): a new communicator's group is a subset "
+                                          "of its parent's") for r in range(4)]
     assert [g[3:-1] for g in got] == [[], [(True, "Create: rank 1 passed the group of world ranks [1, 0], which "
                                                   "overlaps a group another rank passed and differs from it (together "
                                                   "they make [0, 1]): MPI_Comm_create takes the same group on every "
@@ -193,8 +194,8 @@ def test_unmodified_script_sees_its_own_world():
 
 
 def test_buffer_errors_are_named_by_a_public_module():
-    # A traceback names a class by its module: was spmdsim.runtime.sim._buffers.BufferSpecError. `except BufferError` (and
-    # KeyError, as mpi4py's) still catches them.
+    # A traceback names a class by its module: was spmdsim.runtime.sim._buffers.BufferSpecError. `except BufferError`
+    # (and KeyError, as mpi4py's) still catches them.
     import pickle
     import traceback
 
@@ -209,8 +210,10 @@ def test_buffer_errors_are_named_by_a_public_module():
             return exc
 
     exc = _run_swapped(body)
-    assert isinstance(exc, spmdsim.runtime.sim.BufferSpecError) and issubclass(spmdsim.runtime.sim.DatatypeMapError, KeyError)
-    assert traceback.format_exception_only(type(exc), exc)[0].startswith("spmdsim.runtime.sim.BufferSpecError: send buffer: ")
+    assert (isinstance(exc, spmdsim.runtime.sim.BufferSpecError)
+            and issubclass(spmdsim.runtime.sim.DatatypeMapError, KeyError))
+    assert traceback.format_exception_only(type(exc), exc)[0].startswith(
+        "spmdsim.runtime.sim.BufferSpecError: send buffer: ")
     assert type(pickle.loads(pickle.dumps(exc))) is spmdsim.runtime.sim.BufferSpecError
 
 

@@ -166,7 +166,8 @@ _LIFETIME = """
     rank = MPI.COMM_WORLD.allreduce(MPI.COMM_WORLD.rank)
     during = MPI.Is_initialized(), MPI.Is_finalized()
     MPI.Finalize()
-    line = f"{before} {provided == MPI.THREAD_MULTIPLE} {twice} {rank} {during} {(MPI.Is_initialized(), MPI.Is_finalized())}"
+    line = (f"{before} {provided == MPI.THREAD_MULTIPLE} {twice} {rank} {during} "
+            f"{(MPI.Is_initialized(), MPI.Is_finalized())}")
     sys.stdout.write(line + "\\n")  # one write: MPICH interleaves the words of two ranks' print()
     """
 

@@ -1,5 +1,5 @@
-"""Floating-point Reduce and Allreduce on simulated ranks give MPICH 5's bits (spmdsim.runtime.sim.orders), compared with
-``mpiexec`` at 3, 4, 5, 6 and 8 ranks; and mpi4py's cpi demo prints MPICH's digits at 4 ranks."""
+"""Floating-point Reduce and Allreduce on simulated ranks give MPICH 5's bits (spmdsim.runtime.sim.orders), compared
+with ``mpiexec`` at 3, 4, 5, 6 and 8 ranks; and mpi4py's cpi demo prints MPICH's digits at 4 ranks."""
 from __future__ import annotations
 
 import json

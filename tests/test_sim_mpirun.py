@@ -52,8 +52,8 @@ def test_mpirun_loads_no_planner(tmp_path):
     the cost model, the pipeline parser and the MPI door took about half of a short program's start."""
     prog = tmp_path / "prog.py"
     prog.write_text("import sys\nfrom mpi4py import MPI\nif MPI.COMM_WORLD.rank == 0:\n"
-                    "    heavy = ('spmdsim.tools.autoshard', 'spmdsim.programs.cost', 'spmdsim.programs.pipeline', 'spmdsim.programs.plan', "
-                    "'spmdsim.runtime.door', 'spmdsim.runtime.guard')\n"
+                    "    heavy = ('spmdsim.tools.autoshard', 'spmdsim.programs.cost', 'spmdsim.programs.pipeline', "
+                    "'spmdsim.programs.plan', 'spmdsim.runtime.door', 'spmdsim.runtime.guard')\n"
                     "    print(sorted(m for m in sys.modules if m.startswith(heavy)))\n")
     run = subprocess.run([sys.executable, "-m", "spmdsim", "mpirun", "-n", "2", "python", str(prog)],
                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
@@ -151,7 +151,8 @@ def test_exit_codes_errors_and_module_form(tmp_path, capsys):
     assert "-n 0 must be a number of ranks from 1 to 4096" in capsys.readouterr().err
     assert main(["mpirun", "-n", "2", "python", str(tmp_path / "absent.py")]) == 2
     assert "does not exist" in unfold(capsys.readouterr().err)
-    run = subprocess.run([sys.executable, "-m", "spmdsim.emulator.mpirun", "-n", "3", "-m", "mpi4py.bench", "helloworld"],
+    run = subprocess.run([sys.executable, "-m", "spmdsim.emulator.mpirun", "-n", "3", "-m",
+                          "mpi4py.bench", "helloworld"],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert sorted(run.stdout.splitlines()) == sorted(f"Hello, World! I am process {r} of 3 on "
@@ -230,7 +231,8 @@ def test_spmdsim_mpirun_takes_the_module_and_code_forms_its_help_offers(tmp_path
     monkeypatch.syspath_prepend(str(tmp_path))
     assert main(["mpirun", "-n", "2", "-m", "hello_mod"]) == 0
     assert sorted(capsys.readouterr().out.splitlines()) == ["module rank 0", "module rank 1"]
-    assert main(["mpirun", "--np", "2", "--oversubscribe", "-c", "from mpi4py import MPI; print(MPI.COMM_WORLD.size)"]) == 0
+    assert main(["mpirun", "--np", "2", "--oversubscribe", "-c",
+                 "from mpi4py import MPI; print(MPI.COMM_WORLD.size)"]) == 0
     assert capsys.readouterr().out.splitlines() == ["2", "2"]
     for limit in (["--eager-limit", "0"], ["--eager-limit=0"]):  # the README's flag before -c: its code, too
         assert main(["mpirun", "-n", "2", *limit, "-c", "from mpi4py import MPI; print(MPI.COMM_WORLD.size)"]) == 0
@@ -370,7 +372,8 @@ def test_packing_with_a_simulated_communicator_is_refused_with_what_runs_instead
                           "type (expected mpi4py.MPI.Comm, got Intracomm)\n")
     assert err.endswith("\n" + fold_message(REAL_COMM_HINT) + "\n")
     assert all(len(line) <= 100 for line in fold_message(REAL_COMM_HINT).splitlines())
-    assert fold_message(REAL_COMM_HINT) in (ROOT / "docs" / "howto" / "mpi4py-lab.md").read_text()  # what the doc quotes
+    # what the doc quotes
+    assert fold_message(REAL_COMM_HINT) in (ROOT / "docs" / "howto" / "mpi4py-lab.md").read_text()
     external = tmp_path / "external.py"
     external.write_text(
         "import numpy as np\nfrom mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
@@ -460,7 +463,8 @@ def test_an_spmdsim_error_under_spmdsims_guard_ends_the_run_as_the_guard_ends_an
     differ named, as under --ranks); raised on some ranks, that rank's line, exit 1; no traceback either way
     (the report printed the traceback from the program down for each, exit 1). Without the guard, an error
     not spmdsim's, or a deadlock (which the guard never sees under mpiexec: it hangs) read as before."""
-    head = "import sys\nfrom mpi4py import MPI\nimport spmdsim\nfrom spmdsim.runtime import abort_on_error, run_guarded\n"
+    head = ("import sys\nfrom mpi4py import MPI\nimport spmdsim\nfrom spmdsim.runtime import "
+            "abort_on_error, run_guarded\n")
     programs = {
         "every.py": "spmdsim.install_excepthook(MPI.COMM_WORLD)\nraise spmdsim.SpmdsimError('bad --tp 3')\n",
         "some.py": "spmdsim.install_excepthook()\nif MPI.COMM_WORLD.rank == 1:\n"
@@ -470,7 +474,8 @@ def test_an_spmdsim_error_under_spmdsims_guard_ends_the_run_as_the_guard_ends_an
         "abort_on_error.py": "with abort_on_error():\n    raise spmdsim.SpmdsimError('bad in the block')\n",
         "unguarded.py": "raise spmdsim.SpmdsimError('no guard')\n",
         "value.py": "spmdsim.install_excepthook()\nraise ValueError('not spmdsim')\n",
-        "deadlock.py": "spmdsim.install_excepthook()\nif MPI.COMM_WORLD.rank == 0:\n    MPI.COMM_WORLD.recv(source=1)\n",
+        "deadlock.py": "spmdsim.install_excepthook()\nif MPI.COMM_WORLD.rank == 0:\n    "
+                       "MPI.COMM_WORLD.recv(source=1)\n",
         # spmdsim.script(__file__) installs the guard under mpiexec (one plain process: a one-line hook)
         "script.py": "spmdsim.script(__file__)\nraise spmdsim.SpmdsimError('bad after script')\n",
     }

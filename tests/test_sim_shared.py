@@ -221,8 +221,8 @@ def test_a_check_on_simulated_ranks_shares_one_table_and_builds_its_verdict_once
 
 
 def test_the_gpt_table_helper_is_the_runtimes(monkeypatch):
-    """spmdsim.models.gpt.train.all_rows, as its callers import it, hands over to spmdsim.runtime.shared_rows' (one copy;
-    the gpt package loads no runtime, and the runtime imports no gpt)."""
+    """spmdsim.models.gpt.train.all_rows, as its callers import it, hands over to spmdsim.runtime.shared_rows' (one
+    copy; the gpt package loads no runtime, and the runtime imports no gpt)."""
     from spmdsim.models.gpt import train
     from spmdsim.runtime import shared_rows
 

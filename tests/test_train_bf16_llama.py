@@ -2,8 +2,8 @@
 rounding points; docs/howto/train-gpt.md, "Llama's options").
 
 Each option on dp 2 x tp 2 with sp, under both kept sets: every step passes the check (the tolerances of
-spmdsim.models.gpt.tolerances.tolerances, unchanged), and entry by entry the run's gradients and the reference's, rounded to
-bfloat16, differ in a few hundredths of the entries (sums in another order), as
+spmdsim.models.gpt.tolerances.tolerances, unchanged), and entry by entry the run's gradients and the reference's,
+rounded to bfloat16, differ in a few hundredths of the entries (sums in another order), as
 tests/test_train_bf16.py's `round_where` measures the GPT's. A reference that rounds the option elsewhere (a
 copy of its piece with one rounding point moved) differs in most of them; where the move shifts the loss
 (RMSNorm's root rounded), the step's check fails too.

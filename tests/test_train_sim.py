@@ -215,7 +215,8 @@ def test_clip_grad_norm_is_the_global_norm_on_any_layout(ranks):
     for g0, g1 in zip(before, after):
         np.testing.assert_allclose(g1, g0 * (0.5 / (want + 1e-6)), rtol=1e-14, atol=0)
     assert abs(again - 0.5) < 1e-6
-    assert errors == [f"clip_grad_norm_: max_norm {v!r} must be a finite number > 0" for v in (0, -1.0, float("inf"), True, "1")]
+    assert errors == [f"clip_grad_norm_: max_norm {v!r} must be a finite number > 0"
+                      for v in (0, -1.0, float("inf"), True, "1")]
 
 
 def test_clip_coefficient_refuses_an_eps_as_clip_grad_norm_does():

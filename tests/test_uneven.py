@@ -175,7 +175,8 @@ def test_chunk_leaves_ranks_empty_where_balanced_does_not():
 
 def test_even_refuses_as_before_and_the_rules_are_named():
     tl = Layout((4,), ("x",))("x", None)
-    with pytest.raises(ShapeError, match=r"^tensor \(7, 3\): dim 0 of size 7 is not divisible by 4 shards over \('x',\)$"):
+    with pytest.raises(ShapeError,
+                       match=r"^tensor \(7, 3\): dim 0 of size 7 is not divisible by 4 shards over \('x',\)$"):
         tl.check_shape((7, 3))
     with pytest.raises(LayoutError, match=r"^cut 'ragged' must be one of \('even', 'chunk', 'balanced'\)$"):
         Layout((4,), ("x",), "ragged")

@@ -29,15 +29,16 @@ def test_slices_show_the_pieces_of_each_rule(capsys):
 
 def test_even_and_the_even_only_dialects_refuse_with_one_line(capsys):
     for args, message in [
-        (ROWS, "spmdsim: error: tensor (10, 3): dim 0 of size 10 is not divisible by 4 shards over ('mp',); name a rule "
-               "with \"cut\": \"chunk\" or \"balanced\" (--cut) to cut unevenly"),
+        (ROWS,
+         "spmdsim: error: tensor (10, 3): dim 0 of size 10 is not divisible by 4 shards over ('mp',); name a rule with "
+         "\"cut\": \"chunk\" or \"balanced\" (--cut) to cut unevenly"),
         (["--strategy", "((4,1),)", "--shape", "10,3"],
          "spmdsim: error: tensor (10, 3): dim 0 of size 10 is not divisible by 4 shards over ('axis_0',)"),
         (["--sbp", "S(0)", "--placement", "4", "--shape", "10,3"],
-         "spmdsim: error: tensor (10, 3): dim 0 of size 10 is not divisible by 4 shards over ('axis_0',); spmdsim reads "
-         "OneFlow SBP with even cuts only (OneFlow itself cuts a dim that does not divide by its BalancedSplitter, "
-         "the first pieces one longer: on a 1-D placement, a layout's cut 'balanced'): write it in the layout "
-         "form (--device-matrix, --alias, --tensor-map) with --cut balanced"),
+         "spmdsim: error: tensor (10, 3): dim 0 of size 10 is not divisible by 4 shards over "
+         "('axis_0',); spmdsim reads OneFlow SBP with even cuts only (OneFlow itself cuts a dim that does not divide "
+         "by its BalancedSplitter, the first pieces one longer: on a 1-D placement, a layout's cut 'balanced'): write "
+         "it in the layout form (--device-matrix, --alias, --tensor-map) with --cut balanced"),
         (["--strategy", "((4,1),)", "--shape", "10,3", "--cut", "chunk"],
          "spmdsim: error: cut 'chunk' cannot go with the strategy form: MindSpore cuts every dim evenly; use the "
          "layout, placements or partition_spec form for an uneven cut"),
@@ -123,8 +124,8 @@ def test_holdings_and_plan_flags_on_uneven_cuts(capsys):
     even = ["plan", "--device-matrix", "4", "--from", "axis_0,None", "--to", "None,axis_0", "--shape", "10,4"]
     assert main(even) == 2
     assert " ".join(capsys.readouterr().err.split()) == (
-        "spmdsim: error: tensor (10, 4): dim 0 of size 10 is not divisible by 4 shards over ('axis_0',); --cut chunk or "
-        "balanced cuts it unevenly (--to-cut for the target alone)")
+        "spmdsim: error: tensor (10, 4): dim 0 of size 10 is not divisible by 4 shards over ('axis_0',); "
+        "--cut chunk or balanced cuts it unevenly (--to-cut for the target alone)")
     assert main(even + ["--cut", "chunk"]) == 0
     capsys.readouterr()
     assert main(["plan", "--device-matrix", "4", "--from-strategy", "((4,1),)", "--to", "None,axis_0",

@@ -1,4 +1,5 @@
-"""The commands of the "Uneven shards" sections (docs/explanation/semantics.md, docs/explanation/redistribution.md) print what they quote."""
+"""The commands of the "Uneven shards" sections (docs/explanation/semantics.md, docs/explanation/redistribution.md)
+print what they quote."""
 from __future__ import annotations
 
 import pytest
@@ -6,7 +7,8 @@ import pytest
 from docs_commands import mismatch, section
 from spmdsim.tools.cli.main import main
 
-QUOTES = section("docs/explanation/semantics.md", "## Uneven shards") + section("docs/explanation/redistribution.md", "## Uneven shards")
+QUOTES = (section("docs/explanation/semantics.md", "## Uneven shards")
+          + section("docs/explanation/redistribution.md", "## Uneven shards"))
 
 
 def test_the_sections_quote_commands_with_their_output():

@@ -149,7 +149,8 @@ def test_png_with_the_shape_before_the_path_says_the_order(tmp_path):
 
 def test_viz_imports_no_matplotlib_and_no_mpi4py():
     code = (
-        "import sys, spmdsim.programs.viz, spmdsim.programs.viz.ascii, spmdsim.layouts.explain, spmdsim.tools.cli.cases\n"
+        "import sys, spmdsim.programs.viz, spmdsim.programs.viz.ascii, spmdsim.layouts.explain, "
+        "spmdsim.tools.cli.cases\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mpi4py', 'matplotlib')))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -278,7 +279,8 @@ def test_partial_notes_match_explain_and_fit_the_width():
         "'+' joins the ranks holding the addends of a block (hatched in PNG pictures)",
     )
     text = render_layout_ascii(pic)
-    wrapped = "  partial over axis_1: ranks differing only there hold addends, not copies; the\n    value is their sum\n"
+    wrapped = ("  partial over axis_1: ranks differing only there hold addends, not copies; the\n    "
+               "value is their sum\n")
     assert wrapped in text
     assert max(len(line) for line in text.splitlines()) <= 80
     narrow = render_layout_ascii(pic, width=40)

@@ -156,8 +156,8 @@ for i, (path, args) in enumerate(cases):
     try:
         runpy.run_path(path, run_name="__main__")
         code = 0
-""" + _EXITED + r"""    except BaseException as exc:  # as the interpreter ends: the excepthook the script set (it may end us), else 1
-        sys.excepthook(type(exc), exc, exc.__traceback__)
+""" + _EXITED + r"""    except BaseException as exc:  # as the interpreter ends: the excepthook the script set
+        sys.excepthook(type(exc), exc, exc.__traceback__)  # (it may end us), else 1
         code = 1
     finally:
         sys.path.remove(here)

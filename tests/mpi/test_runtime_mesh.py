@@ -53,7 +53,8 @@ def test_mesh_on_sub_communicator_and_size_mismatch():
             assert mesh.group("x").allgather(WORLD.rank) == [r for r in range(WORLD.size) if r % 2 == WORLD.rank % 2]
     finally:
         half.Free()
-    with pytest.raises(RuntimeMismatchError, match=rf"needs {2 * WORLD.size} ranks but the communicator has {WORLD.size}"):
+    with pytest.raises(RuntimeMismatchError,
+                       match=rf"needs {2 * WORLD.size} ranks but the communicator has {WORLD.size}"):
         Mesh(Layout((2, WORLD.size), ("a", "b")))
 
 

@@ -208,7 +208,8 @@ def test_matmul_and_linear_refuse_bool_operands(mesh):
     g = mesh.size
     x = DTensor.from_global(mesh, np.ones((4, g), bool), mesh.layout(None, "mp"))
     w = DTensor.from_global(mesh, np.ones((g, 4), bool), mesh.layout("mp", None))
-    with pytest.raises(OperatorError, match=re.escape("matmul: the operands have dtype 'bool', but a product sums over K")):
+    with pytest.raises(OperatorError,
+                       match=re.escape("matmul: the operands have dtype 'bool', but a product sums over K")):
         ops.matmul(x, w)
     with pytest.raises(OperatorError, match=re.escape("linear: the operands have dtype 'bool'")):
         ops.linear(x, w)
@@ -249,7 +250,8 @@ def test_layer_divisibility_errors_name_the_tensor(mesh):
     g = mesh.size
     over = f"is not divisible by {g} shards over ('mp',)"
     cases = [
-        (lambda: ColumnParallelLinear(mesh, 96, 99), f"ColumnParallelLinear weight W (96, 99): dim 1 of size 99 {over}"),
+        (lambda: ColumnParallelLinear(mesh, 96, 99),
+         f"ColumnParallelLinear weight W (96, 99): dim 1 of size 99 {over}"),
         (lambda: RowParallelLinear(mesh, 99, 96), f"RowParallelLinear weight W (99, 96): dim 0 of size 99 {over}"),
         (lambda: VocabParallelEmbedding(mesh, 99, 4), f"VocabParallelEmbedding table (99, 4): dim 0 of size 99 {over}"),
     ]
