@@ -143,8 +143,8 @@ def _difference(directory: str, saved: dict, meta: dict, steps: int, covered: tu
             said = said[:1] if more else said
             mine = said[0][2] if len(said) == 1 and not more else " and ".join(f"{k} {m}" for k, _, m in said) + more
             if said:  # (`--tp 2` resumed with `--tp 4` said "mesh has dp 2, this run's 1")
-                return (f"--resume {directory}: the checkpoint's {key} has {' and '.join(f'{k} {t}' for k, t, _ in said)}"
-                        f"{more}, this run's {mine} ({AGAIN})")
+                return (f"--resume {directory}: the checkpoint's {key} has "
+                        f"{' and '.join(f'{k} {t}' for k, t, _ in said)}{more}, this run's {mine} ({AGAIN})")
         return (f"--resume {directory}: the checkpoint's {key} is {_shown(there)}, this run's {_shown(here)} "
                 f"({AGAIN})")
     if saved["step"] >= steps:
@@ -194,7 +194,8 @@ _PIPELINE_FLAGS = {"schedule": "--schedule", "microbatches": "--microbatches", "
 
 
 def _pipeline_flag(field: str, value: Any) -> str:
-    """A pipeline's recorded field as the flag that gives it: "--schedule 1f1b", "--stage-layers 1,3" (None: balanced)."""
+    """A pipeline's recorded field as the flag that gives it: "--schedule 1f1b", "--stage-layers 1,3" (None:
+    balanced)."""
     if field == "split":
         return ("a balanced split (no --stage-layers)" if value is None else
                 f"--stage-layers {','.join(map(str, value)) if isinstance(value, list) else value}")
@@ -210,7 +211,8 @@ def _pipeline_words(meta: dict) -> str:
         return "without a pipeline"
     mesh = meta.get("mesh")
     pp = mesh.get(PIPELINE) if isinstance(mesh, dict) else None
-    words = [f"--pp {pp}"] * (pp is not None) + [_pipeline_flag(k, pipeline.get(k)) for k in ("schedule", "microbatches")]
+    words = [f"--pp {pp}"] * (pp is not None) + [_pipeline_flag(k, pipeline.get(k))
+                                                 for k in ("schedule", "microbatches")]
     words += [_pipeline_flag("virtual", pipeline.get("virtual"))] * (pipeline.get("virtual", 1) != 1)
     words += [_pipeline_flag("split", pipeline.get("split"))] * (pipeline.get("split") is not None)  # not balanced
     return "with " + " ".join(words)
@@ -311,8 +313,8 @@ def _read_own(directory: str, step: int, rank: int, world: int, params: dict, op
 def load(directory: str, mesh: Any, params: dict, optimizer: Any, scales: tuple = (),
          meta: Optional[dict] = None, layers: Optional[tuple] = None) -> int:
     """Every rank loads its own file of the checkpoint in `directory` into `params` (name -> DTensor), `optimizer`
-    and `scales` (`save`'s); returns the step reached. Collective (one Allgather of the ranks' problems): a rank whose file
-    is missing or does not fit makes every rank raise the same one line (the lowest such rank's). Call
+    and `scales` (`save`'s); returns the step reached. Collective (one Allgather of the ranks' problems): a rank whose
+    file is missing or does not fit makes every rank raise the same one line (the lowest such rank's). Call
     `resume_problem` first (the metadata is read again here: it must still be readable). With `meta` (this run's
     `run_meta`), a checkpoint saved on another mesh is resharded (spmdsim.models.gpt.reshard.load_resharded;
     `layers`: the layers of each of `scales`' tables, a range each; None: one table of every layer)."""

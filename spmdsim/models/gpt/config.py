@@ -71,8 +71,9 @@ class GPTConfig:
     width, ``norm="rms"`` RMSNorm, ``mlp="swiglu"`` the SwiGLU MLP, `kv_heads` grouped-query attention
     (each key/value head serves heads / kv_heads query heads, Megatron's num_query_groups),
     ``tied=False`` an LM head of its own, ``positions="rope"`` rotary embeddings (base ROPE_BASE, 10000) and
-    ``bias=False`` linear layers without biases (docs/howto/train-gpt.md, "Llama's options"); ``attention="flash"`` runs the
-    attention core as FlashAttention-2 (the same values up to rounding; no scores kept: docs/howto/memory.md, "Memory").
+    ``bias=False`` linear layers without biases (docs/howto/train-gpt.md, "Llama's options"); ``attention="flash"`` runs
+    the attention core as FlashAttention-2 (the same values up to rounding; no scores kept:
+    docs/howto/memory.md, "Memory").
 
     The defaults are the model of examples/train_gpt.py: 4 layers, d_model 128, 4 heads,
     sequence 64, batch 8, character vocabulary 128.

@@ -127,7 +127,8 @@ def next_id(rng: Any, logits: np.ndarray, temperature: float) -> int:
         z = logits if temperature == 0 else logits / temperature
     if not np.isfinite(z).all():
         raise SpmdsimError(NOT_FINITE if not np.isfinite(logits).all() else f"generate: temperature {temperature!r} "
-                           f"takes the logits (up to {np.abs(logits).max():.3g}) past float range; expected a larger one")
+                           f"takes the logits (up to {np.abs(logits).max():.3g}) past float range; "
+                           "expected a larger one")
     if temperature == 0:
         return int(np.argmax(z))
     p = np.exp(z - z.max())

@@ -26,7 +26,8 @@ MLPS = ("gelu", "swiglu")
 #: --attention's values, the first the default (spmdsim.models.gpt.config.CHOICES' "attention").
 ATTENTIONS = ("unfused", "flash")
 #: GPTConfig's fields that `architecture_arguments`' flags set -> the flag, so that GPTConfig's refusal names the
-#: flag typed (spmdsim.models.gpt.config.said_as): "--rope needs an even head_dim", not "GPTConfig positions 'rope' ...".
+#: flag typed (spmdsim.models.gpt.config.said_as): "--rope needs an even head_dim", not "GPTConfig
+#: positions 'rope' ...".
 ARCHITECTURE_SAID = {"ffn": "--ffn", "kv_heads": "--kv-heads", "norm": "--norm", "mlp": "--mlp",
                      "positions": "--rope", "attention": "--attention"}
 #: `architecture_arguments`' flags that make a Llama, as a refusal of a network named "llama" spells them.

@@ -218,7 +218,8 @@ def _ln_backward(P: dict, pre: str, da: np.ndarray, cache: tuple, grads: dict, r
     return g * rstd
 
 
-def _linear(P: dict, name: str, bias: Optional[str], a: np.ndarray, r: _Rounder, site: Optional[str] = None) -> np.ndarray:
+def _linear(P: dict, name: str, bias: Optional[str], a: np.ndarray, r: _Rounder,
+            site: Optional[str] = None) -> np.ndarray:
     """a @ P[name], rounded, plus the bias `bias` where the model has one (GPTConfig.bias), rounded (FP8: rounded
     once; `site` names the input's scale: spmdsim.models.gpt.mixed_fp8)."""
     fused = r.lin.recipe is not None and site is not None  # FP8's column layers: the bias in the GEMM's epilogue

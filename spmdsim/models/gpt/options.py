@@ -369,6 +369,7 @@ def default_split(rest: int, problem_of: Any, ranks: int, axis: str = TENSOR, mo
         return rest // tried[0][0], tried[0][0], tried[0][1] + more
     ways = {problem.partition(": expected ")[2] for _, problem in tried}  # the same way out of each: said once
     common = f": expected {ways.pop()}" if len(ways) == 1 and "" not in ways else ""
-    each = "; ".join(f"{axis} {n}: {problem.partition(': expected ')[0] if common else problem}" for n, problem in tried)
+    each = "; ".join(f"{axis} {n}: {problem.partition(': expected ')[0] if common else problem}"
+                     for n, problem in tried)
     return rest, 1, (f"no dp x {axis} of {counted(rest, 'rank')}{of} runs it ({each}){common}; {runs} (or set --dp "
                      f"and --{axis}, or the model's sizes)")

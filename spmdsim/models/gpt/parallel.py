@@ -1,9 +1,9 @@
-"""The GPT of spmdsim.models.gpt on DTensors: Megatron's tensor-parallel splits, data parallel, optional sequence parallel.
+"""The GPT of spmdsim.models.gpt on DTensors: Megatron's tensor-parallel splits, data parallel, optional
+sequence parallel.
 
-Mesh ``Layout((dp, tp), ("dp", "tp"))``; the batch is split over dp. The
-parameters' splits are Megatron's, stated in `spmdsim.models.gpt.layouts` (pure, its
-table; docs/reference/operators.md, "A GPT"): vocab-parallel embedding, column-parallel
-Q, K, V and fc1, row-parallel projections.
+Mesh ``Layout((dp, tp), ("dp", "tp"))``; the batch is split over dp. The parameters' splits are Megatron's, stated in
+`spmdsim.models.gpt.layouts` (pure, its table; docs/reference/operators.md, "A GPT"): vocab-parallel embedding,
+column-parallel Q, K, V and fc1, row-parallel projections.
 
 Activations are sequence-first, (T, B, D), as Megatron keeps them ([s, b, h]):
 a sequence shard is one contiguous block, so the collectives move it as it

@@ -143,7 +143,8 @@ class _Block:
         T, B = h.global_shape[:2]
         with n.norm:
             a = self._gathered(self._normed(h, n.ln1w, n.ln1b))
-        # x W (+ b), reshaped to the heads: one node each (spmdsim.nn.ops.fused); no key bias (spmdsim.models.gpt.params)
+        # x W (+ b), reshaped to the heads: one node each (spmdsim.nn.ops.fused); no key bias
+        # (spmdsim.models.gpt.params)
         with n.attention:
             q = fused.einsum_bias("tbd,de->tbe", a, p[n.wq], p.get(n.bq), (T, B, cfg.heads, n.head_dim))
             k = fused.einsum_bias("tbd,de->tbe", a, p[n.wk], None, (T, B, n.kv, n.head_dim))

@@ -99,10 +99,10 @@ def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps:
     Collective: every rank calls it alike. `schedule`: "gpipe", "1f1b" or "interleaved" (with `virtual`
     chunks per stage); `split`: layers per chunk (default balanced). `recompute` and `zero` as
     train.train's, on each stage (ZeRO-1: each stage's optimizer sharded over its dp ranks; ZeRO-3 each chunk's
-    parameters, resharded after forward); `memory`: each step's bytes on this rank into StepResult.memory, kept-for-backward bytes at the
-    moment the schedule held the most (spmdsim.models.gpt.memory.MemoryReport); `kept`: "graph" or "megatron"
-    (spmdsim.models.gpt.parallel.GPT's). `ep`: with MoE layers (cfg.moe), the expert-parallel ranks of each stage:
-    the mesh is (pp, dp, ep, tp) (see the module docstring; StepResult.dispatch and .experts as
+    parameters, resharded after forward); `memory`: each step's bytes on this rank into StepResult.memory,
+    kept-for-backward bytes at the moment the schedule held the most (spmdsim.models.gpt.memory.MemoryReport); `kept`:
+    "graph" or "megatron" (spmdsim.models.gpt.parallel.GPT's). `ep`: with MoE layers (cfg.moe), the expert-parallel
+    ranks of each stage: the mesh is (pp, dp, ep, tp) (see the module docstring; StepResult.dispatch and .experts as
     spmdsim.models.gpt.train.train's, over the step's microbatches, ranks numbered on the whole mesh).
     `algorithms`: the meshes' emulated algorithms (spmdsim.runtime.mesh.Mesh's). `replay`: step 0 is
     captured (spmdsim.runtime.replay: its computes, collectives and point-to-point messages) and every later
@@ -212,8 +212,8 @@ class _Pipelined:
         self.act = act = any_model.act  # (T, B, D) between blocks
         # What crosses a stage boundary: the sequence's tp-th (Megatron's scatter/gather without sp, which
         # the receiving stage all-gathers over tp), else the block itself.
-        self.wire = stage_mesh.layout(tensor_entry(inner[1]), any_model.batch, None) if not sp and tp > 1 and cfg.seq % tp == 0 \
-            and cp_axis is None \
+        self.wire = stage_mesh.layout(tensor_entry(inner[1]), any_model.batch, None) \
+            if not sp and tp > 1 and cfg.seq % tp == 0 and cp_axis is None \
             else act
         self.ids_layout = any_model.ids  # (B, T): the batch over dp, the sequence over cp
         self.laid = any_model.laid  # the sequences' order
@@ -256,7 +256,8 @@ class _Pipelined:
         """One step: the stage's program, the gradients' sums, the tied table, clipping, the update; the
         microbatches' losses (DTensors, the router losses too). `given`: the microbatches' ids this stage
         reads (inputs, then targets) as DTensors, when replaying; else each is cut from the batch when used."""
-        optimizer, sums, tensors, run, microbatches = self.optimizer, self.sums, self.tensors, self.run, self.microbatches
+        optimizer, sums, tensors, run, microbatches = (self.optimizer, self.sums, self.tensors, self.run,
+                                                       self.microbatches)
 
         def ids(which: int, mb: int) -> Any:
             if given:

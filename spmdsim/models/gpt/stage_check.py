@@ -23,7 +23,8 @@ def _held(run: PipelineRun, cfg: GPTConfig) -> list:
 
 
 def _stage_regions(run: PipelineRun, cfg: GPTConfig) -> Regions:
-    """Where each rank's blocks lie in `_table`'s rows (spmdsim.models.gpt.wholes.stage_regions): worked out once a run."""
+    """Where each rank's blocks lie in `_table`'s rows (spmdsim.models.gpt.wholes.stage_regions): worked out once a
+    run."""
     layouts = next(iter(run.models.values())).layouts  # every parameter's, alike on every stage
     return stage_regions(_held(run, cfg), layouts, {s.name: s.shape for s in param_specs(cfg)},
                          run.stage_mesh.size)

@@ -88,7 +88,8 @@ class _Most:
 
     def walk(self, grads: dict) -> None:
         """A backward's look at a stop of its walk: ZeRO-2's before it reduces a bucket, ZeRO-1's and ZeRO-0's as
-        gradients go into the buffer, ZeRO-0's before each bucket's Allreduce (spmdsim.models.gpt.step_looks._look_walk)."""
+        gradients go into the buffer, ZeRO-0's before each bucket's Allreduce
+        (spmdsim.models.gpt.step_looks._look_walk)."""
         _look_walk(self.moments, self.optimizer, self.params, grads, self.grad_sums, self.buffer_owners)
 
     def sums(self, blocks: list) -> None:

@@ -148,7 +148,8 @@ class _Cells:
                  shape: tuple, act: Any, wire: Any, params: list, watch: Optional["_Most"], wire_dtype: Any,
                  reducer: Any, uncaptured: bool, program: Sequence, steps: tuple) -> None:
         self.mesh = mesh = run.stage_mesh
-        self.models, self.ids, self.step, self.last, self.params, self.watch = run.models, ids, step, last, params, watch
+        self.models, self.ids, self.step, self.last, self.params, self.watch = (
+            run.models, ids, step, last, params, watch)
         self.wire_dtype, self.reducer, self.uncaptured = wire_dtype, reducer, uncaptured
         self.inputs: dict = {}  # (mb, chunk) -> the received activation (a leaf), the input of chunk's forward
         self.outputs: dict = {}  # (mb, chunk) -> the forward's output (activation, or the scaled loss), until backward

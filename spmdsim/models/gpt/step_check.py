@@ -190,9 +190,10 @@ def stop_if_diverged(step: int, loss: float, params: dict, lr: float, clipping: 
         field, held = found
         name = next((name for name, t in params.items() if t is held), None)
         of = "" if name is None else f" of {name!r}"
-        raise SpmdsimError(f"{what}step {step}: {type(optimizer).__name__}'s {STATE_WORDS.get(field, field)}{of} is not "
-                           f"finite after the update (loss {loss:.6g}): training diverged, the parameters stop "
-                           f"moving; {lower.replace('loss and parameters', 'optimizer state')}")
+        raise SpmdsimError(f"{what}step {step}: {type(optimizer).__name__}'s "
+                           f"{STATE_WORDS.get(field, field)}{of} is not finite after the update (loss {loss:.6g}): "
+                           "training diverged, the parameters stop moving; "
+                           f"{lower.replace('loss and parameters', 'optimizer state')}")
 
 
 def _lower(lr: float, clipping: bool, weights: str) -> str:

@@ -29,11 +29,12 @@ def step_memory_problem(cfg: GPTConfig, comm: Any, dp: int, tp: int, *, ep: int 
     of `comm` alike: the same answer on each, before anything is allocated).
 
     The need is spmdsim.models.gpt.memory.step_need's shape-only count (the model states, the activations kept for
-    backward and the attention's scores: a lower bound of the dry run's peak, so what is refused cannot fit). The limit is the room before the simulator's memory stop (and, under
-    mpiexec, the memory watch: spmdsim.runtime.engines.memory) fires: what this machine, or its cgroup, has left
-    (spmdsim.runtime.budget's agreed figure per rank) less the share of the memory the stop keeps free
-    (`LOW_FRACTION` of the total, at least `LOW_FLOOR`); SPMDSIM_MEMORY (bytes per rank) sets it instead, and
-    SPMDSIM_MEMORY=off, a dry run (no block is written) or a machine that does not say skips the check."""
+    backward and the attention's scores: a lower bound of the dry run's peak, so what is refused cannot fit). The limit
+    is the room before the simulator's memory stop (and, under mpiexec, the memory watch:
+    spmdsim.runtime.engines.memory) fires: what this machine, or its cgroup, has left (spmdsim.runtime.budget's agreed
+    figure per rank) less the share of the memory the stop keeps free (`LOW_FRACTION` of the total, at least
+    `LOW_FLOOR`); SPMDSIM_MEMORY (bytes per rank) sets it instead, and SPMDSIM_MEMORY=off, a dry run (no block is
+    written) or a machine that does not say skips the check."""
 
     budget = agreed_budget(comm)
     if budget is None:

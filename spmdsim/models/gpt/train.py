@@ -84,7 +84,8 @@ TOLERANCE = 1e-10
 class StepResult:
     """One step: the loss, the largest relative differences (loss, gradients, parameters), its traffic,
     with ``memory=True`` this rank's bytes (spmdsim.models.gpt.memory.MemoryReport), and with MoE layers this
-    rank's dispatch figures (spmdsim.models.moe.report draws them) and its experts' bytes (spmdsim.models.moe.ledger)."""
+    rank's dispatch figures (spmdsim.models.moe.report draws them) and its experts' bytes
+    (spmdsim.models.moe.ledger)."""
 
     step: int
     loss: float

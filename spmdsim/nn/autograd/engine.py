@@ -143,7 +143,8 @@ def _backward(loss: Any, explain: Optional[list], cap: float, gradient: Any, kep
 def _walk(order: list, grads: dict, owners: dict, explain: Optional[list] = None, readers: Any = None) -> None:
     """Run each node's backward of `order` (latest first) on its output's gradient in `grads` (popped), freeing
     the node, and add the gradients it gives its inputs to `grads` (`_take`); `owners` notes the layout of the
-    tensor of each whose gradient is not laid out by that very object (`_take` notes every one's). `explain`, `readers`: as `backward`'s, the steps and the leaves' readers noted there."""
+    tensor of each whose gradient is not laid out by that very object (`_take` notes every one's). `explain`, `readers`:
+    as `backward`'s, the steps and the leaves' readers noted there."""
     if explain is not None or _flops._BLOCKS:  # (a counter opens and closes outside the walk, as `any_open`'s)
         _walk_noted(order, grads, owners, explain, readers)
         return
@@ -238,7 +239,8 @@ def _walk_reducing(order: list, grads: dict, owners: dict, explain: Optional[lis
         # A parameter read twice (a tied table: the head, then the embedding) has its gradient so far put into
         # its main gradient here, as Megatron's fused weight-gradient kernels add each use's into main_grad: the
         # walk does not hold it beside the buffer until its last reader's backward. (Kept pending: `_resolve_leaves`'
-        # `_into_grads`, not counted by spmdsim.base.flops: the leaf's one accumulation a backward is its last reader's.)
+        # `_into_grads`, not counted by spmdsim.base.flops: the leaf's one accumulation a backward is its
+        # last reader's.)
         here = [leaf for leaf in early.get(at, ()) if leaf in grads]
         if here:
             gs = list(map(grads.pop, here))

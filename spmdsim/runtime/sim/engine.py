@@ -131,7 +131,8 @@ class World(Sleepers, RankThreads):
         # Whether a rank may have the watchdog on (SPMDSIM_WATCHDOG, or configure() on a rank: Hooks.world):
         # `wait` then reads the waiting rank's setting; False, as most runs, it reads nothing
         self.watched = False
-        self.groups: weakref.WeakSet = weakref.WeakSet()  # every communicator's Group (spmdsim.runtime.sim.p2p.unreceived)
+        # every communicator's Group (spmdsim.runtime.sim.p2p.unreceived)
+        self.groups: weakref.WeakSet = weakref.WeakSet()
         # id -> (request, call, file, line, group, rank): the program's nonblocking requests not yet completed, in
         # the order posted (requests.noted; group and rank: a nonblocking collective's)
         self.posted: dict[int, tuple] = {}
@@ -147,7 +148,8 @@ class World(Sleepers, RankThreads):
         # rank -> (since when it polls in vain, releases then, the call it polls with: Test, Iprobe, ...)
         self._polls: dict[int, tuple[float, int, str]] = {}
         self.releases = 0  # ranks let go from a wait so far: a poll that sees them rise is not stuck
-        self.moves = 0  # messages queued or matched so far (spmdsim.runtime.sim.p2p): a poll that sees them rise neither
+        # messages queued or matched so far (spmdsim.runtime.sim.p2p): a poll that sees them rise neither
+        self.moves = 0
         # rank -> (when it last polled in vain, its thread's CPU time then, whether it polled idly, the request,
         # the call): who polls in a loop that computes nothing (`_all_idle`)
         self._vain: dict[int, tuple[float, float, bool, Any, str]] = {}
@@ -235,10 +237,9 @@ class World(Sleepers, RankThreads):
         self.check(self.rank_of(key))
 
     def _all_idle(self, now: float) -> bool:
-        """Whether every live rank (and thread a rank started) waits or polls idly now (world lock held): each
-        poller's last poll in vain came after no computing (SPIN_GAP_S of CPU time) and less than the idle share
-        of POLL_STALL_S ago. A rank that computes, sleeps long, or stands in line for a run slot counts as one
-        that may yet send."""
+        """Whether every live rank (and thread a rank started) waits or polls idly now (world lock held): each poller's
+        last poll in vain came after no computing (SPIN_GAP_S of CPU time) and less than the idle share of POLL_STALL_S
+        ago. A rank that computes, sleeps long, or stands in line for a run slot counts as one that may yet send."""
         waiting = self.waiting
         idle = 0
         for key, (last, _, was_idle, _, _) in self._vain.items():

@@ -1,4 +1,5 @@
-"""What MPI.Request's class methods do with several simulated requests (a mixin of spmdsim.runtime.sim.requests.Request).
+"""What MPI.Request's class methods do with several simulated requests (a mixin of
+spmdsim.runtime.sim.requests.Request).
 
 Waitall/Testall/Waitany/Testany/Waitsome/Testsome and MPI 4.1's Get_status_all/any/some,
 with mpi4py's return values, and the statuses they fill (source, tag, byte count; a

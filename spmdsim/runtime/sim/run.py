@@ -138,8 +138,8 @@ class Results(list):
 
 
 class DryRunResults(list):
-    """The per-rank results of a dry run, with `report` (spmdsim.runtime.sim.dry_report.DryRunReport), made when first read
-    (a caller that reads only the results, spmdsim.tools.estimate's ledger, does not sum every rank's trace)."""
+    """The per-rank results of a dry run, with `report` (spmdsim.runtime.sim.dry_report.DryRunReport), made when first
+    read (a caller that reads only the results, spmdsim.tools.estimate's ledger, does not sum every rank's trace)."""
 
     _report: Any = None
     _make: Any = None  # what makes the report, until it is read
@@ -166,7 +166,8 @@ def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict, eager_lim
     def body(rank: int) -> None:
         hooks = Hooks(settings)
         hooks.world = engine  # configure() on the rank may turn its watchdog on
-        _local.enter(RankContext(rank, size, Member(engine.root, rank), THREADS, shared=shared, hooks=hooks, launcher=SIMULATE))
+        _local.enter(RankContext(rank, size, Member(engine.root, rank), THREADS, shared=shared,
+                                 hooks=hooks, launcher=SIMULATE))
         try:
             engine.start(rank)  # a run slot: at most engine.slots ranks compute at once
             if engine.watched:  # a bad setting is every rank's error now, not the one that waits first's
@@ -259,7 +260,8 @@ def _dry_run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> li
     from . import dry, dry_meter, dry_report  # (numpy: a simulation of programs without it does not load it)
 
     def one(rank: int, stands_for: Any) -> tuple:
-        context = RankContext(rank, size, dry.DryComm(size, rank), dry.DRY, dry_run=True, hooks=Hooks(HOOKS), launcher=SIMULATE)
+        context = RankContext(rank, size, dry.DryComm(size, rank), dry.DRY, dry_run=True,
+                              hooks=Hooks(HOOKS), launcher=SIMULATE)
         context.meter = dry_meter.Meter()
         context.meter.stands_for = stands_for
         context.traces.append(Trace())  # every collective of the run, for the report

@@ -1,7 +1,7 @@
 """The thread engine: simulated ranks' transfers, one body per kind, on plain arrays and shared memory.
 
-`ThreadEngine` (`THREADS`) is the engine of simulated ranks (spmdsim.runtime.engines.base). A `Member` is one simulated rank's place in one group (engine.Group) with the
-group's call counter: what `ThreadEngine` hands a mesh as a group's
+`ThreadEngine` (`THREADS`) is the engine of simulated ranks (spmdsim.runtime.engines.base). A `Member` is one simulated
+rank's place in one group (engine.Group) with the group's call counter: what `ThreadEngine` hands a mesh as a group's
 communicator. Each transfer deposits this member's buffers in the group's
 rendezvous for call number `seq`; in every buffer transfer the last member to
 arrive runs every member's reads and writes, in member order (a phase of reads
@@ -27,7 +27,8 @@ from ._reductions import reduction
 from ..engines import DONE, Engine
 from ..engines.base import SimulationError
 from .bodies import (all_gather, all_gather_object, all_reduce, all_reduce_object, all_to_all, all_to_all_boxes,
-                     all_to_allv, barrier, broadcast, broadcast_object, checked_same, gather_object, gather_to, reduce_scatter, split)
+                     all_to_allv, barrier, broadcast, broadcast_object, checked_same, gather_object, gather_to,
+                     reduce_scatter, split)
 from .groups import Call, Group
 from .p2p import post_recv, post_send
 from ..._lazy import numpy_on_first_use

@@ -17,21 +17,21 @@ scaled: a scalar's kernels) is left out. Cells are cached on what determines the
 differ only in pp, v, dp, microbatches or ZeRO share them.
 
 Chunk k of a configuration's pp * v chunks lives on stage k mod pp (its layers balanced, or as the
-configuration's split cuts them), so each stage's layers of each kind are counted exactly, and its ledger holds at least their rows for each of its m microbatches: `step_time` of
-those rows alone (with the pipeline's bubble on their compute; the first and the last stage with their
-ends; with context parallelism's attention traffic over cp, the ring's hidden under the products as the
-priced step hides it; without the data-parallel sums, the pipeline's messages, ZeRO-3's gathers and,
-under ZeRO, the optimizer's update) is
+configuration's split cuts them), so each stage's layers of each kind are counted exactly, and its ledger holds at least
+their rows for each of its m microbatches: `step_time` of those rows alone (with the pipeline's bubble on their compute;
+the first and the last stage with their ends; with context parallelism's attention traffic over cp, the ring's hidden
+under the products as the priced step hides it; without the data-parallel sums, the pipeline's messages, ZeRO-3's
+gathers and, under ZeRO, the optimizer's update) is
 a lower bound of the stage's priced time, because every part of `step_time`'s total only grows as rows are
 added (the overlap hides at most the communication it is given). With ep > 1 a cell keeps, of the transfers
 over a group of ep ranks, the experts' exchanges alone: the sums over the batch's axes (the routers'
 load-balancing counts, the loss's mean) run over ep in the cell and over dp x ep in a configuration, whose
-price a link model need not order by group size (folded, the same of ep x tp: the routers' sums run over it). The memory bound is, at its largest over the stages, a
-stage's layers' model states (their parameter elements at the precision's bytes) plus the bytes its
-smallest chunk keeps for backward times the most microbatch-chunks the schedule holds on that stage at once
-(spmdsim.programs.pipeline.schedule.in_flight_by_stage): a bound of the stage's memory line, so of its peak too, which
-adds to it the largest kernel's transient blocks and the gradients the step holds beyond the memory line's
-(spmdsim.tools.estimate.ledger.backward_gradients: ZeRO-2's beyond the slices).
+price a link model need not order by group size (folded, the same of ep x tp: the routers' sums run over it). The memory
+bound is, at its largest over the stages, a stage's layers' model states (their parameter elements at the precision's
+bytes) plus the bytes its smallest chunk keeps for backward times the most microbatch-chunks the schedule holds on that
+stage at once (spmdsim.programs.pipeline.schedule.in_flight_by_stage): a bound of the stage's memory line, so of its
+peak too, which adds to it the largest kernel's transient blocks and the gradients the step holds beyond the memory
+line's (spmdsim.tools.estimate.ledger.backward_gradients: ZeRO-2's beyond the slices).
 """
 from __future__ import annotations
 

@@ -106,14 +106,14 @@ def comm_bounds(cfg: Any, c: Config, machine: Any, precision: str, dense: int,
     link model of each transfer (spmdsim.tools.estimate.steptime): the layers' and the pipeline's, and the gradient
     sums. The layers': with MoE layers the experts' exchanges (with a capacity, forward and backward, 4
     Alltoalls over the experts' ep a layer and microbatch, of the whole send buffer, k s c / E slots per expert
-    and sequence (with cp of each rank's chunk of it, s / cp), at the activation width, folded of a tp rank's share of the sequences; the mean of the stages' MoE layers; dropless none counted: their bytes
-    follow the routing), each attention's tensor-parallel collectives, two messages of each microbatch
-    between stages (its activations forward, their gradient backward), each on a rank's part of the
-    sequence with cp (context parallelism's own messages left out: the ring's run under the products);
-    under ZeRO-3 each layer's parameters gathered over dp twice a microbatch. The gradient sums, at the gradient
-    width, of the `dense` parameter elements over dp x ep x cp and the `experts`' over dp (an Allreduce each;
-    ZeRO-1 and ZeRO-2 a Reduce_scatter and an Allgather of the updated parameters, at the parameters' width;
-    ZeRO-3 a Reduce_scatter over dp), in one call each
+    and sequence (with cp of each rank's chunk of it, s / cp), at the activation width, folded of a tp rank's share of
+    the sequences; the mean of the stages' MoE layers; dropless none counted: their bytes follow the routing), each
+    attention's tensor-parallel collectives, two messages of each microbatch between stages (its activations forward,
+    their gradient backward), each on a rank's part of the sequence with cp (context parallelism's own messages left
+    out: the ring's run under the products); under ZeRO-3 each layer's parameters gathered over dp twice a microbatch.
+    The gradient sums, at the gradient width, of the `dense` parameter elements over dp x ep x cp and the `experts`'
+    over dp (an Allreduce each; ZeRO-1 and ZeRO-2 a Reduce_scatter and an Allgather of the updated parameters, at the
+    parameters' width; ZeRO-3 a Reduce_scatter over dp), in one call each
     (buckets only add latency). Each on the link of its group (`levels`)."""
     w, m, gpn = PRECISIONS[precision], cfg.moe, machine.gpus_per_node
     models = {level: level_model(machine, level) for level in LEVELS}
@@ -180,9 +180,9 @@ def flops_bound(cfg: Any, causal: bool = False) -> float:
     configuration executes at least: 72 B s h^2 (1 + s / 6h) a dense layer (with Llama's options, its own
     weights'), forward and backward (the vocabulary's products left out); an MoE layer its attention's
     (24 B s h^2 + 12 B s^2 h by default; with grouped-query attention its own weights') and its experts' two
-    (SwiGLU three) products, forward and backward, 12 (18) x rows x h x F, on at least s min(k c, E) rows a sequence (the capacity's E
-    min(s, ceil(k s c / E)) slots travel and are multiplied, empty or not; dropless, every one of the k s
-    assignments), the routers' products left out. `causal`: the attention's scores and context counted on
+    (SwiGLU three) products, forward and backward, 12 (18) x rows x h x F, on at least s min(k c, E) rows a sequence
+    (the capacity's E min(s, ceil(k s c / E)) slots travel and are multiplied, empty or not; dropless, every one of the
+    k s assignments), the routers' products left out. `causal`: the attention's scores and context counted on
     the causal half of the square alone, s (s + 1) / 2 (query, key) pairs a sequence, the least a method
     that skips the masked blocks computes (context parallelism's ring; 12 B s^2 h becomes 6 B s (s + 1) h)."""
     b, s, h, layers = cfg.batch, cfg.seq, cfg.d_model, cfg.layers

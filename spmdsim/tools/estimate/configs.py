@@ -56,8 +56,8 @@ class Config:
     recompute: str
     zero: int
     ep: int = 1  # expert-parallel ranks of a stage (a GPT with MoE layers; the dense layers' batch: dp x ep)
-    # layers per chunk in pipeline order (spmdsim.models.gpt.stages.chunk_parts; `spmdsim estimate --stage-layers`); None,
-    # as the search makes every configuration: balanced
+    # layers per chunk in pipeline order (spmdsim.models.gpt.stages.chunk_parts; `spmdsim estimate --stage-layers`);
+    # None, as the search makes every configuration: balanced
     split: Optional[tuple] = None
     cp: int = 1
     cp_method: str = "ring"

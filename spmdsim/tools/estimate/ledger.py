@@ -106,8 +106,8 @@ def kernel_bytes(kernels: Any, precision: str, fused_accumulation: bool = False)
     GEMM accumulates into the fp32 main gradient in its epilogue, under its products.
 
     The operators' floating values ("activations") at the activation width; their masks, ids, FP8 copies and
-    other non-floating elements at their own width (a boolean mask, an e4m3 element a byte). The optimizer's roles at theirs:
-    gradients, moments ("states") and ZeRO-1's master slices at the precision's widths. A mixed
+    other non-floating elements at their own width (a boolean mask, an e4m3 element a byte). The optimizer's roles at
+    theirs: gradients, moments ("states") and ZeRO-1's master slices at the precision's widths. A mixed
     precision updates a master copy, not the parameters: an updated parameter element (kind "params",
     the program updating its own float64 parameters) is read and written at the master copy's width,
     and every element the update writes (that, or a ZeRO-1 master slice) also writes the parameter's

@@ -48,8 +48,8 @@ from ...base.validate import MAX_JSON_TEXT, read_bounded
 from ...errors import SpmdsimError
 from .gemm_shapes import batched_from_dict, batched_to_dict, unbatched_from_dict, unbatched_to_dict
 from .file_keys import _no_other_keys
-from .machine_records import (_MISSING, ALGORITHMS, DTYPES, Achieved, AttentionEfficiency, GemmEfficiency, Link, Machine, Waves, _achieved,
-                              _check_efficiency, _check_fields, _fail, _number, _text)
+from .machine_records import (_MISSING, ALGORITHMS, DTYPES, Achieved, AttentionEfficiency, GemmEfficiency, Link,
+                              Machine, Waves, _achieved, _check_efficiency, _check_fields, _fail, _number, _text)
 from .machine_units import check_units
 from .records import LEVELS
 

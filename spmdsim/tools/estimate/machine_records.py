@@ -13,8 +13,8 @@ from .file_keys import _MISSING, _fail, _no_other_keys, _text
 from .gemm_shapes import BatchedShapes, UnbatchedShapes
 from .records import LEVELS
 
-__all__ = ["Machine", "Link", "GemmEfficiency", "Waves", "Achieved", "AttentionEfficiency", "DTYPES", "RESULT_BYTES", "ALGORITHMS",
-           "EFFICIENCY_MODELS", "normalize_dtype"]
+__all__ = ["Machine", "Link", "GemmEfficiency", "Waves", "Achieved", "AttentionEfficiency", "DTYPES",
+           "RESULT_BYTES", "ALGORITHMS", "EFFICIENCY_MODELS", "normalize_dtype"]
 
 
 #: Dtypes a machine file may give a peak for, and their bytes per element (the roofline's traffic): "fp8" the

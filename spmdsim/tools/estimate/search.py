@@ -18,9 +18,9 @@ any divisor of tp between 1 and tp, the other tp / etp of attention's ranks fold
 (Megatron-Core's parallel folding, spmdsim.models.moe.fold: the experts' ep is ep x tp / etp, dividing the experts;
 with a capacity a microbatch the tp / etp ranks share, dropless a sequence). Each is priced by the ledger of
 its own dry run (spmdsim.tools.estimate.ledger.gpt_ledger: its memory at the precision's widths, and its peak
-with ZeRO-2's gradients its backward holds beyond the slices and the largest kernel's transient blocks, which the memory limit bounds as `spmdsim estimate`'s verdict
-bounds it by the GPU's memory, spmdsim.tools.estimate.ledger.peak_bytes; and its predicted step time on the
-machine, the slowest stage's, as `spmdsim estimate` prints them).
+with ZeRO-2's gradients its backward holds beyond the slices and the largest kernel's transient blocks, which the memory
+limit bounds as `spmdsim estimate`'s verdict bounds it by the GPU's memory, spmdsim.tools.estimate.ledger.peak_bytes;
+and its predicted step time on the machine, the slowest stage's, as `spmdsim estimate` prints them).
 
 Lower bounds only prune, never choose (branch and bound; a bound of the memory a rank holds is one of its
 peak too): closed forms first (the model states of a

@@ -36,12 +36,13 @@ def _members(mesh: Any, rank: int, axes: tuple) -> tuple:
 
 #: The trace labels of the sums of gradients (spmdsim.nn.autograd's buckets; ZeRO-1's and ZeRO-2's Reduce_scatter of
 #: the gradients and Allgather of the updated parameters): over a data-parallel axis (dp, or ep for the dense
-#: layers of an MoE GPT, or cp: each rank saw part of every sequence), a Calls row of phase "gradients". Every other collective a stage runs is its layers'
-#: (tensor parallelism's, sequence parallelism's sums of replicated gradients over tp, the experts' dispatch
-#: and combine, the router's statistics, the loss's mean), a message between stages the pipeline's, and
-#: context parallelism's attention traffic over cp (the ring's messages, the gathers or all-to-alls) "context".
-#: ZeRO-3's Reduce_scatter of a unit's gradients (spmdsim.nn.fsdp_flat's REDUCE_LABEL) is a sum, and so is HSDP's
-#: Allreduce of its result across the shard groups (SUM_LABEL); its gathers (GATHER_LABEL) are phase "parameters".
+#: layers of an MoE GPT, or cp: each rank saw part of every sequence), a Calls row of phase "gradients". Every other
+#: collective a stage runs is its layers' (tensor parallelism's, sequence parallelism's sums of replicated gradients
+#: over tp, the experts' dispatch and combine, the router's statistics, the loss's mean), a message between stages the
+#: pipeline's, and context parallelism's attention traffic over cp (the ring's messages, the gathers or all-to-alls)
+#: "context". ZeRO-3's Reduce_scatter of a unit's gradients (spmdsim.nn.fsdp_flat's REDUCE_LABEL) is a sum, and so is
+#: HSDP's Allreduce of its result across the shard groups (SUM_LABEL); its gathers (GATHER_LABEL) are
+#: phase "parameters".
 GRADIENT_LABELS = ("gradient bucket", "zero-1 gradient bucket", "zero-1 parameter bucket", "zero-2 gradient bucket",
                    "zero-2 parameter bucket", SUM_LABEL)
 #: Of those, the gathers of the updated parameters: their elements are the parameters' (Calls.role).
