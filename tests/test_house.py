@@ -6,7 +6,8 @@ imports inside functions included (mpi4py counts as the runtime floor: nothing b
 Nowhere an import cycle, imports inside functions counted; at most MOST_INNER_IMPORTS imports of the package's
 own modules inside functions (kept for the CLI's and `spmdsim mpirun`'s start and optional dependencies).
 In every floor, no module over 400 lines and no function over 75 lines; the examples users read to learn the
-package (examples/*.py) and the scripts that measure it (scripts/*.py) alike.
+package (examples/*.py) and the scripts that measure it (scripts/*.py) alike. No line of the package, the examples,
+the scripts or the tests over 120 columns (tests/data, learners' programs, aside).
 """
 from __future__ import annotations
 
@@ -190,6 +191,27 @@ def test_code_is_spaced_as_pep_8_spaces_it():
     assert not found, "at most two blank lines between definitions, none at a file's end:\n" + "\n".join(found)
     assert loose_spacing("a = 1\n\n\n\nb = 2\n") == ["line 2: three or more blank lines"]
     assert loose_spacing("a = 1\n\n") == ["blank lines at the end"] and loose_spacing("a = 1\n\n\nb = 2\n") == []
+
+
+#: The widest a line of the house's Python may be, PyTorch's bound and many model codebases': a module reads without
+#: scrolling sideways.
+MAX_LINE_COLUMNS = 120
+
+
+def wide_lines(text: str, limit: int = MAX_LINE_COLUMNS) -> list[int]:
+    """The numbers of the lines of `text` (a Python file's) longer than `limit` characters."""
+    return [number for number, line in enumerate(text.splitlines(), 1) if len(line) > limit]
+
+
+def test_every_line_fits_in_120_columns():
+    found = [f"  {path.relative_to(importkit.ROOT)}:{number}"
+             for folder in PYTHON_FOLDERS for path in sorted((importkit.ROOT / folder).rglob("*.py"))
+             if path.relative_to(importkit.ROOT).parts[:2] != ("tests", "data")
+             for number in wide_lines(path.read_text(encoding="utf-8"))]
+    assert not found, (f"lines over {MAX_LINE_COLUMNS} columns (break them as the file breaks its others: after a "
+                       "bracket or a comma, strings by implicit concatenation, comments re-flowed):\n"
+                       + "\n".join(found))
+    assert wide_lines("x" * 120 + "\n" + "y" * 121 + "\n") == [2] and wide_lines("é" * 120) == []
 
 
 #: "issue 58" in a comment: our tracker's numbers mean nothing to a reader of the code (git keeps them); another
