@@ -48,16 +48,27 @@ def kept_problem(value: Any, said: str = "kept") -> Optional[str]:
 
 
 _NOTHING: dict = {}  # dtype -> one 0-d zero: every shell's block is a broadcast view of it, never counted
+_VIEWS: dict = {}  # (dtype, shape) -> `nothing`'s view (np.broadcast_to takes ~6 us; a step asks for a few shapes)
 
 
 def nothing(dtype: Any, shape: tuple) -> np.ndarray:
     """A read-only block of `shape` and `dtype` that holds no memory: a broadcast view of one zero,
-    which `kept_bytes` does not count."""
-    dtype = np.dtype(dtype)
-    zero = _NOTHING.get(dtype)
-    if zero is None:
-        zero = _NOTHING.setdefault(dtype, np.zeros((), dtype))
-    return np.broadcast_to(zero, shape)
+    which `kept_bytes` does not count (one view per dtype and shape, made once)."""
+    try:
+        view = _VIEWS.get((dtype, shape))
+    except TypeError:  # a shape given as a list
+        view = None
+    if view is None:
+        dtype = np.dtype(dtype)
+        zero = _NOTHING.get(dtype)
+        if zero is None:
+            zero = _NOTHING.setdefault(dtype, np.zeros((), dtype))
+        view = np.broadcast_to(zero, shape)
+        if type(shape) is tuple and all(type(n) is int for n in shape):  # (a pure function of the key)
+            if len(_VIEWS) >= 4096:  # a long run over many shapes: start over
+                _VIEWS.clear()
+            _VIEWS[(dtype, shape)] = view
+    return view
 
 
 def shell(t: Any) -> Any:

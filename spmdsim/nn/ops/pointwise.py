@@ -351,13 +351,19 @@ def _lifted(args: tuple, prepared: _Prepared) -> tuple:
 
 
 _PREPARED: dict = {}  # signature -> _Prepared (spmdsim.nn.ops._common.Prepared)
+_WIDEST = 32  # bytes of numpy's widest element (clongdouble): a result of fewer elements than DRY_ZEROS_BYTES / 32
+# is small at any dtype, so `_dry_block` need not work its dtype out (a small model's every result)
 
 
 def _dry_block(mesh: Any, forward: Callable, locals_: list, prepared: Optional[_Prepared] = None) -> Any:
     """A dry run's large result (spmdsim.nn.ops._common.dry_zeros): zeros of the real block's shape and dtype, not
     computed; None for a small one (computed). `prepared`: the call's, whose bfloat16 result the real kernel
     rounds to (None: the kernel's own dtype, ops.fused's adds and products)."""
-    shape = np.broadcast_shapes(*(block.shape for block in locals_))
+    shape = locals_[0].shape
+    if any(block.shape != shape for block in locals_):
+        shape = np.broadcast_shapes(*(block.shape for block in locals_))
+    if math.prod(shape) * _WIDEST < _common.DRY_ZEROS_BYTES:  # small at any dtype: computed (dry_zeros' None)
+        return None
     zeros = [np.zeros((), block.dtype) for block in locals_]
     with np.errstate(all="ignore"):  # the result's dtype: the real kernel's on one zero of each operand's dtype
         if prepared is not None and prepared.dtype_name == "bfloat16":  # widened, rounded (sigmoid's raw: float32)
