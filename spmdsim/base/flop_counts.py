@@ -171,7 +171,7 @@ class FlopCounter:
                 else:
                     other += n * itemsize
             out[(what, phase, floating, other)] = None
-        return tuple(Fresh(*key) for key in out)
+        return tuple(_fresh(key) for key in out)
 
     def add(self, gemm: Gemm, times: int = 1) -> None:
         """Count `gemm` executed `times` more times."""
@@ -202,6 +202,20 @@ class FlopCounter:
         if self.calls is not None and other.calls is not None:  # the same blocks however often repeated
             self.calls.extend(other.calls)
             self.held.update(other.held)
+
+
+_FRESH: dict = {}  # Fresh's fields -> that (frozen) Fresh: a search's dry runs make the same records again and again
+
+
+def _fresh(key: tuple) -> Fresh:
+    """``Fresh(*key)``, made once per value (a frozen dataclass's __init__ takes ~1.5 us)."""
+    made = _FRESH.get(key)
+    if made is None:
+        made = Fresh(*key)
+        if len(_FRESH) >= 8192:  # a long run over many records: start over
+            _FRESH.clear()
+        _FRESH[key] = made
+    return made
 
 
 def _check_times(times: Any) -> None:

@@ -106,6 +106,14 @@ _FLOATING = ("float", "complex", "bfloat")
 _OWN = "float8"
 
 
+def _weak(a: Any) -> Any:
+    """A weak reference to `a`, or None where it takes none."""
+    try:
+        return weakref.ref(a)
+    except TypeError:
+        return None
+
+
 def _ref(a: Any) -> Any:
     """A weak reference to the array whose memory `a` views (spmdsim.base.buffers.owner): the block's identity; None
     for a numpy scalar and for a broadcast scalar (a dry run's stand-in of a shape, spmdsim.base.buffers.broadcast_zero,
@@ -150,6 +158,7 @@ def _entries_sized(blocks: tuple, sized: tuple) -> tuple:
     come with its signature (`_sweep`), so only the arrays' identities are looked up."""
     out = []
     seen: set = set()
+    nd = np.ndarray
     for block, size in zip(blocks, sized):
         if size is None:
             continue
@@ -162,7 +171,16 @@ def _entries_sized(blocks: tuple, sized: tuple) -> tuple:
             a = block
         if id(a) not in seen:
             seen.add(id(a))
-            out.append((_ref(a),) + size)
+            if type(a) is nd:  # `_ref(a)`, inline for an array (most blocks: ~800 a dry run's step)
+                base = a.base
+                while type(base) is nd:
+                    a, base = base, base.base
+                if isinstance(base, nd):  # (a subclass's memory: `_ref`'s walk)
+                    out.append((_ref(a),) + size)
+                else:
+                    out.append((_weak(a) if a.ndim else None,) + size)
+            else:
+                out.append((_ref(a),) + size)
     return tuple(out)
 
 
@@ -263,7 +281,10 @@ def sweep(op: str, reads: Any, writes: Any, kind: str = "activations", phase: Op
     context = current()
     if context.flops:
         phase = phase or context.phase
-        reads, writes = tuple(reads), tuple(writes)
+        if type(reads) is not tuple:
+            reads = tuple(reads)
+        if type(writes) is not tuple:
+            writes = tuple(writes)
         sized = _sweep(context.flops, op, reads, writes, kind, phase, times)
         if _BLOCKS and kind == "activations" and phase != "optimizer":
             _record(context.flops, op, phase, reads + writes, sized)
