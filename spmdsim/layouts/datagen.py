@@ -33,6 +33,8 @@ _CHUNK_ELEMENTS = 1 << 20
 
 Region = Sequence[Union[slice, Sequence[int]]]
 
+_FLOAT_MAX = {name: float(np.finfo(name).max) for name in FLOAT_DTYPES}  # (SeededTensor's checks' common case)
+
 
 @dataclass(frozen=True)
 class SeededTensor:
@@ -48,6 +50,12 @@ class SeededTensor:
     high: float = 1.0
 
     def __post_init__(self) -> None:
+        low, high = self.low, self.high
+        if (type(self.dtype) is str and self.dtype in _FLOAT_MAX and type(self.seed) is int and 0 <= self.seed < 2**63
+                and type(low) is float and type(high) is float and low < high
+                and max(abs(low), abs(high), high - low) <= _FLOAT_MAX[self.dtype]
+                and type(self.shape) is tuple and all(type(n) is int and n >= 0 for n in self.shape)):
+            return  # a model's parameters: every check below passes and keeps every field as given
         shape = shape_arg(self.shape)
         dtype = dtype_name(np.dtype(self.dtype)) if _known_dtype(self.dtype) else self.dtype
         if dtype not in FLOAT_DTYPES + INT_DTYPES:
