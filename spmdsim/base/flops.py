@@ -199,8 +199,15 @@ def hold(*arrays: Any) -> None:
     counters = [c for c in current().flops if c.held is not None]
     if not counters:  # (another rank's counter records blocks, none of this rank's does)
         return
+    nd = np.ndarray
     for a in arrays:
-        ref = None if a is None else _ref(a)
+        if type(a) is nd:  # `_ref(a)`, inline for an array (a step marks every kept block and gradient)
+            base = a.base
+            while type(base) is nd:
+                a, base = base, base.base
+            ref = _ref(a) if isinstance(base, nd) else _weak(a) if a.ndim else None
+        else:
+            ref = None if a is None else _ref(a)
         if ref is None:
             continue
         for counter in counters:

@@ -29,6 +29,7 @@ gathered parameter's gradient has arrived. Neither kind of node keeps a block (`
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -128,14 +129,14 @@ def _member(fs: Any, name: str, axes: tuple, moving: tuple, g: int, at: int) -> 
     leaf, layout = fs.params[name], fs.layouts[name]
     shape, shard = tuple(leaf.global_shape), tuple(leaf.local.shape)
     if 0 not in leaf.layout.uneven_dims(shape):
-        n = int(np.prod(shard, dtype=np.int64))
+        n = math.prod(shard)
         return Member(name, at, at + n, shard, (shard[0] * g,) + shard[1:], layout, leaf.layout, shape, axes)
     padded = leaf.layout.max_local_shape(shape)
     rank = fs.mesh.rank
     first = layout.bounds(rank, shape)[0][0]
     pieces = tuple((a - first, b - a) for (a, b), *_ in
                    (leaf.layout.bounds(r, shape) for r in fs.mesh.group_ranks(moving)))
-    n = int(np.prod(padded, dtype=np.int64))
+    n = math.prod(padded)
     return Member(name, at, at + n, shard, layout.local_shape(shape, rank), layout, leaf.layout, shape, axes,
                   padded, pieces)
 
@@ -274,7 +275,7 @@ def reduce_grads(mesh: Any, group: FlatGroup, wanted: list, grads: list) -> list
             result.append(None)
             continue
         extra = tuple(a for a in extra if a not in common)
-        block = out[m.start:m.start + int(np.prod(m.shard_shape, dtype=np.int64))].reshape(m.shard_shape)
+        block = out[m.start:m.start + math.prod(m.shard_shape)].reshape(m.shard_shape)
         if extra:  # summed again at its leaf (spmdsim.nn.autograd's `_summed_alone`): a block of its own, summed in
             # place there as a dry run's is, not a view that keeps the whole result alive beside its sum
             own = buffers.empty(m.shard_shape, group.wide)
