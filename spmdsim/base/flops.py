@@ -157,30 +157,31 @@ def _entries_sized(blocks: tuple, sized: tuple) -> tuple:
     """`_entries` of `blocks`, each block's (elements, floating, itemsize) given (None: a block skipped): a kernel's
     come with its signature (`_sweep`), so only the arrays' identities are looked up."""
     out = []
-    seen: set = set()
-    nd = np.ndarray
+    seen = []  # the ids of the arrays met: a call's few (a list's `in`, no set made)
+    nd, weak = np.ndarray, weakref.ref
     for block, size in zip(blocks, sized):
         if size is None:
             continue
-        if type(block) is tuple:
+        a = block
+        if type(a) is tuple:
             a = block[2] if len(block) > 2 else None
             if a is None:
                 out.append((None,) + size)
                 continue
+        i = id(a)
+        if i in seen:
+            continue
+        seen.append(i)
+        if type(a) is not nd:
+            out.append((_ref(a),) + size)
+            continue
+        base = a.base  # `_ref(a)`, inline for an array (most blocks: ~800 a dry run's step)
+        while type(base) is nd:
+            a, base = base, base.base
+        if base is not None and isinstance(base, nd):  # (a subclass's memory: `_ref`'s walk)
+            out.append((_ref(a),) + size)
         else:
-            a = block
-        if id(a) not in seen:
-            seen.add(id(a))
-            if type(a) is nd:  # `_ref(a)`, inline for an array (most blocks: ~800 a dry run's step)
-                base = a.base
-                while type(base) is nd:
-                    a, base = base, base.base
-                if isinstance(base, nd):  # (a subclass's memory: `_ref`'s walk)
-                    out.append((_ref(a),) + size)
-                else:
-                    out.append((_weak(a) if a.ndim else None,) + size)
-            else:
-                out.append((_ref(a),) + size)
+            out.append((weak(a) if a.ndim else None,) + size)
     return tuple(out)
 
 
