@@ -114,24 +114,31 @@ def kernel_bytes(kernels: Any, precision: str, fused_accumulation: bool = False)
     low-precision copy.
     """
     w = PRECISIONS[precision]
+    known = _KERNEL_BYTES.get(w)  # (the Widths hashed once a call, each kernel once)
+    if known is None:
+        known = _KERNEL_BYTES[w] = {}
     out: dict = {}
     for k, n in kernels:
         if fused_accumulation and k.op == "add" and k.kind == "grads":
             continue
         try:
-            nbytes = _KERNEL_BYTES.get((k, w))
+            nbytes = known.get(k)
         except TypeError:  # a kernel that does not hash
             nbytes = None
         if nbytes is None:
             nbytes = _kernel_bytes(k, w)
-            if len(_KERNEL_BYTES) >= 4096:  # a long run over many kernels: start over
-                _KERNEL_BYTES.clear()
-            _KERNEL_BYTES[(k, w)] = nbytes
+            if len(known) >= 4096:  # a long run over many kernels: start over
+                known.clear()
+            try:
+                known[k] = nbytes
+            except TypeError:
+                pass
         out[k.phase] = out.get(k.phase, 0) + nbytes * n
     return out
 
 
-_KERNEL_BYTES: dict = {}  # (Kernel, Widths) -> `_kernel_bytes`: a search prices the same few kernels again and again
+#: Widths -> {Kernel: `_kernel_bytes`}: a search prices the same few kernels again and again (full values as keys)
+_KERNEL_BYTES: dict = {}
 
 
 def _kernel_bytes(k: Any, w: Widths) -> int:
