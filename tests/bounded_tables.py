@@ -75,6 +75,9 @@ TABLES = (
     ("spmdsim.base.buffers", "_SIZED", 1024),
     ("spmdsim.base.buffers", "_ZEROS", 4096),
     ("spmdsim.models.gpt.stage_steps", "_COMPILED", 256),
+    ("spmdsim.base.flop_counts", "_FRESH", 8192),
+    ("spmdsim.nn.autograd.kept", "_VIEWS", 4096),
+    ("spmdsim.tools.estimate.ledger", "_GEMMS_AT", 4096),
 )
 
 
