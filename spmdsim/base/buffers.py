@@ -147,7 +147,7 @@ LAZY_BYTES = 1 << 20
 #: overcommit heuristic refuses one mapping larger than memory and swap, and a dry run's ZeRO bucket of a
 #: 7.5B-parameter model is 56 GiB of pages never written.
 _NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0)
-_PRIVATE = {"flags": mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _NORESERVE} if hasattr(mmap, "MAP_ANONYMOUS") else {}
+_PRIVATE = (mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _NORESERVE,) if hasattr(mmap, "MAP_ANONYMOUS") else ()  # flags
 
 
 class _Lazy(mmap.mmap):
@@ -175,7 +175,7 @@ def lazy_zeros(shape: Any, dtype: Any, at_least: int = LAZY_BYTES) -> np.ndarray
         nbytes = math.prod(dims) * dtype.itemsize
     if at_least <= nbytes <= sys.maxsize:  # (more than sys.maxsize bytes: no address space holds them)
         try:
-            return np.frombuffer(_Lazy(-1, nbytes, **_PRIVATE), dtype).reshape(dims)
+            return np.frombuffer(_Lazy(-1, nbytes, *_PRIVATE), dtype).reshape(dims)
         except OSError:  # out of mappings (vm.max_map_count) or address space: numpy's own
             pass
     try:
