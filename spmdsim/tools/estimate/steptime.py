@@ -44,6 +44,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from ...base.flop_counts import PHASES, Gemm
 from ...programs.cost.model import CostModel
 from ...programs.cost.terms import OPS
 from ...errors import SpmdsimError
@@ -58,7 +59,7 @@ __all__ = ["StepTime", "Pipeline", "step_time", "link_seconds", "level_model", "
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 #: What a GEMM was doing (spmdsim.base.flop_counts.Gemm.phase) and what a transfer was doing (records.Calls.phase).
-GEMM_PHASES = ("forward", "backward", "recompute")
+GEMM_PHASES = PHASES  # a Gemm's own, checked when it is made (`_gemm_seconds` trusts a Gemm's)
 TRANSFER_PHASES = ("layers", "gradients", "pipeline", "context", "parameters", "updates")
 TRAFFIC_PHASES = GEMM_PHASES + ("optimizer",)
 
@@ -162,8 +163,21 @@ def _count(value: Any, what: str) -> int:
     return value
 
 
-def _gemm_seconds(machine: Machine, gemm: Any) -> tuple[str, float]:
-    """(phase, seconds) of one call of `gemm`."""
+def _gemm_seconds(machine: Machine, gemm: Any, dtypes: tuple) -> tuple[str, float]:
+    """(phase, seconds) of one call of `gemm`; `dtypes`: the machine's. A `Gemm` checked its fields when made
+    (spmdsim.base.flop_counts: a dry run's ~20 a price): only its dtype is checked here, against the machine."""
+    if type(gemm) is not Gemm:
+        _check_gemm(gemm)
+    if normalize_dtype(gemm.dtype) not in dtypes:
+        raise SpmdsimError(f"gemm dtype {gemm.dtype!r} has no peak in machine {machine.name!r}; "
+                           f"expected one of {dtypes!r}")
+    if gemm.flops == 0:
+        return gemm.phase, 0.0
+    return gemm.phase, machine.product_seconds(gemm)
+
+
+def _check_gemm(gemm: Any) -> None:
+    """A product given as any other object: its fields checked (one line naming the bad one)."""
     for name in ("batch", "m", "n", "k", "dtype", "phase", "flops"):
         if not hasattr(gemm, name):
             raise SpmdsimError(f"gemm {gemm!r:.80} has no {name!r}; expected an object with batch, m, n, k, "
@@ -176,12 +190,6 @@ def _gemm_seconds(machine: Machine, gemm: Any) -> tuple[str, float]:
     flops = gemm.flops
     if isinstance(flops, bool) or not isinstance(flops, (int, float)) or not math.isfinite(flops) or flops < 0:
         raise SpmdsimError(f"gemm flops {flops!r} must be a finite number >= 0")
-    if normalize_dtype(gemm.dtype) not in machine.dtypes:
-        raise SpmdsimError(f"gemm dtype {gemm.dtype!r} has no peak in machine {machine.name!r}; "
-                           f"expected one of {machine.dtypes!r}")
-    if flops == 0:
-        return gemm.phase, 0.0
-    return gemm.phase, machine.product_seconds(gemm)
 
 
 def _transfer_seconds(models: dict[str, CostModel], t: Any) -> float:
@@ -234,11 +242,12 @@ def step_time(machine: Machine, gemms: Iterable[tuple[Any, int]], transfers: Ite
         if phase not in TRANSFER_PHASES:
             raise SpmdsimError(f"overlap phase {phase!r} is unknown; expected phases among {TRANSFER_PHASES!r}")
     compute = dict.fromkeys(GEMM_PHASES, 0.0)
+    dtypes = machine.dtypes
     for pair in gemms:
         if not isinstance(pair, tuple) or len(pair) != 2:
             raise SpmdsimError(f"gemms entry {pair!r:.80} must be a (gemm, count) pair")
         gemm, count = pair
-        phase, seconds = _gemm_seconds(machine, gemm)
+        phase, seconds = _gemm_seconds(machine, gemm, dtypes)
         compute[phase] += _count(count, "gemm") * seconds
     models = {level: level_model(machine, level) for level in LEVELS}
     by_level = dict.fromkeys(LEVELS, 0.0)
