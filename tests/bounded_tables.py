@@ -78,6 +78,7 @@ TABLES = (
     ("spmdsim.base.flop_counts", "_FRESH", 8192),
     ("spmdsim.nn.autograd.kept", "_VIEWS", 4096),
     ("spmdsim.tools.estimate.ledger", "_GEMMS_AT", 4096),
+    ("spmdsim.nn.fsdp", "_SHARDED", 1024),
 )
 
 

@@ -9,7 +9,7 @@ import pytest
 
 import spmdsim
 from spmdsim import Layout
-from spmdsim.errors import SpmdsimError
+from spmdsim.errors import LayoutError, SpmdsimError
 from spmdsim.models.gpt import GPTConfig, encode, load_text
 from spmdsim.models.gpt.memory import zero_problem
 from spmdsim.models.gpt.train import TOLERANCE, train
@@ -104,6 +104,15 @@ def test_sharded_layout_splits_dim_0_after_its_axes():
     mesh = Layout((2, 2), ("dp", "tp"))
     assert sharded_layout(mesh("tp", None), "dp") == mesh(("tp", "dp"), None)
     assert sharded_layout(mesh(None, "tp"), "dp") == mesh("dp", "tp")
+
+
+def test_sharded_layout_is_made_once_per_layout_and_axes():
+    mesh = Layout((2, 2), ("dp", "tp"))
+    first = sharded_layout(mesh("tp", None), ("dp",))
+    assert sharded_layout(mesh("tp", None), ("dp",)) is first and first == mesh(("tp", "dp"), None)
+    assert sharded_layout(mesh("tp", None), ["dp"]) == first  # (axes given as a list: made, not kept)
+    with pytest.raises(LayoutError, match="more than once"):
+        sharded_layout(mesh("dp", None), "dp")
 
 
 def test_fully_shard_refuses_in_one_line():

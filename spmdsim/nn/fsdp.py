@@ -82,10 +82,22 @@ def sharded_layout(layout: TensorLayout, axis: Any) -> TensorLayout:
     """`layout` with dim 0 split over `axis` (a name, or a tuple of them) too, after the axes that already split
     it (the minor ones).
 
-    The shard FSDP keeps; gathering it over `axis` gives `layout` back. Pure."""
-    entries = tuple(layout.tensor_map)
-    axes = (axis,) if isinstance(axis, str) else tuple(axis)
-    return TensorLayout(layout.layout, (entries[0] + axes,) + entries[1:], layout.partial)
+    The shard FSDP keeps; gathering it over `axis` gives `layout` back. Pure: made once per (layout, axis names)."""
+    named = type(axis) is str or type(axis) is tuple and all(type(a) is str for a in axis)
+    key = (layout, axis) if named and type(layout) is TensorLayout else None
+    made = None if key is None else _SHARDED.get(key)
+    if made is None:
+        entries = tuple(layout.tensor_map)
+        axes = (axis,) if isinstance(axis, str) else tuple(axis)
+        made = TensorLayout(layout.layout, (entries[0] + axes,) + entries[1:], layout.partial)
+        if key is not None:
+            if len(_SHARDED) >= 1024:  # a long run over many layouts: start over
+                _SHARDED.clear()
+            _SHARDED[key] = made
+    return made
+
+
+_SHARDED: dict = {}  # (TensorLayout, axis: a name or a tuple of them) -> `sharded_layout`'s answer
 
 
 def shard_group(mesh_layout: Any, roles: dict) -> tuple:
