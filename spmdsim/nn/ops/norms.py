@@ -34,6 +34,7 @@ from ...base.flops import any_open, sweep
 from ...programs.infer.norms import infer_norm
 from ...base.precision import is_low, rounded, wide
 from ...base.validate import as_int
+from ...layouts.layout import TensorLayout
 from . import local as _whole, reduce as R, ufuncs as P
 from .norm_affine import norm_affine
 from ._common import make_dtensor
@@ -288,8 +289,11 @@ def _replicated(t: Optional[Any]) -> Optional[Any]:
     """`t` whole on every rank (moved there when it is split or pending), or None."""
     if t is None:
         return None
-    target = t.mesh.layout(*([None] * t.layout.ndim))
-    if t.layout == target:
+    lay = t.layout  # whole already (most calls: a norm's weight): no TensorLayout made to compare
+    if type(lay) is TensorLayout and not lay.partial and not any(lay.tensor_map) and lay.layout == t.mesh.layout:
+        return t
+    target = t.mesh.layout(*([None] * lay.ndim))
+    if lay == target:
         return t
 
     return redistribute(t, target)
