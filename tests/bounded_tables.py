@@ -79,6 +79,7 @@ TABLES = (
     ("spmdsim.nn.autograd.kept", "_VIEWS", 4096),
     ("spmdsim.tools.estimate.ledger", "_GEMMS_AT", 4096),
     ("spmdsim.nn.fsdp", "_SHARDED", 1024),
+    ("spmdsim.nn.ops.megatron", "_COLUMNS", 1024),
 )
 
 

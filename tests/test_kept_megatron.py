@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import spmdsim
-from spmdsim import Layout
+from spmdsim import DTensor, Layout, Mesh
 from spmdsim.nn.autograd import kept_bytes
 from spmdsim.errors import SpmdsimError
 from spmdsim.models.gpt import GPTConfig, encode, load_text
@@ -25,6 +25,7 @@ from spmdsim.models.gpt.memory import BLOCK_KINDS, korthikanti_bytes
 from spmdsim.models.gpt.parallel import GPT
 from spmdsim.models.gpt.pipeline import train_pipelined
 from spmdsim.models.gpt.train import TOLERANCE, train
+from spmdsim.nn.ops.megatron import column_parallel_linear
 
 CFG = GPTConfig(layers=2, d_model=32, heads=4, seq=16, batch=8, dropout=0.2)
 TEXT = encode(load_text(20_000))
@@ -301,3 +302,18 @@ def test_a_dry_run_of_a_large_megatron_step_writes_none_of_its_blocks():
     # passes it; before the dry run skipped them its peak was 810 MiB.
     kept = sum(got["kept"].values())
     assert got["peak"] < (128 << 20) + kept // 16, f"peak RSS {got['peak'] >> 20} MiB"
+
+
+def test_column_parallel_linears_output_layouts_are_made_once_per_input_layout():
+    """A step's linear layers ask for the same output layouts again and again: each is made once per (x's
+    layout, the weights' split) and handed out again, equal to the one made fresh."""
+    def run():
+        mesh = Mesh(Layout((2,), ("tp",)))
+        x = DTensor.from_global(mesh, np.ones((4, 8)), mesh.layout(None, None))
+        w = DTensor.from_global(mesh, np.ones((8, 6)), mesh.layout(None, "tp"))
+        ones = [column_parallel_linear(x, [(w, None)]).layout for _ in range(2)]
+        stacked = [column_parallel_linear(x, [(w, None), (w, None)]).layout for _ in range(2)]
+        return (ones[0] is ones[1] and stacked[0] is stacked[1], ones[0] == mesh.layout(None, "tp"),
+                stacked[0] == mesh.layout(None, None, "tp"))
+
+    assert spmdsim.simulate(2, run) == [(True, True, True)] * 2

@@ -125,18 +125,36 @@ def column_parallel_linear(x: Any, pairs: Sequence[tuple], full: Optional[Tensor
                 raise _no_sum(y.dtype, b.local.dtype) from None
             sweep("bias_add", (y, b.local), (y,))
         ys.append(y)
-    one = TensorLayout(full.layout, full.tensor_map[:-1] + (entry,))
+    one, stacked = _column_layouts(full, entry)
     shape = tuple(x.global_shape[:-1]) + (pairs[0][0].global_shape[-1],)
     if len(ys) == 1:
         block, layout = ys[0], one
     else:
         like = broadcast_zero((len(ys),) + ys[0].shape, ys[0].dtype)
         block = _engine_local(np.stack, like, ys)
-        layout, shape = TensorLayout(full.layout, ((),) + one.tensor_map), (len(ys),) + shape
+        layout, shape = stacked, (len(ys),) + shape
     out = make_dtensor(x.mesh, block, layout, shape)
     if x._ag is None and all(t is None or t._ag is None for pair in pairs for t in pair):
         return out
     return record_column(out, x, tuple(pairs), full, gathered)
+
+
+_COLUMNS: dict = {}  # (x's full TensorLayout, the weights' column entry) -> `_column_layouts`'s answer
+
+
+def _column_layouts(full: TensorLayout, entry: tuple) -> tuple:
+    """(the output's layout: `full` with its last dim split as the weights' columns, the stacked output's: a
+    whole first dim before it), made once per (full, entry): a step's linear layers ask for the same few."""
+    key = (full, entry) if type(full) is TensorLayout else None
+    made = None if key is None else _COLUMNS.get(key)
+    if made is None:
+        one = TensorLayout(full.layout, full.tensor_map[:-1] + (entry,))
+        made = (one, TensorLayout(full.layout, ((),) + one.tensor_map))
+        if key is not None:
+            if len(_COLUMNS) >= 1024:  # a long run over many layouts: start over
+                _COLUMNS.clear()
+            _COLUMNS[key] = made
+    return made
 
 
 def row_parallel_linear(x: Any, w: Any, out_layout: TensorLayout) -> Any:
