@@ -106,14 +106,6 @@ _FLOATING = ("float", "complex", "bfloat")
 _OWN = "float8"
 
 
-def _weak(a: Any) -> Any:
-    """A weak reference to `a`, or None where it takes none."""
-    try:
-        return weakref.ref(a)
-    except TypeError:
-        return None
-
-
 def _ref(a: Any) -> Any:
     """A weak reference to the array whose memory `a` views (spmdsim.base.buffers.owner): the block's identity; None
     for a numpy scalar and for a broadcast scalar (a dry run's stand-in of a shape, spmdsim.base.buffers.broadcast_zero,
@@ -158,7 +150,6 @@ def _entries_sized(blocks: tuple, sized: tuple) -> tuple:
     come with its signature (`_sweep`), so only the arrays' identities are looked up."""
     out = []
     seen = []  # the ids of the arrays met: a call's few (a list's `in`, no set made)
-    nd, weak = np.ndarray, weakref.ref
     for block, size in zip(blocks, sized):
         if size is None:
             continue
@@ -172,16 +163,7 @@ def _entries_sized(blocks: tuple, sized: tuple) -> tuple:
         if i in seen:
             continue
         seen.append(i)
-        if type(a) is not nd:
-            out.append((_ref(a),) + size)
-            continue
-        base = a.base  # `_ref(a)`, inline for an array (most blocks: ~800 a dry run's step)
-        while type(base) is nd:
-            a, base = base, base.base
-        if base is not None and isinstance(base, nd):  # (a subclass's memory: `_ref`'s walk)
-            out.append((_ref(a),) + size)
-        else:
-            out.append((weak(a) if a.ndim else None,) + size)
+        out.append((_ref(a),) + size)
     return tuple(out)
 
 
@@ -200,15 +182,8 @@ def hold(*arrays: Any) -> None:
     counters = [c for c in current().flops if c.held is not None]
     if not counters:  # (another rank's counter records blocks, none of this rank's does)
         return
-    nd = np.ndarray
     for a in arrays:
-        if type(a) is nd:  # `_ref(a)`, inline for an array (a step marks every kept block and gradient)
-            base = a.base
-            while type(base) is nd:
-                a, base = base, base.base
-            ref = _ref(a) if isinstance(base, nd) else _weak(a) if a.ndim else None
-        else:
-            ref = None if a is None else _ref(a)
+        ref = None if a is None else _ref(a)
         if ref is None:
             continue
         for counter in counters:
