@@ -18,7 +18,7 @@ from ..base import buffers
 from ..base.context import current as _context
 from ..base.context import _THREAD  # the running thread's context (current()'s read, without its call)
 from ..errors import ShapeError, SpmdsimError
-from ..base.validate import as_int, counted, dtype_name, shape_arg
+from ..base.validate import as_int, counted, dtype_name, float_max, shape_arg
 from .counters import (_BASES, _GOLDEN, _KEYS, _PLANS, _PLANS_MAX, _counters, _empty, _greater_equal, _inner,
                        _key, _kept, _mix, _xor)
 
@@ -32,8 +32,6 @@ INT_DTYPES = ("int32", "int64")
 _CHUNK_ELEMENTS = 1 << 20
 
 Region = Sequence[Union[slice, Sequence[int]]]
-
-_FLOAT_MAX = {name: float(np.finfo(name).max) for name in FLOAT_DTYPES}  # (SeededTensor's checks' common case)
 
 
 @dataclass(frozen=True)
@@ -51,9 +49,9 @@ class SeededTensor:
 
     def __post_init__(self) -> None:
         low, high = self.low, self.high
-        if (type(self.dtype) is str and self.dtype in _FLOAT_MAX and type(self.seed) is int and 0 <= self.seed < 2**63
+        if (type(self.dtype) is str and self.dtype in FLOAT_DTYPES and type(self.seed) is int and 0 <= self.seed < 2**63
                 and type(low) is float and type(high) is float and low < high
-                and max(abs(low), abs(high), high - low) <= _FLOAT_MAX[self.dtype]
+                and max(abs(low), abs(high), high - low) <= float_max(self.dtype)
                 and type(self.shape) is tuple and all(type(n) is int and n >= 0 for n in self.shape)):
             return  # a model's parameters: every check below passes and keeps every field as given
         shape = shape_arg(self.shape)
@@ -79,7 +77,7 @@ class SeededTensor:
             info = np.iinfo(dtype)
             if int(self.low) < info.min or int(self.high) - 1 > info.max:
                 raise SpmdsimError(f"integer range [{self.low!r}, {self.high!r}) does not fit {dtype}")
-        elif max(abs(self.low), abs(self.high), self.high - self.low) > float(np.finfo(dtype).max):
+        elif max(abs(self.low), abs(self.high), self.high - self.low) > float_max(dtype):
             # Values (or the span they are scaled by) would round to inf in this dtype.
             raise SpmdsimError(f"range [{self.low!r}, {self.high!r}) does not fit {dtype}")
         object.__setattr__(self, "shape", shape)

@@ -15,7 +15,7 @@ from ..base.foreign import take_foreign
 from ..layouts.datagen import SeededTensor
 from ..errors import DTypeError, LayoutError, OperatorError, RuntimeMismatchError, ShapeError
 from ..layouts.layout import Layout, TensorLayout
-from ..base.validate import counted, describe, dtype_arg, dtype_name
+from ..base.validate import counted, describe, dtype_arg, dtype_name, float_max
 from . import debug, debug_calls, door
 from .mesh import Mesh
 from .budget import check_seeded
@@ -204,9 +204,6 @@ def _check_same(comm: Any, array: np.ndarray) -> None:
                                    "block with DTensor.from_seeded")
 
 
-_TOPS: dict = {}  # float dtype -> its largest finite value (`_check_fill`)
-
-
 def _check_fill(value: Any, kind: np.dtype, name: str) -> None:
     """Refuse a fill `value` that dtype `kind` (named `name`) cannot hold: no number; for a bool or an integer
     dtype a fraction, NaN or an infinity, or an integer past its range; a finite number past a float dtype's
@@ -220,9 +217,7 @@ def _check_fill(value: Any, kind: np.dtype, name: str) -> None:
         span = f" (an integer in {info.min}..{info.max})"
         held = held and info.min <= value <= info.max
     elif held and kind.kind in "fV" and not (isinstance(value, float) and not math.isfinite(value)):
-        top = _TOPS.get(kind)
-        if top is None:
-            top = _TOPS[kind] = float(np.finfo(kind).max)  # (np.finfo takes ~1 us: a model's every constant)
+        top = float_max(kind)
         span = f" (at most {top:g} in magnitude)"
         held = abs(value) <= top
     if not held:

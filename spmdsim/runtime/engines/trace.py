@@ -10,6 +10,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable
 from . import engine_of
+from ...base.validate import dtype_name
 
 __all__ = ["TraceEntry", "Trace", "count_peers"]
 
@@ -196,22 +197,12 @@ class Trace:
 def _build(rows: Any) -> list[TraceEntry]:
     """The entries of raw rows (see Trace.__init__)."""
     out = []
-    names = _NAMES
     for op, axes, g, sent, received, seconds, label, copied, ended, peers, dtype, partners in rows:
         if received is None:  # a row as runtime.door.issue appends it: finish it here
             op, axes, sent, received, peers = _as_called(op, axes, g, sent, peers)
-        if dtype is None:
-            name = ""
-        else:
-            name = names.get(dtype)
-            if name is None:
-                name = names[dtype] = dtype.name
         out.append(TraceEntry(op, axes, g, int(sent), int(received), float(seconds), label, int(copied), ended,
-                              int(peers), name, partners))
+                              int(peers), "" if dtype is None else dtype_name(dtype), partners))
     return out
-
-
-_NAMES: dict = {}  # dtype -> its name (numpy works dtype.name out in Python, ~1 us: a dry run's every row)
 
 
 _MOVED: list = []  # spmdsim.programs.plan.steps.moved_bytes, imported on first use (not once per row)
