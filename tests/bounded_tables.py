@@ -1,100 +1,84 @@
-"""spmdsim's bounded module-level tables that start over when full, for tests that need them empty.
+"""spmdsim's module-level tables of decided calls (kept with spmdsim.base.tables.put), for tests that need them empty.
 
-A table of decided calls (checked layouts, prepared operators, compiled moves, ...) lives as long as the
-process and starts over (``table.clear()``) when it reaches its limit. Under pytest-xdist one worker runs
-hundreds of tests: the earlier ones can fill a table to the brim, and it then starts over inside a later
-test, between its first call and the repeat it checks, which decides (plans, checks, compiles) again. A test
-that asserts a repeat decides nothing again, or counts the calls such a table spares, starts with them empty:
-``@pytest.mark.usefixtures("empty_tables")`` (tests/conftest.py), which calls `empty()`.
+Such a table (checked layouts, prepared operators, compiled moves, ...) lives as long as the process and starts
+over when it reaches its limit. Under pytest-xdist one worker runs hundreds of tests: the earlier ones can fill a
+table to the brim, and it then starts over inside a later test, between its first call and the repeat it checks,
+which decides (plans, checks, compiles) again. A test that asserts a repeat decides nothing again, or counts the
+calls such a table spares, starts with them empty: ``@pytest.mark.usefixtures("empty_tables")``
+(tests/conftest.py), which calls `empty()`.
 
-A new table of this kind is added to `TABLES` (test_bounded_tables.py finds every ``len(NAME) >= ...``
-followed by ``NAME.clear()`` in spmdsim/ and checks it is listed).
+The tables are found in the sources: every module global that a module of spmdsim hands to `put` (or to
+spmdsim.nn.ops._common.prepare, which hands its table to `put`) as the table (test_bounded_tables.py checks no
+table starts over by hand instead).
 """
 from __future__ import annotations
 
+import ast
 import importlib
+import sys
+from functools import lru_cache
 
-#: (module, global's name, entries at which it starts over). The limits are the sources'; `empty` reads none.
-TABLES = (
-    ("spmdsim.runtime.compiled", "_MOVES", 4096),
-    ("spmdsim.runtime.budget", "_SEEDED", 4096),
-    ("spmdsim.nn.ops._common", "_CHECKED", 4096),
-    ("spmdsim.nn.ops._common", "_DECIDED", 4096),
-    ("spmdsim.nn.ops._common", "_UNIFORM", 1024),
-    ("spmdsim.nn.ops.pointwise", "_PREPARED", 4096),  # (also ops.fused's _ADDS: the same dict)
-    ("spmdsim.nn.ops.scalars", "_SCALARS", 256),
-    ("spmdsim.nn.ops.einsum", "_PREPARED", 4096),
-    ("spmdsim.nn.ops.attention", "_PREPARED", 1024),
-    ("spmdsim.nn.ops.attention", "_SWAPPED", 1024),
-    ("spmdsim.nn.ops.fused", "_CALLS", 4096),
-    ("spmdsim.nn.ops.residual", "_RESIDUAL_CALLS", 4096),
-    ("spmdsim.nn.ops.fused", "_RESHAPE_CALLS", 4096),
-    ("spmdsim.nn.ops.fused", "_LINEARS", 4096),
-    ("spmdsim.nn.ops.residual", "_RESIDUALS", 4096),
-    ("spmdsim.nn.ops.norm_affine", "_NORMS", 1024),
-    ("spmdsim.nn.ops.local", "_RESHAPED", 1024),
-    ("spmdsim.nn.ops.megatron", "_ROW_PRODUCT", 1024),
-    ("spmdsim.nn.ops.megatron", "_ROW_PRODUCT_BY_VALUE", 1024),
-    ("spmdsim.nn.ops.norms", "_WHOLE", 1024),
-    ("spmdsim.nn.ops.norms", "_AFFINE_DTYPES", 256),
-    ("spmdsim.nn.ops.norms", "_LAYER_NORMS", 1024),
-    ("spmdsim.nn.ops.masks", "_MASKS", 256),
-    ("spmdsim.nn.ops.masks", "_GEOMETRY", 1024),
-    ("spmdsim.programs.plan.volume", "_HELD", 16384),
-    ("spmdsim.programs.plan.candidates", "_LAYOUTS", 65536),
-    ("spmdsim.programs.plan.planner", "_VALIDATED", 4096),  # (stops adding when full: a repeat then plans again)
-    ("spmdsim.tools.autoshard.candidates", "_CACHE", 256),
-    ("spmdsim.base.flops", "_SIZED", 4096),
-    ("spmdsim.base.flops", "_GEMMS", 4096),
-    ("spmdsim.base.flops", "_UNHELD", 4096),
-    ("spmdsim.base.flops", "_SWEEPS", 4096),
-    ("spmdsim.base.precision", "_PRODUCT_DTYPES", 256),
-    ("spmdsim.programs.infer.reshape", "_RESHAPES", 1024),
-    ("spmdsim.nn.autograd.plans", "_PLANS", 256),
-    ("spmdsim.nn.autograd.moves", "_GRAD_BY_OBJECT", 4096),
-    ("spmdsim.nn.autograd.moves", "_GRAD_LAYOUTS", 4096),
-    ("spmdsim.nn.autograd.rules.grads", "_PENDING", 4096),
-    ("spmdsim.nn.autograd.rules.pointwise", "_SUM_DIMS", 4096),
-    ("spmdsim.nn.autograd.rules.pointwise", "_SUMMED_AXES", 4096),
-    ("spmdsim.nn.autograd.rules.fused", "_SUMS", 4096),
-    ("spmdsim.nn.autograd.graph", "_USED", 4096),
-    ("spmdsim.nn.autograd.graph", "_BY_OBJECT", 4096),
-    ("spmdsim.models.moe.layer", "_LAYER_CHECKED", 256),
-    ("spmdsim.models.moe.layer", "_EXPERTS_CHECKED", 256),
-    ("spmdsim.models.moe.layer", "_COUNTS_LAYOUTS", 64),
-    ("spmdsim.models.moe.slots", "_TABLES", 64),
-    ("spmdsim.models.moe.fold", "_FOLDS", 64),
-    ("spmdsim.models.moe.tokens", "_TAKEN", 64),
-    ("spmdsim.models.moe.tokens", "_EXPERT_LAYOUTS", 64),
-    ("spmdsim.models.moe.losses", "_CALLS", 256),
-    ("spmdsim.layouts.counters", "_KEYS", 4096),
-    ("spmdsim.layouts.counters", "_PLANS", 4096),
-    ("spmdsim.references.contraction", "_RUNS", 4096),
-    ("spmdsim.references.contraction", "_PLAIN", 4096),  # (starts over with _RUNS)
-    ("spmdsim.references.contraction", "_PRESENT", 4096),
-    ("spmdsim.base.buffers", "_SIZED", 1024),
-    ("spmdsim.base.buffers", "_ZEROS", 4096),
-    ("spmdsim.models.gpt.stage_steps", "_COMPILED", 256),
-    ("spmdsim.base.flop_counts", "_FRESH", 8192),
-    ("spmdsim.nn.autograd.kept", "_VIEWS", 4096),
-    ("spmdsim.tools.estimate.ledger", "_GEMMS_AT", 4096),
-    ("spmdsim.nn.fsdp", "_SHARDED", 1024),
-    ("spmdsim.nn.ops.megatron", "_COLUMNS", 1024),
-)
+import importkit
+
+#: Calls whose first argument is a table kept with `put`, and the position of its limit among their arguments.
+KEEPERS = {"put": 3, "prepare": 1}
+
+
+@lru_cache(maxsize=1)
+def sources() -> tuple:
+    """((module, global's name, limit), ...) of every module-level table the sources keep with `KEEPERS` (and
+    each twin a `put` empties with its table: ``also=(...)``), each once, under the module that makes it
+    (``_PLANS: dict = {}``; a module that imports it and calls `put` on it too is not another table)."""
+    found: dict = {}
+    for module, path in sorted(importkit.module_paths().items()):
+        tree = importkit.tree_of(path)  # (parsed once, shared with the other tests that read the package)
+        made = {t.id: (module, t.id) for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+                for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                if isinstance(t, ast.Name)}
+        made.update(_imported(tree, module, path))  # (``from .counters import _PLANS``: counters' table)
+        for node in ast.walk(tree):
+            at = KEEPERS.get(getattr(node, "func", None) and getattr(node.func, "id", None))
+            if at is not None and len(node.args) > at and isinstance(node.args[0], ast.Name) \
+                    and node.args[0].id in made:
+                limit = node.args[at].value if isinstance(node.args[at], ast.Constant) else None
+                twins = [k.value.elts for k in node.keywords if k.arg == "also" and isinstance(k.value, ast.Tuple)]
+                for name in [node.args[0]] + [t for elts in twins for t in elts]:  # `also`: start over with it
+                    if isinstance(name, ast.Name) and name.id in made:
+                        found.setdefault(made[name.id], limit)
+    return tuple((module, name, limit) for (module, name), limit in found.items())
+
+
+def _imported(tree: ast.Module, module: str, path) -> dict:
+    """{name: (the spmdsim module it comes from, its name there)} of `tree`'s module-level ``from ... import
+    name`` statements."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            source = ".".join(p for p in (base, node.module) if p)
+            if source.startswith("spmdsim"):
+                found.update({alias.asname or alias.name: (source, alias.name) for alias in node.names})
+    return found
 
 
 def tables() -> list:
-    """[(module, name, limit, the dict itself)] of `TABLES`."""
-    return [(module, name, limit, getattr(importlib.import_module(module), name)) for module, name, limit in TABLES]
+    """[(module, name, limit, the dict itself)] of `sources()`, every module imported."""
+    return [(module, name, limit, getattr(importlib.import_module(module), name))
+            for module, name, limit in sources()]
 
 
 def empty() -> None:
-    """Empty every table of `TABLES` in place (a module may hold one bound elsewhere too: executor's
-    `_forget_moves` has `_MOVES` as a default argument, so a fresh dict set in its place would not be the one
-    cleaned when a mesh closes). What they held is only ever decided again: no result changes."""
-    for _module, _name, _limit, table in tables():
-        table.clear()
-    counters = importlib.import_module("spmdsim.layouts.counters")  # its regions' tables start over by their bytes
-    counters._INNERS.clear()
-    counters._BASES.clear()
-    counters._INNER_BYTES[0] = 0
+    """Empty every table of `sources()` in the modules imported so far (those not imported hold nothing yet) in
+    place: a module may hold one bound elsewhere too (executor's `_forget_moves` has `_MOVES` as a default
+    argument, so a fresh dict set in its place would not be the one cleaned when a mesh closes). What they held
+    is only ever decided again: no result changes."""
+    for module, name, _limit in sources():
+        held = sys.modules.get(module)
+        if held is not None:
+            getattr(held, name).clear()
+    counters = sys.modules.get("spmdsim.layouts.counters")  # its regions' tables start over by their bytes
+    if counters is not None:
+        counters._INNERS.clear()
+        counters._BASES.clear()
+        counters._INNER_BYTES[0] = 0

@@ -1,6 +1,6 @@
-"""tests/bounded_tables.py lists every module-level table of spmdsim that starts over when full (the tests that
-check a repeat decides nothing again start with them empty: the `empty_tables` fixture), and `empty` empties
-them all."""
+"""spmdsim's tables of decided calls start over when full through spmdsim.base.tables.put alone:
+tests/bounded_tables.py finds the module-level ones in the sources (the tests that check a repeat decides
+nothing again start with them empty: the `empty_tables` fixture), and `empty` empties them all in place."""
 from __future__ import annotations
 
 import ast
@@ -11,50 +11,70 @@ import bounded_tables
 import importkit
 
 import spmdsim
+from spmdsim.base.tables import put
 
 _ROOT = pathlib.Path(spmdsim.__file__).parent
-#: Functions handed a module's table to keep an entry in, bounded by them (spmdsim.nn.ops._common.prepare,
-#: spmdsim.nn.ops.fused._remember): their first argument is such a table.
-_KEEPERS = {"prepare", "_remember"}
 
 
-def _bounded_globals() -> set:
-    """(module, NAME) of each module-level NAME that spmdsim clears after a test of its length (``if len(NAME)
-    >= ...: NAME.clear()``), or hands to a function that does (`_KEEPERS`)."""
-    found = set()
-    for path in _ROOT.rglob("*.py"):
-        module = ".".join(path.relative_to(_ROOT.parent).with_suffix("").parts).removesuffix(".__init__")
-        tree = importkit.tree_of(path)  # (parsed once, shared with the other tests that read the package)
-        top = {t.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
-               for t in (node.targets if isinstance(node, ast.Assign) else [node.target]) if isinstance(t, ast.Name)}
-        for node in ast.walk(tree):
-            if isinstance(node, ast.If) and isinstance(node.test, ast.Compare) \
-                    and isinstance(node.test.left, ast.Call) and getattr(node.test.left.func, "id", None) == "len" \
-                    and isinstance(node.test.left.args[0], ast.Name):
-                name = node.test.left.args[0].id
-                cleared = {c.func.value.id for c in ast.walk(node) if isinstance(c, ast.Call)
-                           and isinstance(c.func, ast.Attribute) and c.func.attr == "clear"
-                           and isinstance(c.func.value, ast.Name)}
-                found |= {(module, n) for n in cleared if n in top and (n == name or name in top)}
-            elif isinstance(node, ast.Call) and getattr(node.func, "id", None) in _KEEPERS and node.args \
-                    and isinstance(node.args[0], ast.Name) and node.args[0].id in top:
-                found.add((module, node.args[0].id))
+def _by_hand() -> list:
+    """"path:line" of each ``if len(E) >= ...:`` (any comparison) whose body empties E (``E.clear()``, or
+    ``E = {}``) outside spmdsim/base/tables.py: a table bounded by hand, not by `put`."""
+    found = []
+    for path in sorted(_ROOT.rglob("*.py")):
+        if path == _ROOT / "base" / "tables.py":
+            continue
+        for node in ast.walk(importkit.tree_of(path)):  # (parsed once, shared with the other tests that read it)
+            if not (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+                    and isinstance(node.test.left, ast.Call) and getattr(node.test.left.func, "id", None) == "len"
+                    and len(node.test.left.args) == 1):
+                continue
+            held = ast.unparse(node.test.left.args[0])
+            for inner in ast.walk(node):
+                cleared = isinstance(inner, ast.Call) and isinstance(inner.func, ast.Attribute) \
+                    and inner.func.attr == "clear" and ast.unparse(inner.func.value) == held
+                emptied = isinstance(inner, ast.Assign) and isinstance(inner.value, ast.Dict) \
+                    and not inner.value.keys and any(ast.unparse(t) == held for t in inner.targets)
+                if cleared or emptied:
+                    found.append(f"{path.relative_to(_ROOT.parent)}:{node.lineno}")
+                    break
     return found
 
 
-def test_every_table_that_starts_over_when_full_is_listed():
-    listed = {(module, name) for module, name, _ in bounded_tables.TABLES}
-    missing = _bounded_globals() - listed
-    assert not missing, f"add these tables to tests/bounded_tables.py's TABLES: {sorted(missing)}"
-    assert len(listed) == len(bounded_tables.TABLES)  # each once
+def test_no_table_starts_over_by_hand():
+    by_hand = _by_hand()
+    assert not by_hand, f"keep these tables' entries with spmdsim.base.tables.put: {by_hand}"
 
 
-def test_empty_empties_every_listed_table_in_place():
+def test_the_tables_found_are_plain_dicts_each_with_its_limit():
+    found = bounded_tables.tables()
+    assert len(found) > 50 and len({id(table) for *_, table in found}) == len(found)
+    # plain dicts: their reads keep the interpreter's fast paths (a subclass's `[]`, `get` and `in` are slower)
+    assert all(type(table) is dict and type(limit) is int and limit > 0 for *_, limit, table in found), found
+    names = {(module, name): limit for module, name, limit, _ in found}
+    assert names[("spmdsim.runtime.compiled", "_MOVES")] == 4096
+    # contraction's twin starts over with its table; an operator's prepared table is kept through `prepare`
+    assert names[("spmdsim.references.contraction", "_PLAIN")] == names[("spmdsim.references.contraction", "_RUNS")]
+    assert names[("spmdsim.nn.ops.einsum", "_PREPARED")] == 4096
+
+
+def test_empty_empties_every_table_in_place():
     held = []
-    for module, name, limit, table in bounded_tables.tables():
-        assert isinstance(table, dict) and limit > 0, (module, name)
+    for module, name, _limit, table in bounded_tables.tables():
         table[("test_bounded_tables", 0)] = None
-        held.append(table)
+        held.append((module, name, table))
+    compiled = importlib.import_module("spmdsim.runtime.compiled")
     bounded_tables.empty()
-    assert all(table is getattr(importlib.import_module(module), name) and not table
-               for (module, name, _), table in zip(bounded_tables.TABLES, held))
+    assert all(table is getattr(importlib.import_module(module), name) and not table for module, name, table in held)
+    assert compiled._forget_moves.__defaults__[0] is compiled._MOVES  # (the default argument: the same table)
+
+
+def test_a_full_table_starts_over_then_keeps_the_entry():
+    twin: dict = {}
+    table: dict = {}
+    assert put(table, "a", 1, 2, also=(twin,)) == 1 and put(table, "b", 2, 2, also=(twin,)) == 2
+    assert table == {"a": 1, "b": 2}
+    twin.update(a=1, b=2)
+    assert put(table, "c", 3, 2, also=(twin,)) == 3 and table == {"c": 3} and not twin  # full: both start over
+    stops: dict = {}
+    assert put(stops, "a", 1, 1, starts_over=False) == 1 and put(stops, "b", 2, 1, starts_over=False) == 2
+    assert stops == {"a": 1}

@@ -37,6 +37,7 @@ from . import hugepool as _hugepool
 from .context import PROCESS
 from .context import _THREAD
 from .sizes import UnmappableError
+from .tables import put
 
 #: How many threads capture a step now (spmdsim.runtime.replay's count, this very list): while it is 0,
 #: ``DTensor.local`` is every tensor's block itself. Hot paths test `CAPTURE` (this thread's) instead.
@@ -129,9 +130,7 @@ def _sized(shape: Any, dtype: Any) -> tuple:
     sized = (dims, dtype, -1 if dtype.hasobject else math.prod(dims) * dtype.itemsize)
     if type(shape) is tuple and all(type(n) is int for n in shape) and given is dtype and dtype.isbuiltin == 1 \
             and dtype.isnative:
-        if len(_SIZED) >= 1024:  # a long run over many shapes: start over
-            _SIZED.clear()
-        _SIZED[(shape, dtype)] = sized
+        put(_SIZED, (shape, dtype), sized, 1024)
     return sized
 
 
@@ -197,9 +196,7 @@ def broadcast_zero(shape: tuple, dtype: Any) -> np.ndarray:
     made = _ZEROS.get(key)
     if made is None:
         made = np.broadcast_to(np.zeros((), dtype), shape)
-        if len(_ZEROS) >= 4096:  # a long run over many shapes: start over
-            _ZEROS.clear()
-        _ZEROS[key] = made
+        put(_ZEROS, key, made, 4096)
     return made
 
 

@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 from ..errors import SpmdsimError
 from .precision import named_dtype
+from .tables import put
 
 
 __all__ = ["PHASES", "KERNELS", "KERNEL_PHASES", "KINDS", "Gemm", "Kernel", "Fresh", "FlopCounter"]
@@ -212,9 +213,7 @@ def _fresh(key: tuple) -> Fresh:
     made = _FRESH.get(key)
     if made is None:
         made = Fresh(*key)
-        if len(_FRESH) >= 8192:  # a long run over many records: start over
-            _FRESH.clear()
-        _FRESH[key] = made
+        put(_FRESH, key, made, 8192)
     return made
 
 

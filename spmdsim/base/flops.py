@@ -45,6 +45,7 @@ from .context import current
 from ..errors import SpmdsimError
 from .._lazy import numpy_on_first_use
 from .flop_counts import FlopCounter, Gemm, Kernel
+from .tables import put
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
@@ -93,9 +94,7 @@ def _sized(shape: tuple, dtype: Any) -> tuple:
         dtype = np.dtype(dtype)
         out = (int(math.prod(shape)), dtype.name.startswith(_FLOATING) and not dtype.name.startswith(_OWN),
                dtype.itemsize)
-        if len(_SIZED) >= 4096:  # a long run over many shapes: start over
-            _SIZED.clear()
-        _SIZED[key] = out
+        put(_SIZED, key, out, 4096)
     return out
 
 
@@ -223,9 +222,7 @@ def _unheld(g: Gemm, dtype: Any) -> tuple:
     if entries is None:
         entries = _entries((((g.batch * g.m * g.k,), dtype), ((g.batch * g.k * g.n,), dtype),
                             ((g.batch * g.m * g.n,), dtype)))
-        if len(_UNHELD) >= 4096:  # a long run over many shapes: start over
-            _UNHELD.clear()
-        _UNHELD[key] = entries
+        put(_UNHELD, key, entries, 4096)
     return entries
 
 
@@ -243,9 +240,7 @@ def _count(counters: list, a_shape: tuple, b_shape: tuple, dtype: Any, phase: st
         if len(b) <= 2 and len(a) > 2:  # (..., m, k) @ (k, n) is one GEMM of all the rows, as BLAS runs it
             m, batch = m * batch, 1
         g = Gemm(int(batch), int(m), int(n), int(k), np.dtype(dtype).name, phase, kernel, share)
-        if len(_GEMMS) >= 4096:  # a long run over many shapes: start over
-            _GEMMS.clear()
-        _GEMMS[key] = g
+        put(_GEMMS, key, g, 4096)
     for counter in counters:
         counter.counts[g] = counter.counts.get(g, 0) + 1
     return g
@@ -302,9 +297,7 @@ def _sweep(counters: list, op: str, reads: tuple, writes: tuple, kind: str, phas
                     per.setdefault(np.dtype(sig[1]).name, [0, 0])[slot] += int(math.prod(sig[0]))
         made = (tuple(Kernel(op, phase, kind, dtype, r, w) for dtype, (r, w) in sorted(per.items()) if r or w),
                 tuple(None if sig is None else _sized(sig[0], sig[1]) for sig in key[3] + key[4]))
-        if len(_SWEEPS) >= 4096:  # a long run over many shapes: start over
-            _SWEEPS.clear()
-        _SWEEPS[key] = made
+        put(_SWEEPS, key, made, 4096)
     kernels_made = made[0]
     for counter in counters:
         kernels = counter.kernels

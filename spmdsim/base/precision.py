@@ -46,6 +46,7 @@ __all__ = ["Precision", "PRESETS", "precision", "precision_problem", "bfloat16",
            "rounded", "product", "product_dtype", "unit_roundoff", "named_dtype", "NEEDS_ML_DTYPES"]
 
 from .fp8 import CURRENT, DELAYED, NEEDS_ML_DTYPES, Recipe, fp8_dtype
+from .tables import put
 
 _BF16: list = []  # [np.dtype(ml_dtypes.bfloat16)] once loaded
 
@@ -132,9 +133,7 @@ def product_dtype(a: Any, b: Any) -> np.dtype:
     out = _PRODUCT_DTYPES.get((a, b))
     if out is None:
         out = product(np.zeros((1, 1), a), np.zeros((1, 1), b)).dtype
-        if len(_PRODUCT_DTYPES) >= 256:
-            _PRODUCT_DTYPES.clear()
-        _PRODUCT_DTYPES[(a, b)] = out
+        put(_PRODUCT_DTYPES, (a, b), out, 256)
     return out
 
 

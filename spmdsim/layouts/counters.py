@@ -8,6 +8,7 @@ import math
 from typing import Optional
 
 import numpy as np
+from ..base.tables import put
 
 _GOLDEN_INT, _M1_INT, _M2_INT = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 _MASK64 = (1 << 64) - 1
@@ -40,7 +41,6 @@ _INNER_MAX_BYTES = 64 << 20
 #: threshold by value. Only regions nothing can change (tuples of slices or of int pairs) are kept; cleared
 #: with _BASES (an entry holds one of its arrays).
 _PLANS: dict = {}
-_PLANS_MAX = 4096
 
 
 def _key(seed: int) -> np.uint64:
@@ -52,9 +52,7 @@ def _key(seed: int) -> np.uint64:
         z = ((z ^ (z >> 30)) * _M1_INT) & _MASK64
         z = ((z ^ (z >> 27)) * _M2_INT) & _MASK64
         key = np.uint64(z ^ (z >> 31))
-        if len(_KEYS) >= 4096:
-            _KEYS.clear()
-        _KEYS[seed] = key
+        put(_KEYS, seed, key, 4096)
     return key
 
 

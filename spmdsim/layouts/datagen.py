@@ -17,9 +17,10 @@ import numpy as np
 from ..base import buffers
 from ..base.context import current as _context
 from ..base.context import _THREAD  # the running thread's context (current()'s read, without its call)
+from ..base.tables import put
 from ..errors import ShapeError, SpmdsimError
 from ..base.validate import as_int, counted, dtype_name, float_max, shape_arg
-from .counters import (_BASES, _GOLDEN, _KEYS, _PLANS, _PLANS_MAX, _counters, _empty, _greater_equal, _inner,
+from .counters import (_BASES, _GOLDEN, _KEYS, _PLANS, _counters, _empty, _greater_equal, _inner,
                        _key, _kept, _mix, _xor)
 
 __all__ = ["SeededTensor", "FLOAT_DTYPES", "INT_DTYPES"]
@@ -164,9 +165,7 @@ class SeededTensor:
             np.greater_equal(bits, edge, out=out.reshape(1) if rows is None else out[rows])
         base = _BASES.get((self.shape, bounds))
         if base is not None and _fixed(region):
-            if len(_PLANS) >= _PLANS_MAX:
-                _PLANS.clear()
-            _PLANS[id(region)] = (region, self.shape, threshold, out_shape, base, edge)
+            put(_PLANS, id(region), (region, self.shape, threshold, out_shape, base, edge), 4096)
         return out
 
     def _bits(self, bounds: tuple, out_shape: tuple,

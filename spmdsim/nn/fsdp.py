@@ -57,6 +57,7 @@ from ..runtime.mesh import Mesh
 from .autograd.graph import is_grad_enabled, kept_as, no_grad, record
 from .autograd.kept import nothing, shell
 from .fsdp_flat import flat_groups, gather_blocks, gathered
+from ..base.tables import put
 
 __all__ = ["fully_shard", "FullyShard", "sharded_layout", "shard_axes", "shard_group", "shard_problem", "on_mesh",
            "GATHERED", "CUT"]
@@ -91,9 +92,7 @@ def sharded_layout(layout: TensorLayout, axis: Any) -> TensorLayout:
         axes = (axis,) if isinstance(axis, str) else tuple(axis)
         made = TensorLayout(layout.layout, (entries[0] + axes,) + entries[1:], layout.partial)
         if key is not None:
-            if len(_SHARDED) >= 1024:  # a long run over many layouts: start over
-                _SHARDED.clear()
-            _SHARDED[key] = made
+            put(_SHARDED, key, made, 1024)
     return made
 
 

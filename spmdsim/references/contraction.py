@@ -16,6 +16,7 @@ from ..base import flops as _flops
 from ..base.buffers import broadcast_zero, contiguous
 from ..base.context import _THREAD  # the running thread's context (context.current's read)
 from ..base.flops import gemm as _gemm
+from ..base.tables import put
 
 __all__ = ["contract", "pair", "pair_plain", "pair_function", "present_letters"]
 
@@ -87,7 +88,6 @@ def _moved(perm: list) -> tuple | None:
 
 _matmul = np.matmul
 _result_type = np.result_type
-_CACHE_MAX = 4096
 
 
 def _recipe(a_word: str, a_shape: tuple, b_word: str, b_shape: tuple, out: str) -> _Recipe:
@@ -99,6 +99,7 @@ def _recipe(a_word: str, a_shape: tuple, b_word: str, b_shape: tuple, out: str) 
     return recipe
 
 
+_PLAIN: dict = {}  # `_RUNS`' keys -> each compiled function's `plain` twin (starts over with _RUNS)
 _RUNS: dict = {}  # (a_word, a.shape, b_word, b.shape, out) -> the recipe's compiled function of (a, b)
 
 
@@ -111,15 +112,9 @@ def _run(a_word: str, a_shape: tuple, b_word: str, b_shape: tuple, out: str) -> 
     """The function `_pair` runs for blocks of these words and shapes (made once: `_compiled`); `_PLAIN` keeps
     its twin without the test of a dry run and bfloat16 (`pair_plain`'s)."""
     run = _compiled(_recipe(a_word, a_shape, b_word, b_shape, out))
-    if len(_RUNS) >= _CACHE_MAX:  # a long run over many shapes: start over
-        _RUNS.clear()
-        _PLAIN.clear()
-    _RUNS[(a_word, a_shape, b_word, b_shape, out)] = run
+    put(_RUNS, (a_word, a_shape, b_word, b_shape, out), run, 4096, also=(_PLAIN,))
     _PLAIN[(a_word, a_shape, b_word, b_shape, out)] = run.plain
     return run
-
-
-_PLAIN: dict = {}  # `_RUNS`' keys -> each compiled function's `plain` twin
 
 
 def pair_function(a_word: str, a: np.ndarray, b_word: str, b: np.ndarray, out: str) -> Callable:
@@ -290,9 +285,7 @@ def contract(words: Sequence[str], blocks: Sequence[np.ndarray], out: str) -> np
         present = _PRESENT.get(key)
         if present is None:
             present = present_letters(words, out)
-            if len(_PRESENT) >= _CACHE_MAX:
-                _PRESENT.clear()
-            _PRESENT[key] = present
+            put(_PRESENT, key, present, 4096)
     if len(blocks) == 2:
         if present == out and out:  # most products (spmdsim.nn.ops.fused's): `pair`'s, as it comes
             return _pair(words[0], blocks[0], words[1], blocks[1], out)

@@ -18,6 +18,7 @@ from ..errors import ShapeError
 from ..programs.memory import ENV_VAR, Budget, Need, budget_per_rank, check_need, seeded_need
 from .engines import engine_of
 from . import door
+from ..base.tables import put
 
 __all__ = ["agreed_budget", "check_memory", "check_seeded"]
 
@@ -87,9 +88,7 @@ def check_seeded(comm: Any, layout: Any, seeded: Any) -> None:
                              "generator address it in 64-bit integers; expected the product of its sizes "
                              "(empty dims counted as 1) times the item size below 2**63")
         total = seeded_need(layout, seeded.shape, seeded.dtype).total
-        if len(_SEEDED) >= 4096:  # a long run over many shapes: start over
-            _SEEDED.clear()
-        _SEEDED[key] = total
+        put(_SEEDED, key, total, 4096)
     budget = agreed_budget(comm)
     if budget is not None and total > budget.bytes:  # the refusal, with its message
         check_memory(comm, f"a {seeded.dtype} tensor of shape {seeded.shape!r} under {layout}",

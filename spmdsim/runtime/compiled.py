@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import weakref
 from typing import Any
+from ..base.tables import put
 
 __all__ = ["ProgramCache", "PROGRAMS", "keep_move"]
 
@@ -63,7 +64,6 @@ PROGRAMS = ProgramCache()
 # A plan the caller gives is kept here too, under (id(mesh), "given", id(plan), id(source), id(target), shape,
 # the tensor's class) -> (plan, source, target, program).
 _MOVES: dict = {}
-_MOVES_MAX = 4096
 
 
 def _forget_moves(mesh_id: int, moves: dict = _MOVES) -> None:
@@ -78,7 +78,5 @@ def keep_move(mesh: Any, key: tuple, entry: tuple) -> tuple:
     """Keep `entry` in `_MOVES` under `key` (whose first field is id(mesh)) and return it: `mesh` registered in
     `PROGRAMS`, so that its moves go with it; a full table (a long run over many layouts) starts over."""
     PROGRAMS.of(mesh)
-    if len(_MOVES) >= _MOVES_MAX:
-        _MOVES.clear()
-    _MOVES[key] = entry
+    put(_MOVES, key, entry, 4096)
     return entry

@@ -37,6 +37,7 @@ from .layers import Collective
 from .axes import normalize_axes
 from .replay import CAPTURES, capturing, kernel, unrecorded
 from ..base.context import current as _context
+from ..base.tables import put
 from .trace import fold_to, record, record_call, record_to
 
 if TYPE_CHECKING:
@@ -133,10 +134,6 @@ def repeat(mesh: Mesh, plan: KeptCall, axes: Any, label: str | None, args: tuple
                  plan.nbytes)
 
 
-#: The most plans a mesh keeps (`keep`): a step's collectives repeat a few dozen signatures.
-_PLANS_MAX = 256
-
-
 def keep(mesh: Mesh, key: tuple, comm: Any, g: int, out_shape: tuple, op: str, run: Callable[..., None],
          extra: tuple, nbytes: Any) -> None:
     """Keep, for `repeat`, a collective call that just ran through `issue` without packing or unpacking:
@@ -144,11 +141,8 @@ def keep(mesh: Mesh, key: tuple, comm: Any, g: int, out_shape: tuple, op: str, r
     engine's method), under `key` (the collective's name, `axes` as spelled, the array's shape and dtype
     and the call's dims; the dtype, `key[3]`, tells the engine what `direct` may leave out). Held by `mesh`,
     freed when it closes."""
-    plans = mesh._plans
-    if len(plans) >= _PLANS_MAX:
-        plans.clear()
-    plans[key] = KeptCall(comm, g, out_shape, op, extra, nbytes, run,
-                          mesh.engine.direct(run, comm, polite_wait if mesh.polite else None, key[3]))
+    put(mesh._plans, key, KeptCall(comm, g, out_shape, op, extra, nbytes, run,
+                                   mesh.engine.direct(run, comm, polite_wait if mesh.polite else None, key[3])), 256)
 
 
 def transfer(comm: Any, op: str, axes: Any, array: Any, extra: Any, polite: bool, run: Callable[..., None],

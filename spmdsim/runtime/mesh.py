@@ -147,6 +147,7 @@ class Mesh(_ForeignNames):
         # (collective, axes as spelled, shape, dtype, dims) -> what its first call over a group of this
         # mesh checked and worked out (spmdsim.runtime.collectives, door.repeat); freed with the groups. Also
         # ("moe plan", id(config), tokens, sequences, layer) -> an MoE layer's plan (spmdsim.models.moe.exchange._plan).
+        # At most 256: a step's collectives repeat a few dozen signatures.
         self._plans: dict[tuple, tuple] = {}
         self._scratch: dict[str, np.ndarray] = {}  # see scratch()
         # (role, shape, dtype) -> the view scratch() returned last time: one lookup instead of

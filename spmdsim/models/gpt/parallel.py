@@ -26,7 +26,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ...nn import ops
-from ...nn.autograd import checkpoint, kept_as
+from ...nn.autograd import checkpoint, kept_as, no_grad
 from ...errors import SpmdsimError
 from ...layouts.layout import TensorLayout
 from .config import GPTConfig
@@ -42,7 +42,6 @@ from .stages import Part, part_specs, whole
 from ..axes import CONTEXT, DATA, EXPERT, SHARD, axis_of, tensor_axes, tensor_entry
 from .context import Context, position_ids
 from .mesh import mesh_checked
-from ...nn.autograd import no_grad
 from ...nn.fsdp import fully_shard, on_mesh, shard_axes, shard_group, sharded_layout
 from ...runtime.door import all_reduce_object
 from ...runtime.dtensor import DTensor

@@ -16,6 +16,7 @@ from ...nn.ops import fused, megatron
 from ...nn.ops.residual import residual as fused_residual
 from ...nn.ops.ring_attention import ring_attention
 from ...base.precision import is_low
+from ...base.tables import put
 from ...runtime.executor import redistribute
 from ...runtime.replay import Scalar
 from .params import dropout_seed
@@ -112,9 +113,7 @@ class _Block:
             return y
         if layout.partial or layout != self.act:
             return redistribute(y, self.act)
-        if len(self._acts) >= 64:
-            self._acts = {}
-        self._acts[id(layout)] = layout  # (held: its id is not reused while the entry lives)
+        put(self._acts, id(layout), layout, 64)  # (held: its id is not reused while the entry lives)
         return y
 
     def _gathered(self, x: Any) -> Any:
@@ -124,9 +123,7 @@ class _Block:
             return x
         seen = self._whole.get(id(layout))  # (the layout, whether it equals `full`): compared once per layout
         if seen is None or seen[0] is not layout:  # object (a pipeline stage receives its own; sp's act is not)
-            if len(self._whole) >= 64:
-                self._whole = {}
-            seen = self._whole[id(layout)] = (layout, layout == self.full)  # (held: its id is not reused)
+            seen = put(self._whole, id(layout), (layout, layout == self.full), 64)  # (held: its id is not reused)
         return x if seen[1] else redistribute(x, self.full)
 
     def _block(self, h: Any, layer: int, step: Optional[int], train: bool, micro: Optional[int],

@@ -8,6 +8,7 @@ from itertools import repeat as repeat_
 from time import perf_counter
 import numpy as np
 from ...base import buffers
+from ...base.tables import put
 from ...errors import SpmdsimError
 from ..axes import PIPELINE, tensor_coord, tensor_size
 from ...nn.autograd import engine as autograd_engine
@@ -120,7 +121,8 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
     # repeated cells' outputs are stand-ins). An activation received keeps `act`: the chunk's rules hand its
     # gradient back in that object.
     blocks = cells.blocks
-    outward = known.setdefault("outward", {}) if blocks is None else None  # id -> (an output layout, the answer)
+    # id -> (an output layout, the answer)
+    outward = known.setdefault("outward", {}) if blocks is None else None
     empty = buffers.empty if blocks is None else lambda shape, dtype: blocks.empty(shape)  # a receive's buffer
     order = []
     for entry in steps:
@@ -296,9 +298,7 @@ def _output_layout(out: Any, act: Any, seen: dict) -> Any:
         return act
     hit = seen.get(id(layout))
     if hit is None or hit[0] is not layout:
-        if len(seen) >= 64:
-            seen.clear()
-        hit = seen[id(layout)] = (layout, layout if layout == act else act)  # (held: its id is not reused)
+        hit = put(seen, id(layout), (layout, layout if layout == act else act), 64)  # (held: its id is not reused)
     return hit[1]
 
 

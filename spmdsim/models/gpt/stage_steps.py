@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ...programs.pipeline.records import Compute, Post, Send
+from ...base.tables import put
 
 __all__ = ["compiled", "compiled_once", "message_tag", "op_tag"]
 
@@ -32,9 +33,7 @@ def compiled_once(program: Sequence) -> tuple:
     """`compiled(program)`, worked out once per program object."""
     hit = _COMPILED.get(id(program))
     if hit is None or hit[0] is not program:
-        if len(_COMPILED) >= 256:  # a long run over many schedules: start over
-            _COMPILED.clear()
-        hit = _COMPILED[id(program)] = (program, compiled(program))
+        hit = put(_COMPILED, id(program), (program, compiled(program)), 256)
     return hit[1]
 
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Optional
 
 from ..axes import CONTEXT, DATA, EXPERT, EXPERT_TENSOR, TENSOR, tensor_axes
+from ...base.tables import put
 
 __all__ = ["Fold", "fold_of", "fold_problem", "folded_tp", "fold_words", "mesh_ep", "split_problem"]
 
@@ -148,9 +149,7 @@ def fold_of(layout: Any, etp: int) -> Fold:
         inner = tensor[1:] if etp > 1 else ()
         fold = Fold(here(EXPERT) + tensor[:len(tensor) - len(inner)], inner, edp_axes, size[EXPERT] * tp // etp,
                     etp, edp, True)
-    if len(_FOLDS) >= 64:
-        _FOLDS.clear()
-    _FOLDS[key] = (layout, fold)  # (held: its id is not reused while the entry lives)
+    put(_FOLDS, key, (layout, fold), 64)  # (held: its id is not reused while the entry lives)
     return fold
 
 

@@ -98,6 +98,7 @@ from .dry import _count_experts, _dry_experts, _grad, _tensor
 from .exchange import _Plan, _bind_reorder, _by_expert, _by_source, _combine, _dispatch, _plan
 from .experts import _experts_grad, _experts_grad_mixed, _present, _run_experts, _run_experts_mixed
 from .slots import _combine_grad, _facts, _note, _pack, _probs_grad, _route, _tables, _unpack
+from ...base.tables import put
 
 __all__ = ["moe_layer", "moe_experts", "moe_problem", "input_problem", "takes"]
 
@@ -150,9 +151,8 @@ def moe_layer(x: Any, params: dict, pre: str, moe: MoEConfig, stats: Optional[li
                                                                             input_problem(x))
         if problem:
             raise SpmdsimError(problem)
-        if len(_LAYER_CHECKED) >= 256:
-            _LAYER_CHECKED.clear()
-        _LAYER_CHECKED[(id(layout), x._shape, moe.experts, hidden, moe.etp)] = layout  # (held: its id is not reused)
+        # (the entry holds the layout: its id is not reused)
+        put(_LAYER_CHECKED, (id(layout), x._shape, moe.experts, hidden, moe.etp), layout, 256)
     fold = fold_of(layout.layout, moe.etp)
     whole = x
     if fold.folded:  # each tp rank its share of the tokens (a local slice; its backward an Allgather over tp)
@@ -188,10 +188,8 @@ def _counts_layout(mesh: Any, fold: Any) -> Any:
     if seen is not None and seen[0] is mesh:
         return seen[1]
     batch = tuple(a for a in mesh.alias_name if a in fold.batch_axes and mesh.axis_size(a) > 1)
-    if len(_COUNTS_LAYOUTS) >= 64:
-        _COUNTS_LAYOUTS.clear()
     layout = mesh(None).with_partial(batch)
-    _COUNTS_LAYOUTS[(id(mesh), fold)] = (mesh, layout)  # (held: its id is not reused while the entry lives)
+    put(_COUNTS_LAYOUTS, (id(mesh), fold), (mesh, layout), 64)  # (held: its id is not reused while the entry lives)
     return layout
 
 
@@ -292,9 +290,8 @@ def _check_experts_inputs(x: Any, probs: Any, etp: int, dropless: bool) -> None:
                                        f"tokens' layout {x.layout}")
         if problem:
             raise SpmdsimError(problem)
-        if len(_EXPERTS_CHECKED) >= 256:
-            _EXPERTS_CHECKED.clear()
-        _EXPERTS_CHECKED[(id(x._layout), id(probs._layout), etp, dropless)] = (x._layout, probs._layout)  # (held)
+        put(_EXPERTS_CHECKED, (id(x._layout), id(probs._layout), etp, dropless), (x._layout, probs._layout),
+            256)  # (held)
 
 
 def _experts_forward(plan: _Plan, xe: np.ndarray, per_expert: np.ndarray, got: Optional[np.ndarray],

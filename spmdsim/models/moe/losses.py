@@ -31,6 +31,7 @@ from ...nn.autograd.rules.grads import grad_tensor
 from ...base.buffers import CAPTURE, broadcast_zero
 from ...base.flops import sweep
 from ...runtime.dtensor import DTensor
+from ...base.tables import put
 
 __all__ = ["router_losses"]
 
@@ -144,9 +145,7 @@ def _by_chain(logits: Any, probs: Any, f: Any, aux_coeff: float, z_coeff: float,
     if (key is not None and not probs._mesh.engine.dry and dtype in _FLOATS and logits._local.dtype is dtype
             and f._local.dtype is dtype and L.tensor_map == P.tensor_map and not P.partial and not L.partial
             and not f._layout.partial):
-        if len(_CALLS) >= 256:  # a long run over many layouts: start over
-            _CALLS.clear()
-        _CALLS[key] = (P, L, f._layout, out._layout, with_partial(out._layout, ()))
+        put(_CALLS, key, (P, L, f._layout, out._layout, with_partial(out._layout, ())), 256)
     return out
 
 

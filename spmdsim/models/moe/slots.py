@@ -8,6 +8,7 @@ from ...base.buffers import into
 from ...base.precision import rounded, wide
 from .exchange import _Plan
 from .stats import _STATS_FIELDS, MoEStats, _new
+from ...base.tables import put
 
 
 class _Tables:
@@ -46,9 +47,7 @@ def _tables(T: int, bl: int, E: int, k: int, C: int, ep: int) -> _Tables:
     key = (T, bl, E, k, C, ep)
     seen = _TABLES.get(key)
     if seen is None:
-        if len(_TABLES) >= 64:
-            _TABLES.clear()
-        seen = _TABLES[key] = _Tables(T, bl, E, k, C, ep)
+        seen = put(_TABLES, key, _Tables(T, bl, E, k, C, ep), 64)
     return seen
 
 

@@ -11,6 +11,7 @@ from typing import Any, Optional
 from ...layouts.notation import format_tensor_map, normalize_entry
 from .config import MoEConfig
 from .fold import fold_of
+from ...base.tables import put
 
 __all__ = ["input_problem", "takes"]
 
@@ -56,9 +57,8 @@ def takes(x: Any, moe: Optional[MoEConfig]) -> bool:
     layout = x._layout
     seen = _TAKEN.get(id(layout))
     if seen is None or seen[0] is not layout:
-        if len(_TAKEN) >= 64:
-            _TAKEN.clear()
-        seen = _TAKEN[id(layout)] = (layout, fold_of(layout.layout, 1).folded and input_problem(x, 1, True) is None)
+        seen = put(_TAKEN, id(layout),
+                   (layout, fold_of(layout.layout, 1).folded and input_problem(x, 1, True) is None), 64)
     return seen[1]
 
 
@@ -71,10 +71,8 @@ def _expert_layout(mesh: Any, fold: Any, dropless: bool) -> Any:
     seen = _EXPERT_LAYOUTS.get((id(mesh), dropless))
     if seen is not None and seen[0] is mesh:
         return seen[1]
-    if len(_EXPERT_LAYOUTS) >= 64:
-        _EXPERT_LAYOUTS.clear()
     layout = mesh(*fold.token_map(tuple(mesh.alias_name), dropless))
-    _EXPERT_LAYOUTS[(id(mesh), dropless)] = (mesh, layout)  # (held)
+    put(_EXPERT_LAYOUTS, (id(mesh), dropless), (mesh, layout), 64)  # (held)
     return layout
 
 

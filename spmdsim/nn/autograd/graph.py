@@ -21,6 +21,7 @@ from ...errors import OperatorError
 from ...base.precision import is_low
 from ...layouts.layout import TensorLayout
 from ...layouts.notation import move_name
+from ...base.tables import put
 
 __all__ = ["Leaf", "Node", "record", "attach", "no_grad", "is_grad_enabled", "requires_grad_", "used_axes",
            "with_partial", "kept_as", "enable_grad", "updated", "stale_reads"]
@@ -365,16 +366,11 @@ def used_axes(layouts: Sequence[Any]) -> frozenset:
         used.update(layout.partial)
     out = frozenset(used)
     if type(layouts) is tuple:
-        if len(_USED) >= _CACHE_MAX:
-            _USED.clear()
-        _USED[layouts] = out
+        put(_USED, layouts, out, 4096)
     return out
 
 
 _USED: dict = {}  # a node's read layouts -> used_axes of them (a step asks for the same few)
-
-
-_CACHE_MAX = 4096
 
 
 def with_partial(layout: Any, partial: tuple[str, ...]) -> Any:
@@ -389,9 +385,7 @@ def with_partial(layout: Any, partial: tuple[str, ...]) -> Any:
     if seen is not None:
         return seen[1]
     out = layout.with_partial(partial)
-    if len(_BY_OBJECT) >= _CACHE_MAX:
-        _BY_OBJECT.clear()
-    _BY_OBJECT[(id(layout), partial)] = (layout, out)
+    put(_BY_OBJECT, (id(layout), partial), (layout, out), 4096)
     return out
 
 

@@ -29,6 +29,7 @@ import numpy as np
 from ...base import buffers
 from ...base.flops import hold, holding
 from .graph import Node
+from ...base.tables import put
 
 __all__ = ["kept_bytes", "UNTAGGED", "FP8", "KEPT", "kept_problem", "shell", "nothing"]
 
@@ -65,9 +66,7 @@ def nothing(dtype: Any, shape: tuple) -> np.ndarray:
             zero = _NOTHING.setdefault(dtype, np.zeros((), dtype))
         view = np.broadcast_to(zero, shape)
         if type(shape) is tuple and all(type(n) is int for n in shape):  # (a pure function of the key)
-            if len(_VIEWS) >= 4096:  # a long run over many shapes: start over
-                _VIEWS.clear()
-            _VIEWS[(dtype, shape)] = view
+            put(_VIEWS, (dtype, shape), view, 4096)
     return view
 
 

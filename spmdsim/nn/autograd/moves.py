@@ -12,6 +12,7 @@ from ...base import flops as _flops
 from ...base.flops import hold, sweep
 from ...layouts.layout import TensorLayout
 from .graph import Leaf, Node, _passed, with_partial
+from ...base.tables import put
 
 __all__ = ["grad_layout", "add_grads", "PARAMETER_VIEWS"]
 
@@ -66,10 +67,9 @@ def grad_layout(layout: TensorLayout, g_layout: TensorLayout) -> TensorLayout:
     if keep is None:
         keep = _grad_layout(layout, g_layout)
     out = with_partial(layout, keep)  # derived from this very object (an equal one's would lead back to it)
-    if len(_GRAD_BY_OBJECT) >= 4096:
-        _GRAD_BY_OBJECT.clear()
     # (and whether a gradient laid out `g_layout` moves to it: `_move`'s test, pure of the two objects)
-    _GRAD_BY_OBJECT[(id(layout), id(g_layout))] = (layout, g_layout, out, g_layout is not out and g_layout != out)
+    put(_GRAD_BY_OBJECT, (id(layout), id(g_layout)),
+        (layout, g_layout, out, g_layout is not out and g_layout != out), 4096)
     return out
 
 
@@ -82,9 +82,7 @@ def _grad_layout(layout: TensorLayout, g_layout: TensorLayout) -> tuple:
     key = (layout, g_layout)
     both = set(layout.replicated_axes) & set(g_layout.partial) if g_layout.layout == layout.layout else ()
     keep = tuple(a for a in layout.layout.alias_name if a in both)
-    if len(_GRAD_LAYOUTS) >= 4096:  # a long run over many layouts: start over
-        _GRAD_LAYOUTS.clear()
-    _GRAD_LAYOUTS[key] = keep
+    put(_GRAD_LAYOUTS, key, keep, 4096)
     return keep
 
 

@@ -19,6 +19,7 @@ from ...layouts.layout import TensorLayout
 from .graph import Leaf, with_partial
 from . import moves as _moves
 from .moves import _collector, _move, _new_object, _runtime
+from ...base.tables import put
 
 
 _refs, _ndarray = sys.getrefcount, np.ndarray
@@ -93,9 +94,7 @@ def _leaf_plan(leaves: list, gs: list, own: Any, kept: Any, cap: float) -> _Leaf
         own = tuple(own)
         plan = _new_leaf_plan(gs, own, key[1], cap)
         plan.held = (tuple(map(_LAYOUT, gs)), own, tuple(map(_DTYPE, gs)))
-        if len(_PLANS) >= 256:
-            _PLANS.clear()
-        _PLANS[key] = plan
+        put(_PLANS, key, plan, 256)
     return plan
 
 

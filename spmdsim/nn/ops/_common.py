@@ -23,6 +23,7 @@ from ...runtime.executor import redistribute
 from ...runtime.dtensor import DTensor
 from ...runtime.mesh import Mesh
 from ._operands import _no_common, result_dtype
+from ...base.tables import put
 
 _DTENSOR: Any = None  # runtime.DTensor, bound by _dtensor_class on first use
 _MESH: Any = None  # runtime.Mesh, bound with it
@@ -54,9 +55,7 @@ def make_dtensor(mesh: Any, local: np.ndarray, layout: TensorLayout, shape: Sequ
         return cls._trusted(mesh, local, layout, shape)
     out = cls(mesh, local, layout, shape)
     if out.global_shape == shape and _ints(shape) and type(layout) is TensorLayout:
-        if len(_CHECKED) >= 4096:  # a long run over many shapes: start over
-            _CHECKED.clear()
-        _CHECKED[(id(layout), shape)] = (layout, shape, out.local.shape)
+        put(_CHECKED, (id(layout), shape), (layout, shape, out.local.shape), 4096)
     return out
 
 
@@ -101,9 +100,7 @@ def decided(infer: Any, name: str, layouts: tuple, shapes: tuple, dtypes: tuple,
     plan = infer(name, layouts, shapes, dtype_name(dtype))
     out = (plan, dtype, dtype_name(dtype), tuple(layout == t for layout, t in zip(layouts, plan.targets)))
     if key is not None and all(_ints(shape) for shape in shapes):  # 16.0 hashes as 16: never kept
-        if len(_DECIDED) >= 4096:  # a long run over many shapes: start over
-            _DECIDED.clear()
-        _DECIDED[key] = (layouts, out)
+        put(_DECIDED, key, (layouts, out), 4096)
     return out
 
 
@@ -153,16 +150,14 @@ class Prepared:
         self.block = None
 
 
-def prepare(table: dict, make: Any, xs: Any, key: Any) -> Any:
+def prepare(table: dict, limit: int, make: Any, xs: Any, key: Any) -> Any:
     """``make(layouts, shapes, dtypes)`` of operands `xs` (checked DTensors), a `Prepared`, kept in `table`
     under `key` unless it is None (an operand the operator made itself, a lifted number) or a size is not a
     Python int (16.0 finds 16's entry)."""
     shapes = tuple(map(SHAPE, xs))
     out = make(tuple(map(LAYOUT, xs)), shapes, tuple(map(DTYPE, xs)))
     if key is not None and all(_ints(shape) for shape in shapes):
-        if len(table) >= 4096:  # a long run over many shapes: start over
-            table.clear()
-        table[key] = out
+        put(table, key, out, limit)
     return out
 
 
@@ -332,9 +327,7 @@ def _keep(shape: tuple, seed: Any, region: tuple, p: float, out: np.ndarray | No
     value = seed() if callable(seed) else seed
     uniform = _UNIFORM.get(shape)
     if uniform is None:
-        if len(_UNIFORM) >= 1024:
-            _UNIFORM.clear()
-        uniform = _UNIFORM[shape] = SeededTensor(shape, "float64", seed=0, low=0.0, high=1.0)
+        uniform = put(_UNIFORM, shape, SeededTensor(shape, "float64", seed=0, low=0.0, high=1.0), 1024)
     return uniform_at_least(uniform, int(value), region, p, out)  # (with_seed(...).at_least(...), no object made)
 
 

@@ -45,6 +45,7 @@ from ._common import MASKS, seed_arg
 from ._operands import flag, raise_if_not_dtensors, require_float
 from ...runtime.executor import redistribute
 from .flash import _flash, _result
+from ...base.tables import put
 
 _SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
 
@@ -91,9 +92,7 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool = False, scale: Optional[f
         decided = _decide(q, k, v, causal, scale, dropout, seed, training, mask, batch_first, recompute, kept, flash,
                           tile, positions)
         if key is not None:
-            if len(_PREPARED) >= 1024:  # a long run over many shapes: start over
-                _PREPARED.clear()
-            _PREPARED[key] = decided
+            put(_PREPARED, key, decided, 1024)
     elif seed is not None and type(seed) is not int or decided.drop and seed is None:
         _seed_checked(decided.drop, seed)  # raises (an int seed, or none without dropout, passes)
     plan, heads, keys_t, back = decided.plan, decided.heads, decided.keys_t, decided.back
@@ -371,9 +370,7 @@ def _swapped(x: Any) -> Any:
         return seen[1]
     entries = x.tensor_map
     out = TensorLayout(x.layout, (entries[1], entries[0]) + entries[2:], x.partial)
-    if len(_SWAPPED) >= 1024:  # a long run over many layouts: start over
-        _SWAPPED.clear()
-    _SWAPPED[id(x)] = (x, out)
+    put(_SWAPPED, id(x), (x, out), 1024)
     return out
 
 

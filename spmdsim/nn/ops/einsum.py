@@ -122,7 +122,7 @@ def first_call(spec: str, xs: tuple, key: Any) -> Any:
     if not xs:
         raise OperatorError("einsum needs at least one operand")
     _refuse_bool_sum(spec, xs)
-    return prepare(_PREPARED, partial(_Prepared, spec), xs, key)
+    return prepare(_PREPARED, 4096, partial(_Prepared, spec), xs, key)
 
 
 def _refuse_bool_sum(spec: Any, xs: tuple) -> None:

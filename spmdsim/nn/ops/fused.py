@@ -59,6 +59,7 @@ from .einsum import _PREPARED as _EINSUMS, einsum as _einsum, first_call as _ein
 from .pointwise import _PREPARED as _ADDS, _Prepared as _PointwisePrepared, _dry_block, pointwise as _pointwise
 from ._common import _PLAIN_DTYPES, dry_zeros, make_dtensor, moved, prepare, prepared_result, signature
 from .local import reshape
+from ...base.tables import put
 
 __all__ = ["einsum_bias", "reshape_einsum"]
 
@@ -113,7 +114,7 @@ def _add_plan(a: Any, b: Any, op: str = "add") -> Any:
         cls = _common._DTENSOR or _common._dtensor_class()
         if type(a) is not cls or type(b) is not cls or a.mesh is not b.mesh and foreign(a.mesh, b.mesh):
             return None
-        prepared = prepare(_ADDS, partial(_PointwisePrepared, op), (a, b), key)
+        prepared = prepare(_ADDS, 4096, partial(_PointwisePrepared, op), (a, b), key)
     return prepared
 
 
@@ -255,13 +256,6 @@ class _Call:
             self.product = pair_function(a_word, blocks[0], b_word, blocks[1], output)
 
 
-def _remember(table: dict, key: Any, call: _Call) -> None:
-    """Keep `call` under `key` in `table` (bounded: a long run over many signatures starts over)."""
-    if len(table) >= 4096:
-        table.clear()
-    table[key] = call
-
-
 def _plain(shape: Any) -> bool:
     """`shape` None or a tuple of Python ints (16.0 finds 16's entry: never kept)."""
     return shape is None or type(shape) is tuple and all(type(n) is int for n in shape)
@@ -290,16 +284,14 @@ def _einsum_bias(spec: str, x: Any, w: Any, bias: Any, shape: Any, call_key: Any
     if linear is None:
         linear = _Linear(prepared, y, bias, None if shape is None else tuple(shape))
         if type(shape) is tuple or shape is None:
-            if len(_LINEARS) >= 4096:  # a long run over many signatures: start over
-                _LINEARS.clear()
-            _LINEARS[key] = linear
+            put(_LINEARS, key, linear, 4096)
     record = xs[0]._ag is not None or xs[1]._ag is not None or bias is not None and bias._ag is not None
     if not linear.fused or record and y._local.dtype.kind == "V" and is_low(y._local.dtype) and not _rounds(xs[0]):
         return _separate(y, xs, prepared, bias, shape)
     if (call_key is not None and prepared.stays and prepared.paired and y._local.dtype in _PLAIN_DTYPES
             and (bias is None or linear.add.dtype_name != "bfloat16" and linear.add.dtype in _PLAIN_DTYPES)
             and _plain(shape) and type(mesh) is _common._MESH):
-        _remember(_CALLS, call_key, _Call(prepared, linear, (xs[0]._local, xs[1]._local)))
+        put(_CALLS, call_key, _Call(prepared, linear, (xs[0]._local, xs[1]._local)), 4096)
     out = biased = y
     if bias is not None:
         plain = not CAPTURE.on
@@ -380,5 +372,5 @@ def _reshape_einsum(x: Any, shape: Any, spec: str, w: Any, key: Any) -> Any:
         call = _Call(prepared, None, (flat._local, w._local))
         call.flat = (flat._layout, flat._shape, flat._local.shape)
         call.name, call.reads = name, reads
-        _remember(_RESHAPE_CALLS, key, call)
+        put(_RESHAPE_CALLS, key, call, 4096)
     return attach(y, name, (x, xs[1]), ReshapeEinsumGrads(x, flat, xs[1], prepared), prepared.want, reads)

@@ -22,6 +22,7 @@ from ...base.flops import any_open, sweep
 from ...base.buffers import CAPTURE
 from ._common import _ints, make_dtensor
 from ._operands import raise_if_not_dtensors, require_float
+from ...base.tables import put
 
 __all__ = ["transpose", "reshape", "softmax"]
 
@@ -67,9 +68,7 @@ def reshape(x: Any, shape: Any) -> Any:
         block_shape = layout.local_shape(new_shape, rank)
     out = make_dtensor(x._mesh, x.local.reshape(block_shape), layout, new_shape)
     if key is not None and seen is None and _ints(shape) and type(out) is type(x):
-        if len(_RESHAPED) >= 1024:  # a long run over many shapes: start over
-            _RESHAPED.clear()
-        _RESHAPED[key] = (source, (layout, new_shape, block_shape))
+        put(_RESHAPED, key, (source, (layout, new_shape, block_shape)), 1024)
     return out if x._ag is None else record_reshape(out, x)
 
 

@@ -25,6 +25,7 @@ from ...base.validate import shape_arg
 from . import ufuncs as P
 from ._common import MASKS, dry_zeros, make_dtensor, shaped_as, seed_arg
 from ._operands import flag, raise_if_not_dtensors, require_float
+from ...base.tables import put
 
 __all__ = ["causal_mask", "masked_fill", "dropout", "dropout_keep"]
 
@@ -50,9 +51,7 @@ def causal_mask(mesh: Any, shape: Any, layout: Any = None) -> Any:
         rows = np.arange(region[-2].start, region[-2].stop)[:, None]
         cols = np.arange(region[-1].start, region[-1].stop)[None, :]
         block = np.broadcast_to(cols > rows, layout.local_shape(shape, mesh.rank)).copy()
-        if len(_MASKS) >= 256:  # many shapes or layouts: start over
-            _MASKS.clear()
-        _MASKS[key] = block
+        put(_MASKS, key, block, 256)
     return make_dtensor(mesh, block.copy(), layout, shape)  # the caller's own block, as before
 
 
@@ -172,9 +171,7 @@ def _mask_geometry(x: Any, mask_dims: Any) -> tuple:
         out = (order, tuple(shape[d] for d in order), tuple(region[d] for d in order),
                tuple(np.argsort(order).tolist()))
     if key is not None and type(shape) is tuple:
-        if len(_GEOMETRY) >= 1024:  # a long run over many layouts: start over
-            _GEOMETRY.clear()
-        _GEOMETRY[key] = (layout, out)
+        put(_GEOMETRY, key, (layout, out), 1024)
     return out
 
 

@@ -60,6 +60,7 @@ from ._common import add_bias, dry_zeros, local_matmul, make_dtensor
 from .local import reshape as _reshape
 from .masks import dropout_keep
 from ...runtime.executor import redistribute
+from ...base.tables import put
 
 __all__ = ["column_parallel_linear", "row_parallel_linear", "bias_dropout_add", "swiglu", "rotary", "reshape"]
 
@@ -151,9 +152,7 @@ def _column_layouts(full: TensorLayout, entry: tuple) -> tuple:
         one = TensorLayout(full.layout, full.tensor_map[:-1] + (entry,))
         made = (one, TensorLayout(full.layout, ((),) + one.tensor_map))
         if key is not None:
-            if len(_COLUMNS) >= 1024:  # a long run over many layouts: start over
-                _COLUMNS.clear()
-            _COLUMNS[key] = made
+            put(_COLUMNS, key, made, 1024)
     return made
 
 
@@ -189,12 +188,8 @@ def _row_product_layout(layout: TensorLayout) -> TensorLayout:
     if out is None:
         axes = tuple(a for a in layout.tensor_map[-1] if layout.layout.axis_size(a) > 1)
         out = TensorLayout(layout.layout, layout.tensor_map[:-1] + ((),), axes)
-        if len(_ROW_PRODUCT_BY_VALUE) >= 1024:  # a long run over many layouts: start over
-            _ROW_PRODUCT_BY_VALUE.clear()
-        _ROW_PRODUCT_BY_VALUE[layout] = out
-    if len(_ROW_PRODUCT) >= 1024:
-        _ROW_PRODUCT.clear()
-    _ROW_PRODUCT[id(layout)] = (layout, out)  # the entry holds the layout: its id is not reused meanwhile
+        put(_ROW_PRODUCT_BY_VALUE, layout, out, 1024)
+    put(_ROW_PRODUCT, id(layout), (layout, out), 1024)  # the entry holds the layout: its id is not reused meanwhile
     return out
 
 

@@ -18,6 +18,7 @@ from .pointwise import pointwise as _pointwise
 from ._common import make_dtensor, prepared_result
 from .normalize import normal_values
 from .fused import _add_plan, _added, _in_place, _ndarray, _new
+from ...base.tables import put
 
 
 class _Norm:
@@ -68,9 +69,7 @@ def _first_norm(key: tuple, out: Any, y: np.ndarray, weight: Any, bias: Any, op:
     """The `_Norm` a call signature decides at its first call, kept in `_NORMS` under `key`."""
     norm = _Norm(out, weight, bias, op)
     norm.low = is_low(y.dtype)  # (y's dtype follows x's, in the key)
-    if len(_NORMS) >= 1024:  # a long run over many signatures: start over
-        _NORMS.clear()
-    _NORMS[key] = norm
+    put(_NORMS, key, norm, 1024)
     return norm
 
 

@@ -40,6 +40,7 @@ from .norm_affine import norm_affine
 from ._common import make_dtensor
 from ._operands import raise_if_not_dtensors, require_float, ufunc_dtype
 from ...runtime.executor import redistribute
+from ...base.tables import put
 
 _SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
 _ndarray = np.ndarray
@@ -57,9 +58,7 @@ def _whole_rows(kind: str, x: Any) -> bool:
     if seen is not None and seen[0] is layout:
         return seen[1]
     whole = infer_norm(kind, layout, x._shape).whole
-    if len(_WHOLE) >= 1024:  # a long run over many layouts: start over
-        _WHOLE.clear()
-    _WHOLE[key] = (layout, whole)
+    put(_WHOLE, key, (layout, whole), 1024)
     return whole
 
 
@@ -165,9 +164,7 @@ def _affine_dtypes(op: str, dtype: np.dtype, weight: Optional[Any], bias: Option
             out = (scaled, scaled if key[2] is None else ufunc_dtype(scaled, key[2]))
         except DTypeError as e:
             raise DTypeError(f"{op}: {e}") from None
-        if len(_AFFINE_DTYPES) >= 256:
-            _AFFINE_DTYPES.clear()
-        _AFFINE_DTYPES[key] = out
+        put(_AFFINE_DTYPES, key, out, 256)
     return out
 
 
@@ -210,9 +207,7 @@ def layer_norm(x: Any, weight: Optional[Any] = None, bias: Optional[Any] = None,
         x = resolved(x)
         whole = _whole_rows("layer_norm", x)
         if key is not None:  # (None: not DTensors, or a key that does not hash)
-            if len(_LAYER_NORMS) >= 1024:  # a long run over many shapes: start over
-                _LAYER_NORMS.clear()
-            _LAYER_NORMS[key] = (layout, (d, eps, whole))
+            put(_LAYER_NORMS, key, (layout, (d, eps, whole)), 1024)
     if whole:
         if kept == "megatron" or is_low(x._local.dtype):  # bfloat16: the fused kernel whatever `kept` says
             return _fused_layer_norm(x, d, eps, weight, bias)

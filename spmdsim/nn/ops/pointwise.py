@@ -165,7 +165,7 @@ def _first_call(op: str, args: tuple, key: Any) -> Optional[tuple]:
     except DTypeError as e:
         raise _named(op, e) from None
     try:
-        return mesh, xs, prepare(_PREPARED, partial(_Prepared, op), xs, key)
+        return mesh, xs, prepare(_PREPARED, 4096, partial(_Prepared, op), xs, key)
     except DTypeError as e:
         raise _named(op, e) from None
 

@@ -19,7 +19,8 @@ from . import _common
 from .pointwise import pointwise as _pointwise
 from ._common import _PLAIN_DTYPES, dry_zeros, keep_mask, make_dtensor, prepared_result
 from .masks import _mask_geometry, dropout, dropout_args
-from .fused import _add_plan, _added, _Call, _in_place, _ndarray, _new, _remember, _rounds
+from .fused import _add_plan, _added, _Call, _in_place, _ndarray, _new, _rounds
+from ...base.tables import put
 
 
 def residual(h: Any, y: Any, bias: Any = None, p: float = 0.0, seed: Any = None,
@@ -119,9 +120,7 @@ def _residual(h: Any, y: Any, bias: Any, p: Any, seed: Any, mask_dims: Any, call
         return _residual_separate(h, y, bias, p, seed, mask_dims)
     if decided is None:
         decided = _Residual(first, y, bias, h, p)
-        if len(_RESIDUALS) >= 4096:  # a long run over many signatures: start over
-            _RESIDUALS.clear()
-        _RESIDUALS[key] = decided
+        put(_RESIDUALS, key, decided, 4096)
     grads_y = y._ag is not None or bias is not None and bias._ag is not None
     if not decided.fused or decided.low and (grads_y or h._ag is not None) and not _rounds(y):
         return _residual_separate(h, y, bias, p, seed, mask_dims)
@@ -149,7 +148,7 @@ def _residual(h: Any, y: Any, bias: Any, p: Any, seed: Any, mask_dims: Any, call
         call.residual = decided
         call.geometry = _mask_geometry(biased, mask_dims) if p else None
         call.sums = None if bias is None else bias_sums(first, bias)
-        _remember(_RESIDUAL_CALLS, call_key, call)
+        put(_RESIDUAL_CALLS, call_key, call, 4096)
     if not grads_y and h._ag is None:
         return out
     sums = None if bias is None or bias._ag is None else bias_sums(first, bias)

@@ -12,6 +12,7 @@ from ...errors import OperatorError
 from ...base.precision import is_low
 from ._common import describe, make_dtensor
 from ._operands import result_dtype, ufunc_dtype
+from ...base.tables import put
 
 __all__ = ["lift"]
 
@@ -107,9 +108,7 @@ def _scalar_layout(layout: Any) -> Any:
     """``layout()``, the replicated 0-d layout, one object per device matrix (not rebuilt per number)."""
     out = _SCALARS.get(layout)
     if out is None:
-        if len(_SCALARS) >= 256:
-            _SCALARS.clear()
-        out = _SCALARS[layout] = layout()
+        out = put(_SCALARS, layout, layout(), 256)
     return out
 
 

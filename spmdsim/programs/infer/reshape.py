@@ -20,6 +20,7 @@ from ...errors import OperatorError
 from ...layouts.layout import TensorLayout
 from ...layouts.notation import format_entry
 from ...base.validate import as_int, shape_arg
+from ...base.tables import put
 
 __all__ = ["reshape_shape", "infer_reshape"]
 
@@ -134,9 +135,7 @@ def infer_reshape(x: TensorLayout, old_shape: Sequence[int], new_shape: object) 
             return known
     out = _infer_reshape(x, old_shape, new_shape)
     if key is not None:
-        if len(_RESHAPES) >= 1024:  # a long run over many shapes: start over
-            _RESHAPES.clear()
-        _RESHAPES[key] = out
+        put(_RESHAPES, key, out, 1024)
     return out
 
 

@@ -17,6 +17,7 @@ from .folded import foldable, folded_exchange
 from .steps import Allgather, Allreduce, Alltoall, Exchange, LocalSlice, LocalZero, ReduceScatter, Step
 from .uneven import sized_uneven
 from .volume import exchange_received, exchange_transfers, rank_boxes
+from ...base.tables import put
 
 __all__ = ["Sizes", "stack_candidates", "cross_mesh", "sent_step", "with_map", "Map"]
 
@@ -67,9 +68,7 @@ def with_map(tl: TensorLayout, tensor_map, partial) -> TensorLayout:
     key = (tl.layout, tuple(tuple(e) for e in tensor_map), tuple(partial))
     out = _LAYOUTS.get(key)
     if out is None:
-        if len(_LAYOUTS) >= 65536:  # a long run over many meshes: start over
-            _LAYOUTS.clear()
-        out = _LAYOUTS[key] = TensorLayout(*key)
+        out = put(_LAYOUTS, key, TensorLayout(*key), 65536)
     return out
 
 

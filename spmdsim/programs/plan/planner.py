@@ -21,6 +21,7 @@ import numpy as np
 
 from ...errors import PlanError
 from ...layouts.layout import TensorLayout
+from ...base.tables import put
 from ...base.validate import counted, dtype_arg
 from .candidates import Sizes, cross_mesh, sent_step, stack_candidates, with_map
 from .meshes import common_refinement, translate
@@ -47,17 +48,15 @@ def plan_redistribution(source: TensorLayout, target: TensorLayout, shape: Seque
         except (KeyError, TypeError):  # TypeError: an unhashable layout or dtype
             pass
     plan = _plan(*_validated(source, target, shape, dtype))
-    if len(_VALIDATED) < _VALIDATED_MAX:
-        try:
-            _VALIDATED[(source, target, shape, dtype)] = plan
-        except TypeError:
-            pass
+    try:
+        put(_VALIDATED, (source, target, shape, dtype), plan, 4096, starts_over=False)
+    except TypeError:
+        pass
     return plan
 
 
-_VALIDATED: dict = {}
+_VALIDATED: dict = {}  # a full table adds nothing more: a new key plans again
 _INT_ONLY = frozenset((int,))
-_VALIDATED_MAX = 4096
 
 
 def _validated(source: TensorLayout, target: TensorLayout, shape: Sequence[int], dtype: str) -> tuple:

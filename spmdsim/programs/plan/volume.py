@@ -15,6 +15,7 @@ import numpy as np
 from ...layouts.layout import TensorLayout
 from ...layouts.slicing import all_bounds
 from ..transfer import Transfer
+from ...base.tables import put
 
 __all__ = ["Box", "box_shape", "box_size", "intersect", "rank_boxes", "lower_bound", "exchange_transfers",
            "exchange_received"]
@@ -91,9 +92,7 @@ def _held_of_new(before: TensorLayout, after: TensorLayout, shape: tuple[int, ..
     key = (before.layout, before.tensor_map, after.layout, after.tensor_map, shape)
     found = _HELD.get(key)
     if found is None:
-        if len(_HELD) >= 16384:
-            _HELD.clear()
-        found = _HELD[key] = _count_held(before, after, shape)
+        found = put(_HELD, key, _count_held(before, after, shape), 16384)
     return found
 
 

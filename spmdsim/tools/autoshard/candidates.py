@@ -38,6 +38,7 @@ from ...programs.plan.volume import lower_bound
 from . import rules
 from .counts import fitting, slice_counts
 from .graph import ELEMENTWISE, OpNode
+from ...base.tables import put
 
 __all__ = ["Candidate", "candidates", "make_candidate", "most_devices"]
 
@@ -205,9 +206,7 @@ def candidates(node: OpNode, devices: int, in_dtypes: Sequence[str] = (),
               node.layout, tuple((p.shape, p.source.dtype) for p in node.params))
     key = (shapes, devices, tuple(in_dtypes), full, use)
     if key not in _CACHE:
-        if len(_CACHE) >= 256:
-            _CACHE.clear()
-        _CACHE[key] = _enumerate(node, devices, tuple(in_dtypes), full, use)
+        put(_CACHE, key, _enumerate(node, devices, tuple(in_dtypes), full, use), 256)
     return _CACHE[key]
 
 

@@ -41,6 +41,7 @@ from .held import (_RUN, PRECISIONS, ROLES, StageMemory, Transient, Widths, back
                    layers_activations, least_bytes, own_width, peak_bytes, priced, stage_memory, unmappable)
 from .steptime import step_time
 from .transfers import placed, trace_calls
+from ...base.tables import put
 
 __all__ = ["Widths", "PRECISIONS", "StageLedger", "gpt_ledger", "dry_key", "dry_run", "known_ledgers", "remember",
            "priced", "ROLES", "gemms_at", "transfers_at",
@@ -127,10 +128,8 @@ def kernel_bytes(kernels: Any, precision: str, fused_accumulation: bool = False)
             nbytes = None
         if nbytes is None:
             nbytes = _kernel_bytes(k, w)
-            if len(known) >= 4096:  # a long run over many kernels: start over
-                known.clear()
             try:
-                known[k] = nbytes
+                put(known, k, nbytes, 4096)
             except TypeError:
                 pass
         out[k.phase] = out.get(k.phase, 0) + nbytes * n
@@ -166,9 +165,7 @@ def gemms_at(gemms: Any, precision: str) -> list:
             at = None
         if at is None:
             at = replace(g, dtype="fp8" if g.dtype.startswith("float8") else dtype)
-            if len(_GEMMS_AT) >= 4096:  # a long run over many products: start over
-                _GEMMS_AT.clear()
-            _GEMMS_AT[(g, dtype)] = at
+            put(_GEMMS_AT, (g, dtype), at, 4096)
         out.append((at, n))
     return out
 

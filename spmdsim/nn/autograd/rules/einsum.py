@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ....base.buffers import CAPTURE
+from ....base.tables import put
 from ....references.contraction import contract, pair, pair_function, pair_plain, present_letters
 from ..graph import attach
 from .grads import NEED2, grad_tensor, gradient_block, gradient_layout, needs
@@ -160,9 +161,6 @@ class EinsumGrads:
         xs, prepared = self.xs, self.prepared
         words, per = prepared.plan.spec.inputs, prepared.per
         partial = layout.partial
-        ways = prepared.ways
-        if len(ways) >= 64:  # many gradient layouts of one signature: start over
-            ways.clear()
         known = tuple(gradient_layout(x._layout, partial, p[2], p[3]) for x, p in zip(xs, per))
         paired = None  # two operands, both gradients `pair`'s: what each contracts, and its layout
         if len(xs) == 2 and per[0][4] and per[1][4]:
@@ -178,7 +176,7 @@ class EinsumGrads:
             a, b = xs
             fns = (pair_function(a_dy, d, a_other, b._local, a_word), a_layout,
                    pair_function(b_dy, d, b_other, a._local, b_word), b_layout)
-        ways[id(layout)] = (layout, known, paired, wide, fns)
+        put(prepared.ways, id(layout), (layout, known, paired, wide, fns), 64)
 
 
 def static(plan: Any) -> tuple:

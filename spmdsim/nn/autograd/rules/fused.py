@@ -30,6 +30,7 @@ from ....base.precision import is_low
 from .einsum import einsum_grads
 from .grads import GRADIENT_DTYPE, grad_tensor, gradient_block, gradient_layout
 from .pointwise import _sum_dims, _summed_axes
+from ....base.tables import put
 
 __all__ = ["EinsumBiasGrads", "NormAffineGrads", "ResidualGrads", "ReshapeEinsumGrads", "bias_sums"]
 
@@ -58,9 +59,7 @@ def bias_sums(add: Any, bias: Any) -> tuple:
     lead, inner, dims = _sum_dims(bias._shape, add.shape)
     summed = _summed_axes(add.out, dims) if dims else ()
     out = (lead, inner, summed, gradient_layout(bias._layout, summed))
-    if len(_SUMS) >= 4096:  # a long run over many signatures: start over
-        _SUMS.clear()
-    _SUMS[id(add)] = (add, out)  # the entry holds the add: its id is not reused meanwhile
+    put(_SUMS, id(add), (add, out), 4096)  # the entry holds the add: its id is not reused meanwhile
     return out
 
 

@@ -10,6 +10,7 @@ from ....base.buffers import broadcast_zero, converted, fresh
 from ....runtime.engines import c_order, local as _local
 from ....base.precision import is_low
 from ..graph import with_partial
+from ....base.tables import put
 
 __all__ = ["grad_tensor", "gradient_block", "zeros_block", "GRADIENT_DTYPE", "gradient_layout", "axes_of", "named",
            "needs", "NEED1", "NEED2"]
@@ -76,10 +77,8 @@ def gradient_layout(layout: TensorLayout, *pending: Iterable[str]) -> TensorLayo
         wanted = set(a for group in pending for a in group)
         grad_layout = with_partial(layout, tuple(a for a in layout.layout.alias_name if a in wanted))
         if key is not None and all(type(group) is tuple for group in pending):  # kept by value
-            if len(_PENDING) >= 4096:  # a long run over many layouts: start over
-                _PENDING.clear()
             # The entry holds the layout, so its id is not reused while the entry lives.
-            _PENDING[key] = (layout, grad_layout)
+            put(_PENDING, key, (layout, grad_layout), 4096)
         return grad_layout
     # nothing pending (most gradients): no sets to build, and `layout` itself when it is whole
     return with_partial(layout, ()) if layout.partial else layout

@@ -24,6 +24,7 @@ from ....base.precision import as_rows, wide
 from ..graph import attach, record, with_partial
 from ..kept import shell
 from .grads import NEED1, NEED2, axes_of, grad_tensor, gradient_block, needs, zeros_block
+from ....base.tables import put
 
 _SUM = np.add.reduce  # ndarray.sum's own kernel, without its Python wrapper (numpy's _methods._sum)
 
@@ -166,9 +167,7 @@ def _sum_dims(shape: tuple, out_shape: tuple) -> tuple[tuple[int, ...], tuple[in
         pass
     lead = len(out_shape) - len(shape)
     dims = tuple(range(lead)) + tuple(lead + d for d, s in enumerate(shape) if s == 1 and out_shape[lead + d] != 1)
-    if len(_SUM_DIMS) >= _CACHE_MAX:  # a long run over many shapes: start over
-        _SUM_DIMS.clear()
-    out = _SUM_DIMS[key] = (tuple(range(lead)), tuple(d - lead for d in dims if d >= lead), dims)
+    out = put(_SUM_DIMS, key, (tuple(range(lead)), tuple(d - lead for d in dims if d >= lead), dims), 4096)
     return out
 
 
@@ -176,7 +175,6 @@ _SUM_DIMS: dict = {}  # (operand shape, output shape) -> _sum_dims's answer (a s
 # (id(output layout), summed dims) -> (that layout, the axes of size above one that split them): by the
 # layout object (a plan's, the same every step), the entry holding it so its id is not reused.
 _SUMMED_AXES: dict = {}
-_CACHE_MAX = 4096
 
 
 def _summed_axes(layout: Any, dims: tuple[int, ...]) -> tuple[str, ...]:
@@ -185,10 +183,8 @@ def _summed_axes(layout: Any, dims: tuple[int, ...]) -> tuple[str, ...]:
     seen = _SUMMED_AXES.get(key)
     if seen is not None and seen[0] is layout:
         return seen[1]
-    if len(_SUMMED_AXES) >= _CACHE_MAX:
-        _SUMMED_AXES.clear()
     out = axes_of(layout, (layout.tensor_map[d] for d in dims))
-    _SUMMED_AXES[key] = (layout, out)
+    put(_SUMMED_AXES, key, (layout, out), 4096)
     return out
 
 
@@ -302,9 +298,7 @@ class PointwiseGrads:
             result.append(grad)
             ways.append(_sum_dims(x._shape, plan.shape)[:2] + (grad._layout,))
         if not dry:
-            if len(prepared.ways) >= 64:  # many gradient layouts of one signature: start over
-                prepared.ways.clear()
-            prepared.ways[key] = (layout, tuple(ways))
+            put(prepared.ways, key, (layout, tuple(ways)), 64)
         return tuple(result)
 
 
