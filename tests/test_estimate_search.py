@@ -181,6 +181,110 @@ def test_the_choice_is_printed_as_the_estimate_command_that_prices_it_alike(caps
 
 # ---- --fix with --machine: some degrees held, the rest searched ----
 
+def test_fixed_degrees_are_held_and_the_rest_searched():
+    """search(..., fixed=...) searches only the configurations with those degrees, and chooses the fastest of
+    them by their own dry runs (here tp 2 without recomputation; free, the search chooses tp 1)."""
+    from spmdsim.tools.estimate.configs import fixed_configurations, parse_fixed
+
+    fixed = parse_fixed(["tp=2", "recompute=none"])
+    assert fixed == {"tp": 2, "recompute": "none"}
+    held = fixed_configurations(configurations(CFG, 2, 8), fixed, 2)
+    assert held and all(c.tp == 2 and c.recompute == "none" for c in held)
+    times = {c: price(CFG, c, A100, "bf16-mixed", "megatron")[0] for c in held}
+    r = search(CFG, 2, A100, 1 << 40, max_dry_runs=1000, cells=False, fixed=fixed)
+    assert {c.config for c in r.candidates} == set(held)
+    assert r.chosen.config == min(times, key=times.get) and r.chosen.step_s == times[r.chosen.config]
+
+
+def test_fix_holds_the_experts_ep_and_tp():
+    """With MoE layers `--fix ep=N` holds the experts' ep (folded, the mesh's ep x tp: `spmdsim estimate --ep`),
+    `--fix etp=1` the experts whole (tp 1, or tp 2 folded into their ep), `--fix etp=tp` the experts split over
+    attention's tp (tp 1 among them); a fold no configuration has is one line naming the values left."""
+    from spmdsim.tools.estimate.configs import fixed_configurations, parse_fixed
+
+    cfg = _moe_cfg()
+    configs = configurations(cfg, 4, 8)
+    assert parse_fixed(["etp=1", "ep=4"]) == {"etp": 1, "ep": 4} and parse_fixed(["etp=tp"]) == {"etp": "tp"}
+    whole = fixed_configurations(configs, {"etp": 1}, 4)
+    assert {(c.tp, c.etp) for c in whole} == {(1, 0), (2, 1)} and all(c.experts_tp == 1 for c in whole)
+    split = fixed_configurations(configs, {"etp": "tp"}, 4)
+    assert {(c.tp, c.etp) for c in split} == {(1, 0), (2, 0)}  # (heads 2: no tp 4)
+    assert set(whole) | set(split) == set(configs) and set(whole) & set(split) == {c for c in configs if c.tp == 1}
+    four = fixed_configurations(configs, {"ep": 4}, 4)
+    assert {(c.tp, c.ep, c.etp) for c in four} == {(1, 4, 0), (2, 2, 1)}
+    with pytest.raises(SpmdsimError) as e:
+        fixed_configurations(configs, {"tp": 2, "etp": 1, "ep": 1}, 4)
+    assert str(e.value) == ("--fix ep=1 leaves no configuration of the GPT on 4 devices with --fix tp=2, etp=1; ep can "
+                            "be 2, 4")
+    with pytest.raises(SpmdsimError) as e:
+        fixed_configurations(configs, {"tp": 2, "ep": 1, "etp": 1}, 4)
+    assert str(e.value) == ("--fix etp=1 leaves no configuration of the GPT on 4 devices with --fix tp=2, ep=1; etp "
+                            "can be tp")
+
+
+def test_the_command_takes_fix_with_machine(capsys):
+    argv = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=32,heads=2,seq=64,batch=4", "--devices", "2",
+            "--machine", "a100-dgx", "--fix", "tp=2", "--fix", "sp=1", "--fix", "mb=1", "--fix", "recompute=none"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "\nfixed (--fix): tp 2, mb 1, recompute none, sp 1; the rest searched\n" in out
+    assert "chosen: tp 2 sp, pp 1, dp 1, 1 mb, none, ZeRO 0: " in out and " --tp 2 --sp --pp 1 " in unfold(out)
+    assert main(argv + ["--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["fixed"] == {"tp": 2, "mb": 1, "recompute": "none", "sp": True}
+    assert len(data["candidates"]) == 1 and data["chosen"]["config"]["sp"] is True
+
+
+def test_zero_2_is_searched_and_its_estimate_command_prints_its_figures(capsys):
+    """`--fix zero=2` holds ZeRO-2 (each rank keeps its 1/dp slice of the summed gradients): the search chooses
+    among dp 2's configurations with it, and the `spmdsim estimate` command it prints gives the same step time,
+    memory and peak."""
+    argv = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=32,heads=2,seq=64,batch=4", "--devices", "2",
+            "--machine", "a100-dgx", "--fix", "zero=2", "--json"]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["fixed"] == {"zero": 2}
+    assert {c["config"]["zero"] for c in data["candidates"]} == {2}
+    # over the data-parallel ranks or the context-parallel ones (each rank saw part of every sequence)
+    assert {(c["config"]["dp"], c["config"]["cp"]) for c in data["candidates"]} == {(2, 1), (1, 2)}
+    assert data["chosen"]["config"]["zero"] == 2 and " --zero 2 " in data["estimate_command"]
+    estimate = _run_estimate(data["estimate_command"])
+    assert estimate["config"]["zero"] == 2
+    assert estimate["step_time_s"] == pytest.approx(data["chosen"]["step_s"], rel=1e-12)
+    (stage,) = estimate["stages"]
+    assert (stage["peak_bytes"], sum(stage["bytes"].values())) == (data["chosen"]["peak"], data["chosen"]["memory"])
+
+
+@pytest.mark.parametrize("fix, message", [
+    (["MatMul1=hand"], "--fix MatMul1=hand holds an operator's strategy; with --machine --fix holds a degree of "
+                       "the configuration, one of tp, pp, v, dp, ep, etp, cp, cp-method, mb, recompute, zero, sp "
+                       "(e.g. --fix tp=8)"),
+    (["tp"], "--fix 'tp' must read DEGREE=VALUE with --machine, e.g. 'tp=8' (DEGREE one of tp, pp, v, dp, ep, etp, "
+             "cp, cp-method, mb, recompute, zero, sp)"),
+    (["tp=3"], "--fix tp=3 leaves no configuration of the GPT on 2 devices; tp can be 1, 2"),
+    (["tp=2", "pp=2"], "--fix pp=2 leaves no configuration of the GPT on 2 devices with --fix tp=2; pp can be 1"),
+    (["recompute=some"], "--fix recompute=some must be one of none, selective, full"),
+    (["zero=4"], "--fix zero=4 must be 0, 1, 2 or 3"),
+    (["sp=2"], "--fix sp=2 must be 0 or 1"),
+    (["tp=2", "zero=2"], "--fix zero=2 leaves no configuration of the GPT on 2 devices with --fix tp=2; zero can be 0"),
+    (["v=0"], "--fix v=0 must be an integer >= 1"),
+    (["tp=2", "tp=1"], "--fix tp=2 and --fix tp=1 hold tp two ways; give one"),
+    # --gpt's comma-separated spelling: it was "--fix tp=2,pp=1 must be an integer >= 1"
+    (["tp=2,pp=1"], "--fix 'tp=2,pp=1' holds one degree a --fix; expected --fix tp=2 --fix pp=1"),
+    (["etp=0"], "--fix etp=0 must be an integer >= 1 (the experts' tp: 1, whole; below tp, the rest of attention's "
+                "tp folded into their ep) or tp (the experts split over attention's tp)"),
+    (["etp=1"], "--fix etp=1 holds the experts' tp, and this GPT has none: give it MoE layers (--gpt ...,experts=N)"),
+])
+def test_a_bad_fix_with_machine_is_one_line(fix, message, capsys):
+    argv = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=32,heads=2,seq=64,batch=4", "--devices", "2",
+            "--machine", "a100-dgx"] + [w for f in fix for w in ("--fix", f)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert unfold(err).rstrip("\n") == "spmdsim: error: " + message
+
+
+# ---- what the search refuses, cannot price or ties ----
+
 def test_a_search_with_no_fit_names_the_limit_it_used(tmp_path, capsys):
     """With no --memory-limit the limit is the machine's memory a GPU: the refusal named '--memory-limit 128 KiB',
     an option the user never gave (here a machine file of 128 KiB a GPU)."""
@@ -605,108 +709,6 @@ def _run_estimate(command: str) -> dict:
     with contextlib.redirect_stdout(out):
         assert main(words[1:] + ["--json"]) == 0
     return json.loads(out.getvalue())
-
-
-def test_fixed_degrees_are_held_and_the_rest_searched():
-    """search(..., fixed=...) searches only the configurations with those degrees, and chooses the fastest of
-    them by their own dry runs (here tp 2 without recomputation; free, the search chooses tp 1)."""
-    from spmdsim.tools.estimate.configs import fixed_configurations, parse_fixed
-
-    fixed = parse_fixed(["tp=2", "recompute=none"])
-    assert fixed == {"tp": 2, "recompute": "none"}
-    held = fixed_configurations(configurations(CFG, 2, 8), fixed, 2)
-    assert held and all(c.tp == 2 and c.recompute == "none" for c in held)
-    times = {c: price(CFG, c, A100, "bf16-mixed", "megatron")[0] for c in held}
-    r = search(CFG, 2, A100, 1 << 40, max_dry_runs=1000, cells=False, fixed=fixed)
-    assert {c.config for c in r.candidates} == set(held)
-    assert r.chosen.config == min(times, key=times.get) and r.chosen.step_s == times[r.chosen.config]
-
-
-def test_fix_holds_the_experts_ep_and_tp():
-    """With MoE layers `--fix ep=N` holds the experts' ep (folded, the mesh's ep x tp: `spmdsim estimate --ep`),
-    `--fix etp=1` the experts whole (tp 1, or tp 2 folded into their ep), `--fix etp=tp` the experts split over
-    attention's tp (tp 1 among them); a fold no configuration has is one line naming the values left."""
-    from spmdsim.tools.estimate.configs import fixed_configurations, parse_fixed
-
-    cfg = _moe_cfg()
-    configs = configurations(cfg, 4, 8)
-    assert parse_fixed(["etp=1", "ep=4"]) == {"etp": 1, "ep": 4} and parse_fixed(["etp=tp"]) == {"etp": "tp"}
-    whole = fixed_configurations(configs, {"etp": 1}, 4)
-    assert {(c.tp, c.etp) for c in whole} == {(1, 0), (2, 1)} and all(c.experts_tp == 1 for c in whole)
-    split = fixed_configurations(configs, {"etp": "tp"}, 4)
-    assert {(c.tp, c.etp) for c in split} == {(1, 0), (2, 0)}  # (heads 2: no tp 4)
-    assert set(whole) | set(split) == set(configs) and set(whole) & set(split) == {c for c in configs if c.tp == 1}
-    four = fixed_configurations(configs, {"ep": 4}, 4)
-    assert {(c.tp, c.ep, c.etp) for c in four} == {(1, 4, 0), (2, 2, 1)}
-    with pytest.raises(SpmdsimError) as e:
-        fixed_configurations(configs, {"tp": 2, "etp": 1, "ep": 1}, 4)
-    assert str(e.value) == ("--fix ep=1 leaves no configuration of the GPT on 4 devices with --fix tp=2, etp=1; ep can "
-                            "be 2, 4")
-    with pytest.raises(SpmdsimError) as e:
-        fixed_configurations(configs, {"tp": 2, "ep": 1, "etp": 1}, 4)
-    assert str(e.value) == ("--fix etp=1 leaves no configuration of the GPT on 4 devices with --fix tp=2, ep=1; etp "
-                            "can be tp")
-
-
-def test_the_command_takes_fix_with_machine(capsys):
-    argv = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=32,heads=2,seq=64,batch=4", "--devices", "2",
-            "--machine", "a100-dgx", "--fix", "tp=2", "--fix", "sp=1", "--fix", "mb=1", "--fix", "recompute=none"]
-    assert main(argv) == 0
-    out = capsys.readouterr().out
-    assert "\nfixed (--fix): tp 2, mb 1, recompute none, sp 1; the rest searched\n" in out
-    assert "chosen: tp 2 sp, pp 1, dp 1, 1 mb, none, ZeRO 0: " in out and " --tp 2 --sp --pp 1 " in unfold(out)
-    assert main(argv + ["--json"]) == 0
-    data = json.loads(capsys.readouterr().out)
-    assert data["fixed"] == {"tp": 2, "mb": 1, "recompute": "none", "sp": True}
-    assert len(data["candidates"]) == 1 and data["chosen"]["config"]["sp"] is True
-
-
-def test_zero_2_is_searched_and_its_estimate_command_prints_its_figures(capsys):
-    """`--fix zero=2` holds ZeRO-2 (each rank keeps its 1/dp slice of the summed gradients): the search chooses
-    among dp 2's configurations with it, and the `spmdsim estimate` command it prints gives the same step time,
-    memory and peak."""
-    argv = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=32,heads=2,seq=64,batch=4", "--devices", "2",
-            "--machine", "a100-dgx", "--fix", "zero=2", "--json"]
-    assert main(argv) == 0
-    data = json.loads(capsys.readouterr().out)
-    assert data["fixed"] == {"zero": 2}
-    assert {c["config"]["zero"] for c in data["candidates"]} == {2}
-    # over the data-parallel ranks or the context-parallel ones (each rank saw part of every sequence)
-    assert {(c["config"]["dp"], c["config"]["cp"]) for c in data["candidates"]} == {(2, 1), (1, 2)}
-    assert data["chosen"]["config"]["zero"] == 2 and " --zero 2 " in data["estimate_command"]
-    estimate = _run_estimate(data["estimate_command"])
-    assert estimate["config"]["zero"] == 2
-    assert estimate["step_time_s"] == pytest.approx(data["chosen"]["step_s"], rel=1e-12)
-    (stage,) = estimate["stages"]
-    assert (stage["peak_bytes"], sum(stage["bytes"].values())) == (data["chosen"]["peak"], data["chosen"]["memory"])
-
-
-@pytest.mark.parametrize("fix, message", [
-    (["MatMul1=hand"], "--fix MatMul1=hand holds an operator's strategy; with --machine --fix holds a degree of "
-                       "the configuration, one of tp, pp, v, dp, ep, etp, cp, cp-method, mb, recompute, zero, sp "
-                       "(e.g. --fix tp=8)"),
-    (["tp"], "--fix 'tp' must read DEGREE=VALUE with --machine, e.g. 'tp=8' (DEGREE one of tp, pp, v, dp, ep, etp, "
-             "cp, cp-method, mb, recompute, zero, sp)"),
-    (["tp=3"], "--fix tp=3 leaves no configuration of the GPT on 2 devices; tp can be 1, 2"),
-    (["tp=2", "pp=2"], "--fix pp=2 leaves no configuration of the GPT on 2 devices with --fix tp=2; pp can be 1"),
-    (["recompute=some"], "--fix recompute=some must be one of none, selective, full"),
-    (["zero=4"], "--fix zero=4 must be 0, 1, 2 or 3"),
-    (["sp=2"], "--fix sp=2 must be 0 or 1"),
-    (["tp=2", "zero=2"], "--fix zero=2 leaves no configuration of the GPT on 2 devices with --fix tp=2; zero can be 0"),
-    (["v=0"], "--fix v=0 must be an integer >= 1"),
-    (["tp=2", "tp=1"], "--fix tp=2 and --fix tp=1 hold tp two ways; give one"),
-    # --gpt's comma-separated spelling: it was "--fix tp=2,pp=1 must be an integer >= 1"
-    (["tp=2,pp=1"], "--fix 'tp=2,pp=1' holds one degree a --fix; expected --fix tp=2 --fix pp=1"),
-    (["etp=0"], "--fix etp=0 must be an integer >= 1 (the experts' tp: 1, whole; below tp, the rest of attention's "
-                "tp folded into their ep) or tp (the experts split over attention's tp)"),
-    (["etp=1"], "--fix etp=1 holds the experts' tp, and this GPT has none: give it MoE layers (--gpt ...,experts=N)"),
-])
-def test_a_bad_fix_with_machine_is_one_line(fix, message, capsys):
-    argv = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=32,heads=2,seq=64,batch=4", "--devices", "2",
-            "--machine", "a100-dgx"] + [w for f in fix for w in ("--fix", f)]
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert unfold(err).rstrip("\n") == "spmdsim: error: " + message
 
 
 # ---- the experts' own tp: folded where it is faster ----
