@@ -9,9 +9,11 @@ import re
 import subprocess
 import sys
 import time
+import warnings
 
 import numpy as np
 import pytest
+from docs_commands import run_example
 from shellkit import as_a_shell_starts_it, interrupt
 from testkit import unfold
 
@@ -54,6 +56,22 @@ def _one_error(out: subprocess.CompletedProcess, rc: int, *words: str) -> None:
     errors = [line for line in out.stderr.splitlines() if not line.startswith(("  ", "spmdsim: running"))]
     assert len(errors) == 1 and "error" in errors[0], out.stderr
     assert all(word in " ".join(out.stderr.split()) for word in words), out.stderr
+
+
+def _example(name: str, *args: str) -> subprocess.CompletedProcess:
+    """`python examples/NAME.py ARGS` from the repository's root, run in this process (docs_commands.run_example):
+    its exit code, stdout and stderr as a process of its own gives them, a Python start and spmdsim's imports
+    (0.3 CPU-s) less."""
+    return run_example(f"examples/{name}.py", *args)
+
+
+def _example_warned(name: str, *args: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """`_example`'s run and every warning it issued: in a process of its own Python prints them on stderr,
+    here pytest would capture them, so they are caught (each time, none filtered) and returned."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        done = _example(name, *args)
+    return done, [f"{w.category.__name__}: {w.message}" for w in caught]
 
 
 def test_watchdog_above_a_week_is_refused_naming_the_range() -> None:
@@ -201,10 +219,10 @@ def test_a_diverged_training_stops_naming_the_step(extra: list, said: str) -> No
             "--sample", "0"]
     if extra:
         args = args[:6] + args[8:] + extra
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / "train_gpt.py"), *args], capture_output=True,
-                         text=True, timeout=120)
+    out, warned = _example_warned("train_gpt", *args)
     assert out.returncode == 2, out.stderr
     assert out.stderr.count("\n") == 2 and "Warning" not in out.stderr, out.stderr  # one folded error line
+    assert warned == [], warned
     assert said in " ".join(out.stderr.split()) and "a lower learning rate than 1e+300" in " ".join(out.stderr.split())
     assert "PASS" not in out.stdout and "nan" not in out.stdout
 
@@ -218,10 +236,10 @@ def test_a_diverged_training_stops_naming_the_step(extra: list, said: str) -> No
 def test_the_other_trainings_stop_a_divergence_in_one_line_without_numpys_warnings(example, args, said) -> None:
     """--lr 1e308 printed 6 to 11 numpy RuntimeWarnings with their source lines (the MindSpore tutorial's and the
     seed networks' then FAILED and nan losses for every later step); each stops at the step, in one line."""
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / f"{example}.py"), *args, "--steps", "3", "--lr",
-                          "1e308"], capture_output=True, text=True, timeout=120)
+    out, warned = _example_warned(example, *args, "--steps", "3", "--lr", "1e308")
     assert out.returncode == 2, out.stderr
     assert "Warning" not in out.stderr and out.stderr.count("spmdsim: error:") == 1, out.stderr
+    assert warned == [], warned
     assert said in " ".join(out.stderr.split()), out.stderr
     assert "PASS" not in out.stdout and "nan" not in out.stdout
 
@@ -240,9 +258,8 @@ def test_the_default_split_takes_the_largest_tp_that_runs_or_says_which_worlds_d
     tp, min(world, 4), not dividing it; 3 ranks: "heads 4 is not divisible by tp 3"). The default tp is now the
     largest of 4 to 1 the world and the model allow; where none does, each one's problem and the worlds that run."""
     layers = "2" if "--pp" in extra else "1"  # (a layer at least a stage)
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / "train_gpt.py"), *extra, "--steps", "1",
-                          "--sample", "0", "--layers", layers, "--d-model", "16", "--seq", "8"],
-                         capture_output=True, text=True, timeout=120)
+    out = _example("train_gpt", *extra, "--steps", "1", "--sample", "0", "--layers", layers, "--d-model", "16",
+                   "--seq", "8")
     if said is not None:
         assert out.returncode == 2 and said in " ".join(out.stderr.split()), out.stderr
         assert max(map(len, out.stderr.splitlines())) <= 100
@@ -260,9 +277,8 @@ def test_the_default_split_takes_the_largest_tp_that_runs_or_says_which_worlds_d
 def test_the_moe_default_split_takes_the_largest_ep_that_runs_or_says_which_worlds_do(ranks, said) -> None:
     """examples/train_moe_gpt.py's ep, left to its default, was the whole world: 6 ranks said only "experts 8 are
     not divisible by ep 6". Now the largest ep that runs (4 ranks: ep 4, as before), or each one's problem."""
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / "train_moe_gpt.py"), "--ranks", ranks, "--steps",
-                          "1", "--layers", "2", "--d-model", "16", "--seq", "8"], capture_output=True, text=True,
-                         timeout=120)
+    out = _example("train_moe_gpt", "--ranks", ranks, "--steps", "1", "--layers", "2", "--d-model", "16", "--seq",
+                   "8")
     if said is not None:
         assert out.returncode == 2 and said in " ".join(out.stderr.split()), out.stderr
     else:
@@ -289,8 +305,7 @@ def test_a_gpt_examples_bad_flag_is_refused_before_the_banner(example: str, flag
     """The GPT examples checked their flags inside the run, after "spmdsim: running on 8 simulated ranks": a bad
     value (or a size the world cannot split) came after a banner that said the run had started. run_main now asks
     the example's checks at the world size --ranks gives before anything starts, as it does --lr's."""
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / f"{example}.py"), "--ranks", "8", "--steps", "1",
-                          *flags], capture_output=True, text=True, timeout=120)
+    out = _example(example, "--ranks", "8", "--steps", "1", *flags)
     assert out.returncode == 2 and out.stdout == "", (out.stdout, out.stderr)
     assert unfold(out.stderr) == f"spmdsim: error: {said}\n", out.stderr
 
@@ -302,8 +317,7 @@ def test_a_gpt_examples_bad_flag_is_refused_before_the_banner(example: str, flag
 def test_a_dry_runs_flags_pass_the_checks_before_the_banner(example: str, flags: list) -> None:
     """The checks before the banner read a dry run from --dry-run (the run's own context says it only once the
     ranks run): a dry run's --routing passes them, and its report follows the banner."""
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / f"{example}.py"), *flags, "--steps", "1"],
-                         capture_output=True, text=True, timeout=120)
+    out = _example(example, *flags, "--steps", "1")
     assert (out.returncode == 0
             and out.stdout.startswith("spmdsim: a dry run (shapes only) on ")), (out.stdout, out.stderr)
 
