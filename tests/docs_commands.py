@@ -242,18 +242,18 @@ IN_PROCESS = ("autoshard", "collective", "mpirun")
 SIMULATING_SCRIPTS = ("scripts/memory_table.py",)
 
 
-def in_process(command: str) -> Optional[tuple[str, list[str], bool]]:
+def in_process(command: str, subcommands: tuple = IN_PROCESS) -> Optional[tuple[str, list[str], bool]]:
     """(what, argv, merged) for a command this process can run as bash would (run_here): what is "main" for
-    `spmdsim <IN_PROCESS> ...`, else the path of `python examples/NAME.py ... --ranks N ...` (simulated ranks,
-    no MPI) or of a SIMULATING_SCRIPTS script; merged: the command ends in `2>&1`. None for any other command
-    (shell syntax, mpiexec): a Python start and spmdsim's imports less (0.3-0.7 CPU-s each)."""
+    `spmdsim <one of subcommands> ...`, else the path of `python examples/NAME.py ... --ranks N ...` (simulated
+    ranks, no MPI) or of a SIMULATING_SCRIPTS script; merged: the command ends in `2>&1`. None for any other
+    command (shell syntax, mpiexec): a Python start and spmdsim's imports less (0.3-0.7 CPU-s each)."""
     line = command.split("#")[0].strip()
     merged = line.endswith(" 2>&1")
     line = line[:-len(" 2>&1")] if merged else line
     if "\n" in command or any(c in line for c in "|<>;&$`"):
         return None
     words = shlex.split(line)
-    if len(words) >= 2 and words[0] == "spmdsim" and words[1] in IN_PROCESS:
+    if len(words) >= 2 and words[0] == "spmdsim" and words[1] in subcommands:
         return "main", words[1:], merged
     if len(words) >= 2 and words[0] == "python" and (
             (re.fullmatch(r"examples/\w+\.py", words[1]) and "--ranks" in words) or words[1] in SIMULATING_SCRIPTS):

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from docs_commands import DOCS, ROOT, in_process, mismatch, page_quoting, quotes, run_here, shown
+from docs_commands import DOCS, IN_PROCESS, PURE, ROOT, in_process, mismatch, page_quoting, quotes, run_here, shown
 
 _BIN = pathlib.Path(sys.executable).parent
 # Commands a test here does not run, and why (each must still be quoted as written).
@@ -76,13 +76,22 @@ def _shell(command: str, cwd: pathlib.Path) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
+#: The `spmdsim` subcommands run here in this process: those docs_commands.in_process runs, the PURE ones
+#: quoted with shell syntax (`spmdsim pipeline ... 2>&1`), and `context` (pure, no ranks).
+_HERE = IN_PROCESS + PURE + ("context",)
+#: How a quoted command prints its exit code after what it printed: `COMMAND 2>&1; echo "exit $?"`.
+_SAYS_EXIT = '; echo "exit $?"'
+
+
 def _run(quote, workdir: pathlib.Path) -> tuple[int, str, str]:
     """(exit code, stdout, stderr) of one quoted command, run in `workdir`."""
     if quote.argv is not None:  # a pure `spmdsim` command
         return run_here("main", quote.argv)
-    here = in_process(quote.command)
-    if here is not None:  # a Python start and spmdsim's imports less (0.3-0.6 CPU-s each, ~30 commands)
-        return run_here(*_shortened(quote, *here))
+    says_exit = quote.command.endswith(_SAYS_EXIT)
+    here = in_process(quote.command[:-len(_SAYS_EXIT)] if says_exit else quote.command, _HERE)
+    if here is not None:  # a Python start and spmdsim's imports less (0.1-0.6 CPU-s each, ~35 commands)
+        code, out, err = run_here(*_shortened(quote, *here))
+        return (0, f"{out}exit {code}\n", err) if says_exit else (code, out, err)  # echo's exit code, 0
     # `python examples/...` and `python scripts/...` are quoted from the repository's root.
     done = _shell(quote.command, ROOT if quote.command.startswith("python ") else workdir)
     return done.returncode, done.stdout, done.stderr
