@@ -13,6 +13,7 @@ an e-notation number of 1 or more is a count (a step's FLOPs), matched as quoted
 """
 from __future__ import annotations
 
+import functools
 import os
 import pathlib
 import re
@@ -100,6 +101,13 @@ def _joined(lines: list[str]) -> list[str]:
 
 def quotes(doc: str) -> list[Quote]:
     """Every command quoted in `doc` (fenced blocks and inline `spmdsim ...` spans), in order."""
+    return list(_parsed(doc))
+
+
+@functools.cache
+def _parsed(doc: str) -> tuple[Quote, ...]:
+    """`quotes(doc)`, the page read and parsed once a process: test_classroom_docs.py asks for every page's
+    quotes for each command it runs (page_quoting), 7 CPU-s of parsing where each page was read again."""
     text = (ROOT / doc).read_text()
     found = []
     for m in _FENCE.finditer(text):
@@ -119,7 +127,7 @@ def quotes(doc: str) -> list[Quote]:
                 found.append(Quote(doc, line, command))
     for m in _INLINE.finditer(text):
         found.append(Quote(doc, text.count("\n", 0, m.start()) + 1, m.group(1), inline=True))
-    return found
+    return tuple(found)
 
 
 # A check's rounding errors, and which rank holds the largest, depend on the BLAS build. Matched in an escaped line:
@@ -197,8 +205,14 @@ def mismatch(quoted: tuple[str, ...], actual: str) -> Optional[str]:
 
 def shown(doc: str) -> list[Quote]:
     """The quotes of `doc` that tests/test_classroom_docs.py runs: all, or those of its SECTIONS."""
+    return list(_shown(doc))
+
+
+@functools.cache
+def _shown(doc: str) -> tuple[Quote, ...]:
+    """`shown(doc)`, found once a process (as `_parsed`)."""
     if doc not in SECTIONS:
-        return quotes(doc)
+        return _parsed(doc)
     text = (ROOT / doc).read_text()
     starts = [text.count("\n", 0, m.start()) + 1 for m in re.finditer(r"^## ", text, re.M)] + [text.count("\n") + 2]
     spans = []
@@ -208,7 +222,7 @@ def shown(doc: str) -> list[Quote]:
             continue
         at = text.count("\n", 0, text.index("\n" + heading) + 1) + 1
         spans.append((at, min(s for s in starts if s > at)))
-    return [q for q in quotes(doc) if any(a <= q.line < b for a, b in spans)]
+    return tuple(q for q in _parsed(doc) if any(a <= q.line < b for a, b in spans))
 
 
 def page_quoting(quote: Quote) -> Optional[str]:
