@@ -131,14 +131,14 @@ HEAVY_FILES = (
     "test_classroom_docs.py", "test_estimate_bounds.py", "test_estimate_search.py", "test_train_docs_mpi.py",
     "test_estimate_search_fp8.py", "test_sim_mpi4py_suite.py", *WAITING_FILES, "test_fsdp_docs.py",
     "test_tolerance_scale.py", "test_pipeline_train.py", "test_scripts_args.py", "test_train_memory_docs.py",
-    "test_lab_cli.py", "test_new_user.py", "test_train_bf16_docs.py", "test_train_bf16.py", "test_autoshard_gpt.py",
+    "test_lab_cli.py", "test_train_bf16_docs.py", "test_train_bf16.py", "test_autoshard_gpt.py",
     "test_estimate_search_context.py", "test_fsdp.py", "test_context_train.py", "test_moe.py", "test_sim_lab.py",
     "test_bad_inputs.py", "test_estimate_ahead.py", "test_bench_gpt_context.py", "test_sim_cli.py",
     "test_kept_megatron.py", "test_lab_odd_submissions.py", "test_sim_mpi4py_demos.py", "test_gpt_parallel.py",
-    "test_bench_gpt_moe.py", "test_autoshard_dag.py", "test_sim_mpirun.py", "test_sim_mpi4py_orders.py",
-    "test_plan_exhaustive.py", "test_readme.py", "test_bench_gpt_pipeline.py", "test_train_memory.py",
-    "test_bench_gpt_fsdp.py", "test_peer_mpi4py_gpt.py", "test_determinism.py", "test_gpt_checkpoint.py",
-    "test_estimate_ledger.py", "test_properties.py",
+    "test_new_user.py", "test_bench_gpt_moe.py", "test_autoshard_dag.py", "test_sim_mpirun.py",
+    "test_sim_mpi4py_orders.py", "test_plan_exhaustive.py", "test_readme.py", "test_bench_gpt_pipeline.py",
+    "test_train_memory.py", "test_bench_gpt_fsdp.py", "test_peer_mpi4py_gpt.py", "test_determinism.py",
+    "test_gpt_checkpoint.py", "test_estimate_ledger.py", "test_properties.py",
 )
 
 
