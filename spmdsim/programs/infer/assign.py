@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 
 from ...layouts.layout import TensorLayout
 from ..plan import plan_redistribution
+from ..plan.candidates import laid_out
 
 __all__ = ["Choice", "choose_splits", "redistribution_bytes", "moved_text"]
 
@@ -112,8 +113,8 @@ def choose_splits(letters: Sequence[str], layouts: Sequence[TensorLayout], shape
     if len(options) == 1:  # one consistent split: nothing to compare, so nothing later to price
         later = None
     for key, (lead, taken) in options.items():
-        targets = tuple(TensorLayout(layouts[k].layout, tuple(taken.get(ch, ()) if ch in splittable[k] else ()
-                                                              for ch in letters[k]), partials[k])
+        targets = tuple(laid_out(layouts[k].layout, tuple(taken.get(ch, ()) if ch in splittable[k] else ()
+                                                          for ch in letters[k]), partials[k])
                         for k in range(n))
         moved = tuple(redistribution_bytes(layouts[k], targets[k], shapes[k], dtype) for k in range(n))
         seen[key] = (sum(moved) + (later(taken) if later else 0), lead, taken, targets, moved)

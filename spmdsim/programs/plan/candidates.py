@@ -12,14 +12,14 @@ from typing import Optional
 
 from ...base.precision import sent_itemsize
 from ...errors import ShapeError
-from ...layouts.layout import TensorLayout
+from ...layouts.layout import Layout, TensorLayout
 from .folded import foldable, folded_exchange
 from .steps import Allgather, Allreduce, Alltoall, Exchange, LocalSlice, LocalZero, ReduceScatter, Step
 from .uneven import sized_uneven
 from .volume import exchange_received, exchange_transfers, rank_boxes
 from ...base.tables import put
 
-__all__ = ["Sizes", "stack_candidates", "cross_mesh", "sent_step", "with_map", "Map"]
+__all__ = ["Sizes", "stack_candidates", "cross_mesh", "sent_step", "with_map", "laid_out", "Map"]
 
 Map = tuple[tuple[str, ...], ...]
 
@@ -65,7 +65,15 @@ def with_map(tl: TensorLayout, tensor_map, partial) -> TensorLayout:
     (hundreds of thousands while autoshard prices a network at 64 devices);
     each is validated once. An invalid one raises and is not kept.
     """
-    key = (tl.layout, tuple(tuple(e) for e in tensor_map), tuple(partial))
+    return laid_out(tl.layout, tuple(tuple(e) for e in tensor_map), tuple(partial))
+
+
+def laid_out(layout: Layout, tensor_map: Map, partial: tuple = ()) -> TensorLayout:
+    """``TensorLayout(layout, tensor_map, partial)`` of a tensor map of tuples of axis names and a tuple of
+    partial axes: one object per distinct layout (`with_map`'s), each validated once. The planner's refined
+    meshes and each operator's choice of splits (spmdsim.programs.plan.meshes, spmdsim.programs.infer.assign)
+    build the same few per call of a dry run's step."""
+    key = (layout, tensor_map, partial)
     out = _LAYOUTS.get(key)
     if out is None:
         out = put(_LAYOUTS, key, TensorLayout(*key), 65536)

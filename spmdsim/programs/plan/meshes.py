@@ -14,6 +14,7 @@ from functools import lru_cache
 from typing import Optional
 
 from ...layouts.layout import Layout, TensorLayout
+from .candidates import laid_out
 
 __all__ = ["Refinement", "common_refinement", "translate"]
 
@@ -77,4 +78,4 @@ def translate(tl: TensorLayout, mesh: Layout, members: dict) -> TensorLayout:
     """The same sharding written on the refined mesh."""
     tensor_map = tuple(tuple(r for a in axes for r in members[a]) for axes in tl.tensor_map)
     partial = tuple(r for a in tl.partial for r in members[a])
-    return TensorLayout(mesh, tensor_map, partial)
+    return laid_out(mesh, tensor_map, partial)
