@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from spmdsim import Layout, OperatorError, ShapeError
+from spmdsim import Layout, OperatorError, ShapeError, TensorLayout
 from spmdsim.layouts.dialects.strategy import matmul_layouts
 from spmdsim.programs.infer import (
     infer_bias_add,
@@ -17,6 +17,7 @@ from spmdsim.programs.infer import (
     matmul_shape,
     resolve_partial,
 )
+from spmdsim.programs.infer.assign import choose_splits
 
 L3 = Layout((2, 2, 2), ("dp", "sp", "mp"))
 L2 = Layout((2, 4), ("dp", "mp"))
@@ -259,3 +260,13 @@ def test_contraction_split_over_a_size_one_axis_on_one_side_is_no_mismatch():
     assert plan.steps == () and plan.out == mesh("dp", None)
     with pytest.raises(OperatorError, match="contraction dim K is split over \"dp\" in x"):
         infer_matmul(mesh(None, "dp"), mesh("tp", None))  # an axis that cuts still must match
+
+
+def test_the_split_choice_hands_out_one_target_layout_object_per_layout():
+    """choose_splits' targets are the planners' shared layouts (spmdsim.programs.plan.candidates.laid_out): an
+    equal choice made again gives the same objects, each the layout its splits say."""
+    args = (["mk", "kn"], [L2("dp", None), L2(None, "mp")], [(8, 8), (8, 8)], "float64", [(), ()])
+    first, again = choose_splits(*args), choose_splits(*args)
+    assert first.targets == again.targets and all(a is b for a, b in zip(first.targets, again.targets))
+    assert first.targets == tuple(TensorLayout(L2, tuple(dict(first.splits).get(ch, ()) for ch in word))
+                                  for word in ("mk", "kn"))

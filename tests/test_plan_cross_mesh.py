@@ -15,7 +15,7 @@ import numpy as np
 import spmdsim
 from spmdsim import Layout, TensorLayout
 from spmdsim.programs.plan import Exchange, emulate, partial_addends, plan_redistribution, shards_of, sum_partials
-from spmdsim.programs.plan.meshes import common_refinement
+from spmdsim.programs.plan.meshes import common_refinement, translate
 from spmdsim.programs.plan.volume import rank_boxes
 
 A = Layout((2, 3), ("a", "b"))
@@ -109,3 +109,12 @@ def test_a_run_between_the_meshes_makes_no_call_that_moves_nothing():
         want = emulate(plan_redistribution(source, target, SHAPE, "float64"), partial_addends(source, FULL))
         for r, (local, _) in enumerate(runs):
             assert local.tobytes() == want[r].tobytes(), (str(source), str(target), r)
+
+
+def test_a_layout_written_on_the_refined_mesh_is_one_object_per_layout():
+    """spmdsim.programs.plan.meshes.translate gives the planners' shared layout (candidates.laid_out) each time."""
+    mesh, first, _ = common_refinement(Layout((2, 4), ("x", "y")), Layout((4, 2), ("u", "v")))
+    source = Layout((2, 4), ("x", "y"))(("x",), ("y",)).with_partial(())
+    out = translate(source, mesh, first)
+    assert out is translate(source, mesh, first)
+    assert out == TensorLayout(mesh, (first["x"], first["y"]))
