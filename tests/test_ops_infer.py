@@ -262,6 +262,7 @@ def test_contraction_split_over_a_size_one_axis_on_one_side_is_no_mismatch():
         infer_matmul(mesh(None, "dp"), mesh("tp", None))  # an axis that cuts still must match
 
 
+@pytest.mark.usefixtures("empty_tables")  # (a table at its limit would start over between the calls)
 def test_the_split_choice_hands_out_one_target_layout_object_per_layout():
     """choose_splits' targets are the planners' shared layouts (spmdsim.programs.plan.candidates.laid_out): an
     equal choice made again gives the same objects, each the layout its splits say."""

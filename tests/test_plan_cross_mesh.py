@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import pytest
 
 import spmdsim
 from spmdsim import Layout, TensorLayout
@@ -111,6 +112,7 @@ def test_a_run_between_the_meshes_makes_no_call_that_moves_nothing():
             assert local.tobytes() == want[r].tobytes(), (str(source), str(target), r)
 
 
+@pytest.mark.usefixtures("empty_tables")  # (a table at its limit would start over between the calls)
 def test_a_layout_written_on_the_refined_mesh_is_one_object_per_layout():
     """spmdsim.programs.plan.meshes.translate gives the planners' shared layout (candidates.laid_out) each time."""
     mesh, first, _ = common_refinement(Layout((2, 4), ("x", "y")), Layout((4, 2), ("u", "v")))
