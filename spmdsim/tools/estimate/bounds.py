@@ -144,8 +144,9 @@ def _kind_elements(cfg: Any, tp: int, ep: int) -> tuple:
 
 
 def _signed(a: dict, b: dict) -> dict:
-    """`a` less `b`, item by item, an item below zero kept."""
-    return {key: n for key in set(a) | set(b) if (n := a.get(key, 0) - b.get(key, 0))}
+    """`a` less `b`, item by item, an item below zero kept; in `a`'s order, then `b`'s other items' (not a set's,
+    whose order follows the hash seed: the sums of these items would differ in their last digits run to run)."""
+    return {key: n for key in (*a, *(k for k in b if k not in a)) if (n := a.get(key, 0) - b.get(key, 0))}
 
 
 def _cell(cfg: Any, tp: int, sp: bool, micro: int, recompute: str, kept: str, gpus_per_node: int,
