@@ -121,8 +121,7 @@ def _run_program(run: PipelineRun, program: Sequence, ids: Callable[[int, int], 
     # repeated cells' outputs are stand-ins). An activation received keeps `act`: the chunk's rules hand its
     # gradient back in that object.
     blocks = cells.blocks
-    # id -> (an output layout, the answer)
-    outward = known.setdefault("outward", {}) if blocks is None else None
+    outward = known.setdefault("outward", {}) if blocks is None else None  # id -> (an output layout, the answer)
     empty = buffers.empty if blocks is None else lambda shape, dtype: blocks.empty(shape)  # a receive's buffer
     order = []
     for entry in steps:
