@@ -30,12 +30,13 @@ def sources() -> tuple:
     each twin a `put` empties with its table: ``also=(...)``), each once, under the module that makes it
     (``_PLANS: dict = {}``; a module that imports it and calls `put` on it too is not another table)."""
     found: dict = {}
-    for module, path in sorted(importkit.module_paths().items()):
+    paths = importkit.module_paths()
+    for module, path in sorted(paths.items()):
         tree = importkit.tree_of(path)  # (parsed once, shared with the other tests that read the package)
         made = {t.id: (module, t.id) for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
                 for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
                 if isinstance(t, ast.Name)}
-        made.update(_imported(tree, module, path))  # (``from .counters import _PLANS``: counters' table)
+        made.update(_imported(tree, module, paths))  # (``from .counters import _PLANS``: counters' table)
         for node in ast.walk(tree):
             at = KEEPERS.get(getattr(node, "func", None) and getattr(node.func, "id", None))
             if at is not None and len(node.args) > at and isinstance(node.args[0], ast.Name) \
@@ -48,15 +49,14 @@ def sources() -> tuple:
     return tuple((module, name, limit) for (module, name), limit in found.items())
 
 
-def _imported(tree: ast.Module, module: str, path) -> dict:
+def _imported(tree: ast.Module, module: str, paths: dict) -> dict:
     """{name: (the spmdsim module it comes from, its name there)} of `tree`'s module-level ``from ... import
     name`` statements."""
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    package = module if importkit.is_package(module, paths) else module.rpartition(".")[0]
     found = {}
     for node in tree.body:
         if isinstance(node, ast.ImportFrom):
-            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
-            source = ".".join(p for p in (base, node.module) if p)
+            source = importkit.from_module(package, node)
             if source.startswith("spmdsim"):
                 found.update({alias.asname or alias.name: (source, alias.name) for alias in node.names})
     return found

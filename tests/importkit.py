@@ -56,6 +56,15 @@ def is_package(name: str, paths: dict[str, pathlib.Path]) -> bool:
     return name in paths and paths[name].name == "__init__.py"
 
 
+def from_module(package: str, node: ast.ImportFrom) -> str:
+    """The module a ``from ... import`` statement `node` reads, in a module of `package` (its own name for an
+    ``__init__``): a relative one resolved against it."""
+    if not node.level:
+        return node.module
+    base = package.split(".")[: package.count(".") + 2 - node.level]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def _lazy_table(tree: ast.Module, package: str, top: str) -> dict[str, tuple[str, ...]]:
     """name -> modules a package __init__ loads for it on first use: `_LAZY = {name: (module, attr)}` (the
     front door's: a runtime name also loads spmdsim.nn.ops, which gives DTensor its operators) or `_WHERE = {name:
@@ -163,11 +172,7 @@ def _scan(root: pathlib.Path, top: str, type_checking: bool = False) -> dict[str
                 for alias in node.names:
                     add_module(alias.name, node, at_import)
                 continue
-            if node.level:
-                base = package.split(".")[: package.count(".") + 2 - node.level]
-                module = ".".join(base + ([node.module] if node.module else []))
-            else:
-                module = node.module
+            module = from_module(package, node)
             if module.split(".")[0] != top:
                 add(module, node, at_import)
                 continue
