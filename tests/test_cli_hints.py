@@ -371,6 +371,31 @@ def test_an_empty_case_file_or_stdin_is_said_to_be_empty(capsys, monkeypatch, tm
         f"spmdsim: error: machine file {str(empty)!r}: is empty; expected a JSON machine file"
 
 
+# -- a case written as Python writes it, or with a key misspelled: the way to JSON's, the key meant ---------------
+@pytest.mark.parametrize("text, hint", [
+    ('{"device_matrix": [2], "alias_name": ["x"], "tensor_map": ["x", None], "shape": [4, 2]}',
+     "JSON writes null where Python writes None"),
+    ('{"device_matrix": [2], "alias_name": [\'x\'], "tensor_map": ["x"], "shape": [4]}',
+     "JSON strings take double quotes"),
+    ('{"device_matrix": [2], "alias_name": ["x"], "tensor_map": ["x"], "shape": [4], "comment": True}',
+     "JSON writes true and false where Python writes True and False"),
+])
+def test_a_case_in_python_syntax_says_how_json_writes_it(capsys, tmp_path, text, hint):
+    case = tmp_path / "case.json"
+    case.write_text(text)
+    line = _one_line(capsys, ["show", str(case)])
+    assert line.startswith(f"spmdsim: error: case file {str(case)!r} is not valid JSON: Expecting value: line 1")
+    assert line.endswith(f"({hint})"), line
+
+
+def test_a_misspelled_case_key_names_the_key_meant(capsys, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO('{"device_matrix": [2, 4], "alias": ["dp", "mp"], '
+                                                 '"tensor_map": ["mp", null], "shape": [8, 6]}'))
+    line = _one_line(capsys, ["slices"])
+    assert line.startswith("spmdsim: error: case has unknown key 'alias'; did you mean 'alias_name'? expected keys "
+                           "among ('device_matrix', 'alias_name', "), line
+
+
 PRICED = "(choose from 'fp64', 'bf16-mixed', 'fp16-mixed', 'fp8')"
 
 

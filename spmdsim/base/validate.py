@@ -207,9 +207,22 @@ def loads_json(text: str, where: str, expected: str, invalid: str = "valid JSON"
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise SpmdsimError(f"{where} is not {invalid}: {exc}") from None
+        raise SpmdsimError(f"{where} is not {invalid}: {exc}{_python_hint(text, exc.pos)}") from None
     except RecursionError:
         raise SpmdsimError(f"{where} nests too deeply; expected {expected}") from None
+
+
+#: What json's "Expecting value" meets where a value is written as Python writes it, and JSON's way.
+_PYTHON_SPELLINGS = (("None", "JSON writes null where Python writes None"),
+                     ("True", "JSON writes true and false where Python writes True and False"),
+                     ("False", "JSON writes true and false where Python writes True and False"),
+                     ("'", "JSON strings take double quotes"))
+
+
+def _python_hint(text: str, pos: int) -> str:
+    """" (JSON writes null where Python writes None)" where the value json could not read at `pos` is written as
+    Python writes it, or ""."""
+    return next((f" ({hint})" for word, hint in _PYTHON_SPELLINGS if text.startswith(word, pos)), "")
 
 
 def describe(value: Any) -> str:

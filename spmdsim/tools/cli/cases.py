@@ -32,6 +32,7 @@ from typing import Any, Mapping, Optional, TextIO
 from ...layouts.dialects._common import parse_name_list, parse_partition_spec, parse_tensor_map
 from ...layouts.dialects.dtensor import check_uneven_shards
 from ...base.once_parser import note_no_ranks
+from ...base.suggest import did_you_mean
 from ...base.validate import describe, loads_json, read_bounded
 from ...errors import ShapeError, SpmdsimError
 from ...layouts.layout import Layout, TensorLayout
@@ -116,9 +117,9 @@ def _form(data: Any) -> str:
         raise SpmdsimError(f"a case must be a JSON object, got {data!r}")
     unknown = sorted(set(data) - set(_KNOWN_KEYS))
     if unknown:
-        raise SpmdsimError(
-            f"case has unknown key {unknown[0]!r}; expected keys among {_KNOWN_KEYS!r}"
-        )
+        hint = did_you_mean(unknown[0], _KNOWN_KEYS)
+        raise SpmdsimError(f"case has unknown key {unknown[0]!r}; {hint + ' ' if hint else ''}"
+                           f"expected keys among {_KNOWN_KEYS!r}")
     forms = [name for name, keys in _FORM_TRIGGERS.items() if any(k in data for k in keys)]
     if "layout" in forms and "tensor_map" not in data and ("dtensor" in forms or "partition_spec" in forms):
         # device_matrix/alias_name give the mesh of those two forms as well.
