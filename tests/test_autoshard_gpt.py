@@ -170,6 +170,8 @@ def _used(c) -> int:
 @pytest.mark.parametrize("extra, needle", [
     (["--gpt", "layers=x"], "--gpt layers 'x' must be an integer >= 1"),
     (["--gpt", "layer=2"], "--gpt 'layer=2' must read KEY=VALUE"),
+    (["--gpt", "layer=2"], "e.g. 'layers=2,d_model=64'; did you mean 'layers'?"),
+    (["--gpt", "dmodel=64"], "; did you mean 'd_model'?"),
     (["--gpt", "heads=3"], "the default d_model 128 must be divisible by --gpt heads 3"),
     (["--gpt", "seq=0"], "--gpt seq '0' must be an integer >= 1"),
     (["--gpt", "layers=1,layers=2"], "--gpt layers=1 and layers=2 set layers two ways; give one"),  # kept the last

@@ -8,6 +8,7 @@ import sys
 import threading
 from typing import Any, Optional
 
+from ...base.suggest import did_you_mean
 from ...base.validate import counted
 from ...errors import SpmdsimError
 from ...models.gpt.config import GPTConfig, said_as
@@ -68,8 +69,9 @@ def gpt_config(text: str, max_layers: int = MAX_GPT_LAYERS, sizes: bool = True, 
                                "e.g. --machine a100-dgx); the operators' search cuts a vocabulary no tp divides "
                                "unevenly instead")
         if not sep or key not in keys:
+            hint = did_you_mean(key, keys)
             raise SpmdsimError(f"--gpt {item.strip()!r} must read KEY=VALUE with KEY one of {keys!r}, "
-                               "e.g. 'layers=2,d_model=64'")
+                               f"e.g. 'layers=2,d_model=64'{'; ' + hint if hint else ''}")
         if key == "dropless" and value not in ("0", "1"):
             raise SpmdsimError(f"--gpt dropless {value!r} must be 0 or 1 (1: the experts drop no token)")
         try:
