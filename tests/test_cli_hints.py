@@ -103,6 +103,18 @@ def test_an_unknown_flag_names_the_flags_of_its_own_command_close_to_it(capsys, 
     assert _parser_error(capsys, argv) == [line]
 
 
+@pytest.mark.parametrize("argv, line", [
+    (["run", "linear", "--mode", "column", "--shape", "8,64,16"],
+     "spmdsim run linear: error: unrecognized arguments: --mode column; did you mean --parallel?"),
+    (["run", "embedding", "--parallel", "vocab", "--shape", "8,64,16"],
+     "spmdsim run embedding: error: unrecognized arguments: --parallel vocab; did you mean --mode?"),
+])
+def test_run_names_its_flag_that_picks_how_an_operator_is_split(capsys, argv, line):
+    """`run embedding --mode vocab` and `run linear --parallel column` choose the same thing, each by its own
+    flag: the other's name said only "see: spmdsim run linear --help"."""
+    assert _parser_error(capsys, argv)[-1] == line
+
+
 def test_the_trainer_takes_the_estimates_names_of_the_sizes_as_its_own(capsys):
     """`spmdsim estimate gpt`'s --hidden and --global-batch given to examples/train_gpt.py's parser (an OnceParser
     with its flags): it named nothing for --hidden."""

@@ -29,7 +29,9 @@ SYNONYMS = {"mpiexec": ("mpirun",), "srun": ("mpirun",), "--hsdp": ("--shard-gro
             # train_gpt.py's sizes and the estimate's: its --batch is a step's sequences, --global-batch (a
             # typo's match named --micro-batch)
             "--d-model": ("--hidden",), "--hidden": ("--d-model",), "--batch": ("--global-batch",),
-            "--global-batch": ("--batch",)}
+            "--global-batch": ("--batch",),
+            # `run embedding --mode vocab` and `run linear --parallel column`: each picks how its operator is split
+            "--mode": ("--parallel",), "--parallel": ("--mode",)}
 
 
 def close_matches(word: str, names: Iterable[object], most: int = 3) -> list[str]:
