@@ -1,4 +1,5 @@
-"""Floating-point Reduce and Allreduce whose bytes depend on the association (run under mpiexec for MPICH's).
+"""Floating-point Reduce and Allreduce whose bytes depend on the association, and mpi4py's object reductions
+whose values do (run under mpiexec for MPICH's and mpi4py's).
 
     timeout -k 5 120 mpiexec -n 5 python tests/mpi4py_orders.py OUT.json
 """
@@ -27,8 +28,35 @@ def sums():
     return [red.tobytes().hex(), allr.tobytes().hex(), bred[::512].tobytes().hex(), last.tobytes().hex()]
 
 
+def _digits(a, b):
+    """An op that is not associative: 1, 2, 3, 4 fold to 1234 left to right, to 154 as (1 op 2) op (3 op 4)."""
+    return a * 10 + b
+
+
+def _hex(x):
+    return None if x is None else float(x).hex()
+
+
+def objects():
+    """This rank's lowercase reduce (to the last rank), allreduce, scan and exscan of a float spread over 16
+    orders of magnitude (as hex) and of its number plus 1 under `_digits`."""
+    comm = MPI.COMM_WORLD
+    rng = np.random.default_rng(99 + comm.rank)
+    x = float(rng.standard_normal() * 10.0 ** rng.integers(-8, 8))
+    last = comm.size - 1
+    floats = [_hex(comm.reduce(x, root=last)), _hex(comm.allreduce(x)), _hex(comm.scan(x)), _hex(comm.exscan(x))]
+    ints = [comm.reduce(comm.rank + 1, op=_digits, root=last), comm.allreduce(comm.rank + 1, op=_digits),
+            comm.scan(comm.rank + 1, op=_digits), comm.exscan(comm.rank + 1, op=_digits)]
+    return floats + ints
+
+
+def results():
+    """[sums(), objects()] of this rank."""
+    return [sums(), objects()]
+
+
 if __name__ == "__main__":
-    gathered = MPI.COMM_WORLD.gather(sums(), root=0)
+    gathered = MPI.COMM_WORLD.gather(results(), root=0)
     if MPI.COMM_WORLD.rank == 0:
         with open(sys.argv[1], "w") as f:
             json.dump(gathered, f)

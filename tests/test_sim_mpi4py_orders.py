@@ -1,5 +1,6 @@
-"""Floating-point Reduce and Allreduce on simulated ranks give MPICH 5's bits (spmdsim.runtime.sim.orders), compared
-with ``mpiexec`` at 3, 4, 5, 6 and 8 ranks; and mpi4py's cpi demo prints MPICH's digits at 4 ranks."""
+"""Floating-point Reduce and Allreduce on simulated ranks give MPICH 5's bits (spmdsim.runtime.sim.orders), and the
+lowercase reduce, allreduce, scan and exscan mpi4py's values, compared with ``mpiexec`` at 3, 4, 5, 6 and 8 ranks;
+and mpi4py's cpi demo prints MPICH's digits at 4 ranks."""
 from __future__ import annotations
 
 import json
@@ -13,7 +14,7 @@ import pytest
 import mpi4py_orders
 from spmdsim.emulator.mpi4py_world import swapped
 from spmdsim.runtime.sim import simulate
-from spmdsim.runtime.sim.orders import allreduce_tree, reduce_tree
+from spmdsim.runtime.sim.orders import allreduce_tree, reduce_tree, scan_trees
 from testkit import MPICH
 
 HERE = Path(__file__).resolve().parent
@@ -22,6 +23,8 @@ HERE = Path(__file__).resolve().parent
 def test_trees():
     assert reduce_tree(5) == (((0, 1), (2, 3)), 4) and allreduce_tree(5) == (((0, 1), 2), (3, 4))
     assert reduce_tree(3, root=2) == ((2, 0), 1) and allreduce_tree(8) == reduce_tree(8)
+    assert scan_trees(4) == (0, (0, 1), ((0, 1), 2), ((0, 1), (2, 3)))
+    assert scan_trees(5, exclusive=True) == (None, 0, (0, 1), ((0, 1), 2), ((0, 1), (2, 3)))
 
 
 @pytest.mark.skipif(not MPICH, reason="no MPICH mpiexec beside this Python (the emulator is compared with MPICH)")
@@ -32,9 +35,11 @@ def test_same_bits_as_mpich(n, tmp_path):
                           str(HERE / "mpi4py_orders.py"), str(out)], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]
     with swapped():
-        ours = simulate(n, mpi4py_orders.sums)
-    mpich = json.loads(out.read_text())[0]
-    assert ours[0] == mpich
+        ours = simulate(n, mpi4py_orders.results)
+    gathered = json.loads(out.read_text())
+    mpich = gathered[0][0]
+    assert ours[0][0] == mpich
+    assert [r[1] for r in ours] == [g[1] for g in gathered]  # every rank's object reductions
     if n >= 4:  # adding in rank order gives other bits: the test sees the association
         xs = []
         for r in range(n):
@@ -44,6 +49,7 @@ def test_same_bits_as_mpich(n, tmp_path):
         for x in xs[1:]:
             in_rank_order += x
         assert in_rank_order.tobytes().hex() != mpich[0]
+        assert gathered[0][1][5] != int("".join(str(r + 1) for r in range(n)))  # not folded left to right
 
 
 def test_cpi_prints_mpichs_digits(tmp_path):

@@ -2,16 +2,17 @@
 
 No rank ever holds another's Python object: each result is unpickled by the
 rank that returns it (the root of bcast included, as mpi4py does). Reductions
-apply the op left to right in group order (member 0 op member 1 op ...).
+apply the op in mpi4py's association (spmdsim.runtime.sim.orders): a binomial tree
+to member 0 for reduce and allreduce, recursive doubling for scan and exscan.
 """
 from __future__ import annotations
 
-import functools
 import pickle
 from typing import Any, Optional
 
 from ..errors import ShapeError
 from ..runtime.sim import bodies
+from ..runtime.sim.orders import reduce_tree, scan_trees
 
 __all__ = ["ObjectCollectives"]
 
@@ -39,15 +40,16 @@ class ObjectCollectives:
         slot = self._enter("reduce(obj)", ("reduce(obj)", name, f"root {root}"), _dumps(sendobj))
         if self._me != root:
             return None
-        return functools.reduce(fn, [pickle.loads(c.data) for c in slot.calls])
+        return bodies.fold_objects(fn, [pickle.loads(c.data) for c in slot.calls], reduce_tree(len(slot.calls)))
 
     def _scan_obj(self, call: str, sendobj: Any, op: Any, exclusive: bool) -> Any:
         name, fn = _op(op)
         slot = self._enter(f"{call}(obj)", (f"{call}(obj)", name), _dumps(sendobj))
-        upto = self._me if exclusive else self._me + 1
-        if not upto:
+        tree = scan_trees(len(slot.calls), exclusive)[self._me]
+        if tree is None:
             return None
-        return functools.reduce(fn, [pickle.loads(c.data) for c in slot.calls[:upto]])
+        upto = self._me if exclusive else self._me + 1
+        return bodies.fold_objects(fn, [pickle.loads(c.data) for c in slot.calls[:upto]], tree)
 
     def scan(self, sendobj: Any, op: Any = None) -> Any:
         return self._scan_obj("scan", sendobj, op, False)

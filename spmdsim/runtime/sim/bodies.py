@@ -4,7 +4,6 @@ runs every member's reads and writes (spmdsim.runtime.sim.groups.Group.enter_all
 and the mpi4py emulator call these same bodies."""
 from __future__ import annotations
 
-import functools
 import pickle
 from typing import Any, Callable, Optional, Protocol
 
@@ -16,13 +15,14 @@ from ._reductions import Reduction, fold, reduction
 from ...base.validate import _NAMES  # dtype -> its name, filled by dtype_name: read first (no call once known)
 from ..engines.base import SimulationError
 from .groups import Group
+from .orders import reduce_tree
 from ..._lazy import numpy_on_first_use
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
 __all__ = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "all_to_allv", "broadcast", "gather_to",
            "barrier", "split", "all_gather_object", "gather_object", "broadcast_object", "all_reduce_object",
-           "dumps", "op_of", "checked_same"]
+           "dumps", "op_of", "checked_same", "fold_objects"]
 
 _PICKLE = pickle.HIGHEST_PROTOCOL
 
@@ -272,12 +272,20 @@ def op_of(op: Any) -> tuple[str, Any]:
     return red.name, (red.op if red.op is not None else red.fn)
 
 
+def fold_objects(fn: Any, items: list, tree: Any) -> Any:
+    """`fn` applied to `items` in `tree`'s association (nested pairs of indices: spmdsim.runtime.sim.orders)."""
+    if type(tree) is int:
+        return items[tree]
+    return fn(fold_objects(fn, items, tree[0]), fold_objects(fn, items, tree[1]))
+
+
 def _shared_fold(fn: Any) -> Any:
-    """A rendezvous hook that reduces every member's object once (by the last to arrive)."""
+    """A rendezvous hook that reduces every member's object once (by the last to arrive), in mpi4py's
+    binomial tree to member 0."""
     def complete(slot: Any) -> None:
         try:
             items = [pickle.loads(c.data) for c in slot.calls]
-            slot.shared = (True, dumps(functools.reduce(fn, items)))
+            slot.shared = (True, dumps(fold_objects(fn, items, reduce_tree(len(items)))))
         except Exception as exc:  # noqa: BLE001 - raised alike on every member
             slot.shared = (False, exc)
     return complete

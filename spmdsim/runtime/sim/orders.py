@@ -15,13 +15,23 @@ at 256 KiB (tests/test_sim_mpi4py_orders.py compares with ``mpiexec``):
 Each is a tree of nested pairs of member indices (`fold` in spmdsim.runtime.sim._reductions
 evaluates it); the emulator's Reduce and Allreduce pass them (spmdsim's own meshes
 keep adding in member order).
+
+mpi4py's object reductions (lowercase ``reduce``, ``allreduce``, ``scan``, ``exscan``) apply the op
+to Python objects in mpi4py's own point-to-point trees, whatever the MPI library:
+
+* ``reduce`` to any root and ``allreduce``: the binomial tree to rank 0 above (`reduce_tree`), the
+  result then sent to the root or broadcast;
+* ``scan`` and ``exscan``: recursive doubling, each rank taking its partner's partial sum at each
+  ``mask`` (`scan_trees`): rank 3 of 4 gets (0+1)+(2+3), not ((0+1)+2)+3.
+
+`fold_objects` in spmdsim.runtime.sim.bodies evaluates these trees on objects.
 """
 from __future__ import annotations
 
 import functools
 from typing import Any
 
-__all__ = ["reduce_tree", "allreduce_tree"]
+__all__ = ["reduce_tree", "allreduce_tree", "scan_trees"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -46,3 +56,25 @@ def allreduce_tree(size: int) -> Any:
     while len(nodes) > 1:
         nodes = [(nodes[i], nodes[i + 1]) for i in range(0, len(nodes), 2)]
     return nodes[0]
+
+
+@functools.lru_cache(maxsize=None)
+def scan_trees(size: int, exclusive: bool = False) -> tuple:
+    """mpi4py's recursive-doubling scan (exscan if `exclusive`) over `size` members: each member's result as
+    nested pairs of member indices (None for member 0's exscan)."""
+    partial: list = list(range(size))
+    result: list = [None] * size if exclusive else list(range(size))
+    mask = 1
+    while mask < size:
+        before = list(partial)
+        for me in range(size):
+            other = me ^ mask
+            if other >= size:
+                continue
+            if me > other:
+                partial[me] = (before[other], before[me])
+                result[me] = before[other] if result[me] is None else (before[other], result[me])
+            else:
+                partial[me] = (before[me], before[other])
+        mask *= 2
+    return tuple(result)
