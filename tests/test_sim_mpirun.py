@@ -600,6 +600,23 @@ def test_a_call_not_simulated_ends_the_run_from_any_thread_of_a_rank(tmp_path):
         assert "spmdsim/emulator" not in done.stderr and done.stderr.count("Traceback") == 1, done.stderr
 
 
+def test_a_thread_left_running_by_a_failed_run_never_meets_the_real_mpi(tmp_path):
+    """Rank 1's thread computes on after rank 0's refused call ended the run: it met the real MPI (its world this
+    process alone: `1 ranks`; mpi4py.futures' pool, left waiting on a rank, spawned real processes). The failed
+    run is reported while the ranks' mpi4py is still theirs, so the thread sees its simulated world."""
+    prog = tmp_path / "late.py"
+    prog.write_text("import threading\nimport time\nfrom mpi4py import MPI\ncomm = MPI.COMM_WORLD\n\n\ndef late():\n"
+                    "    start = time.monotonic()\n    while time.monotonic() - start < 0.8:\n        pass\n"
+                    "    print('the late thread sees', MPI.COMM_WORLD.Get_size(), 'ranks', flush=True)\n\n\n"
+                    "if comm.rank == 1:\n    threading.Thread(target=late).start()\nif comm.rank == 0:\n"
+                    "    MPI.File.Open(comm, 'data.bin')\ncomm.Barrier()\n")
+    run = subprocess.run(["timeout", "-k", "5", "60", sys.executable, "-m", "spmdsim", "mpirun", "-n", "2", "python",
+                          str(prog)], capture_output=True, text=True, timeout=90, cwd=tmp_path)
+    assert run.returncode == 1, run
+    assert run.stdout == "the late thread sees 2 ranks\n", run
+    assert run.stderr.startswith("spmdsim mpirun: error on simulated rank 0: NotImplementedError: MPI I/O"), run
+
+
 def test_a_program_sees_what_is_set_on_builtins(tmp_path, capsys):
     """The program's own __import__ (rank_modules.rank_builtins) leaves every other builtin the builtins module's,
     read when asked: a name a program sets on `builtins` is found bare, and an unknown one is a NameError."""

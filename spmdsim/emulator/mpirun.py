@@ -241,6 +241,33 @@ def _failed(code: int) -> int:
     return code
 
 
+def _ranks(n: int, args: tuple, eager_limit: Optional[int]) -> Any:
+    """simulate() of `_rank` with `args` (kind, what, exits, ...) on `n` ranks, called while mpi4py.MPI is the
+    ranks' (swapped); or, where a failed run leaves threads running (a rank's own, computing outside MPI when the
+    run ended: World.given_up; one a rank started, no daemon), its exit code, the run reported here: once
+    mpi4py.MPI is this process's again, such a thread goes on with the real MPI (mpi4py.futures' pool, left
+    waiting on a rank, spawned real processes). One still running after `_failed` ends the process now, as
+    MPI_Abort does."""
+    try:
+        return simulate(n, _rank, *args, eager_limit=eager_limit)
+    except (_Terminated, BrokenPipeError, KeyboardInterrupt):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - reported as mpiexec reports a failed rank
+        if not _left_running():
+            raise
+        code = _failed(_report(exc, args[2], n))
+        if _left_running():
+            _exit_now(code)
+        return code
+
+
+def _left_running() -> bool:
+    """Whether a simulated rank's own thread (spmdsim.runtime.sim.run names it "spmdsim rank N") or a thread a
+    rank started that is no daemon (`_rank_started`) still runs."""
+    return bool(_rank_started()) or any(t.is_alive() and t.name.startswith("spmdsim rank ")
+                                        for t in threading.enumerate())
+
+
 def _rank_started() -> list:
     """The live threads the simulated ranks started that are no daemons (spmdsim.emulator.rank_threads)."""
     return [t for t in threading.enumerate()
@@ -329,8 +356,9 @@ def run(n: int, command: Sequence[str], eager_limit: Optional[int] = None) -> in
     try:
         with swapped(), own_generators(), own_modules(sys.path[0] or os.getcwd()), \
                 own_main(), _terminated_as_exit(), os_exit_ends_the_rank():
-            codes = simulate(n, _rank, kind, what, exits, failures, notice, (itertools.count(1), n),
-                             eager_limit=eager_limit)
+            codes = _ranks(n, (kind, what, exits, failures, notice, (itertools.count(1), n)), eager_limit)
+            if type(codes) is int:  # a failed run, reported
+                return codes
     except _Terminated:
         print("spmdsim mpirun: terminated (SIGTERM): the simulated ranks were stopped", file=sys.stderr)
         failed_before(failures)
@@ -348,9 +376,8 @@ def run(n: int, command: Sequence[str], eager_limit: Optional[int] = None) -> in
         sys.argv[:], sys.path[:], sys.stdin, sys.excepthook = saved_argv, saved_path, saved_stdin, saved_hook
         vars(rc).clear()
         vars(rc).update(saved_rc)
-    # MPI leaves unreceived messages undefined (MPICH drops a small one without a word), and requires every
-    # request to be completed or freed (MPICH: "Builtin communicator 44000000 has pending 1 references"), and
-    # forbids writing a send buffer until its send completes (MPICH says nothing)
+    # MPI leaves unreceived messages undefined (MPICH drops small ones silently), requires requests completed or
+    # freed (MPICH: "Builtin communicator 44000000 has pending 1 references"), no write to a pending send's buffer
     for lines in (codes.unreceived, codes.uncompleted, codes.rewritten):
         if lines:
             more = f"; and {len(lines) - 3} more" if len(lines) > 3 else ""
