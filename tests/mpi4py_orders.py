@@ -1,5 +1,5 @@
-"""Floating-point Reduce and Allreduce whose bytes depend on the association, and mpi4py's object reductions
-whose values do (run under mpiexec for MPICH's and mpi4py's).
+"""Floating-point Reduce, Allreduce, Scan and Exscan whose bytes depend on the association, and mpi4py's object
+reductions whose values do (run under mpiexec for MPICH's and mpi4py's).
 
     timeout -k 5 120 mpiexec -n 5 python tests/mpi4py_orders.py OUT.json
 """
@@ -50,9 +50,20 @@ def objects():
     return floats + ints
 
 
+def scans():
+    """This rank's Scan and Exscan (none on rank 0) of 64 values spread over 16 orders of magnitude, as hex."""
+    comm = MPI.COMM_WORLD
+    rng = np.random.default_rng(1234 + comm.rank)
+    x = rng.standard_normal(64) * 10.0 ** rng.integers(-8, 8, 64)
+    scan, exscan = np.zeros(64), np.zeros(64)
+    comm.Scan(x, scan, op=MPI.SUM)
+    comm.Exscan(x, exscan, op=MPI.SUM)
+    return [scan.tobytes().hex(), exscan.tobytes().hex() if comm.rank else None]
+
+
 def results():
-    """[sums(), objects()] of this rank."""
-    return [sums(), objects()]
+    """[sums(), objects(), scans()] of this rank."""
+    return [sums(), objects(), scans()]
 
 
 if __name__ == "__main__":

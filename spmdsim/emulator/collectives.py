@@ -26,7 +26,7 @@ from ..runtime.sim._mpi import in_place
 from ..runtime.sim._reductions import fold, reduction
 from .nonblocking import _SUM, NonblockingCollectives
 from .typemap import message, vector  # the shared readers, refusing what mpi4py cannot map first
-from ..runtime.sim.orders import allreduce_tree, reduce_tree
+from ..runtime.sim.orders import allreduce_tree, reduce_tree, scan_trees
 from ..runtime.sim.bodies import _nothing
 from ..runtime.sim.thread_engine import bad_root
 
@@ -127,8 +127,8 @@ class BufferCollectives(NonblockingCollectives):
         upto = me if exclusive else me + 1
         out = np.empty(n, src.dtype) if upto else None
 
-        def fold_mine(slot: Any) -> None:  # read before any member writes (in place)
-            fold(red, [c.data for c in slot.calls[:upto]], out, dt)
+        def fold_mine(slot: Any) -> None:  # read before any member writes (in place); floats as MPICH associates
+            fold(red, [c.data for c in slot.calls[:upto]], out, dt, scan_trees(len(slot.calls), exclusive)[me])
 
         def write(slot: Any) -> None:
             dst[:n] = out

@@ -10,11 +10,12 @@ at 256 KiB (tests/test_sim_mpi4py_orders.py compares with ``mpiexec``):
   ``mask`` (1, 2, 4, ...) a relative rank without that bit takes the one ``mask``
   above it: (0+1)+2 at 3 ranks, ((0+1)+(2+3))+4 at 5;
 * ``Allreduce``: recursive doubling, the ranks past the largest power of two
-  first folded into their even neighbours: (0+1)+2 at 3 ranks, ((0+1)+2)+(3+4) at 5.
+  first folded into their even neighbours: (0+1)+2 at 3 ranks, ((0+1)+2)+(3+4) at 5;
+* ``Scan`` and ``Exscan``: recursive doubling, as mpi4py's ``scan`` below (`scan_trees`).
 
 Each is a tree of nested pairs of member indices (`fold` in spmdsim.runtime.sim._reductions
-evaluates it); the emulator's Reduce and Allreduce pass them (spmdsim's own meshes
-keep adding in member order).
+evaluates it); the emulator's Reduce, Allreduce, Scan and Exscan pass them (spmdsim's own
+meshes keep adding in member order).
 
 mpi4py's object reductions (lowercase ``reduce``, ``allreduce``, ``scan``, ``exscan``) apply the op
 to Python objects in mpi4py's own point-to-point trees, whatever the MPI library:
