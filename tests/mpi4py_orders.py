@@ -1,10 +1,11 @@
-"""Floating-point Reduce, Allreduce, Scan and Exscan whose bytes depend on the association, and mpi4py's object
-reductions whose values do (run under mpiexec for MPICH's and mpi4py's).
+"""Floating-point Reduce, Allreduce, Scan, Exscan and Reduce_scatter whose bytes depend on the association, and
+mpi4py's object reductions whose values do (run under mpiexec for MPICH's and mpi4py's).
 
     timeout -k 5 120 mpiexec -n 5 python tests/mpi4py_orders.py OUT.json
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 
@@ -61,9 +62,27 @@ def scans():
     return [scan.tobytes().hex(), exscan.tobytes().hex() if comm.rank else None]
 
 
+def scattered():
+    """This rank's blocks of Reduce_scatter_block, Reduce_scatter (counts 8, 9, 10, ...) and Ireduce_scatter_block
+    of values spread over 16 orders of magnitude, as MD5 digests: 8 doubles a block (MPICH halves recursively) and
+    20,000 (from 512 KiB in all MPICH's blocking calls run pairwise)."""
+    comm = MPI.COMM_WORLD
+    rng = np.random.default_rng(1234 + comm.rank)
+    digests = []
+    for b in (8, 20000):
+        counts = [b + r for r in range(comm.size)]
+        x = rng.standard_normal(sum(counts)) * 10.0 ** rng.integers(-8, 8, sum(counts))
+        block, mine, nonblocking = np.zeros(b), np.zeros(counts[comm.rank]), np.zeros(b)
+        comm.Reduce_scatter_block(x[:b * comm.size], block, op=MPI.SUM)
+        comm.Reduce_scatter(x, mine, recvcounts=counts, op=MPI.SUM)
+        comm.Ireduce_scatter_block(x[:b * comm.size], nonblocking, op=MPI.SUM).Wait()
+        digests += [hashlib.md5(a.tobytes()).hexdigest() for a in (block, mine, nonblocking)]
+    return digests
+
+
 def results():
-    """[sums(), objects(), scans()] of this rank."""
-    return [sums(), objects(), scans()]
+    """[sums(), objects(), scans(), scattered()] of this rank."""
+    return [sums(), objects(), scans(), scattered()]
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Floating-point Reduce, Allreduce, Scan and Exscan on simulated ranks give MPICH 5's bits
+"""Floating-point Reduce, Allreduce, Scan, Exscan and Reduce_scatter on simulated ranks give MPICH 5's bits
 (spmdsim.runtime.sim.orders), and the lowercase reduce, allreduce, scan and exscan mpi4py's values, compared with
 ``mpiexec`` at 3, 4, 5, 6 and 8 ranks; and mpi4py's cpi demo prints MPICH's digits at 4 ranks."""
 from __future__ import annotations
@@ -41,6 +41,7 @@ def test_same_bits_as_mpich(n, tmp_path):
     assert ours[0][0] == mpich
     assert [r[1] for r in ours] == [g[1] for g in gathered]  # every rank's object reductions
     assert [r[2] for r in ours] == [g[2] for g in gathered]  # every rank's Scan and Exscan
+    assert [r[3] for r in ours] == [g[3] for g in gathered]  # and its Reduce_scatter blocks
     if n >= 4:  # adding in rank order gives other bits: the test sees the association
         xs = []
         for r in range(n):

@@ -24,10 +24,10 @@ from ..base.validate import dtype_name
 from ..runtime.sim._datatypes import copy_into
 from ..runtime.sim._mpi import in_place
 from ..runtime.sim._reductions import fold, reduction
-from .nonblocking import _SUM, NonblockingCollectives
+from .nonblocking import _POSTING, _SUM, NonblockingCollectives
 from .typemap import message, vector  # the shared readers, refusing what mpi4py cannot map first
 from ..runtime.sim.orders import allreduce_tree, reduce_tree, scan_trees
-from ..runtime.sim.bodies import _nothing
+from ..runtime.sim.bodies import _nothing, mpich_parts
 from ..runtime.sim.thread_engine import bad_root
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
@@ -150,7 +150,8 @@ class BufferCollectives(NonblockingCollectives):
         g = self._group.size
         plain = plain_reduction("Reduce_scatter_block", red, sendbuf, recvbuf, blocks=g)
         if plain is not None:
-            bodies.reduce_scatter(self, plain[0], plain[1], plain[1].size, red, None)
+            bodies.reduce_scatter(self, plain[0], plain[1], plain[1].size, red, None,
+                                  self._scatter_bytes(plain[1].size * plain[1].itemsize))
             return
         _predefined_op_types("Reduce_scatter_block", red, sendbuf, recvbuf)
         red, sendbuf, recvbuf, finish = laid_out("Reduce_scatter_block", red, sendbuf, recvbuf, g)
@@ -165,9 +166,14 @@ class BufferCollectives(NonblockingCollectives):
                 raise ShapeError(f"Reduce_scatter_block: send buffer of {g} x {bs} items for receive "
                                  f"blocks of {b}")
             _aliased("Reduce_scatter_block", src[:g * b], dst[:b])
-        bodies.reduce_scatter(self, src, dst, b, red, dt)
+        bodies.reduce_scatter(self, src, dst, b, red, dt, self._scatter_bytes(b * src.itemsize))
         if finish is not None:
             self._then(finish)
+
+    def _scatter_bytes(self, block: int) -> int:
+        """The bytes by which MPICH picks the algorithm of a Reduce_scatter_block of `block` bytes a member (0, the
+        shortest, for Ireduce_scatter_block: MPICH halves recursively at any size)."""
+        return 0 if _POSTING.req is not None else block * self._group.size
 
     def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = _SUM) -> None:
         red = reduction(op)
@@ -203,8 +209,9 @@ class BufferCollectives(NonblockingCollectives):
         lo, b = sum(counts[:me]), counts[me]
         out = np.empty(b, src.dtype)
 
-        def fold_mine(slot: Any) -> None:  # read before any member writes (in place)
-            fold(red, [c.data[lo:lo + b] for c in slot.calls], out, dt)
+        def fold_mine(slot: Any) -> None:  # read before any member writes (in place); floats as MPICH associates
+            parts, tree = mpich_parts([c.data[lo:lo + b] for c in slot.calls], me, red, out, total * src.itemsize)
+            fold(red, parts, out, dt, tree)
 
         def write(slot: Any) -> None:
             dst[:b] = out

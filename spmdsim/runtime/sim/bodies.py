@@ -15,14 +15,14 @@ from ._reductions import Reduction, fold, reduction
 from ...base.validate import _NAMES  # dtype -> its name, filled by dtype_name: read first (no call once known)
 from ..engines.base import SimulationError
 from .groups import Group
-from .orders import reduce_tree
+from .orders import reduce_scatter_order, reduce_tree
 from ..._lazy import numpy_on_first_use
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
 __all__ = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "all_to_allv", "broadcast", "gather_to",
            "barrier", "split", "all_gather_object", "gather_object", "broadcast_object", "all_reduce_object",
-           "dumps", "op_of", "checked_same", "fold_objects"]
+           "dumps", "op_of", "checked_same", "fold_objects", "mpich_parts"]
 
 _PICKLE = pickle.HIGHEST_PROTOCOL
 
@@ -75,21 +75,33 @@ def all_reduce(m: MemberLike, src: np.ndarray, dst: np.ndarray, red: Reduction, 
 
 
 def reduce_scatter(m: MemberLike, src: np.ndarray, dst: np.ndarray, b: int, red: Reduction,
-                   datatype: Any = None) -> None:
-    """dst[:b] = red over the members of block `_me` (b items) of `src` (flat, g blocks; may be `dst`)."""
+                   datatype: Any = None, nbytes: Optional[int] = None) -> None:
+    """dst[:b] = red over the members of block `_me` (b items) of `src` (flat, g blocks; may be `dst`); floats
+    associated as MPICH does a call of `nbytes` in all (`mpich_parts`), or with None in member order."""
     me = m._me
     inplace = src is dst
     signature = ("reduce_scatter", _NAMES.get(src.dtype) or dtype_name(src.dtype), b, red.name)
     out = np.empty(b, src.dtype) if inplace else dst[:b]
 
     def fold_mine(slot: Any) -> None:
-        fold(red, [c.data[me * b:(me + 1) * b] for c in slot.calls], out, datatype)
+        parts, tree = mpich_parts([c.data[me * b:(me + 1) * b] for c in slot.calls], me, red, out, nbytes)
+        fold(red, parts, out, datatype, tree)
 
     def write(slot: Any) -> None:  # in place: after every member read this buffer's blocks
         if inplace:
             dst[:b] = out
 
     m._enter_all("reduce_scatter", signature, src, (fold_mine, write))
+
+
+def mpich_parts(parts: list, me: int, red: Reduction, out: np.ndarray, nbytes: Optional[int]) -> tuple:
+    """(parts, tree) for `fold`: a floating-point predefined op's parts of member `me`'s block of a Reduce_scatter
+    of `nbytes` in all as MPICH folds them (spmdsim.runtime.sim.orders.reduce_scatter_order); else, or with
+    `nbytes` None, `parts` in member order."""
+    if nbytes is None or red.ufunc is None or out.dtype.kind not in "fc":
+        return parts, None
+    order, tree = reduce_scatter_order(len(parts), me, nbytes)
+    return [parts[i] for i in order], tree
 
 
 def all_gather(m: MemberLike, src: np.ndarray, dst: np.ndarray, n: int, inplace: bool = False) -> None:

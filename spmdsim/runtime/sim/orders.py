@@ -11,7 +11,11 @@ at 256 KiB (tests/test_sim_mpi4py_orders.py compares with ``mpiexec``):
   above it: (0+1)+2 at 3 ranks, ((0+1)+(2+3))+4 at 5;
 * ``Allreduce``: recursive doubling, the ranks past the largest power of two
   first folded into their even neighbours: (0+1)+2 at 3 ranks, ((0+1)+2)+(3+4) at 5;
-* ``Scan`` and ``Exscan``: recursive doubling, as mpi4py's ``scan`` below (`scan_trees`).
+* ``Scan`` and ``Exscan``: recursive doubling, as mpi4py's ``scan`` below (`scan_trees`);
+* ``Reduce_scatter`` and ``Reduce_scatter_block`` (`reduce_scatter_order`): under 512 KiB in
+  all, recursive halving, the ranks past the largest power of two first folded into their odd
+  neighbours, then the partners from the farthest in: ((0+2)+(1+3)) at 4 ranks; from 512 KiB,
+  pairwise, each rank adding the others' blocks from the one before it down: ((3+2)+1)+0 on rank 3.
 
 Each is a tree of nested pairs of member indices (`fold` in spmdsim.runtime.sim._reductions
 evaluates it); the emulator's Reduce, Allreduce, Scan and Exscan pass them (spmdsim's own
@@ -32,7 +36,11 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-__all__ = ["reduce_tree", "allreduce_tree", "scan_trees"]
+__all__ = ["reduce_tree", "allreduce_tree", "scan_trees", "reduce_scatter_order", "REDSCAT_LONG_BYTES"]
+
+#: MPICH's MPIR_CVAR_REDSCAT_COMMUTATIVE_LONG_MSG_SIZE: a Reduce_scatter of this many bytes or more (every block
+#: together) runs pairwise, a shorter one by recursive halving.
+REDSCAT_LONG_BYTES = 524288
 
 
 @functools.lru_cache(maxsize=None)
@@ -79,3 +87,24 @@ def scan_trees(size: int, exclusive: bool = False) -> tuple:
                 partial[me] = (before[me], before[other])
         mask *= 2
     return tuple(result)
+
+
+def reduce_scatter_order(size: int, me: int, nbytes: int) -> tuple:
+    """(order, tree): how MPICH's Reduce_scatter of `nbytes` in all over `size` members folds member `me`'s block:
+    the members' parts taken in `order`, associated as `tree` (nested pairs of indices into `order`; None: left to
+    right, as the pairwise exchange adds them one at a time)."""
+    if nbytes >= REDSCAT_LONG_BYTES:
+        return [(me - i) % size for i in range(size)], None
+    return list(range(size)), _halving_trees(size)[me]
+
+
+@functools.lru_cache(maxsize=None)
+def _halving_trees(size: int) -> tuple:
+    pof2 = 1 << (size.bit_length() - 1)
+    rem = size - pof2
+    nodes: list = [(2 * i, 2 * i + 1) for i in range(rem)] + list(range(2 * rem, size))
+    mask = pof2 // 2
+    while mask:
+        nodes = [(nodes[j], nodes[j ^ mask]) for j in range(pof2)]
+        mask //= 2
+    return tuple(nodes[me // 2 if me < 2 * rem else me - rem] for me in range(size))
