@@ -80,9 +80,24 @@ def scattered():
     return digests
 
 
+def reduces():
+    """Reduce of 64, 257 and 4,096 doubles (MPICH: a binomial tree to 2 KiB, then a reduce-scatter and gather) to
+    rank 0 and to the last rank, as MD5 digests on the root (None elsewhere)."""
+    comm = MPI.COMM_WORLD
+    rng = np.random.default_rng(99 + comm.rank)
+    digests = []
+    for n in (64, 257, 4096):
+        x = rng.standard_normal(n) * 10.0 ** rng.integers(-8, 8, n)
+        for root in (0, comm.size - 1):
+            out = np.zeros(n)
+            comm.Reduce(x, out, op=MPI.SUM, root=root)
+            digests.append(hashlib.md5(out.tobytes()).hexdigest() if comm.rank == root else None)
+    return digests
+
+
 def results():
-    """[sums(), objects(), scans(), scattered()] of this rank."""
-    return [sums(), objects(), scans(), scattered()]
+    """[sums(), objects(), scans(), scattered(), reduces()] of this rank."""
+    return [sums(), objects(), scans(), scattered(), reduces()]
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ def test_same_bits_as_mpich(n, tmp_path):
     assert [r[1] for r in ours] == [g[1] for g in gathered]  # every rank's object reductions
     assert [r[2] for r in ours] == [g[2] for g in gathered]  # every rank's Scan and Exscan
     assert [r[3] for r in ours] == [g[3] for g in gathered]  # and its Reduce_scatter blocks
+    assert [r[4] for r in ours] == [g[4] for g in gathered]  # and Reduce to rank 0 and the last rank
     if n >= 4:  # adding in rank order gives other bits: the test sees the association
         xs = []
         for r in range(n):

@@ -26,7 +26,7 @@ from ..runtime.sim._mpi import in_place
 from ..runtime.sim._reductions import fold, reduction
 from .nonblocking import _POSTING, _SUM, NonblockingCollectives
 from .typemap import message, vector  # the shared readers, refusing what mpi4py cannot map first
-from ..runtime.sim.orders import allreduce_tree, reduce_tree, scan_trees
+from ..runtime.sim.orders import allreduce_tree, reduce_order, scan_trees
 from ..runtime.sim.bodies import _nothing, mpich_parts
 from ..runtime.sim.thread_engine import bad_root
 
@@ -91,7 +91,7 @@ class BufferCollectives(NonblockingCollectives):
         out = np.empty(n, src.dtype) if me == root else None
 
         def fold_all(slot: Any) -> None:  # the root's: read every member's before it writes (in place)
-            fold(red, [c.data for c in slot.calls], out, dt, reduce_tree(self._group.size, root))
+            fold(red, [c.data for c in slot.calls], out, dt, reduce_order(self._group.size, root, n, n * src.itemsize))
 
         def write(slot: Any) -> None:
             dst[:n] = out

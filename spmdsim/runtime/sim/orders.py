@@ -6,9 +6,11 @@ MPICH 5 reduces a commutative predefined op (MPI.SUM, PROD, MAX, MIN) on one nod
 as measured with mpi4py 4.1.2 at 3, 4, 5 and 6 ranks, bit for bit, at 512 bytes and
 at 256 KiB (tests/test_sim_mpi4py_orders.py compares with ``mpiexec``):
 
-* ``Reduce``: a binomial tree over the ranks relative to the root: at each step
-  ``mask`` (1, 2, 4, ...) a relative rank without that bit takes the one ``mask``
-  above it: (0+1)+2 at 3 ranks, ((0+1)+(2+3))+4 at 5;
+* ``Reduce`` of 2 KiB or less, or of fewer items than the largest power of two of ranks: a
+  binomial tree over the ranks relative to the root: at each step ``mask`` (1, 2, 4, ...) a
+  relative rank without that bit takes the one ``mask`` above it: (0+1)+2 at 3 ranks,
+  ((0+1)+(2+3))+4 at 5; a longer one: a reduce-scatter and gather, associated as ``Allreduce``,
+  whatever the root (`reduce_order`);
 * ``Allreduce``: recursive doubling, the ranks past the largest power of two
   first folded into their even neighbours: (0+1)+2 at 3 ranks, ((0+1)+2)+(3+4) at 5;
 * ``Scan`` and ``Exscan``: recursive doubling, as mpi4py's ``scan`` below (`scan_trees`);
@@ -36,7 +38,12 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-__all__ = ["reduce_tree", "allreduce_tree", "scan_trees", "reduce_scatter_order", "REDSCAT_LONG_BYTES"]
+__all__ = ["reduce_tree", "allreduce_tree", "reduce_order", "scan_trees", "reduce_scatter_order", "REDSCAT_LONG_BYTES",
+           "REDUCE_SHORT_BYTES"]
+
+#: MPICH's MPIR_CVAR_REDUCE_SHORT_MSG_SIZE: a Reduce of more bytes than this, and of at least as many items as the
+#: largest power of two of ranks, runs as a reduce-scatter and gather (Rabenseifner's).
+REDUCE_SHORT_BYTES = 2048
 
 #: MPICH's MPIR_CVAR_REDSCAT_COMMUTATIVE_LONG_MSG_SIZE: a Reduce_scatter of this many bytes or more (every block
 #: together) runs pairwise, a shorter one by recursive halving.
@@ -54,6 +61,14 @@ def reduce_tree(size: int, root: int = 0) -> Any:
                 trees[rel] = (trees[rel], trees[rel + mask])
         mask *= 2
     return trees[0]
+
+
+def reduce_order(size: int, root: int, count: int, nbytes: int) -> Any:
+    """MPICH's association of a Reduce to `root` of `count` items (`nbytes`) over `size` members: `reduce_tree`, or
+    for a long one `allreduce_tree` (its reduce-scatter halves from the nearest partner out, as Allreduce's)."""
+    if nbytes > REDUCE_SHORT_BYTES and count >= 1 << (size.bit_length() - 1):
+        return allreduce_tree(size)
+    return reduce_tree(size, root)
 
 
 @functools.lru_cache(maxsize=None)
