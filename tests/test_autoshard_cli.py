@@ -65,6 +65,16 @@ def test_bad_input_is_one_line_and_exit_2(capsys, extra, needle):
     assert out == "" and len(err.splitlines()) == 1 and needle in err, err
 
 
+@pytest.mark.parametrize("limit", ["-5", "0"])
+def test_a_memory_limit_below_one_byte_is_refused_alike(capsys, limit):
+    """A limit below 1 byte is refused by the flag itself, in the same words for -5 and 0."""
+    with pytest.raises(SystemExit) as stop:
+        main(TUTORIAL[:3] + ["--memory-limit", limit])
+    err = unfold(capsys.readouterr().err)
+    assert stop.value.code == 2 and len(err.splitlines()) == 1
+    assert f"argument --memory-limit: size '{limit}' must be at least 1 byte, such as 1M or 80G" in err, err
+
+
 def test_run_on_simulated_ranks_moves_the_predicted_bytes(capsys):
     # Vocabulary or dims split (the whole table, 245,760 B, is over the limit), 4 ranks in-process.
     assert main(["autoshard", "--network", "net_paddle_tp", "--memory-limit", "100K", "--run",

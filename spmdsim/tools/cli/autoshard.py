@@ -26,14 +26,13 @@ from typing import Any
 from ...base.context import ONE_PROCESS, SIMULATE
 from ...errors import RankCountError, SpmdsimError
 from ...runtime.engines import engine_of, launcher, ways_out
-from ...base.typed_numbers import flag_float, typed
+from ...base.typed_numbers import byte_count, flag_float, typed
 from .autoshard_common import gpt_config, still_working
 from ...models.gpt.flags import LLAMA_FLAGS, MAX_SIZE, architecture_arguments, architecture_fields, architecture_flags
 from ..autoshard import METHODS, NAMES, OBJECTIVES, autoshard
 from ..autoshard.choose import _parse_fix
 from ..autoshard.cost import measure_flops_rate
 from ..autoshard.networks import gpt_network
-from .calibrate import parse_size
 from ..estimate.held import PRECISIONS, TRAINED_ONLY
 from ...base.once_parser import Choices
 from .plan import MAX_PLAN_DEVICES
@@ -49,6 +48,14 @@ _NETWORK_NOTES = {
     "llama": f"Llama's architecture is the GPT's options: --network gpt {LLAMA_FLAGS}",
     "mixtral": f"Mixtral's experts are the GPT's options: --network gpt --gpt experts=N,top_k=2 (with Llama's: "
                f"{LLAMA_FLAGS})"}
+
+
+def memory_limit(text: str) -> int:
+    """--memory-limit in bytes ('80G' -> 85899345920): a limit below 1 byte no rank can meet."""
+    value = byte_count(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"size {text!r} must be at least 1 byte, such as 1M or 80G")
+    return value
 
 
 def register(subparsers: Any) -> None:
@@ -80,8 +87,9 @@ def register(subparsers: Any) -> None:
                              '"*=hand": every operator not named holds its hand-written strategy; with '
                              '--machine, DEGREE=VALUE holds a degree of the configuration and searches the rest '
                              '(tp, pp, v, dp, ep, etp, cp, cp-method, mb, recompute, zero, sp; e.g. tp=8)')
-    parser.add_argument("--memory-limit", type=parse_size, metavar="BYTES",
-                        help="bytes per rank one operator may hold (weights, inputs, output), e.g. 1M")
+    parser.add_argument("--memory-limit", type=memory_limit, metavar="BYTES",
+                        help="bytes per rank one operator may hold (weights, inputs, output), e.g. 1M; K, M, G "
+                             "and T are powers of 1,024 (80G and 80GB: 80 GiB)")
     parser.add_argument("--objective", choices=OBJECTIVES,
                         help="minimise bytes per rank (exact) or modelled time (default bytes)")
     parser.add_argument("--training", action="store_true",
