@@ -759,3 +759,12 @@ def test_folding_wins_beside_tp_8_and_fix_etp_tp_forbids_it(capsys):
         assert main([a for a in FOLD_ARGV[:-1] if a != "--json"] + extra) == 0
         assert (said in " ".join(capsys.readouterr().out.split())) == (not extra)  # (wrapped at 100 columns)
     assert data.get("note") is None  # (with --moe-cells they are searched)
+
+
+def test_a_runner_up_as_fast_as_the_choice_is_a_tie_not_slower(capsys):
+    """Under cp 2 selective recomputation prices exactly as none; the order among equals chose none."""
+    assert main(["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=64,heads=4,seq=256,batch=4",
+                 "--devices", "2", "--machine", "a100-dgx", "--fix", "cp=2"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if re.match(r"[12] {3,}1 ", line)]
+    assert [row[7] for row in rows] == ["none", "selective"] and rows[0][9] == rows[1][9]
+    assert rows[0][11:] == ["chosen"] and rows[1][11:] == ["as", "fast", "(a", "tie)"]

@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from ...errors import SpmdsimError
-from ..estimate.search import ABOVE, KEPT, OVER, STATES, UNPRICED, search
+from ..estimate.search import ABOVE, KEPT, OVER, STATES, TIED, UNPRICED, search
 from ...base.sizes import format_size
 from ...base.threads import cores_available
 from ...base.validate import counted
@@ -205,7 +205,7 @@ def _shell_lines(command: str, width: int = 100) -> str:
 
 
 #: Every verdict, in the order the table counts and shows them (spmdsim.tools.estimate.search.Candidate).
-_VERDICTS = ("chosen", "slower", OVER, UNPRICED) + ABOVE[::-1] + (KEPT, STATES)
+_VERDICTS = ("chosen", TIED, "slower", OVER, UNPRICED) + ABOVE[::-1] + (KEPT, STATES)
 
 
 def _gib(n: int) -> str:
@@ -248,7 +248,7 @@ def _lines(cfg: Any, r: Any, seconds: float, note: str = "", fixed: Any = None) 
              f"their step, {r.cell_runs:,} small dry runs of layer cells for the bounds; "
              + "; ".join(f"{n:,} {v}" for v, n in sorted(Counter(c.verdict for c in r.candidates).items(),
                                                          key=lambda vn: _VERDICTS.index(vn[0]))
-                         if v not in ("chosen", "slower")),
+                         if v not in ("chosen", TIED, "slower")),
              f"  ({r.stopped})"] + ([note] if note else [])
     if r.chosen is not None:
         x = r.chosen.config
@@ -276,7 +276,7 @@ def _lines(cfg: Any, r: Any, seconds: float, note: str = "", fixed: Any = None) 
     if len(priced) < len(r.candidates):
         out.append("unpriced, by their lower bounds (> ms, > MiB held, so at the peak too), for instance:")
     unpriced = [c for c in r.candidates if c.step_s is None]
-    for verdict in _VERDICTS[3:]:  # the closest of each kind of pruned one
+    for verdict in _VERDICTS[_VERDICTS.index(UNPRICED):]:  # the closest of each kind of pruned one
         first = next((c for c in unpriced if c.verdict == verdict), None)
         if first is not None:
             out.append(_row("-", first, moe))

@@ -60,7 +60,7 @@ from .held import peak_refusal
 from .ledger import PRECISIONS, dry_key, gpt_ledger, least_bytes, peak_bytes, stage_memory, stage_times
 from .steptime import Pipeline
 
-__all__ = ["Candidate", "SearchResult", "price", "search", "OVER", "STATES", "KEPT", "ABOVE", "UNPRICED",
+__all__ = ["Candidate", "SearchResult", "price", "search", "OVER", "STATES", "KEPT", "ABOVE", "UNPRICED", "TIED",
            "overlap"]
 
 
@@ -70,7 +70,8 @@ class Candidate:
     holds (`memory`: `spmdsim estimate`'s memory line) and the most any rank needs at its peak (`peak`: with
     the largest kernel's transient blocks, spmdsim.tools.estimate.ledger.peak_bytes), which the memory limit bounds.
 
-    verdict: "chosen"; "slower" (priced, fits, slower than the chosen); "over the memory limit"
+    verdict: "chosen"; "slower" (priced, fits, slower than the chosen); "as fast (a tie)" (priced, fits, the chosen's
+    time to 9 digits: `_order` put the chosen first); "over the memory limit"
     (priced: its peak over it); "model states over the limit" (pruned by the closed-form bound); "memory bound over the
     limit" (pruned: model states and the layer cells' kept bytes, or a block its dry run or its cells' could not
     map, spmdsim.base.sizes.UnmappableError, at the precision's narrowest width); "FLOP bound above the best" or "cell
@@ -338,6 +339,9 @@ def _result(partial: SearchResult, heap: list, best: Optional[float], priced: li
     if priced and priced[0].peak <= memory_limit:
         chosen = replace(priced[0], verdict="chosen")
         priced[0] = chosen
+        tie = _equal_time(chosen.step_s)
+        priced = [replace(c, verdict=TIED) if c.verdict == "slower" and _equal_time(c.step_s) == tie else c
+                  for c in priced]
     return replace(partial, candidates=tuple(priced + out), stopped=stopped, chosen=chosen)
 
 
@@ -357,6 +361,7 @@ STATES = "model states over the limit"
 KEPT = "memory bound over the limit"
 ABOVE = ("FLOP bound above the best", "cell bound above the best")
 UNPRICED = "not priced"
+TIED = "as fast (a tie)"
 
 
 def _equal_time(seconds: float) -> float:
