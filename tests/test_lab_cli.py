@@ -437,6 +437,27 @@ def test_a_folder_of_student_folders_is_graded_each_under_its_name(tiny, tmp_pat
         " ".join(capsys.readouterr().err.split())
 
 
+def test_a_student_folder_with_no_py_file_of_its_own_says_what_it_holds(tiny, tmp_path, capsys):
+    """A student's folder holding its file one folder down, or saved as .py.txt, is not graded; its row names
+    what the folder holds, so that the reader of the grade book sees the student handed something in."""
+    lms = tmp_path / "lms"
+    (lms / "alice").mkdir(parents=True)
+    (lms / "alice" / "double.py").write_text(SUBMISSIONS["right.py"])
+    (lms / "carol" / "attempt 1").mkdir(parents=True)
+    (lms / "carol" / "attempt 1" / "double.py").write_text(SUBMISSIONS["right.py"])
+    (lms / "gina").mkdir()
+    (lms / "gina" / "double.py.txt").write_text(SUBMISSIONS["right.py"])
+    (lms / "gina" / ".DS_Store").write_bytes(b"\0")
+    (lms / "hal").mkdir()
+    book = tmp_path / "g.csv"
+    assert main(["lab", "grade", "1", str(lms), "--csv", str(book), "--exercises", tiny]) == 0
+    capsys.readouterr()
+    reasons = {row["file"]: row["reason"] for row in csv.DictReader(book.open()) if row["verdict"] == "NOT GRADED"}
+    assert reasons == {"carol/": "no .py file at its top (a grade does not search the folders inside it, which "
+                                 "hold attempt 1/double.py)",
+                       "gina/": "no .py file; it holds double.py.txt", "hal/": "no .py file"}, reasons
+
+
 def test_a_rank_count_given_twice_is_checked_once(tiny, tmp_path, capsys):
     """`--ranks 2 2` ran the cases at 2 ranks twice and printed '2 ranks: pass (2 cases)' twice, '2 of 2 cases'."""
     path = tmp_path / "right.py"

@@ -14,6 +14,8 @@ __all__ = ["NotGraded", "submissions"]
 #: Entries of a submission folder that are no student's: a folder Python writes beside the files it runs, and the
 #: one a zip made on macOS unpacks beside its files (their ._name.py companions: a learning platform's download).
 NO_STUDENT = ("__pycache__", "__MACOSX")
+#: How deep in a student's folder its row looks for .py files, to name them where the folder holds none of its own.
+NESTED = 3
 
 
 class NotGraded(NamedTuple):
@@ -70,7 +72,26 @@ def _student(path: str, name: str, starter: str) -> Union[str, NotGraded]:
         shown = _listed([file_name(f) for f in found], 4)
         return NotGraded(f"{name}/", f"{len(found)} .py files ({shown}), none named {starter}")
     return NotGraded(f"{name}/", "no .py file" + (
-        f" ({_listed([file_name(f) for f in links], 4)}: links to files that do not exist)" if links else ""))
+        f" ({_listed([file_name(f) for f in links], 4)}: links to files that do not exist)" if links else
+        _held(path)))
+
+
+def _held(path: str) -> str:
+    """What a student's folder with no .py file of its own holds, for its row: the .py files of the folders inside
+    it (up to NESTED deep, which a grade does not search), else its entries (`ring_allreduce.py.txt`); "" where it
+    holds nothing."""
+    nested = []
+    for root, folders, files in os.walk(path):
+        deep = 0 if root == path else os.path.relpath(root, path).count(os.sep) + 1
+        folders[:] = sorted(f for f in folders if _a_student_entry(f)) if deep < NESTED else []
+        if deep:
+            nested += [shown_path(os.path.relpath(os.path.join(root, f), path)) for f in sorted(files)
+                       if _a_python_name(f)]
+    if nested:
+        return f" at its top (a grade does not search the folders inside it, which hold {_listed(nested, 4)})"
+    held = [file_name(f) + ("/" if os.path.isdir(os.path.join(path, f)) else "") for f in sorted(os.listdir(path))
+            if _a_student_entry(f)]
+    return f"; it holds {_listed(held, 4)}" if held else ""
 
 
 def _listed(names: list, most: int = 8) -> str:
@@ -86,6 +107,11 @@ def _python_files(folder: str) -> list:
 def _a_submission(folder: str, name: str) -> bool:
     """Whether `folder`'s entry `name` is a .py file that is not hidden (a folder named x.py is none)."""
     return _a_python_name(name) and os.path.isfile(os.path.join(folder, name))
+
+
+def _a_student_entry(name: str) -> bool:
+    """Whether a folder's entry `name` may be a student's work: not hidden, nor Python's or a zip's own folder."""
+    return not name.startswith(".") and name not in NO_STUDENT
 
 
 def _a_python_name(name: str) -> bool:
