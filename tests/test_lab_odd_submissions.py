@@ -236,6 +236,17 @@ def test_under_mpiexec_a_time_limit_run_out_stops_the_check(course):
                        "or an endless loop")]
 
 
+def test_under_mpiexec_an_abort_is_said_in_mpis_words_not_launchs_cleanup(course):
+    """The reason of a job ended by comm.Abort is the job's last line on stderr, MPICH's, not the line
+    `spmdsim launch` writes after it about the shared-memory segments it removed."""
+    (course / "aborts.py").write_text("def double(comm, x):\n    if comm.Get_rank() == 0:\n        comm.Abort(5)\n"
+                                      "    return 2 * x\n")
+    verdict = check_mpiexec(find_exercise(1, "course"), "aborts.py", ranks=(2,), time_limit=60)
+    (result,) = verdict.results
+    assert result.status == "exit" and result.reason.startswith("the mpiexec job at 2 ranks ended: "), result
+    assert "MPI_Abort" in result.reason and "shared-memory" not in result.reason, result.reason
+
+
 def test_under_mpiexec_what_the_ranks_printed_is_shown_as_on_simulated_ranks(course, capsys):
     """`check --mpiexec` sent the ranks' output nowhere: a student debugging with print() saw nothing of the case
     that failed. A line left unended before the rank's Abort is there too, a line of its own as on simulated ranks

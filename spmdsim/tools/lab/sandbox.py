@@ -257,10 +257,22 @@ def _mpi_results(events: list, code: int, n: int, limit: float, errors: str) -> 
                                   reason=f"ran past the time limit of {limit:g} s at {counted(n, 'rank')} under "
                                          "mpiexec: a deadlock (MPI ranks wait forever) or an endless loop"))
     elif code and (running is not None or not results):
-        last = errors.strip().splitlines()[-1] if errors.strip() else f"exit code {code}"
+        last = _job_said(errors) or f"exit code {code}"
         results.append(CaseResult(ranks=n, seed=running["seed"] if running else 0, label="", status="exit",
                                   reason=f"the mpiexec job at {counted(n, 'rank')} ended: {last}"))
     return results
+
+
+def _job_said(errors: str) -> str:
+    """The last line a job's processes wrote on stderr (MPICH's on an Abort: `application called MPI_Abort(...)`),
+    not `spmdsim launch`'s own after them (`spmdsim: removed 1 shared-memory segment the job left: ...`, folded
+    over indented lines); "" where there is none."""
+    lines, launchs = [], False
+    for line in errors.strip().splitlines():
+        launchs = line.startswith("spmdsim: removed ") or launchs and line[:1].isspace()
+        if not launchs and line.strip():
+            lines.append(line)
+    return lines[-1] if lines else ""
 
 
 def _end_line(path: str) -> None:
