@@ -121,7 +121,8 @@ def _parse_one(token: object, shown: object) -> Placement:
     if _STRIDED.match(text):
         raise DialectError(f"placement {token!r}{where} is DTensor's _StridedShard (a dim sharded right to left, "
                            "as FSDP2 with TP does), which spmdsim does not model; expected Shard(d) on each mesh "
-                           "dim, or write the layout with a tensor map that lists the later mesh axis first")
+                           "dim, or write the layout with a tensor map that lists the later mesh axis first "
+                           "(the same blocks where the dim's size divides by its shards)")
     match = _SHARD.match(text)
     if match is not None:
         return Shard(int(match.group(1)))
