@@ -180,7 +180,7 @@ def _interrupted(comm: Any, private: Any) -> NoReturn:
             _finalize_and_exit(130)
         time.sleep(FORWARD_S if comm.Get_rank() == 0 else GRACE_S)
         engine_of(comm).abort(comm, 130)
-        os._exit(130)  # Abort does not return; this is only a safety net
+        os._exit(130)  # MPICH's Abort can return before mpiexec ends the job: this rank stops here
     abort_job(comm, f"spmdsim: rank {comm.Get_rank()} was interrupted (Ctrl-C) while other ranks go on\n")
 
 

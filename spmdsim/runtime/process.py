@@ -88,7 +88,7 @@ def end_job(comm: Any, text: str) -> NoReturn:
     time.sleep(FORWARD_S)
     release_shared_segments()
     engine_of(comm).abort(comm, 1)
-    os._exit(1)  # Abort does not return; this is only a safety net
+    os._exit(1)  # MPICH's Abort can return before mpiexec ends the job: this rank stops here
 
 
 _SEGMENT_PREFIXES = ("/dev/shm/mpich_shm_", "/dev/shm/sm_segment.")  # MPICH's, Open MPI's

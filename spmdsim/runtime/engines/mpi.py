@@ -9,6 +9,7 @@ transfer needs one of its constants, not when spmdsim is imported.
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Callable
 
 from ...base.context import PROCESS
@@ -293,6 +294,7 @@ class MpiEngine(Engine):
 
     def abort(self, comm: Any, code: int) -> None:
         comm.Abort(code)
+        os._exit(code)  # MPICH's Abort can return before mpiexec ends the job: the rank stops here
 
     def node_size(self, comm: Any) -> int:
         """MPI's shared-memory split (all of `comm` where the MPI has none)."""

@@ -243,7 +243,7 @@ def _printed(path: str) -> tuple:
 
 def _mpi_results(events: list, code: int, n: int, limit: float, errors: str) -> list:
     """The results of one mpiexec job at `n` ranks: its lines (the first for each case: ranks that fail at
-    once each write one), then, where the job ended mid-case, why."""
+    once each write one), then, where the job ended mid-case or with an error none of them explains, why."""
     results, seen = [], set()
     for event in events:
         key = (event.get("ranks"), event.get("seed"))
@@ -256,9 +256,13 @@ def _mpi_results(events: list, code: int, n: int, limit: float, errors: str) -> 
         results.append(CaseResult(ranks=n, seed=running["seed"], label=f"seed {running['seed']}", status="timeout",
                                   reason=f"ran past the time limit of {limit:g} s at {counted(n, 'rank')} under "
                                          "mpiexec: a deadlock (MPI ranks wait forever) or an endless loop"))
-    elif code and (running is not None or not results):
+    elif code and (running is not None or all(r.status == PASS for r in results)):
+        # A job that ended with an error fails where no case it wrote says why, even after its cases passed:
+        # MPICH's MPI_Abort can return before the launcher ends the job, so a rank that called comm.Abort may
+        # go on, return its value and have its case written as passed (that case's row is this one instead).
+        seed = running["seed"] if running is not None else results.pop().seed if results else 0
         last = _job_said(errors) or f"exit code {code}"
-        results.append(CaseResult(ranks=n, seed=running["seed"] if running else 0, label="", status="exit",
+        results.append(CaseResult(ranks=n, seed=seed, label="", status="exit",
                                   reason=f"the mpiexec job at {counted(n, 'rank')} ended: {last}"))
     return results
 
