@@ -148,7 +148,9 @@ def test_a_missing_or_damaged_checkpoint_is_refused_in_one_line(saved, tmp_path)
     assert problem(tmp_path) == (f"--resume {tmp_path}: no {META} in it (expected a checkpoint directory that "
                                  "--save wrote)")
     (tmp_path / META).write_text("{not json")
-    assert problem(tmp_path).startswith(f"--resume {tmp_path}: cannot read {META}: ")
+    said = problem(tmp_path)  # json's words, then what it should hold (json's alone named no expectation)
+    assert said.startswith(f"--resume {tmp_path}: cannot read {META}: ") and said.endswith(
+        " (expected the JSON --save writes)"), said
     (tmp_path / META).write_text(json.dumps({"format": "something else"}))
     assert "is not a checkpoint of this version" in problem(tmp_path)
     meta = json.loads((Path(saved) / META).read_text())

@@ -181,7 +181,9 @@ def read_meta(directory: str) -> tuple[Optional[dict], Optional[str]]:
             meta = json.load(f)
     except FileNotFoundError:
         return None, f"--resume {directory}: no {META} in it (expected a checkpoint directory that --save wrote)"
-    except (OSError, ValueError) as e:
+    except ValueError as e:  # damaged: a save cut short, or an edit (UnicodeDecodeError is one too)
+        return None, f"--resume {directory}: cannot read {META}: {reason(e)} (expected the JSON --save writes)"
+    except OSError as e:
         return None, f"--resume {directory}: cannot read {META}: {reason(e)}"
     if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("version") != VERSION:
         return None, (f"--resume {directory}: {META} is not a checkpoint of this version ({FORMAT!r}, version "
