@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from spmdsim.tools.cli.autoshard_machine import _limit
 from spmdsim.tools.cli.main import main
 from testkit import unfold
 
@@ -73,6 +74,16 @@ def test_a_memory_limit_below_one_byte_is_refused_alike(capsys, limit):
     err = unfold(capsys.readouterr().err)
     assert stop.value.code == 2 and len(err.splitlines()) == 1
     assert f"argument --memory-limit: size '{limit}' must be at least 1 byte, such as 1M or 80G" in err, err
+
+
+def test_the_search_header_says_a_small_memory_limit_as_it_is(capsys):
+    """`--machine` searches said a limit under ~50 KiB as "memory limit 0.0 MiB per rank", no memory at all; from
+    1 MiB the header says MiB, as the table's peaks."""
+    main(["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=64", "--devices", "4", "--machine", "a100-dgx",
+          "--memory-limit", "10K"])
+    out = capsys.readouterr().out
+    assert "4 devices on a100-dgx, memory limit 10 KiB per rank, " in out, out
+    assert (_limit(80 << 30), _limit(1 << 20)) == ("81,920.0 MiB", "1.0 MiB")
 
 
 def test_run_on_simulated_ranks_moves_the_predicted_bytes(capsys):

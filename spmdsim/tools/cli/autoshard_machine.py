@@ -208,6 +208,12 @@ def _shell_lines(command: str, width: int = 100) -> str:
 _VERDICTS = ("chosen", TIED, "slower", OVER, UNPRICED) + ABOVE[::-1] + (KEPT, STATES)
 
 
+def _limit(n: int) -> str:
+    """The memory limit in MiB as the table's peaks are ("80,000.0 MiB"), or where under 1 MiB, as format_size
+    says it ("10 KiB": 0.0 MiB would read as no memory)."""
+    return f"{n / MIB:,.1f} MiB" if n >= MIB else format_size(n)
+
+
 def _gib(n: int) -> str:
     return f"{n / GIB:,.2f} GiB"
 
@@ -238,7 +244,7 @@ def _lines(cfg: Any, r: Any, seconds: float, note: str = "", fixed: Any = None) 
             f"vocab {cfg.vocab_words}{architecture_words(cfg)}, "
             f"global batch {cfg.batch}{experts}",
             f"{r.devices:,} device{'s' if r.devices != 1 else ''} on {r.machine}, "
-            f"memory limit {r.memory_limit / MIB:,.1f} MiB per rank, "
+            f"memory limit {_limit(r.memory_limit)} per rank, "
             f"{r.precision}, kept {r.kept}"]
     if fixed:
         head.append("fixed (--fix): " + ", ".join(f"{name} {int(v) if isinstance(v, bool) else v}"
