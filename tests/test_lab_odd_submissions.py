@@ -226,6 +226,22 @@ def test_a_submission_of_another_exercise_names_that_exercise(course, capsys):
     assert main(["lab", "check", "2", "mine.py", "--exercises", "course"]) == 0
 
 
+def test_a_folder_graded_under_another_exercises_number_says_which(course, capsys):
+    """A folder of exercise 2's submissions graded as exercise 1 failed every row ("defines no function 'double'
+    (it defines triple: exercise 2's function ...)", cut at 100 columns), with no word for the whole folder."""
+    (course / "course" / "02_triple.py").write_text(TINY.replace("double", "triple").replace("2 * x", "3 * x"))
+    (course / "s").mkdir()
+    for name in ("a.py", "b.py"):
+        (course / "s" / name).write_text("def triple(comm, x):\n    return 3 * x\n")
+    assert main(["lab", "grade", "1", "s", "--csv", "g.csv", "--exercises", "course"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "note: every submission defines exercise 2's function, not exercise 1's: grade them with `spmdsim lab " \
+           "grade 2 s`" in err, err
+    (course / "s" / "b.py").write_text("def double(comm, x):\n    return 2 * x\n")  # one of exercise 1's: no note
+    assert main(["lab", "grade", "1", "s", "--csv", "g.csv", "--exercises", "course"]) == 0
+    assert "note: every submission" not in capsys.readouterr().err
+
+
 def test_under_mpiexec_a_time_limit_run_out_stops_the_check(course):
     """Each rank count's job ran to the time limit in turn: a deadlock at every count took 5 limits (50 s, where
     simulated ranks take 10), and the reason said "at 1 ranks"."""

@@ -19,6 +19,7 @@ from typing import Any, Optional
 
 from ...base.typed_numbers import flag_float, shown  # a refusal names the value as typed: "0", not "0.0"
 from ...base.validate import counted
+from ...errors import fold_message
 from ..cli.paths import check_output_file
 from .exercise import EXERCISES, Exercise, LabError, find_exercise, load_exercises
 from .shown import file_name, shortened, shortened_apart
@@ -259,12 +260,28 @@ def _grade_folder(args: argparse.Namespace, exercise: Exercise, limits: dict, fo
         line = f"{name:<{width}}  {row[1]:<{wide}}  {counts}  {row[4]}"
         print(line if len(line) <= 100 else line[:97] + "...")
     print(f"{passed} of {len(rows)} submissions pass" + (f", {unread} not graded" if unread else ""))  # (the table's)
+    meant = _meant_exercise(rows, exercise)
+    if meant is not None:
+        print(fold_message(f"note: every submission defines exercise {meant}'s function, not exercise "
+                           f"{exercise.number}'s: grade them with `spmdsim lab grade {meant} "
+                           f"{shlex.quote(args.dir)}`"), file=sys.stderr)
     with open(args.csv, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(CSV_HEADER)
         writer.writerows(rows)
     print(f"graded in {time.monotonic() - began:.1f} s; grade book: {args.csv}", file=sys.stderr)
     return 0
+
+
+#: The words of a row whose submission defines another exercise's function (harness._meant_for).
+_MEANT = re.compile(r": exercise (\d+)'s function, not exercise \d+'s\)")
+
+
+def _meant_exercise(rows: list, exercise: Exercise) -> Optional[int]:
+    """The exercise whose function every graded row's submission defines in place of `exercise`'s (a folder graded
+    under the wrong number), or None."""
+    said = {m.group(1) if m else None for m in (_MEANT.search(row[4]) for row in rows if row[1] != NOT_GRADED)}
+    return int(said.pop()) if len(said) == 1 and None not in said else None
 
 
 #: A value of --ranks that is rank counts ("4", "4,8").
