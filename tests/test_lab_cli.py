@@ -220,6 +220,26 @@ ODD = {
 }
 
 
+def test_grade_gives_a_row_to_python_saved_in_another_form(tiny, tmp_path, capsys):
+    """`dave.PY`, `erin.py.txt` and `fay.ipynb` were only named on stderr as left out, so the grade book had no row
+    for those students; a file that is no student's (notes.txt) still is only named there."""
+    folder = tmp_path / "forms"
+    folder.mkdir()
+    for name in ("alice.py", "dave.PY", "erin.py.txt"):
+        (folder / name).write_text(SUBMISSIONS["right.py"])
+    (folder / "fay.ipynb").write_text("{}")
+    (folder / "notes.txt").write_text("not code")
+    book = tmp_path / "grades.csv"
+    assert main(["lab", "grade", "1", str(folder), "--csv", str(book), "--exercises", tiny]) == 0
+    said = capsys.readouterr()
+    assert "left out (not a .py file, or hidden): notes.txt\n" in said.err, said.err
+    assert said.out.splitlines()[-1] == "1 of 4 submissions pass, 3 not graded", said.out
+    rows = {row["file"]: (row["verdict"], row["reason"]) for row in csv.DictReader(book.open())}
+    renamed = ("NOT GRADED", "not a .py file by its name: rename it to end in .py")
+    assert rows == {"alice.py": ("PASS", ""), "dave.PY": renamed, "erin.py.txt": renamed,
+                    "fay.ipynb": ("NOT GRADED", "a Jupyter notebook: export its function as a .py file")}, rows
+
+
 def test_grade_names_what_it_leaves_out_shows_progress_and_says_why_odd_files_fail(tiny, tmp_path, capsys):
     folder = tmp_path / "odd"
     folder.mkdir()

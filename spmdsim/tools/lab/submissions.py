@@ -44,6 +44,9 @@ def submissions(folder: str, starter: str, given: str = "") -> list:
             entries.append(path)
         elif (link := _dangling(path)) and _a_python_name(name):  # (a student's file: a row saying what it is)
             entries.append(NotGraded(file_name(name), link))
+        elif not name.startswith(".") and os.path.isfile(path) and (why := _almost_python(name)):
+            entries.append(NotGraded(file_name(name), why))  # (a student's work in another form: a row, not
+            # only a line on stderr, so the grade book has the student)
         else:
             skipped.append(file_name(name) + ("/" if os.path.isdir(path) else "") + (f" ({link})" if link else ""))
     if skipped:
@@ -112,6 +115,17 @@ def _a_submission(folder: str, name: str) -> bool:
 def _a_student_entry(name: str) -> bool:
     """Whether a folder's entry `name` may be a student's work: not hidden, nor Python's or a zip's own folder."""
     return not name.startswith(".") and name not in NO_STUDENT
+
+
+def _almost_python(name: str) -> str:
+    """Why a file that holds a student's Python in a form grade does not read is not graded (its row's reason):
+    `alice.PY`, `alice.py.txt` (saved as text), `alice.ipynb`; "" for any other file (notes.txt: no student's)."""
+    lower = name.lower()
+    if lower.endswith(".ipynb"):
+        return "a Jupyter notebook: export its function as a .py file"
+    if lower.endswith(".py") or ".py." in lower:
+        return "not a .py file by its name: rename it to end in .py"
+    return ""
 
 
 def _a_python_name(name: str) -> bool:
