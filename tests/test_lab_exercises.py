@@ -737,6 +737,24 @@ WRONG = [
                 block.append((index * (length // parts), (index + 1) * (length // parts)))
             return block
         """),
+    # ranks numbered with the first axis fastest: at 4 ranks the same block as the last-listed axis major
+    (14, 4, 0, "wrong", ["rank 1 item 1 is (6, 12), expected (12, 18)", "the first listed is major",
+                         "ranks are numbered row-major"], """
+        def my_block(comm, device_matrix, alias_names, tensor_map, shape):
+            rank = comm.Get_rank()
+            coords, rest = {}, rank
+            for name, size in zip(alias_names, device_matrix):
+                coords[name], rest = rest % size, rest // size
+            sizes = dict(zip(alias_names, device_matrix))
+            block = []
+            for length, entry in zip(shape, tensor_map):
+                axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+                index, parts = 0, 1
+                for axis in axes:
+                    index, parts = index * sizes[axis] + coords[axis], parts * sizes[axis]
+                block.append((index * (length // parts), (index + 1) * (length // parts)))
+            return block
+        """),
     (15, 2, 0, "wrong", ["rank 0 result[0, 0:4] differs", "normalized by this rank's own columns"], """
         import numpy as np
         def layer_norm(comm, x):

@@ -48,17 +48,22 @@ def explain(case, n, rank, got):
         return None
     swapped = [tuple(reversed(e)) if isinstance(e, tuple) else e for e in tensor_map]
     mirror = Layout(devices, aliases)(*swapped).rank_slices(tuple(shape))[rank]
-    if pairs == [tuple(b) for b in mirror]:
-        return "it is the block with the last-listed axis major: in a tuple of axes the first listed is major"
+    last_major = pairs == [tuple(b) for b in mirror]
     sizes = dict(zip(aliases, devices))
-    first_fastest, rest = {}, rank
+    coords, rest = {}, rank
     for name in aliases:  # this rank's coordinates, were the first axis the fastest
-        first_fastest[name], rest = rest % sizes[name], rest // sizes[name]
+        coords[name], rest = rest % sizes[name], rest // sizes[name]
     other = 0
     for name in aliases:
-        other = other * sizes[name] + first_fastest[name]
+        other = other * sizes[name] + coords[name]
     blocks = Layout(devices, aliases)(*tensor_map).rank_slices(tuple(shape))
-    if other != rank and pairs == [tuple(b) for b in blocks[other]]:
+    first_fastest = other != rank and pairs == [tuple(b) for b in blocks[other]]
+    if last_major and first_fastest:  # either mistake gives this block: name both
+        return (f"it is the block with the last-listed axis major, and rank {other}'s (the first axis fastest): "
+                "in a tuple of axes the first listed is major; ranks are numbered row-major, the last axis fastest")
+    if last_major:
+        return "it is the block with the last-listed axis major: in a tuple of axes the first listed is major"
+    if first_fastest:
         return (f"it is rank {other}'s block: ranks are numbered row-major, the last axis varying fastest, "
                 "not the first")
     return None
