@@ -812,7 +812,7 @@ WRONG = [
         def column_parallel_backward(comm, x, w, dy):
             return comm.allreduce(dy @ w.T), dy.T @ x
         """),
-    (17, 2, 0, "wrong", ["rank 0 returned an array of shape (2, 3), expected a tuple of 2 outputs"], """
+    (17, 2, 0, "wrong", ["rank 0 returned an array of shape (2, 3), expected 2 outputs (a tuple or a list"], """
         def column_parallel_backward(comm, x, w, dy):
             return comm.allreduce(dy @ w.T)
         """),
@@ -846,6 +846,15 @@ WRONG = [
             n, r = comm.Get_size(), comm.Get_rank()
             comm.Reduce_scatter_block(np.zeros_like(partial), np.empty(partial.size // n))
             return np.split(partial, n)[r]
+        """),
+    # the bucket summed but never cut back: the statement asks for a list, so a list is named as an answer
+    (19, 2, 0, "wrong", ["rank 0 returned an array of shape (20,), expected 4 outputs (a tuple or a list"], """
+        import numpy as np
+        def bucketed_allreduce(comm, grads):
+            flat = np.concatenate([g.ravel() for g in grads])
+            total = np.empty_like(flat)
+            comm.Allreduce(flat, total)
+            return total
         """),
     (19, 2, 0, "forbidden", ["rank 0 called comm.Allreduce 4 times, again at line 6; the exercise allows 1",
                              "one bucket"], """

@@ -179,7 +179,7 @@ def _outputs_difference(got: Any, want: tuple, rtol: Optional[float], atol: Opti
                         array_like: bool) -> Optional[str]:
     """How a function's several outputs (a tuple with arrays: (dx, dw)) differ: the first output that does."""
     if not isinstance(got, (list, tuple)):
-        return f"returned {_kind(got)}, expected a tuple of {len(want)} outputs"
+        return f"returned {_kind(got)}, expected {len(want)} outputs (a tuple or a list of them)"
     if len(got) != len(want):
         return f"returned {_kind(got)} of {len(got)} outputs, expected {len(want)}"
     for index, (mine, theirs) in enumerate(zip(got, want)):
