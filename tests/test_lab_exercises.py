@@ -950,6 +950,21 @@ WRONG = [
             lse = top + np.log(np.exp(whole - top[:, None]).sum(axis=1))
             return np.where(labels == -100, 0.0, lse - whole[np.arange(len(labels)), np.maximum(labels, 0)])
         """),
+    # the diagonal masked too: position 0 has nothing left to attend to, its row is nan
+    (21, 1, 0, "wrong", ["rank 0 result[0, 0:6] differs", "position 0 is nan: it attends to itself alone"], """
+        import numpy as np
+        def attention_heads(comm, x, wq, wk, wv, wo, e):
+            s = x.shape[0]
+            q, k, v = x @ wq, x @ wk, x @ wv
+            outs = []
+            for h in range(wq.shape[1] // e):
+                cut = slice(h * e, (h + 1) * e)
+                scores = q[:, cut] @ k[:, cut].T / np.sqrt(e)
+                scores[np.triu(np.ones((s, s), dtype=bool))] = -np.inf
+                weights = np.exp(scores - scores.max(axis=1, keepdims=True))
+                outs.append(weights / weights.sum(axis=1, keepdims=True) @ v[:, cut])
+            return comm.allreduce(np.concatenate(outs, axis=1) @ wo)
+        """),
     (21, 2, 0, "wrong", ["rank 0 result[0, 0:6] differs", "this rank's partial output"], """
         import numpy as np
         def attention_heads(comm, x, wq, wk, wv, wo, e):

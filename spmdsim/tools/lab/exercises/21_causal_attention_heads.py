@@ -54,6 +54,9 @@ def explain(case, n, rank, got):
     x, wq, wk, wv, wo, e = case["args"][rank]
     if not isinstance(got, np.ndarray) or got.shape != case["expected"][rank].shape:
         return None
+    if got.dtype.kind == "f" and np.isnan(got[0]).all() and np.isfinite(got[1:]).all():
+        return ("position 0 is nan: it attends to itself alone (j <= i, the diagonal included); masking j >= i "
+                "leaves it nothing to attend to")
     if n > 1 and np.allclose(got, _heads(x, wq, wk, wv, e) @ wo):
         return "it is this rank's partial output, its own heads' share: sum the ranks' outputs (Allreduce)"
     total = sum(_heads(a[0], a[1], a[2], a[3], e, causal=False) @ a[4] for a in case["args"])
