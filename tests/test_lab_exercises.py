@@ -951,6 +951,41 @@ WRONG = [
             return np.where(labels == -100, 0.0, lse - whole[np.arange(len(labels)), np.maximum(labels, 0)])
         """),
     # the diagonal masked too: position 0 has nothing left to attend to, its row is nan
+    # labels used as columns of every rank's own block: the vocabulary offset r*V/n forgotten
+    (20, 2, 0, "wrong", ["rank 0 result[0] differs", "a label is a column of the whole vocabulary"], """
+        import numpy as np
+        from mpi4py import MPI
+        def vocab_parallel_cross_entropy(comm, logits, labels):
+            t, v = logits.shape
+            top = np.empty(t)
+            comm.Allreduce(logits.max(axis=1), top, op=MPI.MAX)
+            sums = np.empty(t)
+            comm.Allreduce(np.exp(logits - top[:, None]).sum(axis=1), sums)
+            mine = (labels >= 0) & (labels < v)
+            picked = np.zeros(t)
+            picked[mine] = logits[np.flatnonzero(mine), labels[mine]]
+            target = np.empty(t)
+            comm.Allreduce(picked, target)
+            return np.where(labels == -100, 0.0, top + np.log(sums) - target)
+        """),
+    # each rank's own row maxima, never reduced: the sums of exp are of differently shifted values
+    (20, 3, 1, "wrong", ["rank 0 result[0] differs", "each rank subtracted its own row maxima"], """
+        import numpy as np
+        from mpi4py import MPI
+        def vocab_parallel_cross_entropy(comm, logits, labels):
+            t, v = logits.shape
+            start = comm.Get_rank() * v
+            top = logits.max(axis=1)
+            sums = np.empty(t)
+            comm.Allreduce(np.exp(logits - top[:, None]).sum(axis=1), sums)
+            local = labels - start
+            mine = (labels != -100) & (local >= 0) & (local < v)
+            picked = np.zeros(t)
+            picked[mine] = logits[np.flatnonzero(mine), local[mine]]
+            target = np.empty(t)
+            comm.Allreduce(picked, target)
+            return np.where(labels == -100, 0.0, top + np.log(sums) - target)
+        """),
     (21, 1, 0, "wrong", ["rank 0 result[0, 0:6] differs", "position 0 is nan: it attends to itself alone"], """
         import numpy as np
         def attention_heads(comm, x, wq, wk, wv, wo, e):

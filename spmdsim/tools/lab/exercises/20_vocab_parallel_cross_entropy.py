@@ -57,6 +57,23 @@ def explain(case, n, rank, got):
                                                                          np.maximum(labels, 0)])
     if n > 1 and np.allclose(got, np.where(labels == IGNORE, 0.0, lse - picked)):
         return "a target logit lives on one rank only: the others get it by an Allreduce of the picked logits"
+    return _index_or_maximum(case, n, rank, got, lse)
+
+
+def _index_or_maximum(case, n, rank, got, lse):
+    """The explanation of a label taken as a column of every rank's block, or of each rank's own row maxima."""
+    labels, per = case["args"][rank][1], case["args"][rank][0].shape[1]
+    rows, inside = np.arange(len(labels)), (labels != IGNORE) & (labels < per)
+    unshifted = sum(np.where(inside, a[0][rows, np.where(inside, labels, 0)], 0.0) for a in case["args"])
+    if n > 1 and np.allclose(got, np.where(labels == IGNORE, 0.0, lse - unshifted)):
+        return ("a label is a column of the whole vocabulary: rank r holds columns r*V/n to (r+1)*V/n - 1; "
+                "pick only labels in that range, less r*V/n, from its own logits")
+    top = case["args"][rank][0].max(axis=1)
+    sums = sum(np.exp(a[0] - a[0].max(axis=1)[:, None]).sum(axis=1) for a in case["args"])
+    whole = np.concatenate([a[0] for a in case["args"]], axis=1)
+    target = whole[rows, np.maximum(labels, 0)]
+    if n > 1 and np.allclose(got, np.where(labels == IGNORE, 0.0, top + np.log(sums) - target)):
+        return "each rank subtracted its own row maxima: take the maximum over all ranks (Allreduce, op=MPI.MAX)"
     return None
 
 
