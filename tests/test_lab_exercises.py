@@ -1,6 +1,7 @@
 """spmdsim lab's exercises: every reference passes at its rank counts; typical wrong solutions get their message."""
 from __future__ import annotations
 
+import re
 import textwrap
 
 import numpy as np
@@ -30,6 +31,14 @@ def test_every_reference_solution_passes_every_case_at_every_rank_count_it_allow
             assert result.passed, (n, seed, result)
             if exercise.optimal_bytes is not None:
                 assert result.sent <= result.optimum
+
+
+@pytest.mark.parametrize("exercise", EXERCISES, ids=lambda e: f"{e.number}-{e.name}")
+def test_a_statement_that_splits_a_dim_by_n_says_it_is_a_multiple_of_n(exercise):
+    """A student who computes the whole dim as n times the local one (h = n * x.shape[1]) is told it may."""
+    for dim in sorted(set(re.findall(r"r\*(\w+)/n", exercise.statement))):
+        said = re.search(rf"\b{dim}\b[^.;:]{{0,20}}multiples?\s+of\s+n\b", exercise.statement)
+        assert said, (dim, exercise.statement)
 
 
 UNSAFE_HALO = """

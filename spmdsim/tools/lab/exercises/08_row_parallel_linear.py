@@ -5,9 +5,9 @@ TITLE = "Row-parallel Linear: partial products summed by Allreduce"
 FUNCTION = "row_parallel_linear"
 SIGNATURE = "row_parallel_linear(comm, x, w)"
 STATEMENT = """\
-Y = X @ W with X of shape (b, k) and W of shape (k, o), the contraction dim k split over the n
-ranks (Megatron's RowParallelLinear): rank r holds x = X[:, r*k/n:(r+1)*k/n] and the matching
-rows of W, w = W[r*k/n:(r+1)*k/n, :].
+Y = X @ W with X of shape (b, k) and W of shape (k, o), the contraction dim k split over the n ranks
+(Megatron's RowParallelLinear; k a multiple of n): rank r holds x = X[:, r*k/n:(r+1)*k/n] and the
+matching rows of W, w = W[r*k/n:(r+1)*k/n, :].
 
 x @ w is a partial product: Y is the sum of all ranks' partial products. Return Y (shape (b, o))
 on every rank.

@@ -6,8 +6,8 @@ FUNCTION = "column_parallel_linear"
 SIGNATURE = "column_parallel_linear(comm, x, w)"
 STATEMENT = """\
 Y = X @ W with X of shape (b, k) on every rank and W of shape (k, o) split by columns over the n
-ranks (Megatron's ColumnParallelLinear): rank r holds w = W[:, r*o/n:(r+1)*o/n]. x @ w is rank r's
-block of columns of Y.
+ranks (Megatron's ColumnParallelLinear; o a multiple of n): rank r holds w = W[:, r*o/n:(r+1)*o/n].
+x @ w is rank r's block of columns of Y.
 
 Return the whole Y (shape (b, o)) on every rank, its column blocks gathered from every rank with
 comm.Allgather. Mind the order: Allgather stacks the ranks' blocks along a new first axis.

@@ -5,10 +5,10 @@ TITLE = "LayerNorm over a split hidden dim, statistics by Allreduce"
 FUNCTION = "layer_norm"
 SIGNATURE = "layer_norm(comm, x)"
 STATEMENT = """\
-X has shape (b, h) and its hidden dim is split over the n ranks: rank r holds the columns
-x = X[:, r*h/n:(r+1)*h/n]. Return this rank's columns of LayerNorm(X) without scale or shift:
-(X - mean) / sqrt(var + 1e-5), where mean and var (the biased variance, np.var) are taken over
-each whole row of h values.
+X has shape (b, h) and its hidden dim is split over the n ranks (h a multiple of n): rank r holds
+the columns x = X[:, r*h/n:(r+1)*h/n]. Return this rank's columns of LayerNorm(X) without scale or
+shift: (X - mean) / sqrt(var + 1e-5), where mean and var (the biased variance, np.var) are taken
+over each whole row of h values.
 
 No rank may gather whole rows: sum what it holds of each row and combine the sums with
 comm.Allreduce (one number per row for the mean, one for the variance).

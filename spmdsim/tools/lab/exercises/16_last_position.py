@@ -5,9 +5,9 @@ TITLE = "The last position of a sequence-split activation"
 FUNCTION = "last_position"
 SIGNATURE = "last_position(comm, x)"
 STATEMENT = """\
-An activation of shape (s, d) is split over the n ranks along its sequence dim: rank r holds
-x = A[r*s/n:(r+1)*s/n], consecutive positions. A language model predicts from the last position,
-A[s - 1] (shape (d,)). Return it on every rank.
+An activation of shape (s, d) is split over the n ranks along its sequence dim (s a multiple of n):
+rank r holds x = A[r*s/n:(r+1)*s/n], consecutive positions. A language model predicts from the last
+position, A[s - 1] (shape (d,)). Return it on every rank.
 
 Only one rank holds it: broadcast it from there (comm.Bcast or comm.bcast). Gathering the whole
 sequence is not allowed: it moves n times the rows needed.

@@ -5,10 +5,10 @@ TITLE = "Backward of a column-parallel Linear: dx by Allreduce"
 FUNCTION = "column_parallel_backward"
 SIGNATURE = "column_parallel_backward(comm, x, w, dy)"
 STATEMENT = """\
-The forward was Megatron's ColumnParallelLinear without gathering: y = x @ w, with x of shape
-(b, k) the same on every rank and w = W[:, r*o/n:(r+1)*o/n] rank r's columns of W (k, o), so y is
-rank r's columns of Y. The backward gets dy, the gradient of the loss with respect to this rank's
-columns of Y (shape (b, o/n)).
+The forward was Megatron's ColumnParallelLinear without gathering: y = x @ w, with x of shape (b, k)
+the same on every rank and w = W[:, r*o/n:(r+1)*o/n] rank r's columns of W (k, o; o a multiple of
+n), so y is rank r's columns of Y. The backward gets dy, the gradient of the loss with respect to
+this rank's columns of Y (shape (b, o/n)).
 
 Return (dx, dw) on every rank: dx, the gradient with respect to x (shape (b, k)), which every rank
 needs whole; dw, the gradient with respect to this rank's w (shape (k, o/n)). One of them is a sum
