@@ -617,6 +617,26 @@ def test_a_thread_left_running_by_a_failed_run_never_meets_the_real_mpi(tmp_path
     assert run.stderr.startswith("spmdsim mpirun: error on simulated rank 0: NotImplementedError: MPI I/O"), run
 
 
+def test_ranks_a_failed_run_left_computing_print_whole_lines_until_the_process_exits(tmp_path):
+    """Ranks 1-3 compute and print on after rank 0's refused call ended the run; rank 0's thread holds the report
+    for a second (`_failed`). Their prints went straight to the process's stdout once the simulation ended, two
+    ranks' halves run together on one line ("rank 1 says rank 2 says hello")."""
+    prog = tmp_path / "late.py"
+    prog.write_text("import sys\nimport threading\nimport time\nfrom mpi4py import MPI\ncomm = MPI.COMM_WORLD\n\n\n"
+                    "def hold():\n    start = time.monotonic()\n"
+                    "    while time.monotonic() - start < 3:\n        pass\n\n\nif comm.rank == 0:\n"
+                    "    threading.Thread(target=hold).start()\n    MPI.File.Open(comm, 'data.bin')\n"
+                    "start = time.monotonic()\nwhile time.monotonic() - start < 2:\n"
+                    "    sys.stdout.write(f'rank {comm.rank} says ')\n    sys.stdout.write('hello\\n')\n"
+                    "    pause = time.monotonic()\n    while time.monotonic() - pause < 0.0002:\n        pass\n")
+    run = subprocess.run(["timeout", "-k", "5", "60", sys.executable, "-m", "spmdsim", "mpirun", "-n", "4", "python",
+                          str(prog)], capture_output=True, text=True, timeout=90, cwd=tmp_path)
+    assert run.returncode == 1, run.stderr
+    assert run.stderr.startswith("spmdsim mpirun: error on simulated rank 0: NotImplementedError: MPI I/O"), run.stderr
+    lines = run.stdout.splitlines()
+    assert lines and [line for line in lines if not re.fullmatch(r"rank [123] says hello", line)] == [], lines[:5]
+
+
 def test_a_program_sees_what_is_set_on_builtins(tmp_path, capsys):
     """The program's own __import__ (rank_modules.rank_builtins) leaves every other builtin the builtins module's,
     read when asked: a name a program sets on `builtins` is found bare, and an unknown one is a NameError."""

@@ -42,6 +42,7 @@ from ..runtime.sim.run import current_rank, exit_status, MAX_RANKS, note_exit, s
 from .rank_random import adopt, own_generators
 from ..base import context as _local
 from ..runtime.sim.os_exit import OsExit, os_exit_ends_the_rank
+from ..runtime.sim.simulating import whole_lines
 from ..errors import fold_message, mark_guarded, SpmdsimError
 from .mpi4py_world import swapped
 from ..runtime.mpi_library import MPILibraryError, load_mpi
@@ -242,23 +243,23 @@ def _failed(code: int) -> int:
 
 
 def _ranks(n: int, args: tuple, eager_limit: Optional[int]) -> Any:
-    """simulate() of `_rank` with `args` (kind, what, exits, ...) on `n` ranks, called while mpi4py.MPI is the
-    ranks' (swapped); or, where a failed run leaves threads running (a rank's own, computing outside MPI when the
-    run ended: World.given_up; one a rank started, no daemon), its exit code, the run reported here: once
-    mpi4py.MPI is this process's again, such a thread goes on with the real MPI (mpi4py.futures' pool, left
-    waiting on a rank, spawned real processes). One still running after `_failed` ends the process now, as
-    MPI_Abort does."""
-    try:
-        return simulate(n, _rank, *args, eager_limit=eager_limit)
-    except (_Terminated, BrokenPipeError, KeyboardInterrupt):
-        raise
-    except BaseException as exc:  # noqa: BLE001 - reported as mpiexec reports a failed rank
-        if not _left_running():
+    """simulate() of `_rank` with `args` (kind, what, exits, ...) on `n` ranks, called while mpi4py.MPI is the ranks'
+    (swapped); or, where a failed run leaves threads running (a rank's own, computing outside MPI when the run
+    ended: World.given_up; one a rank started, no daemon), its exit code, the run reported here, their prints whole
+    lines: once mpi4py.MPI is this process's again, such a thread goes on with the real MPI (mpi4py.futures' pool,
+    left waiting on a rank, spawned real processes). One still running after `_failed` ends the process now."""
+    with whole_lines(n):  # simulate's own, held while a failed run is reported: the ranks left print on
+        try:
+            return simulate(n, _rank, *args, eager_limit=eager_limit)
+        except (_Terminated, BrokenPipeError, KeyboardInterrupt):
             raise
-        code = _failed(_report(exc, args[2], n))
-        if _left_running():
-            _exit_now(code)
-        return code
+        except BaseException as exc:  # noqa: BLE001 - reported as mpiexec reports a failed rank
+            if not _left_running():
+                raise
+            code = _failed(_report(exc, args[2], n))
+            if _left_running():
+                _exit_now(code)
+            return code
 
 
 def _left_running() -> bool:

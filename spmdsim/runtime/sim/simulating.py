@@ -11,12 +11,13 @@ import io
 import sys
 import threading
 import time
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from ...base import context as _local
 from ...base import threads as _threads
 from ...base.output import note_output_failure
 from . import rank_sleep
+from .engine import run_slots
 
 
 class _simulating:
@@ -67,6 +68,15 @@ class _simulating:
             cls.lines = ()
             sys.stdout, sys.stderr = out, err
             blas.close()
+
+
+@contextlib.contextmanager
+def whole_lines(size: int) -> Iterator[None]:
+    """Within this block, what a simulation of `size` ranks sets up: whole lines on the standard streams (a
+    simulation inside it keeps them): for a caller that reports a failed run while the ranks it left computing
+    (spmdsim.runtime.sim.engine.World.given_up) print on, a line at a time, their partial lines kept."""
+    with _simulating(run_slots(size)):
+        yield
 
 
 def end_lines() -> None:
