@@ -162,6 +162,34 @@ def test_errors_return_raises(tmp_path):
     assert sorted(run.stdout.splitlines()) == ["after 0", "after 1", "before 0", "before 1", "caught 6"]
 
 
+_NULL_TYPE = """
+    from mpi4py import MPI
+    import numpy as np
+
+    comm = MPI.COMM_WORLD
+    for args in ((np.zeros(2), 2, MPI.DATATYPE_NULL), (np.zeros(2), MPI.DATATYPE_NULL)):
+        try:
+            comm.Send(list(args), dest=1 - comm.rank)
+        except MPI.Exception as exc:
+            print("MPI.Exception", comm.rank, exc.Get_error_class() == MPI.ERR_TYPE, flush=True)
+        except ValueError as exc:
+            print("ValueError", comm.rank, "cannot infer count" in str(exc), flush=True)
+    """
+
+
+def test_a_null_datatype_is_mpis_invalid_datatype_error(tmp_path):
+    """MPI.DATATYPE_NULL in a message with its count is MPI.Exception of class ERR_TYPE, as MPICH's, which a
+    program's ``except MPI.Exception`` catches (it was spmdsim's ShapeError, a ValueError: the program ended);
+    without a count, mpi4py's ValueError."""
+    run = _run(tmp_path, _NULL_TYPE, "return", simulated=True)
+    assert run.returncode == 0 and run.stderr == "", run.stderr
+    assert sorted(run.stdout.splitlines()) == ["MPI.Exception 0 True", "MPI.Exception 1 True", "ValueError 0 True",
+                                               "ValueError 1 True"]
+    if MPICH:
+        mpich = _run(tmp_path, _NULL_TYPE, "return", simulated=False)
+        assert sorted(mpich.stdout.splitlines()) == sorted(run.stdout.splitlines()), mpich.stderr[-2000:]
+
+
 @pytest.mark.parametrize("errors", ["default", "exception", "abort", "fatal"])
 def test_rc_errors_picks_the_starting_handlers(tmp_path, errors):
     """mpi4py sets rc.errors's handler on every communicator it makes, but under "default" (MPI's: fatal on

@@ -18,7 +18,7 @@ from typing import Any, Optional
 from ...errors import ShapeError
 from ..._lazy import numpy_on_first_use
 from ._datatypes import _BY_OBJECT, _is_datatype, array_of, as_bytes, numpy_dtype
-from ._mpi import BufferSpecError, _numpy_type, integer
+from ._mpi import BufferSpecError, _numpy_type, integer, mpi_module
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
@@ -112,6 +112,8 @@ def message(spec: Any, what: str, blocks: int = 1, readonly: bool = True) -> tup
                             f"buffer; pass a numpy array (np.array({spec!r})), or send Python objects with "
                             f"the lowercase methods (send, recv, bcast, ...)") from None
         raise
+    if count is None and datatype is not None and datatype == getattr(mpi_module(), "DATATYPE_NULL", None):
+        raise ValueError(f"{what}: message: cannot infer count, datatype is null")  # mpi4py's, before MPI's
     dtype = None if datatype is None else numpy_dtype(datatype)
     if a is None:
         a = np.empty(0, dtype or np.uint8)
