@@ -539,6 +539,29 @@ def test_the_ranks_share_pythons_warning_filters(tmp_path, capsys):
     assert capsys.readouterr().out == "raised\n"
 
 
+def test_the_ranks_share_pythons_logging_set_up_and_a_filter_names_each_ranks_lines(tmp_path):
+    """docs/reference/emulator.md: the first rank's logging.basicConfig is every rank's (one logging module per
+    process), so a format with the rank written in names one rank on every line; a handler's filter that reads
+    MPI.COMM_WORLD.rank as each line is logged names the line's own rank, as under mpiexec."""
+    program = tmp_path / "log.py"
+    program.write_text("import logging\nimport sys\nfrom mpi4py import MPI\nrank = MPI.COMM_WORLD.rank\n\n\n"
+                       "class RankFilter(logging.Filter):\n    def filter(self, record):\n"
+                       "        record.rank = MPI.COMM_WORLD.rank\n        return True\n\n\n"
+                       "if sys.argv[1] == 'written':\n    logging.basicConfig(format=f'{rank} %(message)s')\nelse:\n"
+                       "    handler = logging.StreamHandler()\n    handler.addFilter(RankFilter())\n"
+                       "    logging.basicConfig(format='%(rank)s %(message)s', handlers=[handler])\n"
+                       "logging.warning('logged by %d', rank)\n")
+    lines = {}
+    for how in ("written", "filter"):
+        run = subprocess.run([sys.executable, "-m", "spmdsim", "mpirun", "-n", "3", "python", str(program), how],
+                             capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0 and run.stdout == "", run.stderr
+        lines[how] = sorted(line.split(" ", 1) for line in run.stderr.splitlines())
+    assert [text for _, text in lines["written"]] == [f"logged by {r}" for r in range(3)]
+    assert len({named for named, _ in lines["written"]}) == 1
+    assert lines["filter"] == [[str(r), f"logged by {r}"] for r in range(3)]
+
+
 def test_command_lines_as_mpiexec_users_type_them(tmp_path, capsys):
     """-np, a leading --, python3.N or this interpreter's path, Open MPI's --oversubscribe, Python's -u and -B all
     run the program; another Python option is refused in one line naming it and the ones taken."""
