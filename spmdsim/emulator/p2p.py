@@ -137,8 +137,13 @@ class PointToPoint:
         source, recvtag = _any(source, "source"), _any(recvtag, "recv tag")  # before the send is posted
         if buf is None and dest == source == special("PROC_NULL"):
             buf = [None, 0]  # mpi4py's empty message: None is one only to and from MPI.PROC_NULL
-        data, count, _ = message(buf, "Sendrecv_replace buffer", readonly=False)
         both = Request(None, self._me, "sendrecv")
+        sent = packed(buf) if may_be_derived(buf) else buf
+        if sent is not buf:  # a derived datatype's message: sent packed now (a copy), unpacked into `buf` on arrival
+            send = post_send(self._group, self._me, dest, sendtag, sent, mode="standard")
+            both.null, both.parts = False, (send, self._irecv(buf, source, recvtag, defer))
+            return both
+        data, count, _ = message(buf, "Sendrecv_replace buffer", readonly=False)
         send = self._isend(data[:count].copy(), dest, sendtag, "standard")  # sent from a copy: `buf` is received into
         both.null, both.parts = False, (send, self._irecv(data[:count], source, recvtag, defer))
         return both
