@@ -18,7 +18,7 @@ from typing import Any, Optional
 from ...errors import ShapeError
 from ..._lazy import numpy_on_first_use
 from ._datatypes import _BY_OBJECT, _is_datatype, array_of, as_bytes, numpy_dtype
-from ._mpi import BufferSpecError, _numpy_type, integer, mpi_module
+from ._mpi import BufferSpecError, _numpy_type, integer, mpi_error, mpi_module
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
@@ -112,8 +112,8 @@ def message(spec: Any, what: str, blocks: int = 1, readonly: bool = True) -> tup
                             f"buffer; pass a numpy array (np.array({spec!r})), or send Python objects with "
                             f"the lowercase methods (send, recv, bcast, ...)") from None
         raise
-    if count is None and datatype is not None and datatype == getattr(mpi_module(), "DATATYPE_NULL", None):
-        raise ValueError(f"{what}: message: cannot infer count, datatype is null")  # mpi4py's, before MPI's
+    if datatype is not None and datatype == getattr(mpi_module(), "DATATYPE_NULL", None):
+        raise _null_datatype(a, count, displ, what)
     dtype = None if datatype is None else numpy_dtype(datatype)
     if a is None:
         a = np.empty(0, dtype or np.uint8)
@@ -138,6 +138,22 @@ def message(spec: Any, what: str, blocks: int = 1, readonly: bool = True) -> tup
     if count * max(blocks, 1) > a.size:
         raise ShapeError(f"{what}: {blocks} x {count} entries do not fit a buffer of {a.size}")
     return a, count, datatype
+
+
+def _null_datatype(a: Any, count: Any, displ: Any, what: str) -> BaseException:
+    """The error of a message of MPI.DATATYPE_NULL: mpi4py's ValueError where it needs the type's extent (a
+    displacement, a count to infer from the buffer), else MPICH's MPI.Exception (MPI.ERR_TYPE), which a program's
+    ``except MPI.Exception`` catches."""
+    displ = 0 if displ is None else operator.index(displ)
+    count = None if count is None else operator.index(count)
+    if displ < 0 or (count is not None and count < 0):
+        return ValueError(f"{what}: message: negative {'displacement' if displ < 0 else 'count'} "
+                          f"{displ if displ < 0 else count}")
+    if displ or (count is None and a is not None and a.nbytes):
+        return ValueError(f"{what}: message: cannot {'handle displacement' if displ else 'infer count'}, "
+                          "datatype is null")
+    mpi = mpi_module()
+    return mpi_error(mpi, mpi.ERR_TYPE, "datatype MPI.DATATYPE_NULL cannot carry a message")
 
 
 def wparts(spec: Any) -> tuple:

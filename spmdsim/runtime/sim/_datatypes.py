@@ -12,7 +12,7 @@ from typing import Any
 
 from ...errors import ShapeError
 from ..._lazy import numpy_on_first_use
-from ._mpi import BufferSpecError, DatatypeMapError, mpi_error, mpi_module
+from ._mpi import BufferSpecError, DatatypeMapError, mpi_module
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
@@ -49,7 +49,7 @@ def numpy_dtype(datatype: Any) -> np.dtype:
     if mpi is None or not isinstance(datatype, mpi.Datatype):
         raise ShapeError(f"datatype {datatype!r} is not an MPI datatype or a typecode")
     if datatype == mpi.DATATYPE_NULL:
-        raise mpi_error(mpi, mpi.ERR_TYPE, "datatype MPI.DATATYPE_NULL cannot carry a message")  # as MPICH's
+        raise ShapeError("datatype MPI.DATATYPE_NULL cannot carry a message")
     if not datatype.is_predefined:
         base, combiner, params = datatype.decode()
         if combiner != "CONTIGUOUS":  # not cached: a freed type's handle is given to the next one
