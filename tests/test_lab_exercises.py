@@ -90,6 +90,25 @@ NONPERIODIC_HALO = """
             return out
         """
 
+#: Exercise 14 answered with the device matrix numbered first axis fastest (ranks are numbered row-major, the
+#: last axis fastest): at 8 ranks another rank's block, at 4 also the block of the last-listed axis major.
+FIRST_AXIS_FASTEST = """
+        def my_block(comm, device_matrix, alias_names, tensor_map, shape):
+            rank = comm.Get_rank()
+            coords, rest = {}, rank
+            for name, size in zip(alias_names, device_matrix):
+                coords[name], rest = rest % size, rest // size
+            sizes = dict(zip(alias_names, device_matrix))
+            block = []
+            for length, entry in zip(shape, tensor_map):
+                axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+                index, parts = 0, 1
+                for axis in axes:
+                    index, parts = index * sizes[axis] + coords[axis], parts * sizes[axis]
+                block.append((index * (length // parts), (index + 1) * (length // parts)))
+            return block
+        """
+
 # (exercise, ranks, seed, status, words of the message, the wrong solution)
 WRONG = [
     (1, 2, 0, "deadlock", ["deadlock at 2 ranks", "rank 0 waits in recv", "rank 1 waits in recv", "line 6"], """
@@ -730,40 +749,10 @@ WRONG = [
             return block
         """),
     (14, 8, 0, "wrong",
-     ["rank 1 item 0 is (0, 4), expected (4, 8)", "rank 4's block: ranks are numbered row-major"], """
-        def my_block(comm, device_matrix, alias_names, tensor_map, shape):
-            rank = comm.Get_rank()
-            coords, rest = {}, rank
-            for name, size in zip(alias_names, device_matrix):
-                coords[name], rest = rest % size, rest // size
-            sizes = dict(zip(alias_names, device_matrix))
-            block = []
-            for length, entry in zip(shape, tensor_map):
-                axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
-                index, parts = 0, 1
-                for axis in axes:
-                    index, parts = index * sizes[axis] + coords[axis], parts * sizes[axis]
-                block.append((index * (length // parts), (index + 1) * (length // parts)))
-            return block
-        """),
+     ["rank 1 item 0 is (0, 4), expected (4, 8)", "rank 4's block: ranks are numbered row-major"], FIRST_AXIS_FASTEST),
     # ranks numbered with the first axis fastest: at 4 ranks the same block as the last-listed axis major
     (14, 4, 0, "wrong", ["rank 1 item 1 is (6, 12), expected (12, 18)", "the first listed is major",
-                         "ranks are numbered row-major"], """
-        def my_block(comm, device_matrix, alias_names, tensor_map, shape):
-            rank = comm.Get_rank()
-            coords, rest = {}, rank
-            for name, size in zip(alias_names, device_matrix):
-                coords[name], rest = rest % size, rest // size
-            sizes = dict(zip(alias_names, device_matrix))
-            block = []
-            for length, entry in zip(shape, tensor_map):
-                axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
-                index, parts = 0, 1
-                for axis in axes:
-                    index, parts = index * sizes[axis] + coords[axis], parts * sizes[axis]
-                block.append((index * (length // parts), (index + 1) * (length // parts)))
-            return block
-        """),
+                         "ranks are numbered row-major"], FIRST_AXIS_FASTEST),
     (15, 2, 0, "wrong", ["rank 0 result[0, 0:4] differs", "normalized by this rank's own columns"], """
         import numpy as np
         def layer_norm(comm, x):
