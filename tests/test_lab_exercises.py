@@ -783,6 +783,17 @@ WRONG = [
             y = (rows - rows.mean(axis=1, keepdims=True)) / np.sqrt(rows.var(axis=1, keepdims=True) + 1e-5)
             return np.split(y, comm.Get_size(), axis=1)[comm.Get_rank()]
         """),
+    # The last rank's whole block broadcast for its last row: right values, s/n times the bytes.
+    (16, 3, 0, "bytes", ["rank 2 sent 48 B at 3 ranks (A 6x3); the algorithm needs 24 B from its busiest rank; "
+                         "comm.Bcast at line 5 sent all of them: broadcast the one row from the rank that holds it"],
+     """
+        import numpy as np
+        def last_position(comm, x):
+            n = comm.Get_size()
+            block = x.copy() if comm.Get_rank() == n - 1 else np.empty_like(x)
+            comm.Bcast(block, root=n - 1)
+            return block[-1]
+        """),
     (16, 3, 0, "wrong", ["rank 0 result[0:3] differs", "this rank's own last row"], """
         def last_position(comm, x):
             comm.bcast(None)

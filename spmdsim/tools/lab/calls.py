@@ -1,4 +1,5 @@
-"""Which MPI calls a submission makes, at which line, and the bytes its sends and one-sided operations carry.
+"""Which MPI calls a submission makes, at which line, and the bytes its sends, collectives and one-sided
+operations carry (spmdsim.tools.lab.sent_bytes says what a collective sends).
 
 A profile hook on each simulated rank's thread (`watching`) notes every call from the submission's
 own file into the emulator (spmdsim.emulator, spmdsim.runtime.sim): a call on any communicator, whether the
@@ -11,13 +12,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import pickle
 import sys
 from typing import Any, Iterator, Optional
 
 from ...emulator import comm as _comm
 from ...emulator.handles import GUARD_CODE
 from ...runtime.sim import p2p as _p2p
+from .sent_bytes import buffer_bytes, collective_sent, object_bytes, persistent_collective_sent
 
 __all__ = ["COLLECTIVES", "POINT_TO_POINT", "ONE_SIDED", "Notes", "base_call", "watching", "violation", "missing",
            "too_many"]
@@ -62,47 +63,35 @@ _PERSISTENT_SENDS = ("Send_init", "Bsend_init", "Ssend_init", "Rsend_init")
 
 @dataclasses.dataclass
 class Notes:
-    """One rank's calls from the submission: (name, line) in order, and the bytes its sends and one-sided
-    operations carried to other ranks (a send to itself or to MPI.PROC_NULL moves nothing); `persistent`:
-    id -> (request, the bytes each Start of it sends), for the persistent sends it made."""
+    """One rank's calls from the submission: (name, line) in order, and the bytes its sends, collectives and
+    one-sided operations carried to other ranks (a send to itself or to MPI.PROC_NULL moves nothing), in all
+    (`sent`) and by call (`carried`: (name, line) -> bytes, for the calls that carried some); `persistent`:
+    id -> (request, the bytes each Start of it sends), for the persistent sends and collectives it made."""
 
     calls: list = dataclasses.field(default_factory=list)
     sent: int = 0
+    carried: dict = dataclasses.field(default_factory=dict)
     persistent: dict = dataclasses.field(default_factory=dict)
+
+    def heaviest(self) -> Optional[tuple]:
+        """(the call as a program writes it, line, bytes) of the call that carried the most of this rank's
+        bytes (comm.Bcast, win.Put, request.Start), or None."""
+        if not self.carried:
+            return None
+        (name, line), most = max(self.carried.items(), key=lambda item: item[1])
+        return _said(name), line, most
+
+
+def _said(name: str) -> str:
+    """Call `name` as a program writes it: win.Put for a window's, request.Start for a request's, else comm.Bcast."""
+    return f"win.{name}" if name in ONE_SIDED else f"request.{name}" if name in ("Start", "Startall") else \
+        f"comm.{name}"
 
 
 def base_call(name: str) -> str:
     """The call a persistent request's maker stands for (Allreduce_init: Allreduce, Send_init: Send), so that a
     rule on a call holds for its persistent form too; any other name as it is."""
     return name[:-len("_init")] if name.endswith("_init") else name
-
-
-def _buffer_bytes(spec: Any) -> int:
-    """The bytes of an mpi4py buffer argument: an array, or [array, datatype] / [array, count, datatype]."""
-    count = None
-    if isinstance(spec, (list, tuple)) and spec:
-        if len(spec) >= 3 and isinstance(spec[1], int):
-            count = spec[1]
-        spec = spec[0]
-    try:
-        view = memoryview(spec)
-    except TypeError:
-        return 0
-    return view.nbytes if count is None else count * view.itemsize
-
-
-def _object_bytes(obj: Any) -> int:
-    """The bytes of an object a lowercase send carries: an array's (or a list or tuple of arrays') data, as
-    its buffer form would send it, so that `comm.sendrecv(x, ...)` meets the same budget as `Sendrecv`;
-    any other object its pickle's."""
-    if isinstance(obj, (list, tuple)) and obj and all(hasattr(item, "__array_interface__") for item in obj):
-        return sum(_buffer_bytes(item) for item in obj)
-    if hasattr(obj, "__array_interface__"):
-        return _buffer_bytes(obj)
-    try:
-        return len(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
-    except Exception:  # noqa: BLE001 - what cannot be pickled fails in the send itself
-        return 0
 
 
 def _sent(name: str, frame: Any) -> int:
@@ -118,8 +107,8 @@ def _sent(name: str, frame: Any) -> int:
     except Exception:  # noqa: BLE001 - a freed communicator: the call itself says so
         return 0
     if name in _SEND_BUFFER:
-        return _buffer_bytes(local.get(_SEND_BUFFER[name]))
-    return _object_bytes(local.get(_SEND_OBJECT[name]))
+        return buffer_bytes(local.get(_SEND_BUFFER[name]))
+    return object_bytes(local.get(_SEND_OBJECT[name]))
 
 
 def _one_sided(name: str, frame: Any) -> int:
@@ -134,7 +123,23 @@ def _one_sided(name: str, frame: Any) -> int:
             return 0
     except Exception:  # noqa: BLE001 - a freed window: the call itself says so
         return 0
-    return sum(_buffer_bytes(local.get(argument)) for argument in _ONE_SIDED[name])
+    return sum(buffer_bytes(local.get(argument)) for argument in _ONE_SIDED[name])
+
+
+def _carried(name: str, frame: Any, notes: Notes) -> int:
+    """The bytes call `name` (the callee's `frame`) carries to other ranks: a send's, a collective's, a
+    one-sided operation's, or a Start's of the persistent requests in `notes`."""
+    if name in _SEND_BUFFER or name in _SEND_OBJECT:
+        return _sent(name, frame)
+    if name in _ONE_SIDED:
+        return _one_sided(name, frame)
+    if name in COLLECTIVES:
+        return collective_sent(name, frame.f_locals, frame.f_locals.get("self"))
+    if name in ("Start", "Startall"):
+        local = frame.f_locals
+        started = [local.get("self")] if name == "Start" else list(local.get("requests") or ())
+        return sum(notes.persistent.get(id(request), (None, 0))[1] for request in started)
+    return 0
 
 
 @contextlib.contextmanager
@@ -153,19 +158,17 @@ def watching(filename: str, notes: Notes) -> Iterator[Notes]:
         if not frame.f_code.co_filename.startswith(_EMULATOR):
             return
         name = frame.f_code.co_name
-        if event == "return":  # a persistent send made: what each Start of it will send
-            if name in _PERSISTENT_SENDS and arg is not None:
+        if event == "return":  # a persistent send or collective made: what each Start of it will send
+            if arg is not None and name in _PERSISTENT_SENDS:
                 notes.persistent[id(arg)] = (arg, _sent("Send", frame))
+            elif arg is not None and name.endswith("_init") and base_call(name) in COLLECTIVES:
+                notes.persistent[id(arg)] = (arg, persistent_collective_sent(name, frame.f_locals))
             return
         notes.calls.append((name, back.f_lineno))
-        if name in _SEND_BUFFER or name in _SEND_OBJECT:
-            notes.sent += _sent(name, frame)
-        elif name in _ONE_SIDED:
-            notes.sent += _one_sided(name, frame)
-        elif name in ("Start", "Startall"):
-            local = frame.f_locals
-            started = [local.get("self")] if name == "Start" else list(local.get("requests") or ())
-            notes.sent += sum(notes.persistent.get(id(request), (None, 0))[1] for request in started)
+        carried = _carried(name, frame, notes)
+        if carried:
+            notes.sent += carried
+            notes.carried[name, back.f_lineno] = notes.carried.get((name, back.f_lineno), 0) + carried
 
     before = sys.getprofile()
     sys.setprofile(hook)
@@ -181,12 +184,11 @@ def violation(notes: list, forbidden: tuple, allowed: Optional[tuple]) -> Option
     for note in notes:
         for name, line in note.calls:
             call = base_call(name)
-            said = f"win.{name}" if name in ONE_SIDED else f"comm.{name}"
             if name in forbidden or call in forbidden:
-                return f"line {line}: {said} is not allowed in this exercise"
+                return f"line {line}: {_said(name)} is not allowed in this exercise"
             if allowed is not None and call not in allowed and (call in COLLECTIVES or call in POINT_TO_POINT
                                                                 or call in ONE_SIDED):
-                return (f"line {line}: {said} is not one of the calls this exercise allows "
+                return (f"line {line}: {_said(name)} is not one of the calls this exercise allows "
                         f"({', '.join(allowed)})")
     return None
 

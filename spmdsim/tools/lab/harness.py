@@ -236,8 +236,19 @@ def judge(exercise: Exercise, case: dict, seed: int, n: int, results: Optional[l
                                  f"{optimum:,} B from its busiest rank: the values went through memory the "
                                  "simulated ranks share (threads of one process), which MPI ranks do not")
     if optimum is not None and sent > optimum:
-        busiest = max(range(n), key=lambda r: notes[r].sent)
         return CaseResult(**result, status="bytes", sent=sent, optimum=optimum,
-                          reason=f"rank {busiest} sent {sent:,} B at {ranks_text(n)} ({label}); the algorithm needs "
-                                 f"{optimum:,} B from its busiest rank")
+                          reason=_too_many_bytes(notes, optimum, n, label, exercise.hint))
     return CaseResult(**result, status=PASS, sent=sent, optimum=optimum)
+
+
+def _too_many_bytes(notes: list, optimum: int, n: int, label: str, hint: Optional[str]) -> str:
+    """The reason of a case whose busiest rank sent more than `optimum` bytes: that rank, its bytes, the call
+    (and line) that carried the most of them, the optimum and the exercise's `hint`."""
+    busiest = max(range(n), key=lambda r: notes[r].sent)
+    sent = notes[busiest].sent
+    heaviest, by = notes[busiest].heaviest(), ""
+    if heaviest:
+        call, line, most = heaviest
+        by = f"; {call} at line {line} sent {'all' if most == sent else f'{most:,} B'} of them"
+    return (f"rank {busiest} sent {sent:,} B at {ranks_text(n)} ({label}); the algorithm needs {optimum:,} B from "
+            f"its busiest rank{by}" + (f": {hint}" if hint else ""))

@@ -9,8 +9,9 @@ An activation of shape (s, d) is split over the n ranks along its sequence dim (
 rank r holds x = A[r*s/n:(r+1)*s/n], consecutive positions. A language model predicts from the last
 position, A[s - 1] (shape (d,)). Return it on every rank.
 
-Only one rank holds it: broadcast it from there (comm.Bcast or comm.bcast). Gathering the whole
-sequence is not allowed: it moves n times the rows needed.
+Only one rank holds it: broadcast it from there (comm.Bcast or comm.bcast). Send that one row, d
+values: the check counts the bytes each rank sends, and a broadcast of the whole block fails. Gathering
+the whole sequence is not allowed: it moves n times the rows needed.
 """
 FORBIDDEN = ("Allgather", "allgather", "Allgatherv", "Gather", "gather", "Gatherv", "Alltoall", "alltoall")
 REQUIRED = ("Bcast|bcast|Ibcast",)
@@ -23,6 +24,13 @@ def case(seed, n):
     a = rng.standard_normal((n * per, d))
     args = [(a[r * per:(r + 1) * per].copy(),) for r in range(n)]
     return {"args": args, "expected": [a[-1].copy()] * n, "label": f"A {n * per}x{d}"}
+
+
+def optimal_bytes(case, n):
+    """The one row the last rank broadcasts (a broadcast sends the root's buffer once, see
+    spmdsim.tools.lab.sent_bytes); nothing on one rank."""
+    x = case["args"][0][0]
+    return 0 if n == 1 else x.shape[1] * x.itemsize
 
 
 def explain(case, n, rank, got):
