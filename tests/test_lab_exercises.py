@@ -650,6 +650,16 @@ WRONG = [
             comm.Allreduce(MPI.IN_PLACE, out)
             return out
         """),
+    # Every rank's whole block to every rank: right values, n times the bytes each rank needs.
+    (12, 3, 0, "bytes", ["rank 0 sent 288 B at 3 ranks (A 6x9); the algorithm needs 96 B from its busiest rank; "
+                         "comm.alltoall at line 5 sent all of them: one Alltoall moves only what each rank needs"], """
+        import numpy as np
+        def rows_to_columns(comm, x):
+            n, r = comm.Get_size(), comm.Get_rank()
+            cols = x.shape[1] // n
+            blocks = comm.alltoall([x] * n)
+            return np.concatenate([b[:, r * cols:(r + 1) * cols] for b in blocks])
+        """),
     (12, 2, 0, "forbidden", ["line 4: comm.allgather is not allowed", "one Alltoall moves only"], """
         import numpy as np
         def rows_to_columns(comm, x):
@@ -753,6 +763,19 @@ WRONG = [
     # ranks numbered with the first axis fastest: at 4 ranks the same block as the last-listed axis major
     (14, 4, 0, "wrong", ["rank 1 item 1 is (6, 12), expected (12, 18)", "the first listed is major",
                          "ranks are numbered row-major"], FIRST_AXIS_FASTEST),
+    # Whole rows gathered by an Allreduce of zero-padded blocks: right values, the gather's bytes.
+    (15, 2, 0, "bytes", ["rank 0 sent 192 B at 2 ranks (X 3x8); the algorithm needs 48 B from its busiest rank; "
+                         "comm.allreduce at line 7 sent all of them: combine the rows' partial sums"], """
+        import numpy as np
+        def layer_norm(comm, x):
+            n, r = comm.Get_size(), comm.Get_rank()
+            b, per = x.shape
+            whole = np.zeros((b, n * per))
+            whole[:, r * per:(r + 1) * per] = x
+            rows = comm.allreduce(whole)
+            y = (rows - rows.mean(axis=1, keepdims=True)) / np.sqrt(rows.var(axis=1, keepdims=True) + 1e-5)
+            return y[:, r * per:(r + 1) * per]
+        """),
     (15, 2, 0, "wrong", ["rank 0 result[0, 0:4] differs", "normalized by this rank's own columns"], """
         import numpy as np
         def layer_norm(comm, x):
@@ -896,6 +919,21 @@ WRONG = [
                          "comm.allreduce of a Python list adds the ranks' lists, and + joins lists end to end"], """
         def bucketed_allreduce(comm, grads):
             return comm.allreduce(grads)
+        """),
+    # The whole logits gathered by an Allreduce of zero-padded blocks: right values, the gather's bytes.
+    (20, 3, 0, "bytes", ["rank 0 sent 360 B at 3 ranks (t=5, V=9); the algorithm needs 120 B from its busiest rank; "
+                         "comm.Allreduce at line 7 sent all of them: reduce the maxima, the sums"], """
+        import numpy as np
+        def vocab_parallel_cross_entropy(comm, logits, labels):
+            n, r = comm.Get_size(), comm.Get_rank()
+            t, per = logits.shape
+            whole = np.zeros((t, n * per))
+            whole[:, r * per:(r + 1) * per] = logits
+            comm.Allreduce(whole.copy(), whole)
+            top = whole.max(axis=1)
+            lse = top + np.log(np.exp(whole - top[:, None]).sum(axis=1))
+            picked = whole[np.arange(t), np.where(labels == -100, 0, labels)]
+            return np.where(labels == -100, 0.0, lse - picked)
         """),
     (20, 2, 1, "wrong", ["rank 0 result[", "a loss is inf or nan: subtract each row's maximum"], """
         import numpy as np

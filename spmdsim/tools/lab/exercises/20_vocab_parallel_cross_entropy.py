@@ -15,6 +15,7 @@ logsumexp(L[i]) - L[i, labels[i]], and 0.0 where labels[i] == -100, without gath
   without subtracting the maximum);
 - the sums of exp(L - max) by an Allreduce (sum);
 - the target logit L[i, labels[i]] lives on one rank: the others add 0 (an Allreduce again).
+The check counts the bytes each rank sends: more than these three numbers per token fails.
 """
 FORBIDDEN = ("Allgather", "allgather", "Allgatherv", "Gather", "gather", "Gatherv", "Alltoall", "alltoall")
 REQUIRED = ("Allreduce|allreduce",)
@@ -37,6 +38,13 @@ def case(seed, n):
     labels[1] = IGNORE
     args = [(whole[:, r * per:(r + 1) * per].copy(), labels.copy()) for r in range(n)]
     return {"args": args, "expected": [_losses(whole, labels)] * n, "label": f"t={t}, V={n * per}"}
+
+
+def optimal_bytes(case, n):
+    """Three numbers per token, its maximum, its sum and its target logit (an Allreduce sends a rank's send
+    buffer once, see spmdsim.tools.lab.sent_bytes); nothing on one rank."""
+    logits = case["args"][0][0]
+    return 0 if n == 1 else 3 * logits.shape[0] * logits.itemsize
 
 
 def explain(case, n, rank, got):
