@@ -93,6 +93,13 @@ ONE_ROW = {
             n = comm.Get_size()
             return comm.bcast(x[-1] if comm.Get_rank() == n - 1 else None, root=n - 1)
         """,
+    # a list of the row's floats: its pickle is 43 B for 3 of them, its values 24
+    "bcast_list": """
+        import numpy as np
+        def last_position(comm, x):
+            n = comm.Get_size()
+            return np.array(comm.bcast(x[-1].tolist() if comm.Get_rank() == n - 1 else None, root=n - 1))
+        """,
     "Bcast_1xd": """
         import numpy as np
         def last_position(comm, x):

@@ -47,14 +47,23 @@ def buffer_bytes(spec: Any) -> int:
     return view.nbytes if count is None else count * view.itemsize
 
 
+#: Python's numbers, which a lowercase call's pickle wraps in more bytes than their values (a list of 3 floats: 43 B).
+_NUMBERS = (int, float)
+
+
 def object_bytes(obj: Any) -> int:
     """The bytes of an object a lowercase call carries: an array's (or a list or tuple of arrays') data, as
-    its buffer form would send it, so that `comm.sendrecv(x, ...)` meets the same budget as `Sendrecv`;
-    any other object its pickle's."""
+    its buffer form would send it, so that `comm.sendrecv(x, ...)` meets the same budget as `Sendrecv`; a
+    Python number, or a list or tuple of them (`x[-1].tolist()`), 8 bytes each, as a float64 or int64 array
+    of them; any other object its pickle's."""
     if isinstance(obj, (list, tuple)) and obj and all(hasattr(item, "__array_interface__") for item in obj):
         return sum(buffer_bytes(item) for item in obj)
     if hasattr(obj, "__array_interface__"):
         return buffer_bytes(obj)
+    if type(obj) in _NUMBERS:
+        return 8
+    if isinstance(obj, (list, tuple)) and obj and all(type(item) in _NUMBERS for item in obj):
+        return 8 * len(obj)
     try:
         return len(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
     except Exception:  # noqa: BLE001 - what cannot be pickled fails in the call itself
