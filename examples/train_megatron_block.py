@@ -35,7 +35,7 @@ from spmdsim.models.nets.megatron_reference import megatron_block
 import numpy as np  # noqa: E402
 
 parser = OnceParser(description=__doc__.splitlines()[0])
-parser.add_argument("--steps", type=int, default=20)
+parser.add_argument("--steps", type=int, default=20, metavar="N", help="training steps (default 20)")
 parser.add_argument("--lr", type=flag_float, default=None,
                     help="SGD step (default 0.05, and 0.05 * 64 / ranks above 64 ranks: the widths grow with "
                          "the ranks)")

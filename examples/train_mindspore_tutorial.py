@@ -34,10 +34,12 @@ from spmdsim.models.nets.shared import SharedReferenceTrainer
 TOLERANCE = {"float64": 1e-12, "float32": 1e-4}
 
 parser = OnceParser(description=__doc__.splitlines()[0])
-parser.add_argument("--steps", type=int, default=100)
-parser.add_argument("--dtype", choices=tuple(TOLERANCE), default="float64")
-parser.add_argument("--net", choices=("tutorial", "layout"), default="tutorial")
-parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
+parser.add_argument("--steps", type=int, default=100, metavar="N", help="training steps (default 100)")
+parser.add_argument("--dtype", choices=tuple(TOLERANCE), default="float64",
+                    help="the network's dtype, its check's tolerance with it (default float64)")
+parser.add_argument("--net", choices=("tutorial", "layout"), default="tutorial",
+                    help="the tutorial's shard strategies (default) or its Layout-tuple variant")
+parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd", help="the optimizer (default sgd)")
 parser.add_argument("--lr", type=flag_float, default=None, help="default 1e-2 (SGD) or 1e-3 (Adam)")
 parser.add_argument("--synthetic", action="store_true", help="seeded synthetic digits instead of MNIST")
 parser.add_argument("--explain", action="store_true", help="say what each backward collective answers")

@@ -28,9 +28,10 @@ NETWORKS = {"paddle_tp": seeds.paddle_needs, "oneflow_2d_sbp": seeds.oneflow_nee
             "oneflow_2d_signature": seeds.oneflow_needs}
 
 parser = OnceParser(description=__doc__.splitlines()[0])
-parser.add_argument("--steps", type=int, default=10)
-parser.add_argument("--lr", type=flag_float, default=0.1)
-parser.add_argument("--net", choices=tuple(NETWORKS), nargs="+", default=list(NETWORKS))
+parser.add_argument("--steps", type=int, default=10, metavar="N", help="training steps (default 10)")
+parser.add_argument("--lr", type=flag_float, default=0.1, help="SGD's learning rate (default 0.1)")
+parser.add_argument("--net", choices=tuple(NETWORKS), nargs="+", default=list(NETWORKS),
+                    help="the networks to train (default: all that run on the rank count)")
 parser.add_argument("--bucket", action="store_true",
                     help="sum the replicas' gradients pending over the same axes in one Allreduce")
 parser.add_argument("--zero", type=int, choices=(0, 3), default=0,

@@ -72,3 +72,13 @@ def test_every_flag_of_a_training_example_has_its_help(name, monkeypatch):
     assert code == 0, err
     assert _bare_flags(out) == []
     assert "--steps N             training steps (default " in out
+
+
+@pytest.mark.parametrize("name, steps", [("train_seed_networks", 10), ("train_mindspore_tutorial", 100),
+                                         ("train_megatron_block", 20)])
+def test_every_flag_of_a_small_training_example_has_its_help(name, steps, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    code, out, err = run_here(f"examples/{name}.py", ["--help"])
+    assert code == 0, err
+    assert _bare_flags(out) == []
+    assert f"training steps (default {steps})" in " ".join(out.split())
