@@ -635,6 +635,14 @@ def test_a_dropless_dry_run_needs_a_routing_and_a_real_run_refuses_one():
     assert out.returncode == 2 and "--routing worst sets a dry run's routing" in unfold(out.stderr), out.stderr
 
 
+def test_a_dry_run_refuses_dispatch_whose_lines_it_does_not_show():
+    out = _example(["--ranks", "4", "--dry-run", "--dispatch", "--steps", "1", "--layers", "2", "--d-model", "16",
+                    "--seq", "8", "--heads", "4"])
+    said = " ".join(out.stderr.split())
+    assert out.returncode == 2 and said.startswith("spmdsim: error: --dispatch prints each reported step"), out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
+
+
 DRY_64 = ["--ranks", "1024", "--dry-run", "--steps", "1", "--experts", "64", "--ep", "64", "--tp", "8",
           "--layers", "4", "--d-model", "1024", "--heads", "16", "--seq", "1024", "--batch", "128",
           "--dropless", "--routing", "worst"]

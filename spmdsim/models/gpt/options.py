@@ -331,11 +331,15 @@ def moe_problem(args: Any) -> Optional[str]:
 def routing_problem(args: Any) -> Optional[str]:
     """Why examples/train_moe_gpt.py's ``--routing`` cannot be beside ``--dry-run`` or without it, or None: a dry
     run's routing (it has no values to route by), needed with ``--dropless``; a run with values routes by its
-    router. Read from the flags (``--dry-run`` is a dry run: run_main refuses it without ``--ranks``)."""
+    router; ``--dispatch`` prints what each step sent, which a dry run does not show. Read from the flags
+    (``--dry-run`` is a dry run: run_main refuses it without ``--ranks``)."""
     dry = bool(getattr(args, "dry_run", False))
     if args.routing and not dry:
         return (f"--routing {args.routing} sets a dry run's routing (--ranks N --dry-run); a run with values routes "
                 "by its router")
+    if dry and args.dispatch:
+        return ("--dispatch prints each reported step's tokens rank -> rank, which a dry run (--dry-run) does not "
+                "show: leave one of them out")
     if dry and args.dropless and not args.routing:
         return ("--dry-run with --dropless needs --routing balanced or --routing worst: the dry run has no values to "
                 "route by, and the bytes depend on it")
