@@ -91,7 +91,7 @@ def main(args):
     block = MegatronBlock(comm)
     with np.errstate(**QUIET):
         losses, calls, checked, failed, worst, nonfinite = train_steps(args, block)
-    trend, trend_ok = loss_trend(losses)
+    trend, trend_ok = loss_trend(losses, lr=args.lr)
     if comm.rank == 0:
         report(args, trend, calls, (checked, failed, worst, nonfinite))
     block.mesh.close()

@@ -88,7 +88,7 @@ def main(args):
     seconds = time.perf_counter() - start
     counts = comm.gather(bytes_by_phase, root=0)
     trainer.close()
-    trend, trend_ok = loss_trend(losses)
+    trend, trend_ok = loss_trend(losses, lr=args.lr)
     if comm.rank == 0:
         print(trend)
         print("collectives per step (busiest rank): " + ", ".join(

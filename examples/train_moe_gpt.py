@@ -375,7 +375,7 @@ def report_results(args, run, results):
     rank0 = run.comm.rank == 0
     if rank0 and args.save is not None:
         print(saved_line(args, run.comm.size))
-    trend, falling = loss_trend([r.loss for r in results], first=first_loss(args.resume))
+    trend, falling = loss_trend([r.loss for r in results], first=first_loss(args.resume), lr=args.lr)
     failed = failed_steps(results)[0]  # (a few FP8 flips pass: docs/explanation/tolerances.md)
     if rank0 and (lines := check_lines(results, run.cfg, args.precision, run.check)):  # unchecked: its overflow
         print("\n".join(lines))

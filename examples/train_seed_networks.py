@@ -74,7 +74,7 @@ def train(name, comm):
         losses.append(result.value)
     counts = {phase: (trace.counts(), trace.totals()["bytes_sent"]) for phase, trace in result.traces.items()}
     trainer.close()
-    trend, trend_ok = loss_trend(losses)
+    trend, trend_ok = loss_trend(losses, lr=args.lr)
     if comm.rank == 0:
         print(f"{net.title}, {comm.size} rank{'s' * (comm.size > 1)}")
         print(f"  {trend}; every step vs one process: {'PASS' if not failed else f'FAILED ({failed})'}")

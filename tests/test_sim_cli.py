@@ -529,6 +529,18 @@ def test_one_training_step_passes_without_a_trend(path, monkeypatch, capsys):
     assert done.value.code == 0 and "(1 step: no trend to judge)" in out and "FAIL" not in out, out
 
 
+@pytest.mark.parametrize("path", [p for p in TRAINING if p.stem in ("train_megatron_block", "train_seed_networks")],
+                         ids=lambda p: p.stem)
+def test_a_training_at_learning_rate_0_is_checked_but_not_judged_by_its_trend(path, monkeypatch, capsys):
+    """`--lr 0` (the flags allow it, as torch does) left the loss where it was, and the seed networks and the
+    Megatron block then failed "NOT falling" with every step checked PASS."""
+    monkeypatch.setattr(sys, "argv", [str(path), "--ranks", "8", *EXAMPLE_ARGS[path.stem], "--lr", "0"])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(path), run_name="__main__")
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and "(--lr 0: no trend to judge)" in out and "FAIL" not in out, out
+
+
 def test_a_dry_run_without_simulated_ranks_is_refused(monkeypatch, capsys):
     path = next(p for p in TRAINING if p.stem == "train_megatron_block")
     monkeypatch.setattr(sys, "argv", [str(path), "--dry-run"])

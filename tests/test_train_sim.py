@@ -159,6 +159,8 @@ def test_one_step_has_no_trend_to_judge():
 
     assert loss_trend([2.5]) == ("loss 2.5000000 (1 step: no trend to judge)", True)
     assert loss_trend([2.5, 2.0]) == ("loss first 2.5000000, last 2.0000000 (falling)", True)
+    # --lr 0: the parameters stay; the loss moves only with the batches (train_gpt's): no trend either way
+    assert loss_trend([2.5, 2.6], lr=0.0) == ("loss first 2.5000000, last 2.6000000 (--lr 0: no trend to judge)", True)
     assert loss_trend([2.5, 2.5]) == ("loss first 2.5000000, last 2.5000000 (NOT falling)", False)
 
 

@@ -314,13 +314,17 @@ def world_size(ranks: Optional[int], dry_run: bool = False) -> int:
     return load_mpi().COMM_WORLD.Get_size()  # no MPI library: one line naming --ranks N, not a traceback
 
 
-def loss_trend(losses: Any, first: Optional[float] = None) -> tuple[str, bool]:
+def loss_trend(losses: Any, first: Optional[float] = None, lr: Optional[float] = None) -> tuple[str, bool]:
     """("loss first a, last b (falling)", whether the trend passes) for a training's losses.
 
     One step has no trend: its loss alone, and a pass (a user asking for one
-    step to see its collectives is not told the training failed). `first`: a resumed run's training's first
-    loss (its checkpoint's), which the trend starts from, as the trend of the run that never stopped does.
+    step to see its collectives is not told the training failed); nor has a run at learning rate `lr` 0, whose
+    steps leave the parameters as they were (its steps are still checked). `first`: a resumed run's training's
+    first loss (its checkpoint's), which the trend starts from, as the trend of the run that never stopped does.
     """
+    if lr == 0:
+        return (f"loss first {fixed(losses[0] if first is None else first, 7)}, last {fixed(losses[-1], 7)} "
+                "(--lr 0: no trend to judge)"), True
     if first is not None:
         falling = losses[-1] < first
         return (f"loss first {fixed(first, 7)} (step 0, before the checkpoint), last {fixed(losses[-1], 7)} "
