@@ -1389,7 +1389,7 @@ def test_a_windows_operation_is_a_communication_call_the_rules_name_as_the_windo
 
 def test_calls_are_seen_after_a_program_set_a_fatal_error_handler(tmp_path, capsys):
     """A program that sets mpi4py's errors to "fatal" leaves the emulator's methods guarded for the process
-    (spmdsim.emulator.handles); a later check still sees the submission's calls through the guard."""
+    (spmdsim.emulator.comm_errors); a later check still sees the submission's calls through the guard."""
     from spmdsim.tools.cli.main import main
 
     program = tmp_path / "fatal.py"

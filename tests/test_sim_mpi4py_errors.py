@@ -1,6 +1,7 @@
 """MPI's errors under each error handler on simulated ranks, as under MPICH: ERRORS_ARE_FATAL and
-ERRORS_ABORT end the job (one line, the error class as exit code), ERRORS_RETURN raises MPI.Exception;
-mpi4py.rc.errors picks the handler communicators and sessions start with; windows and files are refused."""
+ERRORS_ABORT end the job (one line, the error class as exit code), ERRORS_RETURN raises MPI.Exception, a user's
+handler is called and the call returns; mpi4py.rc.errors picks the handler communicators and sessions start
+with; windows and files are refused."""
 from __future__ import annotations
 
 import os
@@ -103,6 +104,61 @@ def test_a_fatal_handler_ends_the_job(tmp_path, handler):
         # MPICH's abort can end the job before its own message is forwarded (seen under load: exit 6, an
         # empty stderr, 2 runs in 5): what it prints, when it prints, names the error.
         assert "Invalid rank" in mpich.stderr or mpich.stderr.strip() == "", mpich.stderr
+
+
+_USER_HANDLER = """
+    import sys
+    from mpi4py import MPI
+    import numpy as np
+
+    comm = MPI.COMM_WORLD
+    seen = []
+
+    def handler(c, code):
+        if sys.argv[1] == "raising":
+            raise ValueError("no")
+        seen.append((c == comm, [n for n in ("ERR_RANK", "ERR_ARG", "ERR_TRUNCATE")
+                                 if getattr(MPI, n) == MPI.Get_error_class(code)]))
+
+    comm.Set_errhandler(MPI.Comm.Create_errhandler(handler))
+    got = [comm.Send(np.zeros(1), dest=9), comm.Isend(np.zeros(1), dest=9) == MPI.REQUEST_NULL,
+           comm.Iprobe(source=9), comm.Create_cart([5]) == MPI.COMM_NULL]
+    if comm.rank == 0:
+        comm.Send(np.zeros(4), dest=1, tag=7)
+    else:
+        got.append(comm.Recv(np.zeros(1), source=0, tag=7))
+    comm.Barrier()
+    sys.stdout.write(f"{comm.rank} {got} {seen}\\n")  # one write: no interleaving
+    sys.stdout.flush()
+    """
+
+
+def test_a_users_handler_is_called_and_the_call_returns(tmp_path):
+    """Under a handler made by Create_errhandler(fn), MPI's error in a call (a bad rank, a bad size, a truncated
+    message) calls fn(comm, code) once and the call returns, with MPI.REQUEST_NULL for a request, MPI.COMM_NULL
+    for a communicator, as under MPICH (the error was raised as MPI.Exception and fn never called)."""
+    run = _run(tmp_path, _USER_HANDLER, "", simulated=True)
+    assert run.returncode == 0 and run.stderr == "", run.stderr
+    called = "(True, ['ERR_RANK']), (True, ['ERR_RANK']), (True, ['ERR_RANK']), (True, ['ERR_ARG'])"
+    assert sorted(run.stdout.splitlines()) == [
+        f"0 [None, True, False, True] [{called}]",
+        f"1 [None, True, False, True, None] [{called}, (True, ['ERR_TRUNCATE'])]"]
+    if MPICH:
+        mpich = _run(tmp_path, _USER_HANDLER, "", simulated=False)
+        assert sorted(mpich.stdout.splitlines()) == sorted(run.stdout.splitlines()), mpich.stderr[-2000:]
+
+
+def test_a_users_handler_that_raises_ends_the_job(tmp_path):
+    """mpi4py makes an exception in a user's handler a fatal error (MPICH's job exits 1): every rank stops, one
+    line naming the handler's exception and where it was raised."""
+    run = _run(tmp_path, _USER_HANDLER, "raising", simulated=True)
+    assert run.returncode == 1 and run.stdout == "", run.stderr
+    assert run.stderr.replace("\n  ", " ") in [
+        f"spmdsim mpirun: simulated rank {r}: the error handler of the world raised ValueError: no (at prog.py:11); "
+        "as mpi4py makes that a fatal error: every rank was stopped\n" for r in (0, 1)]
+    if MPICH:
+        mpich = _run(tmp_path, _USER_HANDLER, "raising", simulated=False)
+        assert mpich.returncode == 1 and "exception in user-defined error handler" in mpich.stderr, mpich.stderr
 
 
 _ABORT = """

@@ -28,7 +28,8 @@ from ..runtime.sim.thread_engine import THREADS, Member, _freed
 from .graphs import (DistGraphCalls, GraphCalls, create_dist_graph, create_dist_graph_adjacent, create_graph,
                      graph_map)
 from .group import SimGroup, _sim as _sim_group, speak_mpi4py
-from .handles import CommHandles, end_on_fatal_errors, initial_errhandler
+from .comm_errors import end_on_fatal_errors
+from .handles import CommHandles, initial_errhandler
 from .neighbours import Neighbourhood
 from .objects import ObjectCollectives
 from .p2p import PointToPoint

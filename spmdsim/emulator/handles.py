@@ -9,11 +9,9 @@ Create, ...), as mpi4py sets it, but under "default", where it has its parent's,
 ``Set_errhandler`` takes MPI's predefined handlers or one made by ``Create_errhandler(fn)``;
 ``Call_errhandler(code)`` runs the handler: ERRORS_RETURN does nothing, ERRORS_ARE_FATAL and
 ERRORS_ABORT end every simulated rank as MPI_Abort does, a user's handler is called as
-``fn(comm, code)``. An error the emulator itself meets in a communicator's call (a bad rank, a
-truncated message) ends every simulated rank under ERRORS_ARE_FATAL and ERRORS_ABORT, as MPICH aborts
-the job (one line, the error class as exit code), and is raised as MPI.Exception under ERRORS_RETURN
-and a user's handler (MPICH calls that one and goes on). As in one mpi4py process, a rank has at most 32 user-made
-handlers at a time.
+``fn(comm, code)``. What an error the emulator itself meets in a communicator's call (a bad rank, a
+truncated message) does under each handler: spmdsim.emulator.comm_errors. As in one mpi4py process, a rank has
+at most 32 user-made handlers at a time.
 
 Attributes: a keyval made by ``Create_keyval(copy_fn, delete_fn)`` keys one value per communicator.
 ``Dup`` copies a value as MPI's copy callback says (mpi4py's rules: None or False, not copied; True,
@@ -28,25 +26,19 @@ import functools
 import itertools
 import sys
 import threading
-import weakref
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
-from ..base import context as _local
 from ..runtime.sim._mpi import mpi_error, mpi_module
 from .real import real
 from ..runtime.sim.engine import SimulationError
-from ..runtime.sim.report import _program_line
+from .comm_errors import SimErrhandler, handled_from_now, new_errhandler, run_user_handler
 from .job_end import end_every_rank
 
-__all__ = ["CommHandles", "SimErrhandler", "end_on_fatal_errors", "initial_errhandler"]
-
-MAX_USER_ERRHANDLERS = 32  # mpi4py's table of Python callbacks, per process
+__all__ = ["CommHandles", "initial_errhandler"]
 
 _LOCK = threading.Lock()
 _IDS = itertools.count(0x5E000001)  # handles no real MPI object has
 _KEYVALS: dict = {}  # keyval -> (copy_fn, delete_fn), for every simulated rank (each makes its own)
-_ERRHANDLERS: dict = {}  # handle -> SimErrhandler
-_USER_COUNT: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()  # RankContext -> made, not freed
 
 
 def _mpi() -> Any:
@@ -73,58 +65,6 @@ def _new_reference(errhandler: Any) -> Any:
         return comm.Get_errhandler()
 
 
-class SimErrhandler:
-    """A communicator error handler made by ``Create_errhandler(fn)`` on a simulated rank (mpi4py's Errhandler)."""
-
-    def __init__(self, fn: Optional[Callable] = None, handle: int = 0) -> None:
-        self.fn, self.handle = fn, handle
-
-    def __bool__(self) -> bool:
-        return self.fn is not None
-
-    def __eq__(self, other: Any) -> bool:
-        if isinstance(other, SimErrhandler):
-            return self.handle == other.handle
-        mpi = mpi_module()
-        if mpi is not None and isinstance(other, mpi.Errhandler):
-            return not self and other == mpi.ERRHANDLER_NULL
-        return NotImplemented
-
-    def __ne__(self, other: Any) -> Any:
-        eq = self.__eq__(other)
-        return eq if eq is NotImplemented else not eq
-
-    __hash__ = object.__hash__
-
-    def toint(self) -> int:
-        return self.handle
-
-    py2f = toint
-
-    @classmethod
-    def fromint(cls, handle: int) -> "SimErrhandler":
-        found = _ERRHANDLERS.get(handle)
-        return SimErrhandler(found.fn, handle) if found is not None else SimErrhandler()
-
-    f2py = fromint
-
-    def Free(self) -> None:
-        if self.fn is None:
-            raise mpi_error(_mpi(), _mpi().ERR_ERRHANDLER, "the error handler is MPI.ERRHANDLER_NULL")
-        with _LOCK:
-            if _ERRHANDLERS.pop(self.handle, None) is not None:
-                state = _local.simulated()
-                if state is not None and _USER_COUNT.get(state):
-                    _USER_COUNT[state] -= 1
-        self.fn, self.handle = None, 0
-
-    def __reduce__(self) -> Any:
-        raise ValueError("cannot serialize 'mpi4py.MPI.Errhandler' instance")
-
-    def __repr__(self) -> str:
-        return f"<simulated Errhandler {self.fn!r}>"
-
-
 def _callback_failed(what: str) -> BaseException:
     """MPI.Exception (ERR_OTHER) for a callback that raised, which is printed first (as mpi4py does)."""
     import traceback  # here: only a callback that raised loads it
@@ -144,90 +84,13 @@ def initial_errhandler(parent: Any = None) -> Any:
         return None
     mpi = _mpi()
     if errors == "default":
-        return _fatal_handler_set(mpi.ERRORS_ARE_FATAL if parent is None else parent.errhandler)
+        return handled_from_now(mpi.ERRORS_ARE_FATAL if parent is None else parent.errhandler)
     if errors == "fatal":
-        return _fatal_handler_set(mpi.ERRORS_ARE_FATAL)
+        return handled_from_now(mpi.ERRORS_ARE_FATAL)
     if errors == "abort":
-        return _fatal_handler_set(mpi.ERRORS_ABORT if mpi.ERRORS_ABORT != mpi.ERRHANDLER_NULL
+        return handled_from_now(mpi.ERRORS_ABORT if mpi.ERRORS_ABORT != mpi.ERRHANDLER_NULL
                                   else mpi.ERRORS_ARE_FATAL)
     return None
-
-
-def _fatal(comm: Any, call: str, error: BaseException) -> BaseException:
-    """The end of the job for MPI's `error` in `call` on `comm`, whose handler is fatal (as MPICH aborts)."""
-    mpi = _mpi()
-    name = "MPI.ERRORS_ABORT" if comm._h.errhandler == getattr(mpi, "ERRORS_ABORT", None) else "MPI.ERRORS_ARE_FATAL"
-    frame = outer = sys._getframe(1)
-    while frame is not None:  # the program's call (Send), not the one it made inside (Isend)
-        if frame.f_code is GUARD_CODE:
-            call, outer = frame.f_locals["fn"].__name__, frame
-        frame = frame.f_back
-    line = _program_line(outer)
-    ended = SimulationError(f"fatal error on simulated rank {comm.world_rank}: {error} (in {call} on "
-                            f"{comm._group.label()}, whose error handler is {name}"
-                            f"{'; at ' + line if line else ''}): every rank was stopped")
-    ended.abort_code = error.Get_error_class() or 1
-    return ended
-
-
-def _guarded(fn: Callable) -> Callable:
-    @functools.wraps(fn)
-    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(self, *args, **kwargs)
-        except Exception as exc:
-            mpi = sys.modules.get("mpi4py.MPI")
-            h = getattr(self, "_h", None)  # None for mpi4py's own object (MPI.Comm.Compare(MPI.COMM_NULL, c))
-            if mpi is None or h is None or not isinstance(exc, mpi.Exception):
-                raise
-            eh = h.errhandler
-            if eh is None or isinstance(eh, SimErrhandler) or eh == mpi.ERRORS_RETURN:
-                raise
-            end_every_rank(_fatal(self, fn.__name__, exc))
-
-    call.ends_on_fatal = True
-    return call
-
-
-#: The code of every guarded method's wrapper (its frame stands between a program's call and the method).
-GUARD_CODE = _guarded(lambda self: None).__code__
-
-
-_GUARDABLE: list = []  # the communicator classes whose methods a fatal handler guards, once one is set
-_GUARDED: list = []  # [True] once they are
-
-
-def end_on_fatal_errors(cls: type) -> None:
-    """Make `cls`'s public methods (and its emulator mixins') end every simulated rank on MPI's error in
-    a communicator whose handler is fatal (see the module docstring), from the first time a rank has
-    such a handler: until then (mpi4py's default, ERRORS_RETURN) no call pays for the check."""
-    with _LOCK:
-        _GUARDABLE.append(cls)
-        if _GUARDED:
-            _guard(cls)
-
-
-def _guard(cls: type) -> None:
-    for owner in cls.__mro__:
-        if not owner.__module__.startswith(__name__.rpartition(".")[0]):
-            continue
-        for name, value in vars(owner).items():
-            if (name.startswith("_") or not callable(value) or not hasattr(value, "__code__")
-                    or getattr(value, "ends_on_fatal", False) or getattr(cls, name) is not value):
-                continue
-            setattr(cls, name, _guarded(value))
-
-
-def _fatal_handler_set(errhandler: Any) -> Any:
-    """`errhandler`, after guarding the communicators' methods if it is fatal (not ERRORS_RETURN, not a user's)."""
-    if errhandler is not None and not _GUARDED and not isinstance(errhandler, SimErrhandler):
-        if errhandler != _mpi().ERRORS_RETURN:
-            with _LOCK:
-                if not _GUARDED:
-                    for cls in _GUARDABLE:
-                        _guard(cls)
-                    _GUARDED.append(True)
-    return errhandler
 
 
 class CommHandles:
@@ -259,16 +122,7 @@ class CommHandles:
     @classmethod
     def Create_errhandler(cls, errhandler_fn: Callable) -> SimErrhandler:
         """A handler calling ``errhandler_fn(comm, errorcode)`` (RuntimeError past 32 on one rank, as mpi4py)."""
-        state = _local.simulated()
-        with _LOCK:
-            made = _USER_COUNT.get(state, 0) if state is not None else 0
-            if made >= MAX_USER_ERRHANDLERS:
-                raise RuntimeError("cannot create too many user-defined error handlers")
-            if state is not None:
-                _USER_COUNT[state] = made + 1
-            eh = SimErrhandler(errhandler_fn, next(_IDS))
-            _ERRHANDLERS[eh.handle] = eh
-        return eh
+        return new_errhandler(errhandler_fn)
 
     def _live_handle(self) -> Any:
         h = self._h
@@ -289,20 +143,20 @@ class CommHandles:
         if isinstance(errhandler, SimErrhandler):
             if not errhandler:
                 raise mpi_error(mpi, mpi.ERR_ERRHANDLER, "the error handler is MPI.ERRHANDLER_NULL")
-            h.errhandler = SimErrhandler(errhandler.fn, errhandler.handle)
+            h.errhandler = handled_from_now(SimErrhandler(errhandler.fn, errhandler.handle))
             return
         if not isinstance(errhandler, mpi.Errhandler):
             raise TypeError(f"expected an Errhandler, got {type(errhandler).__name__}")
         if errhandler == mpi.ERRHANDLER_NULL:
             raise mpi_error(mpi, mpi.ERR_ERRHANDLER, "the error handler is MPI.ERRHANDLER_NULL")
-        h.errhandler = _fatal_handler_set(mpi.Errhandler(errhandler))
+        h.errhandler = handled_from_now(mpi.Errhandler(errhandler))
 
     def Call_errhandler(self, errorcode: int) -> None:
         """Run the communicator's handler on `errorcode` (see the module docstring)."""
         eh = self._live_handle().errhandler
         mpi = _mpi()
         if isinstance(eh, SimErrhandler):
-            eh.fn(self, errorcode)
+            run_user_handler(self, eh, errorcode)
         elif eh is not None and eh != mpi.ERRORS_RETURN:  # ERRORS_ARE_FATAL, ERRORS_ABORT: as MPI_Abort
             error = SimulationError(f"simulated rank {self.world_rank}: {mpi.Get_error_string(errorcode)} "
                                     f"(error code {errorcode}) on {self._group.label()}, whose error handler is "

@@ -28,7 +28,8 @@ from typing import Any
 from ..runtime.sim._mpi import mpi_error, mpi_module, special
 from .._lazy import numpy_on_first_use
 from .group import SimGroup, speak_mpi4py
-from .handles import CommHandles, end_on_fatal_errors, initial_errhandler
+from .comm_errors import end_on_fatal_errors
+from .handles import CommHandles, initial_errhandler
 from .comm import _resolve, self_comm
 from ..base.context import simulated
 from .window_bytes import _address, _memory
@@ -186,7 +187,7 @@ class SimWin(np.ndarray, WindowOperations, WindowSynchronization, CommHandles, m
         return self._h
 
     @property
-    def _group(self) -> Any:  # for a fatal handler's report (spmdsim.emulator.handles)
+    def _group(self) -> Any:  # for a fatal handler's report (spmdsim.emulator.comm_errors)
         return self._comm._group
 
     @property

@@ -16,7 +16,7 @@ import sys
 from typing import Any, Iterator, Optional
 
 from ...emulator import comm as _comm
-from ...emulator.handles import GUARD_CODE
+from ...emulator.comm_errors import GUARD_CODE
 from ...runtime.sim import p2p as _p2p
 from .sent_bytes import buffer_bytes, collective_sent, object_bytes, persistent_collective_sent
 
@@ -142,16 +142,20 @@ def _carried(name: str, frame: Any, notes: Notes) -> int:
     return 0
 
 
+#: The codes of the wrappers that stand between a program's call and the emulator's method.
+_WRAPPERS = (GUARD_CODE,)
+
+
 @contextlib.contextmanager
 def watching(filename: str, notes: Notes) -> Iterator[Notes]:
     """Within this block, this thread's calls from `filename` into the emulator are noted in `notes`
     (mpi4py's own communicators are compiled code, which a profile hook does not see)."""
 
     def hook(frame: Any, event: str, arg: Any) -> None:
-        if event not in ("call", "return") or frame.f_code is GUARD_CODE:
+        if event not in ("call", "return") or frame.f_code in _WRAPPERS:
             return
         back = frame.f_back
-        if back is not None and back.f_code is GUARD_CODE:  # a method guarded once an errhandler was set
+        while back is not None and back.f_code in _WRAPPERS:  # a method guarded once an errhandler was set
             back = back.f_back
         if back is None or back.f_code.co_filename != filename:
             return
