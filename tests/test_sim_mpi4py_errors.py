@@ -1,7 +1,7 @@
 """MPI's errors under each error handler on simulated ranks, as under MPICH: ERRORS_ARE_FATAL and
 ERRORS_ABORT end the job (one line, the error class as exit code), ERRORS_RETURN raises MPI.Exception, a user's
-handler is called and the call returns; a call after MPI.Finalize ends the job; mpi4py.rc.errors picks the
-handler communicators and sessions start with; windows and files are refused."""
+handler is called and the call returns; mpi4py.rc.errors picks the handler communicators and sessions start
+with; windows and files are refused."""
 from __future__ import annotations
 
 import os
@@ -159,42 +159,6 @@ def test_a_users_handler_that_raises_ends_the_job(tmp_path):
     if MPICH:  # (its words, "exception in user-defined error handler", may be cut off by the job's end)
         mpich = _run(tmp_path, _USER_HANDLER, "raising", simulated=False)
         assert mpich.returncode == 1, mpich.stderr
-
-
-_AFTER_FINALIZE = """
-    import sys
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD
-    rank = comm.rank
-    MPI.Finalize()
-    sys.stdout.write(f"{rank} {MPI.Is_initialized()} {MPI.Is_finalized()}\\n")  # one write: no interleaving
-    sys.stdout.flush()
-    if rank == 1:
-        try:
-            {"barrier": comm.Barrier, "rank": lambda: comm.rank, "finalize": MPI.Finalize}[sys.argv[1]]()
-            print("went on", flush=True)
-        except Exception as exc:
-            print("caught", type(exc).__name__, flush=True)
-    """
-
-
-@pytest.mark.parametrize("how, call", [("barrier", "Barrier"), ("rank", "the rank property"),
-                                       ("finalize", "Finalize")])
-def test_an_mpi_call_after_finalize_ends_the_job(tmp_path, how, call):
-    """A call after the rank's MPI.Finalize (a second Finalize too) ends the job with exit code 1, as MPICH
-    ("Attempting to use an MPI routine ... after finalizing MPICH"), in one line naming the call and where the
-    rank finalized; Is_initialized and Is_finalized keep answering (the call ran on, or raised MPI.Exception)."""
-    run = _run(tmp_path, _AFTER_FINALIZE, how, simulated=True)
-    assert run.returncode == 1, run.stderr
-    assert sorted(run.stdout.splitlines()) == ["0 True True", "1 True True"]
-    assert run.stderr.replace("\n  ", " ") == (
-        f"spmdsim mpirun: simulated rank 1 called {call} (prog.py:12) after its MPI.Finalize (prog.py:7): MPICH "
-        "ends the job there; every rank was stopped\n")
-    if MPICH:
-        mpich = _run(tmp_path, _AFTER_FINALIZE, how, simulated=False)
-        assert mpich.returncode == 1 and "after finalizing MPICH" in mpich.stderr, mpich.stderr
-        assert sorted(mpich.stdout.splitlines()) == sorted(run.stdout.splitlines())
 
 
 _ABORT = """

@@ -20,7 +20,6 @@ as properties, and gives the type back on exit.
 from __future__ import annotations
 
 import contextlib
-import sys
 import threading
 import types
 import weakref
@@ -28,7 +27,6 @@ from typing import Any, Iterator
 
 from ..base import context as _local
 from ._nesting import Nesting
-from .after_finalize import finalize, used_after_finalize
 from .real import real, real_module
 from .comm import SimCartComm, SimComm, SimDistGraphComm, SimGraphComm, SimTopoComm, self_comm, world_of
 from ..runtime.sim.requests import completed, Request, REQUEST_NULL
@@ -103,10 +101,10 @@ class _Lifetime:
     A rank starts initialized, as mpi4py initializes MPI when a program imports it, unless
     ``mpi4py.rc.initialize`` is False when the rank first asks (then its Init or Init_thread does it).
     Init twice is MPI.Exception (ERR_OTHER, "Cannot call MPI_INIT or MPI_INIT_THREAD more than once"),
-    as MPICH raises, and so is Init after Finalize (MPICH aborts the job); Finalize before Init raises what MPICH
-    aborts with. Any other call after Finalize, Finalize included, ends the run (spmdsim.emulator.after_finalize).
-    Its thread level (Query_thread) is mpi4py.rc's, as mpi4py asks for it (THREAD_SINGLE with rc.threads False),
-    or what Init_thread asked for (MPICH provides each level), THREAD_SINGLE after Init.
+    as MPICH raises, and so is Init after Finalize (MPICH aborts the job); Finalize before Init or
+    twice raises what MPICH aborts with. Its thread level (Query_thread) is mpi4py.rc's, as mpi4py asks for
+    it (THREAD_SINGLE with rc.threads False), or what Init_thread asked for (MPICH provides each level),
+    THREAD_SINGLE after Init.
     """
 
     CALLS = ("Init", "Init_thread", "Finalize", "Is_initialized", "Is_finalized", "Query_thread")
@@ -141,12 +139,10 @@ class _Lifetime:
         return real(f"THREAD_{self.LEVELS[self.level].upper()}")
 
     def Finalize(self) -> None:  # noqa: N802
-        if self.state == 2:
-            used_after_finalize("Finalize", sys._getframe(1))
         if self.state != 1:
-            raise self._error("Attempting to use an MPI routine (MPI_Finalize) before initializing MPICH")
+            raise self._error("Attempting to use an MPI routine (MPI_Finalize) before initializing or after "
+                              "finalizing MPICH")
         self.state = 2
-        finalize(sys._getframe(1))
 
     def Is_initialized(self) -> bool:  # noqa: N802
         return self.state >= 1

@@ -28,7 +28,6 @@ from typing import Any
 from ..runtime.sim._mpi import mpi_error, mpi_module, special
 from .._lazy import numpy_on_first_use
 from .group import SimGroup, speak_mpi4py
-from .after_finalize import checked_after_finalize
 from .comm_errors import end_on_fatal_errors
 from .handles import CommHandles, initial_errhandler
 from .comm import _resolve, self_comm
@@ -289,7 +288,6 @@ class SimWin(np.ndarray, WindowOperations, WindowSynchronization, CommHandles, m
 
 speak_mpi4py(SimWin, "Win")
 end_on_fatal_errors(SimWin)
-checked_after_finalize(SimWin)
 
 
 def _default_comm(comm: Any) -> Any:

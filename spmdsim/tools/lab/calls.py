@@ -16,7 +16,6 @@ import sys
 from typing import Any, Iterator, Optional
 
 from ...emulator import comm as _comm
-from ...emulator.after_finalize import CHECK_CODE
 from ...emulator.comm_errors import GUARD_CODE
 from ...runtime.sim import p2p as _p2p
 from .sent_bytes import buffer_bytes, collective_sent, object_bytes, persistent_collective_sent
@@ -144,7 +143,7 @@ def _carried(name: str, frame: Any, notes: Notes) -> int:
 
 
 #: The codes of the wrappers that stand between a program's call and the emulator's method.
-_WRAPPERS = (GUARD_CODE, CHECK_CODE)
+_WRAPPERS = (GUARD_CODE,)
 
 
 @contextlib.contextmanager
@@ -156,8 +155,8 @@ def watching(filename: str, notes: Notes) -> Iterator[Notes]:
         if event not in ("call", "return") or frame.f_code in _WRAPPERS:
             return
         back = frame.f_back
-        while back is not None and back.f_code in _WRAPPERS:  # a method guarded once an errhandler was set, or
-            back = back.f_back  # checked once a rank finalized
+        while back is not None and back.f_code in _WRAPPERS:  # a method guarded once an errhandler was set
+            back = back.f_back
         if back is None or back.f_code.co_filename != filename:
             return
         if not frame.f_code.co_filename.startswith(_EMULATOR):
