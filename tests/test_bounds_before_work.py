@@ -150,6 +150,17 @@ def test_a_full_disk_is_one_line_and_a_failure(argv, to_full, line):
     assert unfold(done.stderr).splitlines() == [line], done.stderr
 
 
+@pytest.mark.skipif(not os.path.exists(FULL), reason="no /dev/full")
+def test_a_full_disk_under_a_program_on_simulated_ranks_is_one_line():
+    """A program's `script(__file__)` with --ranks N: the banner, its first write, fails as a rank's write does."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    with open(FULL, "w") as full:
+        done = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "mlp.py"), "--ranks", "4"],
+                              stdout=full, stderr=subprocess.PIPE, text=True, timeout=120, env=env)
+    assert done.returncode == 1
+    assert unfold(done.stderr).splitlines() == ["spmdsim: error: cannot write the output: No space left on device"]
+
+
 def test_json_of_any_depth_is_one_line(tmp_path, capsys):
     from spmdsim.base.validate import MAX_JSON_DEPTH, loads_json
 

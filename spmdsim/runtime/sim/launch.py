@@ -97,6 +97,10 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
     except BrokenPipeError:  # a reader gone before it (`| true`) ends the run as one gone later (`| head -1`)
         quiet_stdout()
         return 141
+    except OSError as exc:  # a full disk under `> file`: as a rank's failed write ends the run
+        quiet_stdout()
+        print(f"spmdsim: error: {output_error(exc)}", file=sys.stderr)
+        return 1
     exits: dict = {}  # rank -> its exit status, where not 0
     try:
         if dry_run:
