@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from testkit import program_lines
+from testkit import program_lines, unfold
 
 BIN = os.path.dirname(sys.executable)
 MPIEXEC = os.path.join(BIN, "mpiexec")
@@ -31,8 +31,9 @@ def test_run_with_guard_and_watchdog_passes():
 def test_bad_watchdog_value_is_one_line_on_every_rank():
     out = _mpi(MATMUL + ["--watchdog", "abc"])
     assert out.returncode == 2
-    lines = program_lines(out.stderr)  # Open MPI adds an exit banner
-    assert lines == ["spmdsim: error: --watchdog 'abc' is not a number of seconds"]
+    lines = unfold("\n".join(program_lines(out.stderr))).splitlines()  # Open MPI adds an exit banner
+    assert lines == ["spmdsim: error: --watchdog 'abc' is not a number of seconds; expected seconds from 1 to "
+                     "604,800, or 0 for off"]
     assert "Traceback" not in out.stdout + out.stderr
 
 

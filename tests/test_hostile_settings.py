@@ -46,6 +46,11 @@ def _one_error_line(capsys, argv: list[str], needle: str, code: int = 2) -> str:
     ("SPMDSIM_WATCHDOG", "1e-9", "SPMDSIM_WATCHDOG '1e-9' is below the watchdog's minimum of 1 s"),
     ("SPMDSIM_MEMORY", "0", "SPMDSIM_MEMORY='0' would give a rank no memory at all; expected bytes per rank"),
     ("SPMDSIM_CHECK", "maybe", "SPMDSIM_CHECK='maybe' is not a switch"),
+    ("SPMDSIM_CHECK", " Maybe", "SPMDSIM_CHECK=' Maybe' is not a switch"),  # the value as it was set
+    ("SPMDSIM_WATCHDOG", "yes", "SPMDSIM_WATCHDOG 'yes' is not a number of seconds; expected seconds from 1 to "
+                                "604,800, or 0 for off"),
+    ("SPMDSIM_WATCHDOG", "-1", "SPMDSIM_WATCHDOG '-1' must be a positive, finite number of seconds; expected "
+                               "seconds from 1 to 604,800, or 0 for off"),
 ])
 def test_a_bad_setting_is_refused_on_simulated_ranks_too(monkeypatch, capsys, name, value, needle):
     monkeypatch.setenv(name, value)
@@ -59,7 +64,7 @@ def test_expected_world_is_read_the_same_way_under_mpi(monkeypatch):
     for value, want in (("", None), (" 8 ", 8)):
         monkeypatch.setenv("SPMDSIM_EXPECT_WORLD", value)
         assert _expected_world() == want
-    for bad in ("abc", "-4", "0", "8.0"):
+    for bad in ("abc", "-4", "0", "8.0", "\u00b2"):  # a superscript two is a digit to str.isdigit, not to int()
         monkeypatch.setenv("SPMDSIM_EXPECT_WORLD", bad)
         with pytest.raises(RuntimeMismatchError, match=rf"^SPMDSIM_EXPECT_WORLD={bad!r} is not a number of ranks"):
             _expected_world()

@@ -130,12 +130,13 @@ CHECK_WATCHDOG_S = 300.0
 
 
 def _flag(name: str) -> bool:
-    value = os.environ.get(name, "").strip().lower()
+    raw = os.environ.get(name, "")
+    value = raw.strip().lower()
     if value in ("", "0", "false", "no", "off"):
         return False
     if value in ("1", "true", "yes", "on"):
         return True
-    raise SpmdsimError(f"{name}={value!r} is not a switch; expected 1/0, true/false, yes/no or on/off")
+    raise SpmdsimError(f"{name}={raw!r} is not a switch; expected 1/0, true/false, yes/no or on/off")
 
 
 def watchdog_setting(value: Any, what: str) -> Optional[float]:
@@ -146,21 +147,22 @@ def watchdog_setting(value: Any, what: str) -> Optional[float]:
     """
     if value is None or (isinstance(value, str) and value.strip().lower() in ("", "off", "none")):
         return None
+    expected = f"expected seconds from {MIN_WATCHDOG_S:g} to {MAX_WATCHDOG_S:,.0f}, or 0 for off"
     try:
         seconds = float(value)
     except (TypeError, ValueError):
-        raise SpmdsimError(f"{what} {value!r} is not a number of seconds") from None
+        raise SpmdsimError(f"{what} {value!r} is not a number of seconds; {expected}") from None
     if seconds == 0:
         return None
     if not 0 < seconds < float("inf"):
-        raise SpmdsimError(f"{what} {value!r} must be a positive, finite number of seconds (0 = off)")
+        raise SpmdsimError(f"{what} {value!r} must be a positive, finite number of seconds; {expected}")
     if seconds < MIN_WATCHDOG_S:
         raise SpmdsimError(f"{what} {value!r} is below the watchdog's minimum of {MIN_WATCHDOG_S:g} s (a healthy "
                            "collective on oversubscribed ranks can take most of a second); expected seconds "
                            f">= {MIN_WATCHDOG_S:g}, or 0 for off")
     if seconds > MAX_WATCHDOG_S:
         raise SpmdsimError(f"{what} {value!r} is above the watchdog's maximum of {MAX_WATCHDOG_S:,.0f} s (a week); "
-                           f"expected seconds from {MIN_WATCHDOG_S:g} to {MAX_WATCHDOG_S:,.0f}, or 0 for off")
+                           f"{expected}")
     return seconds
 
 

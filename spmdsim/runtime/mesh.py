@@ -316,7 +316,7 @@ def _expected_world() -> int | None:
     raw = os.environ.get("SPMDSIM_EXPECT_WORLD", "").strip()
     if not raw:
         return None
-    if not raw.isdigit() or int(raw) < 1:
+    if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:  # str.isdigit alone takes '²', which int() refuses
         raise RuntimeMismatchError(f"SPMDSIM_EXPECT_WORLD={raw!r} is not a number of ranks; expected the "
                                    "count mpiexec launches, e.g. 8 (spmdsim launch sets it), or unset")
     return int(raw)
