@@ -138,3 +138,12 @@ def test_mpirun_reports_a_thread_limit_in_one_line():
     line = unfold(done.stderr)
     assert done.returncode == 1 and "Traceback" not in line and line.count("\n") == 1, done.stderr[-2000:]
     assert line.startswith("spmdsim mpirun: error: 1024 simulated ranks need 1024 threads"), line
+
+
+@pytest.mark.parametrize("value, want", [("3", 3), ("\u00b2", None), ("abc", None)])
+def test_malloc_arena_max_that_is_no_count_counts_as_unset(monkeypatch, value, want):
+    """'²' is a digit to str.isdigit but not to int(): it raised a ValueError under ulimit -v."""
+    from spmdsim.runtime.sim import thread_limits
+
+    monkeypatch.setenv("MALLOC_ARENA_MAX", value)
+    assert thread_limits._arenas(1 << 62) == (want or 8 * (os.cpu_count() or 1))

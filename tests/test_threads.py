@@ -58,7 +58,7 @@ def test_user_setting_wins(clean_env):
     assert capped == [3, 3, 2, 4]
 
 
-@pytest.mark.parametrize("value", ["abc", "0", "-1", ""])
+@pytest.mark.parametrize("value", ["abc", "0", "-1", "", "\u00b2"])  # '²': a digit to str.isdigit, not to int()
 def test_a_thread_count_that_is_no_count_is_capped_as_if_unset(clean_env, value):
     """OMP_NUM_THREADS=abc (or 0, -1) under `mpiexec -n 8` on 2 cores left numpy's BLAS alone, and OpenBLAS
     started a thread per core in every rank: the pools that made a job 20x slower. It asks for no count."""

@@ -212,7 +212,7 @@ def thread_count(value: str | None) -> int | None:
     """The count a *_NUM_THREADS value asks for: a positive integer, or the first of OpenMP's list (``4,2``); else
     None."""
     first = (value or "").split(",")[0].strip()
-    return int(first) if first.isdigit() and int(first) > 0 else None
+    return int(first) if first.isascii() and first.isdigit() and int(first) > 0 else None  # isdigit alone takes '²'
 
 
 def user_thread_count(env: Optional[Mapping[str, str]] = None) -> int | None:

@@ -91,7 +91,7 @@ def _cgroup_pids_left() -> Optional[tuple[int, str]]:
 def _arenas(size: int) -> int:
     """How many malloc arenas `size` rank threads may make: MALLOC_ARENA_MAX if set, else 8 per core."""
     most = os.environ.get("MALLOC_ARENA_MAX", "")
-    return min(size, int(most) if most.isdigit() else 8 * (os.cpu_count() or 1))
+    return min(size, int(most) if most.isascii() and most.isdigit() else 8 * (os.cpu_count() or 1))
 
 
 def _fit(room: int, each: int) -> int:
