@@ -2,6 +2,8 @@
 the MoE GPT's steps against one numpy process, and the refusals (docs/howto/experts.md)."""
 from __future__ import annotations
 
+import subprocess
+
 import numpy as np
 import pytest
 
@@ -16,7 +18,7 @@ from spmdsim.models.moe.reference import moe_backward, moe_forward
 TEXT = encode(load_text(20_000))
 
 
-def _example(argv: list) -> "subprocess.CompletedProcess":
+def _example(argv: list) -> subprocess.CompletedProcess:
     """`python examples/train_moe_gpt.py ARGV` on simulated ranks (`--ranks N`), in this process as
     docs_commands.run_example runs it: exit code, stdout and stderr as the command's (a fresh interpreter per
     command cost a Python start and spmdsim's imports, ~0.5 CPU-s, for the same run)."""
