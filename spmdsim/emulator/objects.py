@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from ..errors import ShapeError
 from ..runtime.sim import bodies
-from ..runtime.sim.orders import reduce_tree, scan_trees
+from ..runtime.sim.orders import evaluate, reduce_tree, scan_trees
 
 __all__ = ["ObjectCollectives"]
 
@@ -40,7 +40,7 @@ class ObjectCollectives:
         slot = self._enter("reduce(obj)", ("reduce(obj)", name, f"root {root}"), _dumps(sendobj))
         if self._me != root:
             return None
-        return bodies.fold_objects(fn, [pickle.loads(c.data) for c in slot.calls], reduce_tree(len(slot.calls)))
+        return evaluate(fn, [pickle.loads(c.data) for c in slot.calls], reduce_tree(len(slot.calls)))
 
     def _scan_obj(self, call: str, sendobj: Any, op: Any, exclusive: bool) -> Any:
         name, fn = _op(op)
@@ -49,7 +49,7 @@ class ObjectCollectives:
         if tree is None:
             return None
         upto = self._me if exclusive else self._me + 1
-        return bodies.fold_objects(fn, [pickle.loads(c.data) for c in slot.calls[:upto]], tree)
+        return evaluate(fn, [pickle.loads(c.data) for c in slot.calls[:upto]], tree)
 
     def scan(self, sendobj: Any, op: Any = None) -> Any:
         return self._scan_obj("scan", sendobj, op, False)

@@ -13,6 +13,7 @@ from ...errors import ShapeError
 from ..._lazy import numpy_on_first_use
 from ._datatypes import mpi_datatype
 from ._mpi import mpi_module
+from .orders import evaluate
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
@@ -94,7 +95,7 @@ def fold(red: Reduction, parts: list, out: np.ndarray, datatype: Any = None, tre
     if tree is not None and len(parts) > 2 and red.ufunc is not None and out.dtype.kind in "fc":
         if callable(tree):
             tree = tree(len(parts))
-        red.ufunc(_evaluate(red.ufunc, parts, tree[0]), _evaluate(red.ufunc, parts, tree[1]), out=out)
+        red.ufunc(evaluate(red.ufunc, parts, tree[0]), evaluate(red.ufunc, parts, tree[1]), out=out)
         return
     if len(parts) == 1:
         np.copyto(out, parts[0])
@@ -111,9 +112,3 @@ def fold(red: Reduction, parts: list, out: np.ndarray, datatype: Any = None, tre
         red.op.Reduce_local([acc, mpitype], [nxt, mpitype])  # nxt = acc op nxt
         acc = nxt
     np.copyto(out, acc)
-
-
-def _evaluate(ufunc: Any, parts: list, tree: Any) -> np.ndarray:
-    if type(tree) is int:
-        return parts[tree]
-    return ufunc(_evaluate(ufunc, parts, tree[0]), _evaluate(ufunc, parts, tree[1]))

@@ -15,14 +15,14 @@ from ._reductions import Reduction, fold, reduction
 from ...base.validate import _NAMES  # dtype -> its name, filled by dtype_name: read first (no call once known)
 from ..engines.base import SimulationError
 from .groups import Group
-from .orders import reduce_scatter_order, reduce_tree
+from .orders import evaluate, reduce_scatter_order, reduce_tree
 from ..._lazy import numpy_on_first_use
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
 __all__ = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "all_to_allv", "broadcast", "gather_to",
            "barrier", "split", "all_gather_object", "gather_object", "broadcast_object", "all_reduce_object",
-           "dumps", "op_of", "checked_same", "fold_objects", "mpich_parts"]
+           "dumps", "op_of", "checked_same", "mpich_parts"]
 
 _PICKLE = pickle.HIGHEST_PROTOCOL
 
@@ -284,20 +284,13 @@ def op_of(op: Any) -> tuple[str, Any]:
     return red.name, (red.op if red.op is not None else red.fn)
 
 
-def fold_objects(fn: Any, items: list, tree: Any) -> Any:
-    """`fn` applied to `items` in `tree`'s association (nested pairs of indices: spmdsim.runtime.sim.orders)."""
-    if type(tree) is int:
-        return items[tree]
-    return fn(fold_objects(fn, items, tree[0]), fold_objects(fn, items, tree[1]))
-
-
 def _shared_fold(fn: Any) -> Any:
     """A rendezvous hook that reduces every member's object once (by the last to arrive), in mpi4py's
     binomial tree to member 0."""
     def complete(slot: Any) -> None:
         try:
             items = [pickle.loads(c.data) for c in slot.calls]
-            slot.shared = (True, dumps(fold_objects(fn, items, reduce_tree(len(items)))))
+            slot.shared = (True, dumps(evaluate(fn, items, reduce_tree(len(items)))))
         except Exception as exc:  # noqa: BLE001 - raised alike on every member
             slot.shared = (False, exc)
     return complete

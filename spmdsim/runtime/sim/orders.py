@@ -31,15 +31,16 @@ to Python objects in mpi4py's own point-to-point trees, whatever the MPI library
 * ``scan`` and ``exscan``: recursive doubling, each rank taking its partner's partial sum at each
   ``mask`` (`scan_trees`): rank 3 of 4 gets (0+1)+(2+3), not ((0+1)+2)+3.
 
-`fold_objects` in spmdsim.runtime.sim.bodies evaluates these trees on objects.
+`evaluate` applies an op in a tree's association, to arrays (`fold` in spmdsim.runtime.sim._reductions)
+or to objects.
 """
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Callable
 
-__all__ = ["reduce_tree", "allreduce_tree", "reduce_order", "scan_trees", "reduce_scatter_order", "REDSCAT_LONG_BYTES",
-           "REDUCE_SHORT_BYTES"]
+__all__ = ["evaluate", "reduce_tree", "allreduce_tree", "reduce_order", "scan_trees", "reduce_scatter_order",
+           "REDSCAT_LONG_BYTES", "REDUCE_SHORT_BYTES"]
 
 #: MPICH's MPIR_CVAR_REDUCE_SHORT_MSG_SIZE: a Reduce of more bytes than this, and of at least as many items as the
 #: largest power of two of ranks, runs as a reduce-scatter and gather (Rabenseifner's).
@@ -48,6 +49,13 @@ REDUCE_SHORT_BYTES = 2048
 #: MPICH's MPIR_CVAR_REDSCAT_COMMUTATIVE_LONG_MSG_SIZE: a Reduce_scatter of this many bytes or more (every block
 #: together) runs pairwise, a shorter one by recursive halving.
 REDSCAT_LONG_BYTES = 524288
+
+
+def evaluate(op: Callable[[Any, Any], Any], items: list, tree: Any) -> Any:
+    """`op` applied to `items` in `tree`'s association (nested pairs of indices into `items`)."""
+    if type(tree) is int:
+        return items[tree]
+    return op(evaluate(op, items, tree[0]), evaluate(op, items, tree[1]))
 
 
 @functools.lru_cache(maxsize=None)
