@@ -142,20 +142,16 @@ def _carried(name: str, frame: Any, notes: Notes) -> int:
     return 0
 
 
-#: The codes of the wrappers that stand between a program's call and the emulator's method.
-_WRAPPERS = (GUARD_CODE,)
-
-
 @contextlib.contextmanager
 def watching(filename: str, notes: Notes) -> Iterator[Notes]:
     """Within this block, this thread's calls from `filename` into the emulator are noted in `notes`
     (mpi4py's own communicators are compiled code, which a profile hook does not see)."""
 
     def hook(frame: Any, event: str, arg: Any) -> None:
-        if event not in ("call", "return") or frame.f_code in _WRAPPERS:
+        if event not in ("call", "return") or frame.f_code is GUARD_CODE:
             return
         back = frame.f_back
-        while back is not None and back.f_code in _WRAPPERS:  # a method guarded once an errhandler was set
+        if back is not None and back.f_code is GUARD_CODE:  # a method guarded once an errhandler was set
             back = back.f_back
         if back is None or back.f_code.co_filename != filename:
             return
