@@ -21,7 +21,7 @@ from ...base.typed_numbers import flag_float, shown  # a refusal names the value
 from ...base.validate import counted
 from ...errors import fold_message
 from ..cli.paths import check_output_file
-from .exercise import EXERCISES, Exercise, LabError, find_exercise, load_exercises
+from .exercise import EXERCISES, Exercise, LabError, find_exercise, load_exercises, meant_exercise
 from .shown import file_name, shortened, shortened_apart
 from .archive import a_zip, unpacked
 from .submissions import submissions
@@ -260,7 +260,7 @@ def _grade_folder(args: argparse.Namespace, exercise: Exercise, limits: dict, fo
         line = f"{name:<{width}}  {row[1]:<{wide}}  {counts}  {row[4]}"
         print(line if len(line) <= 100 else line[:97] + "...")
     print(f"{passed} of {len(rows)} submissions pass" + (f", {unread} not graded" if unread else ""))  # (the table's)
-    meant = _meant_exercise(rows, exercise)
+    meant = _meant_exercise(rows)
     if meant is not None:
         print(fold_message(f"note: every submission defines exercise {meant}'s function, not exercise "
                            f"{exercise.number}'s: grade them with `spmdsim lab grade {meant} "
@@ -273,15 +273,11 @@ def _grade_folder(args: argparse.Namespace, exercise: Exercise, limits: dict, fo
     return 0
 
 
-#: The words of a row whose submission defines another exercise's function (harness._meant_for).
-_MEANT = re.compile(r": exercise (\d+)'s function, not exercise \d+'s\)")
-
-
-def _meant_exercise(rows: list, exercise: Exercise) -> Optional[int]:
-    """The exercise whose function every graded row's submission defines in place of `exercise`'s (a folder graded
-    under the wrong number), or None."""
-    said = {m.group(1) if m else None for m in (_MEANT.search(row[4]) for row in rows if row[1] != NOT_GRADED)}
-    return int(said.pop()) if len(said) == 1 and None not in said else None
+def _meant_exercise(rows: list) -> Optional[int]:
+    """The exercise whose function every graded row's submission defines in place of the one graded (a folder
+    graded under the wrong number: `meant_for`'s words in each reason), or None."""
+    said = {meant_exercise(row[4]) for row in rows if row[1] != NOT_GRADED}
+    return said.pop() if len(said) == 1 and None not in said else None
 
 
 #: A value of --ranks that is rank counts ("4", "4,8").

@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional
 
 from ...errors import SpmdsimError
 
-__all__ = ["Exercise", "LabError", "load_exercises", "find_exercise", "EXERCISES"]
+__all__ = ["Exercise", "LabError", "load_exercises", "find_exercise", "meant_for", "meant_exercise", "EXERCISES"]
 
 #: The folder of the exercises spmdsim ships.
 EXERCISES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "exercises")
@@ -169,3 +169,24 @@ def _numbers(numbers: list) -> str:
     if len(numbers) > 2 and numbers == list(range(numbers[0], numbers[-1] + 1)):
         return f"{numbers[0]} to {numbers[-1]}"
     return "one of " + ", ".join(map(str, numbers)) if len(numbers) > 1 else str(numbers[0])
+
+
+def meant_for(exercise: Exercise, names: list) -> str:
+    """Where a submission defining `names` defines another exercise's function of the same folder (ring_allreduce,
+    handed in for exercise 2), ": exercise 5's function, not exercise 2's"; else ""."""
+    try:
+        others = load_exercises(os.path.dirname(exercise.path))
+    except LabError:
+        return ""
+    meant = next((other for other in others if other.function in names and other.number != exercise.number), None)
+    return f": exercise {meant.number}'s function, not exercise {exercise.number}'s" if meant else ""
+
+
+#: `meant_for`'s words, as a check's reason holds them (in its parenthesis: "(it defines triple: exercise 2's ...)").
+_MEANT = re.compile(r": exercise (\d+)'s function, not exercise \d+'s\)")
+
+
+def meant_exercise(reason: str) -> Optional[int]:
+    """The exercise a check's `reason` says the submission's function is meant for (`meant_for`), or None."""
+    found = _MEANT.search(reason)
+    return int(found.group(1)) if found else None

@@ -21,7 +21,7 @@ from ...runtime.sim.os_exit import OsExit, os_exit_ends_the_rank
 from ...runtime.sim.run import current_rank, simulate
 from .calls import Notes, missing, too_many, violation, watching
 from .compare import first_difference
-from .exercise import Exercise, LabError, load_exercises
+from .exercise import Exercise, LabError, meant_for
 from .failure import FILE_BYTES, NOT_RUNNABLE, Exited, MissingFunction, at_line, describe_failure, ranks_text
 
 __all__ = ["CaseResult", "EAGER_LIMIT", "FILE_BYTES", "run_case", "judge", "make_case", "compile_submission",
@@ -113,17 +113,6 @@ def _text(name: str, source: bytes) -> str:
                        "(# -*- coding: latin-1 -*-)") from None
 
 
-def _meant_for(exercise: Exercise, names: list) -> str:
-    """Where the submission defines another exercise's function of the same folder (ring_allreduce, handed in for
-    exercise 2), ": exercise 5's function, not exercise 2's"; else ""."""
-    try:
-        others = load_exercises(os.path.dirname(exercise.path))
-    except LabError:
-        return ""
-    meant = next((other for other in others if other.function in names and other.number != exercise.number), None)
-    return f": exercise {meant.number}'s function, not exercise {exercise.number}'s" if meant else ""
-
-
 def call_submission(exercise: Exercise, code: Any, path: str, comm: Any, args: tuple, notes: Notes) -> Any:
     """Load the submission's `code` as a module of this rank's own, and call its function on `comm` and a
     copy of `args`, its MPI calls noted in `notes`; sys.exit or os._exit in it raises Exited."""
@@ -134,7 +123,7 @@ def call_submission(exercise: Exercise, code: Any, path: str, comm: Any, args: t
         if not callable(function):
             own = [name for name, value in scope.items() if getattr(value, "__module__", "") == "submission"
                    and callable(value) and not name.startswith("_")]
-            defines = f" (it defines {', '.join(own[:4])}{_meant_for(exercise, own)})" if own else ""
+            defines = f" (it defines {', '.join(own[:4])}{meant_for(exercise, own)})" if own else ""
             raise MissingFunction(f"{os.path.basename(path)} defines no function {exercise.function!r}{defines}: "
                            f"def {exercise.signature}")
         with watching(path, notes):
