@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from spmdsim.tools.lab import load_exercises
-from spmdsim.tools.lab.calls import ONE_SIDED, Notes, missing, violation
+from spmdsim.tools.lab.calls import ONE_SIDED, Notes, family, missing, too_many, violation
 from spmdsim.tools.lab.compare import first_difference
 from spmdsim.tools.lab.exercise import find_exercise
 from spmdsim.tools.lab.harness import run_case
@@ -285,7 +285,7 @@ WRONG = [
             total = comm.allreduce(float(np.sum(4.0 / (1.0 + t * t)) / intervals))
             return total if rank == 0 else None
         """),
-    (4, 2, 0, "forbidden", ["no rank called comm.Scatter or comm.Scatterv or comm.scatter"], """
+    (4, 2, 0, "forbidden", ["no rank called comm.Scatter (or Scatterv, Iscatter, Iscatterv, scatter)"], """
         def matvec(comm, A, x):
             return A @ x if comm.Get_rank() == 0 else None
         """),
@@ -611,7 +611,7 @@ WRONG = [
         def column_parallel_linear(comm, x, w):
             return np.concatenate(comm.allgather(x @ w), axis=0)
         """),
-    (10, 2, 0, "forbidden", ["no rank called comm.Allgather or comm.allgather"], """
+    (10, 2, 0, "forbidden", ["no rank called comm.Allgather (or Allgatherv, Iallgather, Iallgatherv, allgather)"], """
         import numpy as np
         from mpi4py import MPI
         def column_parallel_linear(comm, x, w):
@@ -684,7 +684,7 @@ WRONG = [
             comm.Alltoall(send, recv)
             return np.concatenate(list(recv), axis=0)
         """),
-    (12, 3, 0, "forbidden", ["no rank called comm.Alltoall or comm.alltoall or comm.Alltoallv"], """
+    (12, 3, 0, "forbidden", ["no rank called comm.Alltoall (or Alltoallv, Alltoallw, Ialltoall"], """
         import numpy as np
         def rows_to_columns(comm, x):
             n, r = comm.Get_size(), comm.Get_rank()
@@ -1370,12 +1370,60 @@ def test_the_rules_name_a_call_outside_allowed_and_a_required_call_never_made():
         "line 9: comm.Bcast is not one of the calls this exercise allows (Send, Recv)")
     assert violation(notes, ("Recv",), None) == "line 6: comm.Recv is not allowed in this exercise"
     assert violation(notes, (), ("Send", "Recv", "Bcast")) is None
-    assert missing(notes, ("Bcast|bcast", "Scatter|scatter")) == (
-        "no rank called comm.Scatter or comm.scatter: the exercise asks for it")
+    assert missing(notes, ("Bcast", "Scatter|Send")) is None
+    assert missing(notes, ("Bcast", "Scatter|Sendrecv")) == (
+        "no rank called comm.Scatter (or Scatterv, Iscatter, Iscatterv, scatter) or comm.Sendrecv: the exercise "
+        "asks for it")
     assert missing(notes, ("Send",)) is None
     persistent = [Notes(calls=[("Allreduce_init", 4), ("Start", 5)])]  # a rule on a call holds for its _init
     assert violation(persistent, ("Allreduce",), None) == "line 4: comm.Allreduce_init is not allowed in this exercise"
     assert missing(persistent, ("Allreduce|allreduce",)) is None
+
+
+def test_a_rule_on_a_collective_holds_for_its_nonblocking_object_and_v_forms():
+    assert {family(c) for c in ("Allreduce", "Iallreduce", "allreduce", "Allreduce_init")} == {"Allreduce"}
+    assert {family(c) for c in ("Allgatherv", "Iallgatherv", "allgather")} == {"Allgather"}
+    assert family("Ireduce_scatter_block") == family("Reduce_scatter") != family("Reduce")
+    assert family("Ibarrier") == "Barrier" and family("Isend") == "Isend" and family("Send_init") == "Send"
+    notes = [Notes(calls=[("Iallreduce", 4), ("Iallgather", 6)]), Notes(calls=[("Iallreduce", 4)])]
+    assert missing(notes, ("Allreduce",)) is None
+    assert violation(notes, ("Allgather",), None) == "line 6: comm.Iallgather is not allowed in this exercise"
+    assert too_many(notes, {"Allreduce": 0}) == (
+        "rank 0 called comm.Iallreduce 1 times, again at line 4; the exercise allows 0")
+    assert violation(notes, (), ("Allreduce", "Allgather")) is None
+
+
+NONBLOCKING_SOLUTIONS = [
+    (17, """
+        import numpy as np
+        def column_parallel_backward(comm, x, w, dy):
+            part = dy @ w.T
+            dx = np.empty_like(part)
+            request = comm.Iallreduce(part, dx)
+            dw = x.T @ dy
+            request.Wait()
+            return dx, dw
+        """),
+    (22, """
+        import numpy as np
+        def sequence_parallel_mlp(comm, x, w1, w2):
+            n = comm.Get_size()
+            whole = np.empty((n * x.shape[0], x.shape[1]))
+            comm.Iallgather(x, whole).Wait()
+            partial = np.maximum(whole @ w1, 0) @ w2
+            out = np.empty_like(x)
+            comm.Ireduce_scatter(partial, out, [x.shape[0] * x.shape[1]] * n).Wait()
+            return out
+        """),
+]
+
+
+@pytest.mark.parametrize("number, source", NONBLOCKING_SOLUTIONS, ids=[f"ex{n}" for n, _ in NONBLOCKING_SOLUTIONS])
+def test_a_nonblocking_form_of_the_asked_collective_passes(tmp_path, number, source):
+    path = tmp_path / "solution.py"
+    path.write_text(textwrap.dedent(source).lstrip())
+    result = run_case(find_exercise(number), str(path), 3, 0)
+    assert result.passed, result
 
 
 def test_a_windows_operation_is_a_communication_call_the_rules_name_as_the_windows():

@@ -20,8 +20,8 @@ from ...emulator.comm_errors import GUARD_CODE
 from ...runtime.sim import p2p as _p2p
 from .sent_bytes import buffer_bytes, collective_sent, object_bytes, persistent_collective_sent
 
-__all__ = ["COLLECTIVES", "POINT_TO_POINT", "ONE_SIDED", "Notes", "base_call", "watching", "violation", "missing",
-           "too_many"]
+__all__ = ["COLLECTIVES", "POINT_TO_POINT", "ONE_SIDED", "Notes", "base_call", "family", "watching", "violation",
+           "missing", "too_many"]
 
 _UPPER_COLLECTIVES = ("Allreduce", "Reduce", "Bcast", "Scatter", "Scatterv", "Gather", "Gatherv", "Allgather",
                       "Allgatherv", "Alltoall", "Alltoallv", "Alltoallw", "Reduce_scatter", "Reduce_scatter_block",
@@ -92,6 +92,38 @@ def base_call(name: str) -> str:
     """The call a persistent request's maker stands for (Allreduce_init: Allreduce, Send_init: Send), so that a
     rule on a call holds for its persistent form too; any other name as it is."""
     return name[:-len("_init")] if name.endswith("_init") else name
+
+
+#: The collectives whose v (or w, or block) form is another call: a rule on the one holds for the other.
+_VARIANT_OF = {"Allgatherv": "Allgather", "Alltoallv": "Alltoall", "Alltoallw": "Alltoall", "Gatherv": "Gather",
+               "Scatterv": "Scatter", "Reduce_scatter_block": "Reduce_scatter",
+               "Neighbor_allgatherv": "Neighbor_allgather", "Neighbor_alltoallv": "Neighbor_alltoall",
+               "Neighbor_alltoallw": "Neighbor_alltoall"}
+
+
+def family(name: str) -> str:
+    """The collective a call is a form of, so that an exercise's rule on Allreduce holds for Iallreduce,
+    allreduce and Allreduce_init too, and one on Allgather for Allgatherv: the buffer form's name without its
+    v, w or _block. A point-to-point or one-sided call is its own family (a persistent one its maker's)."""
+    call = base_call(name)
+    if call not in COLLECTIVES:
+        return call
+    upper = call[0].upper() + call[1:]
+    if upper not in _UPPER_COLLECTIVES:  # Iallreduce, Ibarrier, Ineighbor_alltoall
+        upper = upper[1].upper() + upper[2:]
+    return _VARIANT_OF.get(upper, upper)
+
+
+def _with_forms(name: str) -> str:
+    """comm.`name` said with the other forms a rule on it counts: "comm.Allreduce (or Iallreduce, allreduce)"."""
+    forms = sorted((c for c in COLLECTIVES if family(c) == family(name) and c != name),
+                   key=lambda c: (c[0].islower(), c[0] == "I" and c[1].islower(), len(c), c))
+    return f"comm.{name} (or {', '.join(forms)})" if forms else f"comm.{name}"
+
+
+def _families(rule: Any) -> set:
+    """The families a rule's entries name (an entry may be "A|B": any of them)."""
+    return {family(option) for entry in rule for option in entry.split("|")}
 
 
 def _sent(name: str, frame: Any) -> int:
@@ -181,13 +213,14 @@ def watching(filename: str, notes: Notes) -> Iterator[Notes]:
 def violation(notes: list, forbidden: tuple, allowed: Optional[tuple]) -> Optional[str]:
     """The first call in `notes` (one Notes per rank) that the rules forbid, with its line, or None: a
     forbidden call, or a communication call (collective, point-to-point or one-sided) outside `allowed`."""
+    banned, kept = _families(forbidden), None if allowed is None else _families(allowed)
     for note in notes:
         for name, line in note.calls:
             call = base_call(name)
-            if name in forbidden or call in forbidden:
+            if family(name) in banned:
                 return f"line {line}: {_said(name)} is not allowed in this exercise"
-            if allowed is not None and call not in allowed and (call in COLLECTIVES or call in POINT_TO_POINT
-                                                                or call in ONE_SIDED):
+            if kept is not None and family(name) not in kept and (call in COLLECTIVES or call in POINT_TO_POINT
+                                                                  or call in ONE_SIDED):
                 return (f"line {line}: {_said(name)} is not one of the calls this exercise allows "
                         f"({', '.join(allowed)})")
     return None
@@ -195,23 +228,23 @@ def violation(notes: list, forbidden: tuple, allowed: Optional[tuple]) -> Option
 
 def missing(notes: list, required: tuple) -> Optional[str]:
     """The first of the `required` calls (each "A|B": any of them) that no rank made, said, or None."""
-    made = {base_call(name) for note in notes for name, _ in note.calls}
+    made = {family(name) for note in notes for name, _ in note.calls}
     for need in required:
         options = need.split("|")
-        if not made.intersection(options):
-            return f"no rank called {' or '.join('comm.' + o for o in options)}: the exercise asks for it"
+        if not made.intersection(_families(options)):
+            return f"no rank called {' or '.join(_with_forms(o) for o in options)}: the exercise asks for it"
     return None
 
 
 def too_many(notes: list, most: dict) -> Optional[str]:
-    """The first rank that made more of the calls a `most` entry counts ("Allreduce|allreduce": 1) than it
-    allows, said with the line of its first extra call, or None."""
+    """The first rank that made more of the calls a `most` entry counts ("Allreduce": 1, each form of it counted)
+    than it allows, said with the line of its first extra call, or None."""
     for rank, note in enumerate(notes):
         for need, limit in most.items():
-            options = need.split("|")
-            lines = [line for name, line in note.calls if base_call(name) in options]
+            counted = _families(need.split("|"))
+            lines = [line for name, line in note.calls if family(name) in counted]
             if len(lines) > limit:
-                name = next(name for name, _ in note.calls if base_call(name) in options)
+                name = next(name for name, _ in note.calls if family(name) in counted)
                 return (f"rank {rank} called comm.{name} {len(lines)} times, again at line {lines[limit]}; the "
                         f"exercise allows {limit}")
     return None

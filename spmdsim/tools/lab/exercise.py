@@ -12,9 +12,10 @@ An exercise file (``NN_name.py``; NN is its number in `spmdsim lab list`) define
 
 and may define RANKS (rank counts, default 1, 2, 3, 4, 8), SEEDS (default 0, 1), FORBIDDEN (comm calls the
 exercise forbids), ALLOWED (the only comm calls it allows), REQUIRED (calls it must make: each entry names
-one or more calls, any of which counts, "Scatter|Scatterv|scatter"), MOST_CALLS (how many times a rank
-may make such calls, {"Allreduce|allreduce": 1}), HINT (said with a forbidden call, one
-call too many or too many bytes),
+one or more calls, any of which counts, "Scatter|Send"), MOST_CALLS (how many times a rank may make such
+calls, {"Allreduce": 1}), HINT (said with a forbidden call, one call too many or too many bytes). A
+collective named in these rules stands for all its forms (spmdsim.tools.lab.calls.family): "Allreduce" for
+Iallreduce, allreduce and Allreduce_init too, "Allgather" for Allgatherv;
 def optimal_bytes(case, n) (the bytes the best algorithm sends from its busiest rank, its collectives counted
 as spmdsim.tools.lab.sent_bytes says; more is a failure),
 RTOL / ATOL (tolerances; default by the expected value's dtype: float64 1e-9 and 1e-12, float32 1e-4 and

@@ -13,8 +13,8 @@ Combine the ranks' partial sums with comm.reduce or comm.Reduce onto rank 0, and
 estimate of pi (a float) on rank 0 and None on every other rank. comm.Allreduce is not allowed:
 only rank 0 needs the sum.
 """
-FORBIDDEN = ("Allreduce", "allreduce", "Iallreduce")
-REQUIRED = ("Reduce|reduce|Ireduce",)
+FORBIDDEN = ("Allreduce",)
+REQUIRED = ("Reduce",)
 HINT = "Reduce onto rank 0: only the root needs the sum"
 
 

@@ -16,7 +16,7 @@ onto rank 0 (comm.Gather). Return y on rank 0 and None on every other rank.
 Point-to-point calls (Send, Recv) are not allowed.
 """
 FORBIDDEN = tuple(sorted(POINT_TO_POINT))
-REQUIRED = ("Scatter|Scatterv|scatter", "Gather|Gatherv|gather")
+REQUIRED = ("Scatter", "Gather")
 HINT = "use Scatter, Bcast and Gather"
 
 

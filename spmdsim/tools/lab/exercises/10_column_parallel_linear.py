@@ -12,7 +12,7 @@ x @ w is rank r's block of columns of Y.
 Return the whole Y (shape (b, o)) on every rank, its column blocks gathered from every rank with
 comm.Allgather. Mind the order: Allgather stacks the ranks' blocks along a new first axis.
 """
-REQUIRED = ("Allgather|allgather|Allgatherv",)
+REQUIRED = ("Allgather",)
 
 
 def case(seed, n):

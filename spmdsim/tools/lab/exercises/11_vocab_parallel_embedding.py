@@ -13,7 +13,7 @@ Return E[ids] (shape (t, d)) on every rank: each rank looks up the ids that fall
 of rows (shifted to its local row numbers), writes zeros for the others, and the ranks' partial
 results are summed with comm.Allreduce (Megatron's VocabParallelEmbedding).
 """
-REQUIRED = ("Allreduce|allreduce",)
+REQUIRED = ("Allreduce",)
 
 
 def case(seed, n):

@@ -14,8 +14,8 @@ No rank may gather whole rows: sum what it holds of each row and combine the sum
 comm.Allreduce (one number per row for the mean, one for the variance). The check counts the bytes
 each rank sends: more than those two numbers per row fails.
 """
-FORBIDDEN = ("Allgather", "allgather", "Allgatherv", "Gather", "gather", "Gatherv", "Alltoall", "alltoall")
-REQUIRED = ("Allreduce|allreduce",)
+FORBIDDEN = ("Allgather", "Gather", "Alltoall")
+REQUIRED = ("Allreduce",)
 HINT = "combine the rows' partial sums with Allreduce"
 EPS = 1e-5
 

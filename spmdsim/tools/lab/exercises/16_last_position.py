@@ -13,8 +13,8 @@ Only one rank holds it: broadcast it from there (comm.Bcast or comm.bcast). Send
 values: the check counts the bytes each rank sends, and a broadcast of the whole block fails. Gathering
 the whole sequence is not allowed: it moves n times the rows needed.
 """
-FORBIDDEN = ("Allgather", "allgather", "Allgatherv", "Gather", "gather", "Gatherv", "Alltoall", "alltoall")
-REQUIRED = ("Bcast|bcast|Ibcast",)
+FORBIDDEN = ("Allgather", "Gather", "Alltoall")
+REQUIRED = ("Bcast",)
 HINT = "broadcast the one row from the rank that holds it"
 
 

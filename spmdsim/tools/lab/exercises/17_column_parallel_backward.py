@@ -14,7 +14,7 @@ Return (dx, dw) on every rank: dx, the gradient with respect to x (shape (b, k))
 needs whole; dw, the gradient with respect to this rank's w (shape (k, o/n)). One of them is a sum
 over the ranks (the forward's identity becomes an Allreduce); the other needs no communication.
 """
-REQUIRED = ("Allreduce|allreduce",)
+REQUIRED = ("Allreduce",)
 
 
 def case(seed, n):

@@ -13,8 +13,8 @@ One comm.Reduce_scatter_block (or comm.Reduce_scatter) does it, moving (n-1)/n o
 per rank. An Allreduce also sums, but moves twice that and then throws n-1 blocks away: it is
 not allowed here.
 """
-FORBIDDEN = ("Allreduce", "allreduce", "Iallreduce", "Reduce", "reduce", "Ireduce")
-REQUIRED = ("Reduce_scatter|Reduce_scatter_block|Ireduce_scatter|Ireduce_scatter_block",)
+FORBIDDEN = ("Allreduce", "Reduce")
+REQUIRED = ("Reduce_scatter",)
 HINT = "Reduce_scatter sums and splits in one call, at half an Allreduce's bytes"
 
 

@@ -13,8 +13,8 @@ Each Allreduce call has a fixed cost, so make one: flatten the gradients into on
 bucket), sum it with a single comm.Allreduce, and cut the result back into the gradients' shapes
 (PyTorch DDP and Megatron bucket their gradients so). More than one Allreduce fails.
 """
-REQUIRED = ("Allreduce|allreduce|Iallreduce",)
-MOST_CALLS = {"Allreduce|allreduce|Iallreduce": 1}
+REQUIRED = ("Allreduce",)
+MOST_CALLS = {"Allreduce": 1}
 HINT = "flatten the gradients into one bucket and sum it once"
 SHAPES = (((3, 2), (2,), (2, 4), (4,)), ((5,), (2, 3)))
 

@@ -17,8 +17,8 @@ logsumexp(L[i]) - L[i, labels[i]], and 0.0 where labels[i] == -100, without gath
 - the target logit L[i, labels[i]] lives on one rank: the others add 0 (an Allreduce again).
 The check counts the bytes each rank sends: more than these three numbers per token fails.
 """
-FORBIDDEN = ("Allgather", "allgather", "Allgatherv", "Gather", "gather", "Gatherv", "Alltoall", "alltoall")
-REQUIRED = ("Allreduce|allreduce",)
+FORBIDDEN = ("Allgather", "Gather", "Alltoall")
+REQUIRED = ("Allreduce",)
 HINT = "reduce the maxima, the sums and the target logits with Allreduce"
 IGNORE = -100
 

@@ -16,8 +16,8 @@ softmax over the last axis, times v_h. Concatenate its heads' outputs (s, H/n * 
 a partial output. Return the whole output (s, d), the sum of the ranks' partial outputs, on every
 rank.
 """
-REQUIRED = ("Allreduce|allreduce",)
-FORBIDDEN = ("Allgather", "allgather", "Gather", "gather", "Alltoall", "alltoall")
+REQUIRED = ("Allreduce",)
+FORBIDDEN = ("Allgather", "Gather", "Alltoall")
 HINT = "each rank's heads give a partial output: sum them with Allreduce"
 
 

@@ -14,8 +14,8 @@ row-parallel second layer (a partial sum of Y), and return rank r's rows of Y,
 Y[r*s/n:(r+1)*s/n], by one comm.Reduce_scatter_block: the same bytes as tensor parallelism's
 Allreduce, with 1/n of the activations kept per rank. Allreduce is not allowed.
 """
-FORBIDDEN = ("Allreduce", "allreduce", "Iallreduce")
-REQUIRED = ("Allgather|allgather|Iallgather", "Reduce_scatter|Reduce_scatter_block|Ireduce_scatter_block")
+FORBIDDEN = ("Allreduce",)
+REQUIRED = ("Allgather", "Reduce_scatter")
 HINT = "sum and split the partial output in one Reduce_scatter"
 
 
