@@ -43,13 +43,13 @@ def _one_error_line(capsys, argv: list[str], needle: str, code: int = 2) -> str:
                                "('busy', 'polite', 'auto')"),
     ("SPMDSIM_EXPECT_WORLD", "abc", "SPMDSIM_EXPECT_WORLD='abc' is not a number of ranks"),
     ("SPMDSIM_EXPECT_WORLD", "0", "SPMDSIM_EXPECT_WORLD='0' is not a number of ranks"),
-    ("SPMDSIM_WATCHDOG", "1e-9", "SPMDSIM_WATCHDOG '1e-9' is below the watchdog's minimum of 1 s"),
+    ("SPMDSIM_WATCHDOG", "1e-9", "SPMDSIM_WATCHDOG='1e-9' is below the watchdog's minimum of 1 s"),
     ("SPMDSIM_MEMORY", "0", "SPMDSIM_MEMORY='0' would give a rank no memory at all; expected bytes per rank"),
     ("SPMDSIM_CHECK", "maybe", "SPMDSIM_CHECK='maybe' is not a switch"),
     ("SPMDSIM_CHECK", " Maybe", "SPMDSIM_CHECK=' Maybe' is not a switch"),  # the value as it was set
-    ("SPMDSIM_WATCHDOG", "yes", "SPMDSIM_WATCHDOG 'yes' is not a number of seconds; expected seconds from 1 to "
+    ("SPMDSIM_WATCHDOG", "yes", "SPMDSIM_WATCHDOG='yes' is not a number of seconds; expected seconds from 1 to "
                                 "604,800, or 0 for off"),
-    ("SPMDSIM_WATCHDOG", "-1", "SPMDSIM_WATCHDOG '-1' must be a positive, finite number of seconds; expected "
+    ("SPMDSIM_WATCHDOG", "-1", "SPMDSIM_WATCHDOG='-1' must be a positive, finite number of seconds; expected "
                                "seconds from 1 to 604,800, or 0 for off"),
 ])
 def test_a_bad_setting_is_refused_on_simulated_ranks_too(monkeypatch, capsys, name, value, needle):

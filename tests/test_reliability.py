@@ -232,7 +232,7 @@ def test_a_watchdog_too_short_to_be_right_is_refused(monkeypatch, value) -> None
     # 1e-9 s would end a correct program, naming a rank "missing" that is only on its way.
     monkeypatch.setenv("SPMDSIM_WATCHDOG", value)
     debug._reset()
-    with pytest.raises(SpmdsimError, match=rf"^SPMDSIM_WATCHDOG '{value}' (is below the watchdog's minimum "
+    with pytest.raises(SpmdsimError, match=rf"^SPMDSIM_WATCHDOG='{value}' (is below the watchdog's minimum "
                                            r"of 1 s .*expected seconds >= 1, or 0 for off|must be a positive)"):
         debug.watchdog_seconds()
     with pytest.raises(SpmdsimError, match="minimum of 1 s|must be a positive"):

@@ -86,7 +86,7 @@ class Hooks:
             if raw is None or not raw.strip():
                 self.watchdog = CHECK_WATCHDOG_S if self.check_enabled() else None
             else:
-                self.watchdog = watchdog_setting(raw, "SPMDSIM_WATCHDOG")
+                self.watchdog = watchdog_setting(raw, "SPMDSIM_WATCHDOG=")
             self.watchdog_read = True
         return self.watchdog
 
@@ -97,7 +97,7 @@ class Hooks:
             if not self.watchdog_set:
                 self.watchdog_read = False  # its default follows the guard
         if watchdog != "keep":
-            self.watchdog = watchdog_setting(watchdog, "watchdog")
+            self.watchdog = watchdog_setting(watchdog, "watchdog=")
             self.watchdog_read = self.watchdog_set = True
         if self.world is not None:
             self.world.watched = True  # its waits read this rank's watchdog from now on
@@ -140,7 +140,8 @@ def _flag(name: str) -> bool:
 
 
 def watchdog_setting(value: Any, what: str) -> Optional[float]:
-    """The watchdog's seconds from a setting named `what` (None, "", "0" and "off": no watchdog).
+    """The watchdog's seconds from a setting named `what` (None, "", "0" and "off": no watchdog): an
+    option ("--watchdog"), or a variable or keyword said with its value ("SPMDSIM_WATCHDOG=").
 
     Raises SpmdsimError for anything else that is not a number of seconds from MIN_WATCHDOG_S to
     MAX_WATCHDOG_S.
@@ -148,20 +149,21 @@ def watchdog_setting(value: Any, what: str) -> Optional[float]:
     if value is None or (isinstance(value, str) and value.strip().lower() in ("", "off", "none")):
         return None
     expected = f"expected seconds from {MIN_WATCHDOG_S:g} to {MAX_WATCHDOG_S:,.0f}, or 0 for off"
+    what = f"{what}{value!r}" if what.endswith("=") else f"{what} {value!r}"
     try:
         seconds = float(value)
     except (TypeError, ValueError):
-        raise SpmdsimError(f"{what} {value!r} is not a number of seconds; {expected}") from None
+        raise SpmdsimError(f"{what} is not a number of seconds; {expected}") from None
     if seconds == 0:
         return None
     if not 0 < seconds < float("inf"):
-        raise SpmdsimError(f"{what} {value!r} must be a positive, finite number of seconds; {expected}")
+        raise SpmdsimError(f"{what} must be a positive, finite number of seconds; {expected}")
     if seconds < MIN_WATCHDOG_S:
-        raise SpmdsimError(f"{what} {value!r} is below the watchdog's minimum of {MIN_WATCHDOG_S:g} s (a healthy "
+        raise SpmdsimError(f"{what} is below the watchdog's minimum of {MIN_WATCHDOG_S:g} s (a healthy "
                            "collective on oversubscribed ranks can take most of a second); expected seconds "
                            f">= {MIN_WATCHDOG_S:g}, or 0 for off")
     if seconds > MAX_WATCHDOG_S:
-        raise SpmdsimError(f"{what} {value!r} is above the watchdog's maximum of {MAX_WATCHDOG_S:,.0f} s (a week); "
+        raise SpmdsimError(f"{what} is above the watchdog's maximum of {MAX_WATCHDOG_S:,.0f} s (a week); "
                            f"{expected}")
     return seconds
 
