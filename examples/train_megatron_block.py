@@ -16,7 +16,7 @@ import sys
 
 import spmdsim
 from spmdsim.tools.cli.main import OnceParser  # usage and errors printed by rank 0 only under mpiexec
-from spmdsim.base.typed_numbers import flag_float  # --lr refused as typed ("--lr -1", not "lr -1.0")
+from spmdsim.base.typed_numbers import fixed, flag_float  # --lr refused as typed ("--lr -1", not "lr -1.0")
 from spmdsim.runtime.sim.launch import ranks_argument
 from spmdsim.base.validate import counted
 from spmdsim import Layout, SeededTensor
@@ -139,7 +139,7 @@ def train_steps(args, block):
             calls[phase][0] += trace.totals()["calls"]
             calls[phase][1] += trace.totals()["bytes_sent"]
         if rank0 and step % 5 == 0:
-            print(f"step {step}: loss {losses[-1]:.7f}")
+            print(f"step {step}: loss {fixed(losses[-1], 7)}")
         if step == 0 and rank0:
             for phase in PHASES:
                 print(f"step 0 {phase} collectives: {traces[phase].counts()}")

@@ -8,6 +8,7 @@ at 1,000 at 8 ranks), and an update off by one part in 1e11 passed it.
 """
 from __future__ import annotations
 
+import re
 import runpy
 import sys
 from pathlib import Path
@@ -65,3 +66,14 @@ def test_a_check_that_met_non_finite_values_says_so_and_where():
                          "(NaN/Inf), the first table after the update at step 0 (19 of 256 values): lower --lr")
     assert lines[-1].startswith("largest difference ") and lines[-1].endswith(" (finite values)")
     assert max(len(line) for line in out.stdout.splitlines()) <= 100
+
+
+def test_a_loss_grown_huge_is_printed_in_scientific_notation():
+    """At --lr 0.3 the loss reaches ~1e233 at step 5 before it turns NaN at step 6: its line says it in
+    scientific notation, not as a number of 234 digits."""
+    from docs_commands import run_example
+
+    out = run_example("examples/train_megatron_block.py", "--ranks", "4", "--steps", "7", "--lr", "0.3")
+    assert out.returncode == 2 and "the loss diverged at step 6" in out.stderr, out.stderr
+    step5 = [line for line in out.stdout.splitlines() if line.startswith("step 5: loss ")]
+    assert len(step5) == 1 and re.fullmatch(r"step 5: loss \d\.\d{7}e\+2\d\d", step5[0]), out.stdout
