@@ -84,6 +84,16 @@ def test_list_prints_one_line_per_exercise_in_number_order(capsys):
     assert all(len(line) <= 100 for line in lines)
 
 
+def test_the_statement_start_writes_ends_in_lines_of_at_most_100_columns(tmp_path, capsys):
+    # exercise 20's "Write `vocab_parallel_cross_entropy(comm, logits, labels)` in ..." ran to 126 columns
+    assert main(["lab", "start", "20", str(tmp_path)]) == 0
+    text = (tmp_path / "vocab_parallel_cross_entropy.md").read_text()
+    assert text.endswith("It\nruns on 1, 2, 3, 4, 8 ranks.\n"), text[-200:]
+    assert max(len(line) for line in text.splitlines()) <= 100
+    for exercise in load_exercises():  # the statements themselves
+        assert max(len(line) for line in exercise.statement.splitlines()) <= 100, exercise.number
+
+
 def test_start_then_check_of_the_unedited_starter_says_not_yet_implemented(tmp_path, capsys):
     assert main(["lab", "start", "1", str(tmp_path)]) == 0
     assert (tmp_path / "ping_pong.md").read_text().startswith("# Exercise 1: Ping-pong")

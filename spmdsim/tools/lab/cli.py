@@ -14,6 +14,7 @@ import os
 import re
 import shlex
 import sys
+import textwrap
 import threading
 from typing import Any, Optional
 
@@ -103,9 +104,9 @@ def _start(args: argparse.Namespace) -> int:
         if os.path.exists(path):
             raise LabError(f"{path!r} exists: not overwritten (remove it, or give another folder: "
                            f"spmdsim lab start {exercise.number} DIR)")
-    statement = (f"# Exercise {exercise.number}: {exercise.title}\n\n{exercise.statement.strip()}\n\n"
-                 f"Write `{exercise.signature}` in {exercise.name}.py. It runs on "
-                 f"{', '.join(map(str, exercise.ranks))} ranks.\n")
+    task = textwrap.fill(f"Write `{exercise.signature}` in {exercise.name}.py. It runs on "
+                         f"{', '.join(map(str, exercise.ranks))} ranks.", 100, break_on_hyphens=False)
+    statement = f"# Exercise {exercise.number}: {exercise.title}\n\n{exercise.statement.strip()}\n\n{task}\n"
     _write_start(exercise.number, args.dir, ((text, statement), (code, exercise.starter(_course(args, whole=True)))))
     print(f"wrote {text} (the statement) and {code} (the function to write)")
     print(f"check it with: spmdsim lab check {exercise.number} {shlex.quote(code)}{_course(args)}")

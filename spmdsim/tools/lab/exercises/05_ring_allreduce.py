@@ -11,8 +11,8 @@ Every rank holds a float64 vector x of the same length N. Return, on every rank,
 of all ranks' x, computed by the ring algorithm from point-to-point calls (Send/Recv, Sendrecv):
 
 1. cut x into n chunks with np.array_split (N need not be a multiple of the number of ranks n);
-2. reduce-scatter: n-1 steps; at step s rank r sends chunk (r - s) % n to rank r+1 and adds the chunk
-   (r - s - 1) % n it receives from rank r-1 into its own copy;
+2. reduce-scatter: n-1 steps; at step s rank r sends chunk (r - s) % n to rank r+1 and adds the
+   chunk (r - s - 1) % n it receives from rank r-1 into its own copy;
 3. allgather: n-1 more steps passing the finished chunks around the ring.
 
 Each rank then sends 2(n-1) chunks, 2(n-1)/n of the vector: no more bytes than that.

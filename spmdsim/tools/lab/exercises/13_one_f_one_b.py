@@ -4,8 +4,8 @@ TITLE = "The 1F1B pipeline schedule for p stages and m microbatches"
 FUNCTION = "one_f_one_b"
 SIGNATURE = "one_f_one_b(comm, m)"
 STATEMENT = """\
-A model is cut into p pipeline stages, one per rank (p = comm.Get_size(); rank r runs stage r), and a
-batch into m microbatches 0, 1, ..., m-1. Return the list of passes stage r runs, in order, as
+A model is cut into p pipeline stages, one per rank (p = comm.Get_size(); rank r runs stage r), and
+a batch into m microbatches 0, 1, ..., m-1. Return the list of passes stage r runs, in order, as
 tuples ("F", i) (the forward of microbatch i) and ("B", i) (its backward), following 1F1B
 (one forward, one backward; PipeDream-Flush, Megatron's schedule without interleaving):
 

@@ -10,8 +10,8 @@ rank r holds x = A[r*s/n:(r+1)*s/n], consecutive positions. A language model pre
 position, A[s - 1] (shape (d,)). Return it on every rank.
 
 Only one rank holds it: broadcast it from there (comm.Bcast or comm.bcast). Send that one row, d
-values: the check counts the bytes each rank sends, and a broadcast of the whole block fails. Gathering
-the whole sequence is not allowed: it moves n times the rows needed.
+values: the check counts the bytes each rank sends, and a broadcast of the whole block fails.
+Gathering the whole sequence is not allowed: it moves n times the rows needed.
 """
 FORBIDDEN = ("Allgather", "Gather", "Alltoall")
 REQUIRED = ("Bcast",)
