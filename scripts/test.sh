@@ -32,12 +32,11 @@ fi
 # One BLAS thread per rank: ranks already outnumber the cores (docs/explanation/oversubscription.md).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 # The pure tests on three workers (pytest-xdist, the test extra) when it is installed: many of them
-# wait (on launched MPI jobs, watchdogs, timeouts), so a third worker computes while the other two wait
-# (on 2 idle cores, tree 1dfb077: 4:40 with three, 4:53-5:20 with two). A test
-# file stays on one worker (--dist loadfile): some files check, in their last test, what their
-# earlier tests counted. The heaviest files are scheduled first (tests/conftest.py, HEAVY_FILES), so
-# no long file starts last while the others run out of work. SPMDSIM_TEST_WORKERS=0 runs them
-# in this one process.
+# wait (on launched MPI jobs, watchdogs, timeouts), so a third worker computes while the other two
+# wait. A test file stays on one worker (--dist loadfile): some files check, in their last test,
+# what their earlier tests counted. The heaviest files are scheduled first (tests/conftest.py,
+# HEAVY_FILES), so no long file starts last while the others run out of work.
+# SPMDSIM_TEST_WORKERS=0 runs them in this one process.
 workers=${SPMDSIM_TEST_WORKERS:-3}
 # Under a timeout too: pytest-timeout's per-test timer is a Python thread, which cannot fire while a thread
 # holds the interpreter lock blocked in C (CPython gh-106883 hung a worker so); a hang fails the run instead.
