@@ -238,7 +238,7 @@ def precision_problem(name: Any) -> Optional[str]:
 
 
 def precision(name: Any = "fp64") -> Precision:
-    """The preset `name` ("fp64", "fp32", "bf16-mixed") or a Precision as given; SpmdsimError otherwise."""
+    """The preset `name` (a key of `PRESETS`; "fp64" by default) or a Precision as given; SpmdsimError otherwise."""
     problem = precision_problem(name)
     if problem:
         raise SpmdsimError(problem)
