@@ -1,5 +1,5 @@
 """The reference pages' tables against the code they describe: docs/reference/operators.md's signatures and its
-list of layout rules, exit-codes.md's commands and networks.md's rank counts."""
+list of layout rules, exit-codes.md's commands and networks.md's rank counts and dialects.md's Paddle split table."""
 from __future__ import annotations
 
 import ast
@@ -7,6 +7,7 @@ import inspect
 import re
 
 from docs_commands import ROOT
+from spmdsim.layouts import dialects
 from spmdsim.models import nets
 from spmdsim.nn import ops
 from spmdsim.programs import infer
@@ -123,3 +124,17 @@ def test_networks_rank_counts_are_the_ones_each_network_runs_on():
             shown = [n for e in examples for n in (range(int(e.split("-")[0]), int(e.split("-")[1]) + 1)
                                                    if "-" in e else [int(e)])]
             assert shown == runs[name][:len(shown)], f"{name}: the examples {shown} skip counts it runs on"
+
+
+def test_dialects_paddle_split_table_is_split_layouts():
+    """dialects.md's `distributed.split` table: each call's kind, weight map, pending sum and collective are
+    split_layouts' for it (4 partitions)."""
+    rows = _table("dialects.md", "input_ndim=2)` returns a `PaddleSplit` on the mesh `Layout((p,), (\"mp\",))`:")
+    assert len(rows) == 3, rows
+    for call, kind, weight, _, before, collective, _ in rows:
+        operation, axis = re.fullmatch(r"`(\w+)`, axis (\d)", call).groups()
+        plan = dialects.split_layouts((8, 16), operation, int(axis), 4)
+        written = tuple(() if entry is None else (entry,) for entry in ast.literal_eval(weight.strip("`")))
+        assert (kind.strip("`"), written) == (plan.kind, plan.weight.tensor_map), call
+        assert ("partial over mp" in before) == (plan.output_before.partial == ("mp",)), call
+        assert collective.split()[0] == plan.collective, call
