@@ -49,6 +49,17 @@ def test_each_op_on_a_fixed_split_layout(name):
     assert results[0][2] is None, results[0][2]
 
 
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_each_op_on_a_pending_first_operand(name):
+    """Each op with its first operand a pending sum over one axis: a rule that keeps the sum pending through
+    an op that is not linear (softsign's LINEARITY "joint") gives each rank's part's value, not the sum's."""
+    shapes = CASES[name][0]
+    maps = tuple((None,) * len(s) for s in shapes)
+    case = Case(name, (2, 2), shapes, maps, (("m1",),) + ((),) * (len(shapes) - 1), CASES[name][3])
+    results = spmdsim.simulate(4, lambda: run_case(spmdsim.world(), case))
+    assert results[0][2] is None, results[0][2]
+
+
 @pytest.mark.parametrize("name", ["layer_norm", "rms_norm"])
 @pytest.mark.parametrize("rows, partial", [(("m0",), ()), (("m0", "m1"), ()), (None, ("m1",))])
 def test_norms_over_a_whole_dim(name, rows, partial):
