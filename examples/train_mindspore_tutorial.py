@@ -1,4 +1,4 @@
-"""Seed 003 trained: MindSpore's operator-parallel network on handwritten digits, checked every step.
+"""MindSpore's operator-parallel network on handwritten digits, checked every step.
 
 Flatten > MatMul1 shard((2,4),(4,1)) > ReLU1 ((4,1)) > MatMul2 ((1,8),(8,1)) > ReLU2 ((8,1))
 > MatMul3 (data parallel), cross-entropy, SGD(lr 1e-2), batch 32, on 8 ranks. Every step's
@@ -61,8 +61,9 @@ def main(args):
     if comm.rank == 0:
         print(f"{net.title}, {args.dtype}, {comm.size} ranks")
         print(f"data: {data.source}")
+        # anchored: docs/howto/train.md, "MindSpore's tutorial network trained"
         print(f"{args.optimizer}(lr {lr:g}), batch {batch}, {counted(args.steps, 'step')}; "
-              "each step checked against one process")  # anchored: docs/howto/train.md, "Seed 003 trained"
+              "each step checked against one process")
         print(f"from the run's parameters at its start (rtol {rtol:g} x the magnitudes that entered each element)")
 
     losses, worst, failed = [], 0.0, 0
