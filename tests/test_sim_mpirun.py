@@ -212,6 +212,25 @@ def test_usage_errors_and_pure_commands_under_mpirun_are_said_once_as_under_mpie
     assert capsys.readouterr().err == "spmdsim: error: --steps 0 must be at least 1\n"
 
 
+def test_spmdsim_mpirun_under_mpiexec_is_refused_in_one_line(capsys, monkeypatch):
+    """`mpiexec -n 2 spmdsim mpirun -n 2 python ring.py`: rank 1 raised a TypeError (mpirun's program words, a
+    list, read as the subcommand's name), and rank 0 waited in MPI's start for it till the timeout. Each
+    process would run all the simulated ranks: rank 0 says so in one line, every rank exits 2."""
+    from spmdsim.base import threads
+
+    for name in threads.RANK_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PMI_SIZE", "2")
+    ring = str(ROOT / "examples" / "mpi4py" / "ring.py")
+    for rank, lines in (("1", []), ("0", ["spmdsim mpirun: error: mpiexec started 2 processes, and each would run "
+                                          "every simulated rank; run spmdsim mpirun without mpiexec, or the program "
+                                          "under mpiexec alone (mpiexec -n 2 python prog.py)"])):
+        monkeypatch.setenv("PMI_RANK", rank)
+        assert main(["mpirun", "-n", "4", "python", ring]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and unfold(err).splitlines() == lines
+
+
 def test_a_cli_error_only_some_mpirun_ranks_meet_is_said_once_too(tmp_path, capsys):
     """Ranks of `spmdsim mpirun` that meet the same error say it once; one that meets another still says its own."""
     prog = tmp_path / "prog.py"

@@ -40,7 +40,7 @@ def build_parser(commands: Sequence[str] = SUBCOMMANDS) -> argparse.ArgumentPars
 
     parser.add_argument("--version", action="version", version=f"spmdsim {__version__}")
     # Listed by task in the description (command_list), not in argparse's one flat list.
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", help=argparse.SUPPRESS)
+    subparsers = parser.add_subparsers(dest="subcommand", metavar="COMMAND", help=argparse.SUPPRESS)
     for name in commands:
         importlib.import_module(f"{__package__}.{name}").register(subparsers)
     parser.usage = "%(prog)s [-h] [--version] COMMAND ..."  # (after add_subparsers, which names prog from it)
@@ -142,7 +142,7 @@ PURE_COMMANDS = frozenset({"slices", "explain", "show", "convert", "plan", "pipe
 
 def _pure(args: argparse.Namespace) -> bool:
     """Whether the parsed command needs no other rank: a pure command, or autoshard without --run."""
-    return args.command in PURE_COMMANDS or args.command == "autoshard" and not getattr(args, "run", False)
+    return args.subcommand in PURE_COMMANDS or args.subcommand == "autoshard" and not getattr(args, "run", False)
 
 
 def run_script(main: Callable[[], Any]) -> Any:
