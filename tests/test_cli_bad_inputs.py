@@ -681,6 +681,23 @@ def test_launch_without_its_n_says_where_it_goes(argv, said, capsys):
     assert unfold(capsys.readouterr().err) == f"spmdsim: error: {said}\n"
 
 
+def test_launch_under_mpiexec_is_refused_once(capsys, monkeypatch):
+    """`mpiexec -n 2 spmdsim launch -n 2 -- python prog.py`: rank 1 raised a TypeError (launch's command words read
+    as the subcommand's name), rank 0 started a job of its own. Each process would start one: rank 0 says so."""
+    from spmdsim.base import threads
+
+    for name in threads.RANK_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PMI_SIZE", "2")
+    for rank, lines in (("1", []), ("0", ["spmdsim: error: launch starts its own mpiexec job, but mpiexec started 2 "
+                                          "processes, each of which would start one: run spmdsim launch -n 2 "
+                                          "without mpiexec"])):
+        monkeypatch.setenv("PMI_RANK", rank)
+        assert main(["launch", "-n", "2", "--", "python", "prog.py"]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and unfold(err).splitlines() == lines
+
+
 @pytest.mark.parametrize("flag, value", [("-f", "hosts"), ("--hostfile", "/no/such/hosts"), ("-host", "node1"),
                                          ("-ppn", "4"), ("-f", "")])  # "" named as a shell takes it: ''
 def test_launch_refuses_mpiexecs_placement_options_saying_what_to_run(flag, value, capsys):

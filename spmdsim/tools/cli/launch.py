@@ -41,7 +41,7 @@ from typing import NoReturn, Sequence
 
 from ...base.interrupts import Terminated, terminations_raise
 from ...base.malloc import glibc_env
-from ...base.threads import THREAD_VARS, thread_cap, thread_count, user_thread_count
+from ...base.threads import THREAD_VARS, launcher_size, thread_cap, thread_count, user_thread_count
 from ...errors import RuntimeMismatchError, SpmdsimError, fold_message
 from ...runtime.debug import add_cli_arguments, watchdog_setting
 from ...runtime.mpi_library import INSTALL_MPI
@@ -246,6 +246,9 @@ def run(args: argparse.Namespace) -> int:
                            "(each one a process of this machine)")
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         raise SpmdsimError(f"--timeout {typed(args.timeout)} must be a positive, finite number of seconds")
+    if launcher_size() > 1:  # each process of that job would start a job of its own
+        raise SpmdsimError(f"launch starts its own mpiexec job, but mpiexec started {launcher_size()} processes, "
+                           f"each of which would start one: run spmdsim launch -n {args.ranks} without mpiexec")
     if args.watchdog is not None:  # refused here, not in N ranks after the launch
         watchdog_setting(args.watchdog, "--watchdog")
     mpiexec = find_mpiexec(args.mpiexec)
