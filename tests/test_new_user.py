@@ -244,6 +244,15 @@ def test_the_other_trainings_stop_a_divergence_in_one_line_without_numpys_warnin
     assert "PASS" not in out.stdout and "nan" not in out.stdout
 
 
+def test_the_tutorials_reference_step_says_no_numpy_warning_before_the_divergence() -> None:
+    """At --lr 100 the run's loss turns NaN at step 8; the reference step's tolerance magnitudes overflowed a
+    step earlier and printed numpy's RuntimeWarnings with their source line before the one-line stop."""
+    out, warned = _example_warned("train_mindspore_tutorial", "--ranks", "8", "--steps", "9", "--lr", "100")
+    assert out.returncode == 2 and out.stderr.count("spmdsim: error:") == 1, out.stderr
+    assert "step 8: the loss is nan" in out.stderr and "Warning" not in out.stderr, out.stderr
+    assert warned == [], warned
+
+
 @pytest.mark.parametrize("extra, said", [
     (["--ranks", "6"], "the GPT cannot run on 6 ranks: no dp x tp of 6 ranks runs it (tp 3: heads 4 is not "
      "divisible by tp 3 (heads are split over tp); tp 2: batch 8 is not divisible by dp 3; tp 1: batch 8 is not "
