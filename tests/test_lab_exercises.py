@@ -1607,3 +1607,25 @@ def test_a_number_that_looks_right_says_its_dtype_and_how_far_it_is():
         "rank 0 returned 3.141592837, expected 3.141592737 (off by 1e-07, 3.14e-09 allowed)"
     assert first_difference([9.42], [pi], [()], 1e-9, 0.0) == "rank 0 returned 9.42, expected 3.141592737"
     assert first_difference([np.float32(pi)], [pi], [()], 1e-6, 0.0) is None
+
+
+def test_a_check_after_a_run_ended_by_a_call_after_finalize_names_the_submissions_calls(tmp_path, capsys):
+    """A call after the rank's MPI.Finalize ends that run (spmdsim.emulator.after_finalize) and changes nothing
+    for a later check in the process: the Isend rewrite's message still names its Wait, and a submission that
+    finalizes before its sendrecv is told which call and line."""
+    from spmdsim.tools.cli.main import main
+
+    program = tmp_path / "late.py"
+    program.write_text("from mpi4py import MPI\ncomm = MPI.COMM_WORLD\nMPI.Finalize()\ncomm.Barrier()\n")
+    assert main(["mpirun", "-n", "2", "python", str(program)]) == 1
+    assert "called Barrier (late.py:4) after its MPI.Finalize (late.py:3)" in capsys.readouterr().err
+    number, ranks, seed, status, words, source = next(w for w in WRONG if any("(Wait at line 8)" in word
+                                                                              for word in w[4]))
+    test_a_typical_wrong_solution_gets_its_own_message(tmp_path, number, ranks, seed, status, words, source)
+    path = tmp_path / "finalized.py"
+    path.write_text("from mpi4py import MPI\ndef ring_pass(comm, x):\n    n, r = comm.Get_size(), comm.Get_rank()\n"
+                    "    if r == 0:\n        MPI.Finalize()\n"
+                    "    return comm.sendrecv(x, dest=(r + 1) % n, source=(r - 1) % n)\n")
+    result = run_case(find_exercise(number), str(path), ranks, seed)
+    assert result.status == "error", result
+    assert result.reason == "rank 0 called sendrecv at line 6 after its MPI.Finalize: MPI allows no call after it"

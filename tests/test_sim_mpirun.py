@@ -874,3 +874,61 @@ def test_mpiexecs_placement_options_are_refused_saying_ranks_run_here(flag, valu
     assert unfold(capsys.readouterr().err).splitlines()[-1] == (
         f"spmdsim mpirun: error: {flag} {value} says where mpiexec starts its ranks; simulated ranks all run in "
         "this process: leave it out (spmdsim mpirun takes -n N, --eager-limit and --oversubscribe)")
+
+
+_AFTER_FINALIZE = """\
+import sys
+from mpi4py import MPI
+import numpy as np
+
+comm = MPI.COMM_WORLD
+if sys.argv[1:] == ["fatal"]:
+    comm.Set_errhandler(MPI.ERRORS_ARE_FATAL)
+rank = comm.rank
+MPI.Finalize()
+print(rank, MPI.Is_initialized(), MPI.Is_finalized(), MPI.Get_version() >= (3, 0), MPI.COMM_WORLD == comm)
+if rank == 1:
+    sys.stdout.flush()
+    CALL
+    print("went on")
+"""
+
+
+@pytest.mark.parametrize("how, statement, call", [
+    ("", "comm.Barrier()", "Barrier"), ("fatal", "comm.Barrier()", "Barrier"), ("", "comm.rank", "Get_rank"),
+    ("", "MPI.Finalize()", "Finalize"), ("", "comm.Isend(np.zeros(1), dest=0).Wait()", "Isend"),
+    ("", "comm.allreduce(1)", "allreduce"), ("", "MPI.Query_thread()", "Query_thread")])
+def test_an_mpi_call_after_the_ranks_finalize_ends_the_run_naming_it(tmp_path, capsys, how, statement, call):
+    """A call after the rank's MPI.Finalize (a second Finalize too, and under a fatal error handler, whose guard
+    stands between) ends the run with exit code 1, as MPICH ends the job ("Attempting to use an MPI routine
+    (internal_Barrier) before initializing or after finalizing MPICH"), in one line naming the call, its line and
+    where the rank finalized; what MPICH answers after Finalize answers, and printing goes on."""
+    prog = tmp_path / "prog.py"
+    prog.write_text(_AFTER_FINALIZE.replace("CALL", statement))
+    assert main(["mpirun", "-n", "2", "python", str(prog), how]) == 1
+    out, err = capsys.readouterr()
+    assert sorted(out.splitlines()) == ["0 True True True True", "1 True True True True"]
+    assert unfold(err) == (f"spmdsim mpirun: simulated rank 1 called {call} (prog.py:13) after its MPI.Finalize "
+                           "(prog.py:9): MPICH ends the job there; every rank was stopped\n")
+
+
+def test_a_run_after_one_ended_by_a_call_after_finalize_runs_as_before(tmp_path, capsys):
+    """The check after a rank's Finalize is that rank's alone and ends with its run: the next run in the process
+    calls MPI without a word, finalizes and ends 0, and an MPI error under a fatal handler names the program's
+    call, not a check between."""
+    prog = tmp_path / "prog.py"
+    prog.write_text(_AFTER_FINALIZE.replace("CALL", "comm.Get_size()"))
+    assert main(["mpirun", "-n", "2", "python", str(prog), "fatal"]) == 1
+    assert "called Get_size (prog.py:13) after its MPI.Finalize" in unfold(capsys.readouterr().err)
+    again = tmp_path / "again.py"
+    again.write_text("from mpi4py import MPI\ncomm = MPI.COMM_WORLD\ncomm.Barrier()\n"
+                     "print(comm.allreduce(comm.rank))\nMPI.Finalize()\nprint(MPI.Is_finalized())\n")
+    assert main(["mpirun", "-n", "2", "python", str(again)]) == 0
+    out, err = capsys.readouterr()
+    assert (sorted(out.splitlines()), err) == (["1", "1", "True", "True"], "")
+    fatal = tmp_path / "fatal.py"
+    fatal.write_text("from mpi4py import MPI\ncomm = MPI.COMM_WORLD\ncomm.Set_errhandler(MPI.ERRORS_ARE_FATAL)\n"
+                     "comm.Send(b'x', dest=5)\n")
+    assert main(["mpirun", "-n", "2", "python", str(fatal)]) != 0
+    err = unfold(capsys.readouterr().err)
+    assert "(in Send on the world, whose error handler is MPI.ERRORS_ARE_FATAL; at fatal.py:4)" in err, err

@@ -20,6 +20,7 @@ as properties, and gives the type back on exit.
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import types
 import weakref
@@ -34,6 +35,7 @@ from .unsupported import refusing
 from .persistent import Prequest
 from .group import SimGroup
 from . import message
+from .after_finalize import refuse_from_now
 from ..runtime.sim._mpi import mpi_error
 from ..runtime.process import release_segments_once
 from ..runtime.sim import p2p
@@ -89,10 +91,10 @@ def _simulated(name: str, state: Any) -> Any:
     if name == "Attach_buffer":
         return _attach_buffer
     if name == "Detach_buffer":
-        return lambda: _BSEND_BUFFERS.pop(threading.get_ident(), None)
+        return _detach_buffer
     if name == "Iflush_buffer":
         return completed
-    return lambda *args, **kwargs: None  # Flush_buffer
+    return _flush_buffer
 
 
 class _Lifetime:
@@ -101,8 +103,9 @@ class _Lifetime:
     A rank starts initialized, as mpi4py initializes MPI when a program imports it, unless
     ``mpi4py.rc.initialize`` is False when the rank first asks (then its Init or Init_thread does it).
     Init twice is MPI.Exception (ERR_OTHER, "Cannot call MPI_INIT or MPI_INIT_THREAD more than once"),
-    as MPICH raises, and so is Init after Finalize (MPICH aborts the job); Finalize before Init or
-    twice raises what MPICH aborts with. Its thread level (Query_thread) is mpi4py.rc's, as mpi4py asks for
+    as MPICH raises, and so is Init after Finalize (MPICH aborts the job); Finalize before Init raises what
+    MPICH aborts with, and any other MPI call after Finalize (Finalize again too) ends the run, as MPICH ends the
+    job (spmdsim.emulator.after_finalize). Its thread level (Query_thread) is mpi4py.rc's, as mpi4py asks for
     it (THREAD_SINGLE with rc.threads False), or what Init_thread asked for (MPICH provides each level),
     THREAD_SINGLE after Init.
     """
@@ -143,6 +146,7 @@ class _Lifetime:
             raise self._error("Attempting to use an MPI routine (MPI_Finalize) before initializing or after "
                               "finalizing MPICH")
         self.state = 2
+        refuse_from_now(sys._getframe(1), _RANK_CALLS)
 
     def Is_initialized(self) -> bool:  # noqa: N802
         return self.state >= 1
@@ -173,6 +177,22 @@ def _attach_buffer(buf: Any) -> None:
         if readonly:
             raise BufferError("Attach_buffer: the buffer is read-only")
     _BSEND_BUFFERS[threading.get_ident()] = buf
+
+
+def _detach_buffer() -> Any:
+    return _BSEND_BUFFERS.pop(threading.get_ident(), None)
+
+
+def _flush_buffer(*args: Any, **kwargs: Any) -> None:
+    pass
+
+
+#: The rank's own module functions that are MPI calls, by their code (what spmdsim.emulator.after_finalize
+#: refuses after the rank's Finalize, besides the emulator's methods).
+_RANK_CALLS = {_Lifetime.Finalize.__code__: "Finalize", _Lifetime.Query_thread.__code__: "Query_thread",
+               is_rank_thread.__code__: "Is_thread_main", _attach_buffer.__code__: "Attach_buffer",
+               _detach_buffer.__code__: "Detach_buffer", _flush_buffer.__code__: "Flush_buffer",
+               completed.__code__: "Iflush_buffer"}
 
 
 #: The swapped names whose simulated value is the same for every rank (a class, a constant): found once.

@@ -179,6 +179,9 @@ def describe_failure(exc: BaseException, path: str, n: int, signature: str = "")
         first = next((call for call in calls if NO_MATCH in call), calls[0] if calls else "")
         status = "deadlock" if "deadlock" in head else "mismatch"
         return status, f"{status} at {ranks_text(n)}: {first or head}", text
+    after = getattr(exc, "after_finalize", None)
+    if after:  # a call after the rank's MPI.Finalize (spmdsim.emulator.after_finalize): MPI ends the job
+        return "error", f"{who} called {after}{at} after its MPI.Finalize: MPI allows no call after it", ""
     if getattr(exc, "abort_code", None) is not None:  # comm.Abort(code): MPI ends the job
         return "exit", f"{who} called comm.Abort({exc.abort_code}){at}: return the result instead", ""
     if isinstance(exc, Exited):
