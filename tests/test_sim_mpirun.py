@@ -880,10 +880,10 @@ _AFTER_FINALIZE = """\
 import sys
 from mpi4py import MPI
 import numpy as np
-
 comm = MPI.COMM_WORLD
 if sys.argv[1:] == ["fatal"]:
     comm.Set_errhandler(MPI.ERRORS_ARE_FATAL)
+win = MPI.Win.Create(np.zeros(1), comm=comm) if sys.argv[1:] == ["window"] else None
 rank = comm.rank
 MPI.Finalize()
 print(rank, MPI.Is_initialized(), MPI.Is_finalized(), MPI.Get_version() >= (3, 0), MPI.COMM_WORLD == comm)
@@ -897,10 +897,11 @@ if rank == 1:
 @pytest.mark.parametrize("how, statement, call", [
     ("", "comm.Barrier()", "Barrier"), ("fatal", "comm.Barrier()", "Barrier"), ("", "comm.rank", "Get_rank"),
     ("", "MPI.Finalize()", "Finalize"), ("", "comm.Isend(np.zeros(1), dest=0).Wait()", "Isend"),
-    ("", "comm.allreduce(1)", "allreduce"), ("", "MPI.Query_thread()", "Query_thread")])
+    ("", "comm.allreduce(1)", "allreduce"), ("", "MPI.Query_thread()", "Query_thread"),
+    ("window", "win.Fence()", "Fence")])
 def test_an_mpi_call_after_the_ranks_finalize_ends_the_run_naming_it(tmp_path, capsys, how, statement, call):
-    """A call after the rank's MPI.Finalize (a second Finalize too, and under a fatal error handler, whose guard
-    stands between) ends the run with exit code 1, as MPICH ends the job ("Attempting to use an MPI routine
+    """A call after the rank's MPI.Finalize (a second Finalize too, a window's, and under a fatal error handler,
+    whose guard stands between) ends the run with exit code 1, as MPICH ends the job ("Attempting to use an MPI routine
     (internal_Barrier) before initializing or after finalizing MPICH"), in one line naming the call, its line and
     where the rank finalized; what MPICH answers after Finalize answers, and printing goes on."""
     prog = tmp_path / "prog.py"

@@ -33,6 +33,8 @@ from .message import SimMessage
 __all__ = ["refuse_from_now"]
 
 _SPMDSIM = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # spmdsim's own code
+_HANDLE_CONVERSIONS = frozenset(("toint", "fromint", "py2f", "f2py"))
+_FOUND: dict = {}  # whether spmdsim.emulator.window is loaded -> _calls' answer (the classes are fixed)
 
 
 def refuse_from_now(frame: Any, own: dict) -> None:
@@ -40,8 +42,11 @@ def refuse_from_now(frame: Any, own: dict) -> None:
     methods, or a code in `own`: code -> the name a program calls it by) ends the run (see the module
     docstring)."""
     state = _local.simulated()
-    calls = _calls()
-    calls.update(own)
+    window = sys.modules.get(__name__.rpartition(".")[0] + ".window")  # (loaded once a program opens a window)
+    found = _FOUND.get(window is not None)
+    if found is None:
+        found = _FOUND[window is not None] = _calls(window)
+    calls = {**found, **own}
     where = _program_line(frame) or "its program"
     before = sys.getprofile()
 
@@ -72,13 +77,11 @@ def _used_after_finalize(state: Any, call: str, frame: Any, where: str) -> NoRet
     end_every_rank(error)
 
 
-def _calls() -> dict:
+def _calls(window: Any) -> dict:
     """code -> the name a program calls it by, of the public methods and properties of the emulator's
-    communicators, requests, groups, messages and (once a program opened one) windows, and their subclasses."""
-    classes = [SimComm, Request, SimGroup, SimMessage]
-    window = sys.modules.get(__name__.rpartition(".")[0] + ".window")
-    if window is not None:
-        classes.append(window.SimWin)
+    communicators, requests, groups, messages and windows (with the module `window`, else None), and their
+    subclasses; not the handle conversions (toint, fromint), which MPICH answers after MPI_Finalize."""
+    classes = [SimComm, Request, SimGroup, SimMessage] + ([window.SimWin] if window is not None else [])
     calls: dict = {}
     seen: set = set()
     while classes:
@@ -98,7 +101,7 @@ def _calls() -> dict:
                     value = value.__func__
                 value = getattr(value, "__wrapped__", value)  # (guarded once an errhandler was set)
                 code = getattr(value, "__code__", None)
-                if code is None or name.startswith("_"):
+                if code is None or name.startswith("_") or name in _HANDLE_CONVERSIONS:
                     continue
                 if code.co_name.isidentifier() and not code.co_name.startswith("_"):  # rank = property(Get_rank)
                     calls.setdefault(code, code.co_name)
