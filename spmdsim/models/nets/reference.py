@@ -24,8 +24,11 @@ from ...references import backward as rg
 from ...errors import OperatorError
 from .model import Network
 from ...base.once import once
-from ..gpt.step_check import QUIET
 from ..gpt.wholes import assemble
+
+#: numpy's overflow and invalid warnings off in the step: a diverging run's step says it in one line (the
+#: run's own stop, spmdsim.models.nets.train, and the check's count of non-finite values).
+_QUIET = {"over": "ignore", "invalid": "ignore"}
 
 __all__ = ["ReferenceStep", "ReferenceTrainer", "OPTIMIZERS"]
 
@@ -84,11 +87,11 @@ class ReferenceTrainer:
         """
         config = (self.net, self.optimizer, self.lr, self.momentum, self.betas, self.eps)
         if anchor is not None:
-            with np.errstate(**QUIET):  # a diverging run's overflow: the check and the run's own stop say it
+            with np.errstate(**_QUIET):
                 result = self._anchored(config, anchor, x, labels)
             self.steps += 1
             return result
-        with np.errstate(**QUIET):
+        with np.errstate(**_QUIET):
             result, params, state = self._computed(config, x, labels)
         self.params, self.state = list(params), list(state)
         self.steps += 1
