@@ -1,12 +1,16 @@
 """`spmdsim collective` without MPI ranks: bad input, the rounds table and states, pictures, the report."""
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
 
-from spmdsim.programs.algorithms import NAMES, parse_name, schedule
+from docs_commands import ROOT
+from spmdsim.programs.algorithms import NAMES, build, elements_for, parse_name, schedule
+from spmdsim.programs.algorithms.formulas import busiest_bytes_sent, predict_seconds
 from spmdsim.programs.algorithms.table import format_rounds, format_states
+from spmdsim.programs.cost import DEFAULT_MODEL
 from spmdsim.tools.cli.collective import report, to_json
 from spmdsim.tools.cli.main import main
 from testkit import unfold
@@ -167,6 +171,24 @@ def test_bench_script_arguments(capsys):
     assert text.splitlines()[2].split() == ["ring-allreduce", "1M", "14", "1,835,008", "yes", "4.000",
                                             "2.000", "3.000", "yes"]
     assert max(len(line) for line in text.splitlines()) <= 100
+
+
+def test_the_pages_benchmark_table_has_the_schedules_rounds_bytes_and_model():
+    """docs/explanation/algorithms.md's table from scripts/bench_algorithms.py on 8 ranks: its rounds, bytes sent
+    by the busiest rank, "=formula" and "model" columns are the schedules' and the built-in cost model's, whatever
+    the load (the timed columns are not compared)."""
+    text = (ROOT / "docs" / "explanation" / "algorithms.md").read_text()
+    rows = re.findall(r"^([a-z-]+) +(64K|1M|8M) +(\d+) +([\d,]+) +(yes|NO) +[\d.]+ +[\d.]+ +([\d.]+) +yes$", text,
+                      re.M)
+    assert len(rows) == 3 * len(NAMES)
+    for name, size, *quoted in rows:
+        collective, algorithm = parse_name(name)
+        count = elements_for(collective, 8, {"64K": 64 << 10, "1M": 1 << 20, "8M": 8 << 20}[size], 4)
+        built = build(collective, algorithm, 8, count, 4)
+        sent = max(built.bytes_sent())
+        formula = "yes" if sent == busiest_bytes_sent(name, 8, count * 4) else "NO"
+        model = f"{predict_seconds(built, DEFAULT_MODEL) * 1e3:.3f}"
+        assert [str(len(built.rounds)), f"{sent:,}", formula, model] == quoted, (name, size)
 
 
 def test_report_fits_100_columns_and_counts_one_element():
