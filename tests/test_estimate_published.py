@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from docs_commands import run_here
+from docs_commands import ROOT, quotes, run_here
 
 LLAMA = ["estimate", "gpt", "--layers", "2", "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--ffn", "128",
          "--norm", "rms", "--mlp", "swiglu", "--untied", "--no-bias", "--seq", "16", "--vocab", "128",
@@ -91,3 +91,56 @@ def test_the_405b_long_sequence_row_is_its_two_commands():
     assert found["ring"][0] < found["allgather"][0]
     on_its_count = found["allgather"][2] / 16384 / found["ring"][0] / 1e12  # the ring on the all-gather's count
     assert f"the ring on the all-gather method's {on_its_count:.1f} ({on_its_count / 380:.2f})" in row
+
+
+def _quoted_figures(*has: str, lacks: tuple = ()) -> dict:
+    """The step time, MFU, TFLOP/s and most memory at a peak of the one output docs/explanation/estimate-h100.md
+    quotes under the command with each of `has` and none of `lacks` (tests/test_classroom_docs.py checks the quoted
+    lines against the command's own output)."""
+    (quote,) = [q for q in quotes("docs/explanation/estimate-h100.md") if q.output and all(h in q.command for h in has)
+                and not any(word in q.command for word in lacks)]
+    text = " ".join(" ".join(quote.output).split())
+    found = {"step": re.search(r"predicted step time: ([\d.]+) s", text).group(1)}
+    mfu = re.search(r"MFU ([\d.]+%): ([\d.]+) TFLOP/s per GPU", text)
+    peak = re.search(r"at (?:its|their) peak \(the most, stage \d+: ([\d.]+) GiB\)", text)
+    return dict(found, mfu=mfu and mfu.group(1), rate=mfu and mfu.group(2), peak=peak and peak.group(1))
+
+
+def _cells(prefix: str) -> list:
+    """The cells of the one table row of docs/explanation/estimate-h100.md that starts with `prefix`."""
+    (row,) = [line for line in (ROOT / "docs/explanation/estimate-h100.md").read_text().splitlines()
+              if line.startswith(prefix)]
+    return [cell.strip() for cell in row.strip("|").split("|")]
+
+
+def test_the_bf16_rows_of_the_h100_table_are_the_outputs_quoted_under_them():
+    """The table's BF16 rows (GPT-3 175B, Llama 3 405B, Llama 3.1 70B) give the figures of the commands the page
+    quotes with their outputs, and their ratios to the published figures."""
+    gpt = ("--layers 96 --hidden 12288", "--micro-batch 1 --global-batch 256 ")
+    base = _quoted_figures(*gpt, lacks=("--overlap", "--recompute", "--attention", "--precision"))
+    hidden = _quoted_figures(*gpt, "--overlap tp,pp", lacks=("--attention", "--precision"))
+    wide = _quoted_figures("--layers 96 --hidden 12288", "--global-batch 1024", lacks=("--overlap",))
+    wide_hidden = _quoted_figures("--layers 96 --hidden 12288", "--global-batch 1024", "--overlap tp,pp")
+    selective = _quoted_figures(*gpt, "--recompute selective")
+    with_overlap = " with `--overlap tp,pp`"
+    assert _cells("| GPT-3 175B, 128 H100")[2:5] == [
+        f"{base['step']} s; {hidden['step']} s{with_overlap}", "8.309 s",
+        f"{float(base['step']) / 8.309:.2f}; {float(hidden['step']) / 8.309:.2f}"]
+    assert _cells("| the same | MFU |")[2:5] == [
+        f"{base['mfu']}; {hidden['mfu']}{with_overlap}", "53.54%",
+        f"{float(base['mfu'][:-1]) / 53.54:.2f}; {float(hidden['mfu'][:-1]) / 53.54:.2f}"]
+    assert _cells("| the same on 512 H100")[2:5] == [
+        f"{wide['step']} s; {wide_hidden['step']} s{with_overlap}", "8.42 s",
+        f"{float(wide['step']) / 8.42:.2f}; {float(wide_hidden['step']) / 8.42:.2f}"]
+    assert _cells("| the same, 128 H100 | fits 80 GB")[2] == (
+        f"no ({base['peak']} GiB at its peak; {selective['peak']} GiB with `--recompute selective`)")
+    llama = ("--layers 126 --hidden 16384", "--seq 8192 ", "--first-stage-layers 7")
+    for prefix, dp, published in (("| Llama 3 405B, 8,192 H100", "--dp 64 ", "430 (43%)"),
+                                  ("| the same on 16,384 H100", "--dp 128 ", "400 (41%)")):
+        figures = _quoted_figures(*llama, dp, lacks=("--attention",))
+        rate = float(published.split()[0])
+        assert _cells(prefix)[2:5] == [f"{figures['rate']} ({figures['mfu']})", published,
+                                       f"{float(figures['rate']) / rate:.2f}"]
+    figures = _quoted_figures("--layers 80 --hidden 8192", "--cp 2")
+    assert _cells("| Llama 3.1 70B, 64 H100")[2:5] == [f"{figures['step']} s{with_overlap}", "14.72 s",
+                                                       f"{float(figures['step']) / 14.72:.2f}"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import spmdsim.tools.estimate
-from docs_commands import run_here
+from docs_commands import quotes, run_here
 from spmdsim.errors import SpmdsimError
 from spmdsim.tools.estimate.ledger import gpt_ledger
 from spmdsim.tools.estimate.steptime import utilization
@@ -158,3 +158,42 @@ def test_the_docs_comparisons_with_the_papers_are_the_quoted_outputs():
     assert f"(HFU) | {hardware} ({hfu}) | 163 (52%) | Narayanan et al. 2021, Table 1 |" in text
     assert f"make {hardware} TFLOP/s per GPU, HFU {hfu} (the FLOPs command above)" in prose
     assert f"Its MFU, counting the forward once, is {mfu}, {model} TFLOP/s" in prose
+
+
+def _quote_text(*has: str, lacks: str = "\n") -> str:
+    """The output docs/explanation/estimate-published.md quotes under the one command with each of `has` and not
+    `lacks`, its lines joined (tests/test_classroom_docs.py checks the quoted lines against the command's own
+    output)."""
+    (quote,) = [q for q in quotes("docs/explanation/estimate-published.md")
+                if q.output and all(h in q.command for h in has) and lacks not in q.command]
+    return " ".join(" ".join(quote.output).split())
+
+
+def _spmdsim_cell(prefix: str) -> str:
+    """The spmdsim column of the one row of docs/explanation/estimate-published.md's first table starting with
+    `prefix`."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "explanation" / "estimate-published.md").read_text()
+    (row,) = [line for line in text.splitlines() if line.startswith(prefix)]
+    return row.strip("|").split("|")[1].strip()
+
+
+def test_the_published_figures_table_gives_the_outputs_quoted_below_it():
+    """The first table's ZeRO, FLOPs, step-time and activation rows are the figures the quoted commands print."""
+    zero = "--dp 64 --precision fp16-mixed --zero "
+    for level, prefix in ((0, "| 7.5B, 64 dp ranks"), (1, "| the same, optimizer states sharded"),
+                          (2, "| the same, gradients sharded too"), (3, "| the same, parameters sharded too")):
+        states = re.search(r"model states [\d.]+ GiB \(([\d.]+ GB)\)", _quote_text(zero + str(level))).group(1)
+        assert _spmdsim_cell(prefix) == states, level
+    big = _quote_text("--pp 64 --dp 6")
+    flops = re.search(r"one step: ([\d.]+e\+\d+) FLOPs", big).group(1)
+    assert _spmdsim_cell("| 1T, one step's FLOPs") == flops.replace("e+", "e")
+    step = float(re.search(r"predicted step time: ([\d.]+) s", big).group(1))
+    assert _spmdsim_cell("| 1T, 3,072 A100 (t 8, p 64, d 6): step time") == f"{step:.1f} s"
+    for prefix, flags in (("| 22B, 8 A100, sp + selective recomputation (`--kept megatron`): step time",
+                           "--tp 8 --sp --recompute selective --kept megatron --precision"),
+                          ("| 22B, 8 A100, full recomputation", "--tp 8 --recompute full --kept megatron")):
+        step = re.search(r"predicted step time: ([\d.]+ s)", _quote_text(flags)).group(1)
+        assert _spmdsim_cell(prefix) == step, prefix
+    kept = _quote_text("--tp 8 --sp --recompute selective --kept megatron", lacks="--precision")
+    layers = re.search(r"of which the transformer layers' ([\d.]+ GiB)", kept)
+    assert _spmdsim_cell("| 22B, t 8, sp + selective: the layers' activations") == layers.group(1)
