@@ -178,7 +178,8 @@ def _spmdsim_cell(prefix: str) -> str:
 
 
 def test_the_published_figures_table_gives_the_outputs_quoted_below_it():
-    """The first table's ZeRO, FLOPs, step-time and activation rows are the figures the quoted commands print."""
+    """The first table's memory, ZeRO, FLOPs, step-time and activation rows are the figures the quoted commands
+    print."""
     zero = "--dp 64 --precision fp16-mixed --zero "
     for level, prefix in ((0, "| 7.5B, 64 dp ranks"), (1, "| the same, optimizer states sharded"),
                           (2, "| the same, gradients sharded too"), (3, "| the same, parameters sharded too")):
@@ -195,5 +196,7 @@ def test_the_published_figures_table_gives_the_outputs_quoted_below_it():
         step = re.search(r"predicted step time: ([\d.]+ s)", _quote_text(flags)).group(1)
         assert _spmdsim_cell(prefix) == step, prefix
     kept = _quote_text("--tp 8 --sp --recompute selective --kept megatron", lacks="--precision")
-    layers = re.search(r"of which the transformer layers' ([\d.]+ GiB)", kept)
+    states = re.search(r"model states [\d.]+ GiB \([\d.]+ GB\), of which the transformer layers' ([\d.]+ GiB)", kept)
+    assert _spmdsim_cell("| 22B, t 8: weights, gradients and Adam") == states.group(1)
+    layers = re.search(r"activations [\d.]+ GiB, of which the transformer layers' ([\d.]+ GiB)", kept)
     assert _spmdsim_cell("| 22B, t 8, sp + selective: the layers' activations") == layers.group(1)
