@@ -449,6 +449,34 @@ def test_the_block_examples_are_as_wide_at_64_ranks_as_at_a_few(monkeypatch, cap
     assert rows["64"] == rows[small] == row
 
 
+@pytest.mark.parametrize("stem, row", [
+    # One Allreduce of y, (8, 16) float64 = 1,024 B, by the ring: 2 x 63/64 x 1,024 = 2,016 B each way.
+    ("attention", ("1", "2,016", "2,016", ["allreduce", "x1"])),
+    ("mlp_layernorm", ("7", "65,016", "65,016", ["allgather", "x1,", "allreduce", "x5,", "reduce_scatter", "x1"])),
+    ("padded_batch", ("3", "74,008", "74,008", ["allreduce", "x3"])),
+])
+def test_the_width_examples_make_no_global_reference_in_a_dry_run(monkeypatch, capsys, stem, row):
+    """examples/attention.py's heads and mlp_layernorm.py's and padded_batch.py's widths grow with the ranks; their
+    references were made in a dry run too, the global weights in one process (attention: 401 MB of peak RSS at
+    65,536 ranks where the ranks' own blocks are a few KB; the other two: O(p^2) weights and their central
+    differences, past 120 s and 1 GB at 1,024 ranks). A dry run makes no reference; a real run checks against it."""
+    from spmdsim import SeededTensor
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a dry run materialized a global tensor")
+
+    monkeypatch.setattr(SeededTensor, "full", refused)
+    path = next(p for p in EXAMPLES if p.stem == stem)
+    monkeypatch.setattr(sys, "argv", [str(path), "--ranks", "64", "--dry-run"])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(path), run_name="__main__")
+    out = capsys.readouterr().out
+    assert done.value.code == 0, out
+    calls, sent, received, _, *collectives = next(line for line in out.splitlines()
+                                                  if line.startswith("ranks 0-")).split()[2:]
+    assert (calls, sent, received, collectives) == row
+
+
 #: The check line an example must print where "PASS" alone would also match a partial result.
 PASS_LINES = {"llama_block": "forward and 10 gradients vs numpy: PASS",
               "causal_attention": "forward and 5 gradients vs numpy: PASS"}
