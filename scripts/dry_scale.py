@@ -19,6 +19,7 @@ from spmdsim import Layout, SeededTensor
 from spmdsim.programs.cost.model import CostModel
 from spmdsim.programs.memory import peak_rss
 from spmdsim.programs.viz.table import wrap_lines
+from spmdsim.runtime.sim.run import MAX_DRY_RANKS
 from spmdsim.tools.cli.main import run_script
 
 SEQ, WIDTH, D_MODEL, HIDDEN_PER_MP = 16, 4, 16, 8  # rows per rank, head width, model width, MLP units per rank
@@ -87,6 +88,9 @@ def main(argv=None) -> int:
     if len(shape) != 2 or min(shape) < 1:
         parser.error(f"--mesh {args.mesh!r} must be two whole numbers >= 1, DP,MP (e.g. 8,128)")
     ranks = shape[0] * shape[1]
+    if ranks > MAX_DRY_RANKS:
+        parser.error(f"--mesh {args.mesh!r} is {ranks:,} ranks; expected at most {MAX_DRY_RANKS:,} (the most a dry run "
+                     f"steps)")
     start = time.perf_counter()
     results = spmdsim.simulate(ranks, program, shape, dry_run=True)
     seconds = time.perf_counter() - start

@@ -188,6 +188,7 @@ LAUNCHED = [  # scripts whose parser runs in main(): launched, bad values refuse
     ("bench_eager", ["--apart", "-1"], "--apart -1 must be at least 1 (or 0: both modes in one process)"),
     ("bench_moe", ["--seed", "-1"], "--seed -1 must be at least 0"),  # rank 0 alone raised; the rest waited
     ("bench_mpirun_start", ["--repeat", "0"], "--repeat 0 must be at least 1"),
+    ("dry_scale", ["--mesh", "513,128"], "--mesh '513,128' is 65,664 ranks; expected at most 65,536"),  # traceback
     ("bench_rendezvous", ["--before", "/nonexistent"], "--before '/nonexistent' holds no spmdsim/ folder"),
     ("bench_sim", ["--repeat", "0"], "--repeat 0 must be at least 1"),
     ("calls_gpt", ["--d-model", "30"], "GPTConfig d_model 30 must be divisible by heads 4"),
