@@ -1,6 +1,7 @@
 """Layout algebra: docs/explanation/semantics.md worked examples, tiling property, queries, errors."""
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -70,6 +71,18 @@ def test_axis_groups_mixed_radix_order():
     assert layout.axis_groups(("dp", "sp")) == ((0, 2, 4, 6), (1, 3, 5, 7))
     assert layout.axis_groups(()) == tuple((r,) for r in range(8))
     assert layout.axis_groups(("dp", "sp", "mp")) == (tuple(range(8)),)
+
+
+def test_axis_groups_are_every_ranks_group_members_on_an_uneven_mesh():
+    """axis_groups works every rank's group out at once (numpy); each group is group_members of its ranks, in
+    mixed-radix order of the axes as listed, the groups by their smallest rank, for every order of every subset."""
+    layout = Layout((3, 1, 4, 2), ("a", "b", "c", "d"))
+    for k in range(5):
+        for axes in itertools.permutations(("a", "b", "c", "d"), k):
+            groups = layout.axis_groups(axes)
+            assert [g[0] for g in groups] == sorted(min(g) for g in groups)
+            assert all(layout.group_members(r, axes) == g for g in groups for r in g)
+            assert sorted(r for g in groups for r in g) == list(range(24))
 
 
 def test_split_color_key_matches_groups():

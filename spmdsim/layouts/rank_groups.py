@@ -114,11 +114,15 @@ class RankGroups:
         """
         axes = tuple(axes)
         self._check_axes(axes)
-        groups: dict[int, list[tuple[int, int]]] = {}
-        for rank in range(self.num_devices):
-            color, key = self.split_color_key(rank, axes)
-            groups.setdefault(color, []).append((key, rank))
-        return tuple(tuple(r for _, r in sorted(members)) for _, members in sorted(groups.items()))
+        # Every rank's split_color_key at once: the color (the group's smallest rank, its coordinates on `axes`
+        # zeroed) sorts the groups, the key the members; every group has the same size.
+        ranks = np.arange(self.num_devices, dtype=np.int64)
+        color = ranks.copy()
+        for alias in axes:
+            i = self.axis_index(alias)
+            color -= (ranks // self.strides[i]) % self.device_matrix[i] * self.strides[i]
+        order = np.lexsort((self.group_indices(axes), color))
+        return tuple(map(tuple, ranks[order].reshape(-1, self.group_size(axes)).tolist()))
 
     def _check_axes(self, axes: tuple[str, ...]) -> None:
         for alias in axes:

@@ -177,10 +177,14 @@ def lower_bound(source: TensorLayout, target: TensorLayout, shape: tuple[int, ..
         return tuple((w if resolved else w - h) * itemsize for w, h in zip(wanted, held))
     src, tgt = rank_boxes(source, shape), rank_boxes(target, shape)
     out = [0] * len(tgt)
+    known: dict[tuple, int] = {}  # _uncovered by the covers' place in the region: groups alike repeat it
     for group in target.layout.axis_groups(new):
         region = tgt[group[0]]
         covers = [] if resolved else [c for c in (intersect(src[q], region) for q in group) if c]
-        share = -(-_uncovered(region, covers) // len(group))
+        key = tuple(tuple((a - lo, b - lo) for (a, b), (lo, _) in zip(box, region)) for box in [region, *covers])
+        if key not in known:
+            known[key] = _uncovered(region, covers)
+        share = -(-known[key] // len(group))
         for r in group:
             out[r] = share * itemsize
     return tuple(out)
