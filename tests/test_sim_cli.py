@@ -445,7 +445,7 @@ def test_the_block_examples_are_as_wide_at_64_ranks_as_at_a_few(monkeypatch, cap
         assert done.value.code == 0, out
         calls, sent, received, _, *collectives = next(line for line in out.splitlines()
                                                       if line.startswith("ranks 0-")).split()[2:]
-        rows[ranks] = calls, sent, received, collectives  # the peak held counts the check's table, 48 B a rank
+        rows[ranks] = calls, sent, received, collectives  # the peak held counts the check's table, 56 B a rank
     assert rows["64"] == rows[small] == row
 
 
