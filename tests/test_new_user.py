@@ -22,6 +22,7 @@ from spmdsim.base.sizes import format_size
 from spmdsim.programs.algorithms import NAMES, build, elements_for, parse_name
 from spmdsim.programs.algorithms.formulas import round_count
 from spmdsim.errors import SpmdsimError
+from spmdsim.models.gpt.options import default_split
 from spmdsim.runtime import rank_ordered
 from spmdsim.runtime.debug import MAX_WATCHDOG_S, watchdog_setting
 from spmdsim.tools.cli.console import console
@@ -292,6 +293,19 @@ def test_the_moe_default_split_takes_the_largest_ep_that_runs_or_says_which_worl
         assert out.returncode == 2 and said in " ".join(out.stderr.split()), out.stderr
     else:
         assert out.returncode == 0 and "mesh dp 1 x ep 4 x tp 1:" in out.stdout and ": PASS" in out.stdout, out
+
+
+def test_a_split_refused_at_thousands_of_ranks_says_alike_reasons_once() -> None:
+    """8,192 ranks try 14 splits of the MoE GPT's 8 experts: the ten whose ep does not divide 8 said one by one
+    made a message of twelve lines; alike reasons in a row are said once, with the splits they hold for."""
+    def problem_of(dp: int, ep: int) -> str:
+        return f"experts 8 are not divisible by ep {ep}" if 8 % ep else f"batch 8 is not divisible by dp {dp} x ep {ep}"
+
+    _, _, said = default_split(8192, problem_of, 8192, axis="ep", most=0)
+    assert said.startswith("no dp x ep of 8192 ranks runs it (ep 8192: experts 8 are not divisible by ep 8192, and "
+                           "likewise ep 4096, 2048, 1024, 512, 256, 128, 64, 32 and 16; ep 8: batch 8 is not "
+                           "divisible by dp 1024 x ep 8; ep 4: batch 8 is not divisible by dp 2048 x ep 4, and "
+                           "likewise ep 2 and 1); "), said
 
 
 @pytest.mark.parametrize("example, flags, said", [

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from typing import Any, Optional
 
 from ...base.typed_numbers import add_noted, fixed, flag_float, given_flags, said_fields, shown, typed
@@ -373,7 +374,26 @@ def default_split(rest: int, problem_of: Any, ranks: int, axis: str = TENSOR, mo
         return rest // tried[0][0], tried[0][0], tried[0][1] + more
     ways = {problem.partition(": expected ")[2] for _, problem in tried}  # the same way out of each: said once
     common = f": expected {ways.pop()}" if len(ways) == 1 and "" not in ways else ""
-    each = "; ".join(f"{axis} {n}: {problem.partition(': expected ')[0] if common else problem}"
-                     for n, problem in tried)
+    each = _each_said([(n, problem.partition(": expected ")[0] if common else problem) for n, problem in tried],
+                      axis, rest)
     return rest, 1, (f"no dp x {axis} of {counted(rest, 'rank')}{of} runs it ({each}){common}; {runs} (or set --dp "
                      f"and --{axis}, or the model's sizes)")
+
+
+def _each_said(tried: list, axis: str, rest: int) -> str:
+    """Each (n, problem) of `tried` said as "tp 3: <problem>"; three or more in a row whose problems differ only in
+    n (and rest / n) said once: "ep 8192: <problem>, and likewise ep 4096, ..., 16" (8,192 ranks try 14 splits)."""
+    def shapes(n: int, problem: str) -> set:  # the problem with n left out, and with rest / n too
+        return {re.sub(rf"\b{n}\b", "#", text) for text in (problem, re.sub(rf"\b{rest // n}\b", "@", problem))}
+
+    runs: list = []
+    for n, problem in tried:
+        if not (runs and shapes(n, problem) & shapes(*runs[-1][0])):
+            runs.append([])
+        runs[-1].append((n, problem))
+    said = []
+    for run in runs:
+        first, more = run[0], ", ".join(str(n) for n, _ in run[1:-1])
+        said += [f"{axis} {n}: {problem}" for n, problem in run] if len(run) < 3 else \
+            [f"{axis} {first[0]}: {first[1]}, and likewise {axis} {more} and {run[-1][0]}"]
+    return "; ".join(said)
