@@ -5,15 +5,15 @@ it where nothing is checked. An optimizer state past float range stops the run i
 parameters that diverged is refused in one line, greedy too."""
 from __future__ import annotations
 
-import pathlib
 import subprocess
-import sys
+import warnings
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 import spmdsim
+from docs_commands import run_here
 from spmdsim.errors import SpmdsimError
 from spmdsim.models.gpt.data import next_id
 from spmdsim.models.gpt.step_check import UNCHECKED, step_errors
@@ -21,8 +21,23 @@ from spmdsim.models.gpt.train import StepResult
 from spmdsim.models.nets import seeds
 from spmdsim.models.nets.train import NetworkTrainer
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 SMALL = ["--d-model", "16", "--seq", "8"]
+#: What a fresh `python` prints no warning of (its default filters, but __main__'s DeprecationWarning): the
+#: others are shown, here as there.
+UNSHOWN = (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning)
+
+
+def _example(name: str, *args: str) -> subprocess.CompletedProcess:
+    """`python examples/NAME ARGS` (simulated ranks) run in this process as docs_commands.run_here runs it, each
+    warning a fresh python would print (numpy's RuntimeWarnings) written to its stderr as Python writes it."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for kind in UNSHOWN:
+            warnings.simplefilter("ignore", kind)
+        warnings.filterwarnings("always", category=DeprecationWarning, module="__main__")
+        code, out, err = run_here(f"examples/{name}", list(args))
+    err += "".join(warnings.formatwarning(w.message, w.category, w.filename, w.lineno) for w in caught)
+    return subprocess.CompletedProcess([name, *args], code, out, err)
 
 
 @pytest.mark.parametrize("example, args, said, code", [
@@ -32,8 +47,7 @@ SMALL = ["--d-model", "16", "--seq", "8"]
 def test_an_overflow_is_one_line_not_numpys_warnings(example: str, args: list, said: str, code: int) -> None:
     """`train_gpt.py --lr 1e6 --precision fp32` and `train_moe_gpt.py --z-loss-coeff 1e300` printed numpy's
     "RuntimeWarning: overflow encountered in multiply" with spmdsim's source lines above the verdict."""
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / f"{example}.py"), *args, *SMALL],
-                         capture_output=True, text=True, timeout=120)
+    out = _example(f"{example}.py", *args, *SMALL)
     assert out.returncode == code, out.stderr
     assert "Warning" not in out.stderr and "encountered" not in out.stderr, out.stderr
     assert out.stdout.count("overflow:") == 1 and said in out.stdout, out.stdout
@@ -48,8 +62,7 @@ def test_an_unchecked_run_says_its_own_steps_overflowed_in_one_line(mesh: list) 
     """Without the check the line came from nowhere (the reference says it): the run's own steps watch for an
     overflow (np.errstate's call mode), and rank 0 says the first step any rank met one, ending as the checked run
     does (NOT falling, exit 1)."""
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / "train_gpt.py"), "--ranks", "8", *mesh, *GPT_FP32,
-                          *SMALL], capture_output=True, text=True, timeout=120)
+    out = _example("train_gpt.py", "--ranks", "8", *mesh, *GPT_FP32, *SMALL)
     assert out.returncode == 1 and "Warning" not in out.stderr, out.stderr
     said = [line for line in out.stdout.splitlines() if line.startswith("overflow:")]
     assert said == ["overflow: step 1 overflowed (fp32) on 8 of 8 ranks; unchecked, its loss and parameters are not "
@@ -59,8 +72,7 @@ def test_an_unchecked_run_says_its_own_steps_overflowed_in_one_line(mesh: list) 
 
 def test_a_healthy_unchecked_run_says_no_overflow() -> None:
     args = ["--ranks", "4", "--steps", "2", "--sample", "0", "--no-check", "--layers", "1"]
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / "train_gpt.py"), *args, *SMALL],
-                         capture_output=True, text=True, timeout=120)
+    out = _example("train_gpt.py", *args, *SMALL)
     assert out.returncode == 0 and "overflow" not in out.stdout + out.stderr, out.stdout + out.stderr
 
 
@@ -69,8 +81,7 @@ def test_an_optimizer_state_past_float_range_stops_the_run_in_one_line(more: lis
     """`--z-loss-coeff 1e300` ended "falling", exit 0, with AdamW's second moments infinite from step 0 (its
     parameters stopped moving; the check agreed): the run stops at that step, checked or not, in one line."""
     args = ["--ranks", "4", "--z-loss-coeff", "1e300", "--steps", "2", "--layers", "2", *more]
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / "train_moe_gpt.py"), *args, *SMALL],
-                         capture_output=True, text=True, timeout=120)
+    out = _example("train_moe_gpt.py", *args, *SMALL)
     error = " ".join(out.stderr.split())
     assert out.returncode == 2 and "Traceback" not in error and "Warning" not in error, out.stderr
     assert error.startswith("spmdsim: error: step 0: AdamW's second moment of 'wte' is not finite after the update "
@@ -86,8 +97,7 @@ def test_a_reference_step_past_float_range_stops_the_run_not_a_pass_on_nan(mesh:
     another order) did not; the check's differences came out NaN, its rows printed "nan  nan" and the verdict was
     "check: 6 steps ...: PASS". It stops at that step in one line, exit 2, as a diverged run of its own does."""
     args = ["--ranks", "4", "--lr", "1e20", "--steps", "6", "--every", "1", "--sample", "0", *mesh]
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / "train_gpt.py"), *args, *SMALL],
-                         capture_output=True, text=True, timeout=120)
+    out = _example("train_gpt.py", *args, *SMALL)
     error = " ".join(out.stderr.split())
     assert out.returncode == 2 and "Traceback" not in error and "Warning" not in error, out.stderr
     assert "PASS" not in out.stdout and "nan" not in out.stdout, out.stdout
@@ -113,8 +123,7 @@ def test_a_sample_from_diverged_parameters_is_one_line_not_a_traceback() -> None
     """After `--lr 1e6 --precision fp32` the sample's draw raised numpy's "ValueError: Probabilities contain NaN"
     with its traceback on every simulated rank, after numpy's overflow warnings from the replayed forward."""
     args = ["--ranks", "8", "--lr", "1e6", "--precision", "fp32", "--steps", "3", "--layers", "1", "--sample", "5"]
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / "train_gpt.py"), *args, *SMALL],
-                         capture_output=True, text=True, timeout=120)
+    out = _example("train_gpt.py", *args, *SMALL)
     error = " ".join(out.stderr.split())
     assert out.returncode == 2 and "Traceback" not in error and "Warning" not in error, out.stderr
     assert error == "spmdsim: error: generate: the next token's logits are not finite (the parameters diverged in " \
@@ -127,8 +136,7 @@ def test_a_greedy_sample_from_diverged_parameters_is_one_line_not_question_marks
     `def ?????` as if meaningful. Each rank notes whether its logits were finite; one Allreduce a sample agrees."""
     args = ["--ranks", "8", "--dp", "2", "--tp", "4", "--lr", "1e6", "--precision", "fp32", "--steps", "3",
             "--layers", "1", "--sample", "5", "--temperature", "0"]
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / "train_gpt.py"), *args, *SMALL],
-                         capture_output=True, text=True, timeout=120)
+    out = _example("train_gpt.py", *args, *SMALL)
     error = " ".join(out.stderr.split())
     assert out.returncode == 2 and "?????" not in out.stdout, out.stdout + out.stderr
     assert error == "spmdsim: error: generate: the next token's logits are not finite (the parameters diverged in " \
@@ -186,8 +194,7 @@ def test_the_mindspore_tutorials_adam_past_float_range_is_one_line() -> None:
     """`train_mindspore_tutorial.py --optimizer adam --lr 1e100` ran on past Adam's infinite second moment: numpy's
     RuntimeWarnings from the reference, then "FAILED (16 of 35)", exit 1. It stops at that step in one line."""
     args = ["--ranks", "8", "--synthetic", "--optimizer", "adam", "--lr", "1e100", "--steps", "3"]
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / "train_mindspore_tutorial.py"), *args],
-                         capture_output=True, text=True, timeout=120)
+    out = _example("train_mindspore_tutorial.py", *args)
     error = " ".join(out.stderr.split())
     assert out.returncode == 2 and "Warning" not in error and error.count("spmdsim: error:") == 1, out.stderr
     assert error.startswith("spmdsim: error: MindSpore operator-parallel tutorial network: step 1: Adam's second "
