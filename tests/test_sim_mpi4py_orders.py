@@ -3,6 +3,7 @@
 ``mpiexec`` at 3, 4, 5, 6 and 8 ranks; and mpi4py's cpi demo prints MPICH's digits at 4 ranks."""
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import mpi4py_orders
 from spmdsim.emulator.mpi4py_world import swapped
 from spmdsim.runtime.sim import simulate
 from spmdsim.runtime.sim.orders import allreduce_tree, reduce_tree, scan_trees
+from spmdsim.tools.cli.main import main
 from testkit import MPICH
 
 HERE = Path(__file__).resolve().parent
@@ -55,9 +57,10 @@ def test_same_bits_as_mpich(n, tmp_path):
         assert gathered[0][1][5] != int("".join(str(r + 1) for r in range(n)))  # not folded left to right
 
 
-def test_cpi_prints_mpichs_digits(tmp_path):
-    """examples/mpi4py/cpi.py at 4 ranks: MPICH prints 3.1415926535981167 (rank order would give ...171)."""
-    run = subprocess.run([sys.executable, "-m", "spmdsim.emulator.mpirun", "-n", "4", sys.executable,
-                          str(HERE.parent / "examples" / "mpi4py" / "cpi.py")], input="100000\n0\n",
-                         capture_output=True, text=True, timeout=120)
-    assert "pi is approximately 3.1415926535981167, error is 0.0000000000083236" in run.stdout, run.stdout
+def test_cpi_prints_mpichs_digits(capsys, monkeypatch):
+    """examples/mpi4py/cpi.py at 4 ranks under `spmdsim mpirun`, run in this process: MPICH prints
+    3.1415926535981167 (rank order would give ...171)."""
+    monkeypatch.setattr("sys.stdin", io.StringIO("100000\n0\n"))
+    assert main(["mpirun", "-n", "4", sys.executable, str(HERE.parent / "examples" / "mpi4py" / "cpi.py")]) == 0
+    out = capsys.readouterr().out
+    assert "pi is approximately 3.1415926535981167, error is 0.0000000000083236" in out, out

@@ -38,13 +38,15 @@ def mpich_out():
 
 @pytest.mark.skipif(not MPIEXEC, reason="no mpiexec beside this Python (pip install -e '.[mpi]')")
 @pytest.mark.parametrize("name", SAME_AS_MPICH)
-def test_example_prints_what_mpiexec_prints(name, mpich_out):
-    script = str(EXAMPLES / name)
-    sim = subprocess.run([sys.executable, "-m", "spmdsim", "mpirun", "-n", "8", "python", script],
-                         input=STDIN.get(name, ""), capture_output=True, text=True, timeout=120)
-    assert sim.returncode == 0, sim.stderr
-    assert sim.stderr == ""
-    assert _lines(name, sim.stdout) == _lines(name, mpich_out[name]) and sim.stdout.strip()
+def test_example_prints_what_mpiexec_prints(name, mpich_out, capsys, monkeypatch):
+    """`spmdsim mpirun -n 8 python EXAMPLE` run in this process, rank 0 reading STDIN's text (the tests below
+    that start `python -m spmdsim mpirun` check its launch)."""
+    monkeypatch.setattr("sys.stdin", io.StringIO(STDIN.get(name, "")))
+    code = main(["mpirun", "-n", "8", "python", str(EXAMPLES / name)])
+    sim = capsys.readouterr()
+    assert code == 0, sim.err
+    assert sim.err == ""
+    assert _lines(name, sim.out) == _lines(name, mpich_out[name]) and sim.out.strip()
 
 
 def test_mpirun_loads_no_planner(tmp_path):
