@@ -2,7 +2,9 @@
 a terminal cannot print, each said in the verdict and the grade book, never a traceback."""
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import os
 import subprocess
 import sys
@@ -29,10 +31,13 @@ def course(tmp_path, monkeypatch):
 
 
 def _lab(*argv: str) -> subprocess.CompletedProcess:
-    """`python -m spmdsim lab ...` with a UTF-8 terminal that refuses what is not text (as en_US.UTF-8 does)."""
-    env = dict(os.environ, PYTHONIOENCODING="utf-8")
-    return subprocess.run([sys.executable, "-m", "spmdsim", "lab", *argv], capture_output=True, env=env,
-                          timeout=120)
+    """`spmdsim lab ...` run in this process, its stdout and stderr UTF-8 streams that refuse what is not text (as
+    an en_US.UTF-8 terminal's do); the bytes each was given."""
+    out, err = (io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict", write_through=True)
+                for _ in range(2))
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["lab", *argv])
+    return subprocess.CompletedProcess(argv, code, out.buffer.getvalue(), err.buffer.getvalue())
 
 
 def _quiet(said: subprocess.CompletedProcess) -> bool:
