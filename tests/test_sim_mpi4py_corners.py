@@ -3,6 +3,8 @@ the script as __main__) behave on simulated ranks as under MPICH: values from MP
 MPICH's own (tests/mpi4py_corners.py run under ``mpiexec -n 2``)."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
@@ -14,6 +16,7 @@ import pytest
 import mpi4py_corners as corners
 from spmdsim.emulator.mpi4py_world import swapped
 from spmdsim.runtime.sim import simulate
+from spmdsim.tools.cli.main import main
 from testkit import MPICH, mpi_says
 
 HERE = Path(__file__).resolve().parent
@@ -97,11 +100,15 @@ def test_same_results_as_mpich(simulated2, tmp_path):
             assert ours[name] == theirs[name], f"{name} on rank {r}"
 
 
-def _mpirun(tmp_path: Path, source: str, n: int = 2) -> subprocess.CompletedProcess:
+def _mpirun(tmp_path: Path, source: str, n: int = 2, *args: str) -> subprocess.CompletedProcess:
+    """`spmdsim mpirun -n N prog.py ARGS` of `source` run in this process from tmp_path (the launch of
+    `python -m spmdsim.emulator.mpirun` is tests/test_sim_mpirun.py's)."""
     script = tmp_path / "prog.py"
     script.write_text(textwrap.dedent(source))
-    return subprocess.run([sys.executable, "-m", "spmdsim.emulator.mpirun", "-n", str(n), str(script)],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.chdir(tmp_path), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["mpirun", "-n", str(n), str(script), *args])
+    return subprocess.CompletedProcess(script, code, out.getvalue(), err.getvalue())
 
 
 def test_script_runs_as_main_unittest_and_pickled_classes(tmp_path):
@@ -223,10 +230,8 @@ def test_thread_level_and_main_thread_as_under_mpiexec(tmp_path, mode, line):
     """A rank's Query_thread is the level it started MPI with (mpi4py.rc.thread_level, rc.threads, or what
     Init_thread asked for, as MPICH provides it), and Is_thread_main is True on the rank's own thread only, as
     on an MPI process's main thread (it was False there, and Query_thread THREAD_MULTIPLE whatever was asked)."""
+    run = _mpirun(tmp_path, _THREAD_LEVEL, 2, mode)
     script = tmp_path / "prog.py"
-    script.write_text(textwrap.dedent(_THREAD_LEVEL))
-    run = subprocess.run([sys.executable, "-m", "spmdsim.emulator.mpirun", "-n", "2", str(script), mode],
-                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert run.stdout.splitlines() == [line, line], run.stderr
     assert run.returncode == 0
     if MPICH:
