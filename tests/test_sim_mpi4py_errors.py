@@ -4,6 +4,8 @@ handler is called and the call returns; mpi4py.rc.errors picks the handler commu
 with; windows and files are refused."""
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import signal
 import subprocess
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from spmdsim.tools.cli.main import main
 from testkit import MPICH, mpi_says
 
 _BAD_RANK = """
@@ -58,9 +61,17 @@ _START = """
     """
 
 
-def _run(tmp_path: Path, source: str, arg: str, simulated: bool, n: int = 2) -> subprocess.CompletedProcess:
+def _run(tmp_path: Path, source: str, arg: str, simulated: bool, n: int = 2,
+         process: bool = False) -> subprocess.CompletedProcess:
+    """`source` as prog.py on n ranks from tmp_path: simulated, by `spmdsim mpirun` in this process, or with
+    `process` in a Python of its own (`python -m spmdsim.emulator.mpirun`); else under MPICH's mpiexec."""
     script = tmp_path / "prog.py"
     script.write_text(textwrap.dedent(source))
+    if simulated and not process:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.chdir(tmp_path), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(["mpirun", "-n", str(n), str(script), arg])
+        return subprocess.CompletedProcess(script, code, out.getvalue(), err.getvalue())
     if simulated:
         cmd = [sys.executable, "-m", "spmdsim.emulator.mpirun", "-n", str(n), str(script), arg]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
@@ -200,7 +211,8 @@ def test_abort_ends_every_rank_at_once_whatever_catches_it(tmp_path, how):
     once, as MPICH kills every process: the program's `except Exception` never runs, nor does a rank sleeping or
     computing go on to print. The Abort was an Exception: caught, the program went on (exit 0); from a thread,
     Python printed it and the ranks went on; ranks computing ran to their next MPI call, printing as they went."""
-    run = _run(tmp_path, _ABORT, how, simulated=True, n=3)
+    # in a process of its own: the rank computing outside MPI stops as that process exits
+    run = _run(tmp_path, _ABORT, how, simulated=True, n=3, process=True)
     assert run.returncode == (6 if how == "fatal" else 4), run.stderr
     assert run.stdout == "", run.stdout
     if how == "fatal":
