@@ -4,19 +4,15 @@ summed over dp alone, a dry run's ledger against a real step's, and the refusals
 from __future__ import annotations
 
 import dataclasses
-import pathlib
-import subprocess
-import sys
 
 import pytest
 
 import spmdsim
+from docs_commands import run_example
 from spmdsim.errors import SpmdsimError
 from spmdsim.models.gpt import GPTConfig, encode, load_text
 from spmdsim.models.gpt.pipeline import train_pipelined
 from spmdsim.models.gpt.train import TOLERANCE
-
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 TEXT = encode(load_text(20_000))
 SMALL = dict(layers=4, d_model=32, heads=2, seq=16, batch=8, dropout=0.1)
@@ -118,8 +114,7 @@ def test_pipelined_moe_refusals_are_one_line_on_every_rank(kwargs, message):
 def test_a_microbatch_the_ranks_cannot_split_names_the_flags_that_fix_it(example, args, said) -> None:
     """`train_moe_gpt.py --ranks 8 --ep 2 --pp 2` refused "a microbatch of 2 samples is not divisible by dp 2 x
     ep 2 = 4", naming neither --microbatches nor --batch (the 2 x pp default microbatches were never written)."""
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / f"{example}.py"), *args, "--steps", "1"],
-                         capture_output=True, text=True, timeout=60)
+    out = run_example(f"examples/{example}.py", *args, "--steps", "1")  # in this process, as python runs it
     assert out.returncode == 2 and out.stdout.count("\n") <= 1, out.stdout
     error = " ".join(out.stderr.split())
     assert error.count("spmdsim: error:") == 1 and said in error, error
