@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+from docs_commands import run_here
 from spmdsim import DTensor, Layout, Mesh, RuntimeMismatchError, simulate
 
 SAID = ("DTensor.from_global: ranks {} and {} passed different arrays; each rank cuts its block from its own copy, "
@@ -63,7 +63,7 @@ def test_a_script_run_on_simulated_ranks_ends_in_one_line_and_exit_2(tmp_path) -
         "    X = np.random.default_rng().standard_normal((8, 8))\n"
         "    print(DTensor.from_global(mesh, X, L('dp', None)).gather().sum())\n\n\n"
         "if __name__ == '__main__':\n    script(__file__)\n    main()\n")
-    out = subprocess.run([sys.executable, str(program), "--ranks", "8"], capture_output=True, text=True, timeout=60)
+    out = subprocess.CompletedProcess(program, *run_here(str(program), ["--ranks", "8"]))  # as python runs it
     assert out.returncode == 2, out
     assert out.stdout == "spmdsim: running on 8 simulated ranks in one process (--ranks 8), no mpiexec\n", out
     errors = [line for line in out.stderr.splitlines() if not line.startswith(("  ", "spmdsim: running"))]

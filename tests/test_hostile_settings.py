@@ -6,12 +6,11 @@ folder that does not exist are refused, not made.
 """
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 
 import pytest
 
+from docs_commands import run_here
 from spmdsim.tools.cli.main import main
 from spmdsim.runtime import debug
 from spmdsim.runtime.sim.launch import run_on_ranks
@@ -160,9 +159,8 @@ def test_readme_library_example_takes_ranks_as_every_script_does(tmp_path, argv,
     from testkit import readme_library_example, unfold
 
     (tmp_path / "my_matmul.py").write_text(readme_library_example())
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    run = subprocess.run([sys.executable, "my_matmul.py", *argv], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=120, env=env)
+    code_run, out, err = run_here(str(tmp_path / "my_matmul.py"), argv)  # as `python my_matmul.py`, in process
+    run = subprocess.CompletedProcess(argv, code_run, out, err)
     assert run.returncode == code, run.stderr
     assert "Traceback" not in run.stderr
     if needle:

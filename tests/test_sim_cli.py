@@ -10,6 +10,7 @@ import sys
 import pytest
 
 import spmdsim
+from docs_commands import run_here
 from spmdsim.tools.cli.main import main
 from spmdsim.tools.cli.common import ONE_PROCESS
 from shellkit import as_a_shell_starts_it, interrupt
@@ -748,15 +749,12 @@ def test_the_banner_counts_one_rank_in_the_singular():
 def test_script_takes_ranks_out_of_argv_before_the_files_own_parser(tmp_path):
     """README, "Using it as a library": script(__file__) before the file's argparse parser; every rank's parser
     then sees the file's own arguments only."""
-    import subprocess
-
     prog = tmp_path / "prog.py"
     prog.write_text("import argparse, spmdsim\nspmdsim.script(__file__)\np = argparse.ArgumentParser()\n"
                     "p.add_argument('--n', type=int)\nprint(spmdsim.world().rank, p.parse_args().n)\n")
-    run = subprocess.run([sys.executable, str(prog), "--ranks", "2", "--n", "7"], capture_output=True,
-                         text=True, timeout=120)
-    assert run.returncode == 0, run.stderr
-    assert sorted(run.stdout.splitlines()) == ["0 7", "1 7", "spmdsim: running on 2 simulated ranks in one process "
+    code, out, err = run_here(str(prog), ["--ranks", "2", "--n", "7"])  # as `python prog.py ...`, in process
+    assert code == 0, err
+    assert sorted(out.splitlines()) == ["0 7", "1 7", "spmdsim: running on 2 simulated ranks in one process "
                                               "(--ranks 2), no mpiexec"]
 
 

@@ -18,6 +18,7 @@ from spmdsim import world as spmdsim_world
 from spmdsim.runtime.sim import simulate
 from spmdsim.runtime.sim import rank_sleep
 from spmdsim.runtime.sim.engine import run_slots
+from spmdsim.tools.cli.main import main
 from testkit import MPICH
 
 # Each rank's (start, end) of its sleep, by its own clock readings; then a collective: every rank takes a
@@ -76,13 +77,11 @@ def test_a_sleep_outside_a_rank_and_in_a_ranks_thread_is_pythons():
     assert simulate(3, rank) == ["done"] * 3
 
 
-def test_mpirun_ranks_sleep_side_by_side_as_under_mpich(tmp_path):
+def test_mpirun_ranks_sleep_side_by_side_as_under_mpich(tmp_path, capsys):
     script = tmp_path / "sleepers.py"
     script.write_text(textwrap.dedent(_PROGRAM))
-    run = subprocess.run([sys.executable, "-m", "spmdsim.emulator.mpirun", "-n", "8", str(script)],
-                         capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr[-2000:]
-    spans = _spans(run.stdout, 8)
+    assert main(["mpirun", "-n", "8", str(script)]) == 0  # `spmdsim mpirun`, in this process
+    spans = _spans(capsys.readouterr().out, 8)
     assert _overlap(spans), spans
     if MPICH:
         mpich = subprocess.run(["timeout", "-k", "5", "120", MPICH, "-n", "8", sys.executable, str(script)],
