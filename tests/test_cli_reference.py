@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from docs_commands import run_here
 from spmdsim.tools.cli.helptext import EXAMPLES, subcommands
 from spmdsim.tools.cli.main import SUBCOMMANDS, build_parser
 from spmdsim.tools.cli.reference import PAGES, REGENERATE, WIDTH, pages
@@ -86,10 +85,8 @@ def test_check_names_the_command_when_the_page_is_stale(tmp_path):
         (tmp_path / name).write_text((FOLDER / name).read_text())
     stale = tmp_path / "cli.md"
     stale.write_text(stale.read_text().replace("--dry-run", "--dry-rum", 1))
-    script = ROOT / "scripts" / "cli_reference.py"
-    done = subprocess.run([sys.executable, str(script), "--check", "--output", str(tmp_path)], capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 1 and f"rewrite it with: {REGENERATE}" in done.stderr, done
-    done = subprocess.run([sys.executable, str(script), "--output", str(tmp_path)], capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0 and stale.read_text() == (FOLDER / "cli.md").read_text(), done
+    # `python scripts/cli_reference.py ...`, run in this process (docs_commands.run_here)
+    done = run_here("scripts/cli_reference.py", ["--check", "--output", str(tmp_path)])
+    assert done[0] == 1 and f"rewrite it with: {REGENERATE}" in done[2], done
+    done = run_here("scripts/cli_reference.py", ["--output", str(tmp_path)])
+    assert done[0] == 0 and stale.read_text() == (FOLDER / "cli.md").read_text(), done

@@ -12,6 +12,7 @@ import pytest
 
 import importkit
 import spmdsim
+from docs_commands import run_here
 from spmdsim.base import context
 from spmdsim.runtime.engines import MPI, engine_of
 from spmdsim.runtime.sim import SimulationError
@@ -205,9 +206,8 @@ def test_a_dry_run_refuses_point_to_point_in_one_line(tmp_path):
         spmdsim.simulate(4, body, dry_run=True)
     script = tmp_path / "split.py"
     script.write_text("import spmdsim\nspmdsim.script(__file__)\nspmdsim.world().Split(0, 0)\n")
-    out = subprocess.run([sys.executable, str(script), "--ranks", "2", "--dry-run"], capture_output=True, text=True,
-                         timeout=60)
-    assert out.returncode == 2 and unfold(out.stderr).strip().splitlines() == [
+    code, _, err = run_here(str(script), ["--ranks", "2", "--dry-run"])  # as `python split.py ...`, in process
+    assert code == 2 and unfold(err).strip().splitlines() == [
         "spmdsim: error: comm.Split in a dry run: one rank runs for all, so it cannot take the other ranks' "
         "part; use the runtime's collectives on a Mesh, or run without --dry-run"]
 

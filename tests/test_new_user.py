@@ -2,6 +2,7 @@
 lines, an unproven choice, "1e+03 KiB"), each as the one-line answer or the bound it should be."""
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import os
 import pathlib
@@ -13,7 +14,7 @@ import warnings
 
 import numpy as np
 import pytest
-from docs_commands import run_example
+from docs_commands import run_example, run_here
 from shellkit import as_a_shell_starts_it, interrupt
 from testkit import unfold
 
@@ -476,10 +477,10 @@ def test_the_mpi4py_lab_page_opens_with_the_command_and_the_report_it_quotes() -
     assert "spmdsim mpirun -n 4 python tests/data/lab/missing_send.py" in lead
     flat = lambda text: re.sub(r"\s+", " ", text)  # noqa: E731 - the page's lines and the report's folds alike
     quoted = re.findall(r"`([^`]+)`", flat(lead[lead.index("The second ends, exit 1, with"):]))
-    done = subprocess.run([sys.executable, "-m", "spmdsim", "mpirun", "-n", "4", "python",
-                           "tests/data/lab/missing_send.py"], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    said = flat(done.stderr)
-    assert done.returncode == 1 and len(quoted) == 2 and all(q in said for q in quoted), (quoted, said)
+    with contextlib.chdir(ROOT):  # `spmdsim mpirun ...` as the page types it, run in this process
+        code, _, err = run_here("main", ["mpirun", "-n", "4", "python", "tests/data/lab/missing_send.py"])
+    said = flat(err)
+    assert code == 1 and len(quoted) == 2 and all(q in said for q in quoted), (quoted, said)
 
 
 @pytest.mark.parametrize("reference, shown", [("y", "str 'y'"), (None, "None"), ([1.0, 2.0], "list [1.0, 2.0]"),
