@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from docs_commands import run_here
 from shellkit import as_a_shell_starts_it
 
 from spmdsim.tools.cli.main import main
@@ -609,9 +610,9 @@ def test_start_makes_its_folder_but_not_missing_parents(tmp_path, capsys):
 def test_the_grading_bench_keeps_its_grade_book_beside_the_submissions(tmp_path):
     """scripts/bench_lab_grade.py wrote grades.csv inside the folder it graded, which `lab grade` refuses (the book
     would be graded next time): the book now lies beside the submissions' folder, and each row's verdict is checked."""
-    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "bench_lab_grade.py")
-    out = subprocess.run([sys.executable, script, "--count", "3", "--keep", str(tmp_path)], capture_output=True,
-                         text=True, timeout=120)
+    # `python scripts/bench_lab_grade.py ...`, run in this process (its grade's checks start their own)
+    out = subprocess.CompletedProcess("bench_lab_grade.py", *run_here("scripts/bench_lab_grade.py",
+                                                                      ["--count", "3", "--keep", str(tmp_path)]))
     assert out.returncode == 0, out.stderr
     assert "3 submissions graded" in out.stdout and "rows with an unexpected verdict: 0" in out.stdout
     assert sorted(os.listdir(tmp_path / "submissions")) == ["00_right.py", "01_right_again.py", "02_forbidden.py"]
