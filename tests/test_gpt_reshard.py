@@ -217,7 +217,10 @@ def test_simulated_ranks_read_their_checkpoint_arrays_one_at_a_time(tmp_path, mo
     import threading
     import time
 
-    import numpy.lib._format_impl as npy_format
+    try:  # where numpy.lib.format.read_array finds _read_array_header: a private module numpy.lib.format re-exports
+        import numpy.lib._format_impl as npy_format
+    except ImportError:  # numpy 2.0: numpy.lib.format itself
+        import numpy.lib.format as npy_format
 
     real, inside, most, lock = npy_format._read_array_header, [0], [0], threading.Lock()
 
