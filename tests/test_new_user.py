@@ -2,7 +2,6 @@
 lines, an unproven choice, "1e+03 KiB"), each as the one-line answer or the bound it should be."""
 from __future__ import annotations
 
-import contextlib
 import importlib.abc
 import os
 import pathlib
@@ -477,7 +476,8 @@ def test_the_mpi4py_lab_page_opens_with_the_command_and_the_report_it_quotes() -
     assert "spmdsim mpirun -n 4 python tests/data/lab/missing_send.py" in lead
     flat = lambda text: re.sub(r"\s+", " ", text)  # noqa: E731 - the page's lines and the report's folds alike
     quoted = re.findall(r"`([^`]+)`", flat(lead[lead.index("The second ends, exit 1, with"):]))
-    with contextlib.chdir(ROOT):  # `spmdsim mpirun ...` as the page types it, run in this process
+    with pytest.MonkeyPatch.context() as mp:  # `spmdsim mpirun ...` as the page types it, run in this process
+        mp.chdir(ROOT)
         code, _, err = run_here("main", ["mpirun", "-n", "4", "python", "tests/data/lab/missing_send.py"])
     said = flat(err)
     assert code == 1 and len(quoted) == 2 and all(q in said for q in quoted), (quoted, said)

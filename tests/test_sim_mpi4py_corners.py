@@ -106,7 +106,8 @@ def _mpirun(tmp_path: Path, source: str, n: int = 2, *args: str) -> subprocess.C
     script = tmp_path / "prog.py"
     script.write_text(textwrap.dedent(source))
     out, err = io.StringIO(), io.StringIO()
-    with contextlib.chdir(tmp_path), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        mp.chdir(tmp_path)
         code = main(["mpirun", "-n", str(n), str(script), *args])
     return subprocess.CompletedProcess(script, code, out.getvalue(), err.getvalue())
 

@@ -69,7 +69,8 @@ def _run(tmp_path: Path, source: str, arg: str, simulated: bool, n: int = 2,
     script.write_text(textwrap.dedent(source))
     if simulated and not process:
         out, err = io.StringIO(), io.StringIO()
-        with contextlib.chdir(tmp_path), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            mp.chdir(tmp_path)
             code = main(["mpirun", "-n", str(n), str(script), arg])
         return subprocess.CompletedProcess(script, code, out.getvalue(), err.getvalue())
     if simulated:
