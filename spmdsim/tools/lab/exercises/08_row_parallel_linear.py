@@ -10,8 +10,10 @@ Y = X @ W with X of shape (b, k) and W of shape (k, o), the contraction dim k sp
 matching rows of W, w = W[r*k/n:(r+1)*k/n, :].
 
 x @ w is a partial product: Y is the sum of all ranks' partial products. Return Y (shape (b, o))
-on every rank.
+on every rank. The check counts the bytes each rank sends: more than one (b, o) array fails (no rank
+gathers X or W).
 """
+HINT = "sum the partial products x @ w over the ranks (Allreduce)"
 
 
 def case(seed, n):
@@ -20,6 +22,13 @@ def case(seed, n):
     x, w = rng.standard_normal((b, n * per)), rng.standard_normal((n * per, o))
     args = [(x[:, r * per:(r + 1) * per].copy(), w[r * per:(r + 1) * per].copy()) for r in range(n)]
     return {"args": args, "expected": [x @ w] * n, "label": f"X {b}x{n * per}, W {n * per}x{o}"}
+
+
+def optimal_bytes(case, n):
+    """One (b, o) partial product (an Allreduce sends a rank's send buffer once, see
+    spmdsim.tools.lab.sent_bytes); nothing on one rank."""
+    x, w = case["args"][0]
+    return 0 if n == 1 else x.shape[0] * w.shape[1] * x.itemsize
 
 
 def explain(case, n, rank, got):

@@ -11,8 +11,10 @@ x @ w is rank r's block of columns of Y.
 
 Return the whole Y (shape (b, o)) on every rank, its column blocks gathered from every rank with
 comm.Allgather. Mind the order: Allgather stacks the ranks' blocks along a new first axis.
+The check counts the bytes each rank sends: more than its own block of Y fails (no rank gathers W).
 """
 REQUIRED = ("Allgather",)
+HINT = "gather each rank's block of Y (x @ w) with Allgather, and nothing else"
 
 
 def case(seed, n):
@@ -21,6 +23,13 @@ def case(seed, n):
     x, w = rng.standard_normal((b, k)), rng.standard_normal((k, n * per))
     args = [(x.copy(), w[:, r * per:(r + 1) * per].copy()) for r in range(n)]
     return {"args": args, "expected": [x @ w] * n, "label": f"X {b}x{k}, W {k}x{n * per}"}
+
+
+def optimal_bytes(case, n):
+    """This rank's (b, o/n) block of Y (an Allgather sends a rank's send buffer once, see
+    spmdsim.tools.lab.sent_bytes); nothing on one rank."""
+    x, w = case["args"][0]
+    return 0 if n == 1 else x.shape[0] * w.shape[1] * x.itemsize
 
 
 def explain(case, n, rank, got):
