@@ -526,6 +526,27 @@ WRONG = [
             blocks = comm.allgather(block)
             return np.pad(block, 1)
         """),
+    # Whole columns of the padded block exchanged after the rows: the corners take the diagonal neighbours' cells.
+    (7, 4, 0, "wrong", ["rank 0 result[0, 0] differs (4 of 30 values wrong)", "only the four corners differ",
+                        "they stay 0"], """
+        import numpy as np
+        from mpi4py import MPI
+        def halo_exchange(comm, block):
+            cart = comm.Create_cart(MPI.Compute_dims(comm.Get_size(), 2), periods=[True, True])
+            h, w = block.shape
+            out = np.zeros((h + 2, w + 2))
+            out[1:-1, 1:-1] = block
+            above, below = cart.Shift(0, 1)
+            left, right = cart.Shift(1, 1)
+            cart.Sendrecv(block[-1].copy(), dest=below, recvbuf=out[0, 1:-1], source=above)
+            cart.Sendrecv(block[0].copy(), dest=above, recvbuf=out[-1, 1:-1], source=below)
+            col = np.empty(h + 2)
+            cart.Sendrecv(out[:, -2].copy(), dest=right, recvbuf=col, source=left)
+            out[:, 0] = col
+            cart.Sendrecv(out[:, 1].copy(), dest=left, recvbuf=col, source=right)
+            out[:, -1] = col
+            return out
+        """),
     (8, 3, 0, "wrong", ["rank 0 result[0, 0:4] differs", "this rank's partial product x @ w"], """
         def row_parallel_linear(comm, x, w):
             return x @ w

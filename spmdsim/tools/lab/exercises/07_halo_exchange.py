@@ -57,6 +57,11 @@ def explain(case, n, rank, got):
     want = case["expected"][rank]
     if not isinstance(got, np.ndarray) or got.shape != want.shape:
         return None
+    corners = np.zeros(want.shape, dtype=bool)
+    corners[[0, 0, -1, -1], [0, -1, 0, -1]] = True
+    if np.allclose(got[~corners], want[~corners]) and not np.allclose(got[corners], 0):
+        return ("only the four corners differ: they stay 0 (a rank exchanges its edges with the four neighbours "
+                "above, below, left and right, not the diagonal ones)")
     if np.allclose(got[1:-1, 1:-1], want[1:-1, 1:-1]) and np.allclose(got[0, 1:-1], want[-1, 1:-1]) \
             and not np.allclose(got[0, 1:-1], want[0, 1:-1]):
         return "row 0 holds what row h + 1 should: the rows above and below are swapped"
