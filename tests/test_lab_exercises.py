@@ -417,6 +417,27 @@ WRONG = [
                 chunks[t] += buf
             return np.concatenate(chunks)
         """),
+    # Chunks of N // n values: at 3 ranks the last N % n values are dropped.
+    (5, 3, 0, "wrong", ["rank 0 returned shape (15,), expected (16,)",
+                        "16 values do not cut into 3 equal chunks, and the 1 value left over was dropped",
+                        "np.array_split"], """
+        import numpy as np
+        def ring_allreduce(comm, x):
+            n, r = comm.Get_size(), comm.Get_rank()
+            c = len(x) // n
+            chunks = [x[i * c:(i + 1) * c].copy() for i in range(n)]
+            for step in range(n - 1):
+                s, t = (r - step) % n, (r - step - 1) % n
+                buf = np.empty_like(chunks[t])
+                comm.Sendrecv(chunks[s], dest=(r + 1) % n, recvbuf=buf, source=(r - 1) % n)
+                chunks[t] += buf
+            for step in range(n - 1):
+                s, t = (r + 1 - step) % n, (r - step) % n
+                buf = np.empty_like(chunks[t])
+                comm.Sendrecv(chunks[s], dest=(r + 1) % n, recvbuf=buf, source=(r - 1) % n)
+                chunks[t] = buf
+            return np.concatenate(chunks)
+        """),
     (6, 2, 0, "forbidden", ["line 4: comm.Allgather is not allowed", "pass the blocks around the ring"], """
         import numpy as np
         def ring_allgather(comm, block):
