@@ -648,7 +648,8 @@ WRONG = [
             comm.Allgather(y, blocks)
             return blocks.reshape(y.shape[0], -1)
         """),
-    (10, 2, 0, "wrong", ["rank 0 returned shape (4, 2), expected (2, 4)"], """
+    (10, 2, 0, "wrong", ["rank 0 returned shape (4, 2), expected (2, 4)", "the blocks are stacked as rows",
+                         "np.concatenate(..., axis=1)"], """
         import numpy as np
         def column_parallel_linear(comm, x, w):
             return np.concatenate(comm.allgather(x @ w), axis=0)

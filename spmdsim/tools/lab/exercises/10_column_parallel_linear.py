@@ -39,11 +39,14 @@ def explain(case, n, rank, got):
         return None
     if n > 1 and got.shape == (x.shape[0], w.shape[1]) and np.allclose(got, x @ w):
         return "it is this rank's own block of columns: gather every rank's block (Allgather)"
-    if got.shape == want.shape and n > 1:
-        blocks = np.stack([x @ case["args"][r][1] for r in range(n)])
-        if np.allclose(got, blocks.reshape(want.shape)):
-            return ("the blocks are interleaved: the gathered array is (n, b, o/n); move the rank axis next "
-                    "to the columns before reshaping (np.concatenate(..., axis=1))")
+    if n == 1:
+        return None
+    blocks = np.stack([x @ case["args"][r][1] for r in range(n)])
+    if got.shape == want.shape and np.allclose(got, blocks.reshape(want.shape)):
+        return ("the blocks are interleaved: the gathered array is (n, b, o/n); move the rank axis next "
+                "to the columns before reshaping (np.concatenate(..., axis=1))")
+    if got.shape == (n * x.shape[0], w.shape[1]) and np.allclose(got, np.concatenate(blocks, axis=0)):
+        return "the blocks are stacked as rows, (n*b, o/n): join them along the columns, np.concatenate(..., axis=1)"
     return None
 
 
