@@ -496,6 +496,35 @@ WRONG = [
                 comm.Send(out, dest=dst)
             return out
         """),
+    # The blocks appended as they arrive around the ring: this rank's own first, then rank r-1's, r-2's, ...
+    (6, 3, 0, "wrong", ["rank 0 result[3:9] differs", "the blocks are in the order they arrived",
+                        "rank j's block at [j*k:(j+1)*k]"], """
+        import numpy as np
+        def ring_allgather(comm, block):
+            r, n = comm.Get_rank(), comm.Get_size()
+            parts, current = [block], block
+            for _ in range(n - 1):
+                got = np.empty_like(block)
+                comm.Sendrecv(current, dest=(r + 1) % n, recvbuf=got, source=(r - 1) % n)
+                parts.append(got)
+                current = got
+            return np.concatenate(parts)
+        """),
+    # Bruck's algorithm without its last rotation: the blocks of ranks r, r+1, ..., r-1.
+    (6, 3, 0, "wrong", ["rank 1 result[0:6] differs", "the blocks start at this rank's own",
+                        "rotate them"], """
+        import numpy as np
+        def ring_allgather(comm, block):
+            r, n = comm.Get_rank(), comm.Get_size()
+            have, d = [block], 1
+            while d < n:
+                count = min(d, n - d)
+                got = np.empty(count * block.size)
+                comm.Sendrecv(np.concatenate(have[:count]), dest=(r - d) % n, recvbuf=got, source=(r + d) % n)
+                have.extend(np.split(got, count))
+                d *= 2
+            return np.concatenate(have)
+        """),
     (7, 4, 0, "wrong", ["rank 0 result[0, 1:5] differs", "the rows above and below are swapped"], """
         import numpy as np
         from mpi4py import MPI
@@ -634,6 +663,20 @@ WRONG = [
                     buf = np.empty_like(x)
                     comm.Sendrecv(x, dest=other, recvbuf=buf, source=other)
                     total += buf
+            return total
+        """),
+    # Each step sends the rank's own x in place of its running sum.
+    (9, 4, 0, "wrong", ["rank 0 result[0:6] differs", "it is x plus each partner's own x",
+                        "send the running sum"], """
+        import numpy as np
+        def recursive_doubling_allreduce(comm, x):
+            r, n = comm.Get_rank(), comm.Get_size()
+            total, k = x.copy(), 1
+            while k < n:
+                got = np.empty_like(x)
+                comm.Sendrecv(x, dest=r ^ k, recvbuf=got, source=r ^ k)
+                total += got
+                k <<= 1
             return total
         """),
     (10, 3, 0, "wrong", ["rank 0 returned shape (2, 2), expected (2, 6)", "this rank's own block of columns"], """

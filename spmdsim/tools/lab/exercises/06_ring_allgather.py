@@ -29,6 +29,18 @@ def optimal_bytes(case, n):
     return (n - 1) * case["args"][0][0].nbytes
 
 
+def explain(case, n, rank, got):
+    blocks = [args[0] for args in case["args"]]
+    if n == 1 or not isinstance(got, np.ndarray) or got.shape != (n * blocks[0].size,):
+        return None
+    if np.allclose(got, np.concatenate([blocks[(rank - i) % n] for i in range(n)])):
+        return ("the blocks are in the order they arrived (this rank's, then rank r-1's, r-2's, ...): put "
+                "rank j's block at [j*k:(j+1)*k]")
+    if np.allclose(got, np.concatenate([blocks[(rank + i) % n] for i in range(n)])):
+        return "the blocks start at this rank's own (ranks r, r+1, ...): rotate them so that rank 0's comes first"
+    return None
+
+
 def ring_allgather(comm, block):
     rank, n = comm.Get_rank(), comm.Get_size()
     k = block.size

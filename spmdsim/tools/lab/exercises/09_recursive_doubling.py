@@ -29,6 +29,15 @@ def optimal_bytes(case, n):
     return (n.bit_length() - 1) * case["args"][0][0].nbytes
 
 
+def explain(case, n, rank, got):
+    xs = [args[0] for args in case["args"]]
+    partners = xs[rank] + sum(xs[rank ^ (1 << k)] for k in range(n.bit_length() - 1))
+    if n > 2 and isinstance(got, np.ndarray) and got.shape == xs[rank].shape and np.allclose(got, partners):
+        return ("it is x plus each partner's own x: at each step send the running sum (x and all that has "
+                "been added to it), not x")
+    return None
+
+
 def recursive_doubling_allreduce(comm, x):
     rank, n = comm.Get_rank(), comm.Get_size()
     total = x.astype(np.float64)
