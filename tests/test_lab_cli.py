@@ -407,6 +407,22 @@ def double(comm, x):
 """
 
 
+@pytest.mark.parametrize("load, busy", [(12.0, True), (3.9, False)])
+def test_a_time_limit_run_out_on_a_busy_machine_says_the_load(tiny, tmp_path, capsys, monkeypatch, load, busy):
+    """The limit is wall time: at load 12 on 2 cores a right exercise 2 took 9.6 s of its 10 (1.1 s idle), and a
+    time limit run out there said only "an endless loop"; above twice the cores it names the load and the way out."""
+    monkeypatch.setattr("spmdsim.tools.lab.sandbox.os.getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr("spmdsim.tools.lab.sandbox.cores_available", lambda: 2)
+    path = tmp_path / "hanging.py"
+    path.write_text(SUBMISSIONS["hanging.py"])
+    assert main(["lab", "check", "1", str(path), "--exercises", tiny, "--time-limit", "1"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "ran past the time limit of 1 s at 1 rank (seed 0): an endless loop" in out, out
+    said = ("(this machine is busy, load 12.0 on 2 cores: check again when it is not, or give more time with "
+            "--time-limit)")
+    assert (said in out) == busy and ("busy" in out) == busy, out
+
+
 @pytest.mark.parametrize("tail, said", [
     ('    print("y" * 2_000_000)\n', "2 ranks: FAIL ran past the time limit of 4 s at 2 ranks (seed 0) while printing "
                                     "6.0 MB: print less (each line takes tens of us here)"),

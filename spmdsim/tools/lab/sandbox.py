@@ -21,6 +21,7 @@ import threading
 import time
 from typing import Any, Optional, Sequence
 
+from ...base.threads import cores_available
 from ...base.validate import counted
 from ...errors import SpmdsimError
 from ..cli.launch import find_mpiexec
@@ -147,7 +148,21 @@ def _ended(code: int, limit: float, memory_mb: int, running: dict, timed_out: bo
                   f"the grader stopped{where}: {last}" if "Error" in last.partition(":")[0] else
                   f"the process ended{where} with exit code {code}" if code else
                   f"the process ended{where} without a result")
+    if status == "timeout":
+        reason += _busy()
     return CaseResult(ranks=n, seed=seed, label=f"seed {seed}", status=status, reason=reason)
+
+
+def _busy() -> str:
+    """Said after a time limit ran out where this machine's load is above twice its cores, else "": the limit is
+    wall time, and a right submission that takes 1 s on an idle machine can take ten on such a one."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # (not on every system)
+        return ""
+    cores = cores_available()
+    return "" if load <= 2 * cores else (f" (this machine is busy, load {load:.1f} on {counted(cores, 'core')}: "
+                                         "check again when it is not, or give more time with --time-limit)")
 
 
 class Stopped(Exception):
