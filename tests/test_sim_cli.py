@@ -437,17 +437,20 @@ def test_the_block_examples_are_as_wide_at_64_ranks_as_at_a_few(monkeypatch, cap
 
     monkeypatch.setattr(reference_grad, "numeric_grads", refused)
     path = next(p for p in EXAMPLES if p.stem == stem)
-    rows = {}
-    for ranks in (small, "64"):
-        monkeypatch.setattr(sys, "argv", [str(path), "--ranks", ranks, "--dry-run"])
-        with pytest.raises(SystemExit) as done:
-            runpy.run_path(str(path), run_name="__main__")
-        out = capsys.readouterr().out
-        assert done.value.code == 0, out
-        calls, sent, received, _, *collectives = next(line for line in out.splitlines()
-                                                      if line.startswith("ranks 0-")).split()[2:]
-        rows[ranks] = calls, sent, received, collectives  # the peak held counts the check's table, 56 B a rank
-    assert rows["64"] == rows[small] == row
+    rows = {ranks: _dry_row(monkeypatch, capsys, path, ranks) for ranks in (small, "64")}
+    assert rows["64"] == rows[small] == row  # (the peak held, left out, counts the check's table, 56 B a rank)
+
+
+def _dry_row(monkeypatch, capsys, path, ranks: str) -> tuple:
+    """(calls, sent, received, collectives) of the dry run's "ranks 0-..." row of `path --ranks RANKS --dry-run`."""
+    monkeypatch.setattr(sys, "argv", [str(path), "--ranks", ranks, "--dry-run"])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(path), run_name="__main__")
+    out = capsys.readouterr().out
+    assert done.value.code == 0, out
+    calls, sent, received, _, *collectives = next(line for line in out.splitlines()
+                                                  if line.startswith("ranks 0-")).split()[2:]
+    return calls, sent, received, collectives
 
 
 @pytest.mark.parametrize("stem, row", [
@@ -468,14 +471,7 @@ def test_the_width_examples_make_no_global_reference_in_a_dry_run(monkeypatch, c
 
     monkeypatch.setattr(SeededTensor, "full", refused)
     path = next(p for p in EXAMPLES if p.stem == stem)
-    monkeypatch.setattr(sys, "argv", [str(path), "--ranks", "64", "--dry-run"])
-    with pytest.raises(SystemExit) as done:
-        runpy.run_path(str(path), run_name="__main__")
-    out = capsys.readouterr().out
-    assert done.value.code == 0, out
-    calls, sent, received, _, *collectives = next(line for line in out.splitlines()
-                                                  if line.startswith("ranks 0-")).split()[2:]
-    assert (calls, sent, received, collectives) == row
+    assert _dry_row(monkeypatch, capsys, path, "64") == row
 
 
 #: The check line an example must print where "PASS" alone would also match a partial result.
