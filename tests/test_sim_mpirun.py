@@ -19,6 +19,12 @@ EXAMPLES = ROOT / "examples" / "mpi4py"
 STDIN = {"cpi.py": "10000\n100\n0\n"}  # cpi reads interval counts until 0
 
 
+def _launched(prog, n: int, **kwargs) -> subprocess.CompletedProcess:
+    """`python -m spmdsim mpirun -n N python PROG` in a process of its own, under `timeout -k 5 60`."""
+    return subprocess.run(["timeout", "-k", "5", "60", sys.executable, "-m", "spmdsim", "mpirun", "-n", str(n),
+                           "python", str(prog)], capture_output=True, text=True, timeout=90, **kwargs)
+
+
 def _lines(name: str, out: str) -> list:
     if name == "helloworld.py":  # ranks print at once: MPICH may even join lines
         return sorted(re.findall(r"Hello, World! I am process \d+ of \d+ on \S+\.", out))
@@ -654,8 +660,7 @@ def test_a_thread_left_running_by_a_failed_run_never_meets_the_real_mpi(tmp_path
                     "    print('the late thread sees', MPI.COMM_WORLD.Get_size(), 'ranks', flush=True)\n\n\n"
                     "if comm.rank == 1:\n    threading.Thread(target=late).start()\nif comm.rank == 0:\n"
                     "    MPI.File.Open(comm, 'data.bin')\ncomm.Barrier()\n")
-    run = subprocess.run(["timeout", "-k", "5", "60", sys.executable, "-m", "spmdsim", "mpirun", "-n", "2", "python",
-                          str(prog)], capture_output=True, text=True, timeout=90, cwd=tmp_path)
+    run = _launched(prog, 2, cwd=tmp_path)
     assert run.returncode == 1, run
     assert run.stdout == "the late thread sees 2 ranks\n", run
     assert run.stderr.startswith("spmdsim mpirun: error on simulated rank 0: NotImplementedError: MPI I/O"), run
@@ -673,8 +678,7 @@ def test_ranks_a_failed_run_left_computing_print_whole_lines_until_the_process_e
                     "start = time.monotonic()\nwhile time.monotonic() - start < 2:\n"
                     "    sys.stdout.write(f'rank {comm.rank} says ')\n    sys.stdout.write('hello\\n')\n"
                     "    pause = time.monotonic()\n    while time.monotonic() - pause < 0.0002:\n        pass\n")
-    run = subprocess.run(["timeout", "-k", "5", "60", sys.executable, "-m", "spmdsim", "mpirun", "-n", "4", "python",
-                          str(prog)], capture_output=True, text=True, timeout=90, cwd=tmp_path)
+    run = _launched(prog, 4, cwd=tmp_path)
     assert run.returncode == 1, run.stderr
     assert run.stderr.startswith("spmdsim mpirun: error on simulated rank 0: NotImplementedError: MPI I/O"), run.stderr
     lines = run.stdout.splitlines()
@@ -810,8 +814,7 @@ def test_a_failed_run_ends_though_threads_its_ranks_started_compute_on(tmp_path,
                     "        sum(range(100))\n\nthreading.Thread(target=spin).start()\n"
                     "print('rank', MPI.COMM_WORLD.rank, 'started')\nMPI.COMM_WORLD.Barrier()\n"
                     f"if MPI.COMM_WORLD.rank == 0:\n    {end}\nMPI.COMM_WORLD.Barrier()\n")
-    run = subprocess.run(["timeout", "-k", "5", "60", sys.executable, "-m", "spmdsim", "mpirun", "-n", "2", "python",
-                          str(prog)], capture_output=True, text=True, timeout=90)
+    run = _launched(prog, 2)
     assert run.returncode == code, run
     assert sorted(run.stdout.splitlines()) == ["rank 0 started", "rank 1 started"], run
     assert said in run.stderr and unfold(run.stderr).endswith(
