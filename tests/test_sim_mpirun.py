@@ -824,10 +824,11 @@ def test_a_failed_run_ends_though_threads_its_ranks_started_compute_on(tmp_path,
 
 def test_a_run_whose_ranks_ended_says_it_waits_for_the_threads_they_started(tmp_path):
     """Every rank's program returns while a thread it started (no daemon) computes forever: the run waits for
-    it, as Python's exit does under mpiexec (which hangs), but said nothing while it did."""
+    it, as Python's exit does under mpiexec (which hangs), but said nothing while it did. The thread computes a
+    little every 10 ms, never calling MPI (what the run counts as computing), not spinning a core for the 8 s."""
     prog = tmp_path / "spin.py"
-    prog.write_text("import threading\nfrom mpi4py import MPI\n\ndef spin():\n    while True:\n"
-                    "        sum(range(100))\n\nthreading.Thread(target=spin).start()\n"
+    prog.write_text("import threading\nimport time\nfrom mpi4py import MPI\n\ndef spin():\n    while True:\n"
+                    "        sum(range(100))\n        time.sleep(0.01)\n\nthreading.Thread(target=spin).start()\n"
                     "print('rank', MPI.COMM_WORLD.rank, 'done')\n")
     run = subprocess.run(["timeout", "-k", "5", "8", sys.executable, "-m", "spmdsim", "mpirun", "-n", "2", "python",
                           str(prog)], capture_output=True, text=True, timeout=60)
