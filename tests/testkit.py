@@ -259,8 +259,9 @@ _CODES = "@@ spmdsim exit codes "
 _TAGGED = ("-prepend-pattern", "<@%r@> ")  # mpiexec tags every chunk of output with its rank
 
 
-def _batch(programs: list, ranks: int, cwd, stdin: str, timeout: int, mpiexec: str, tagged: bool):
-    """The finished job that runs each (name, path, args) of `programs` in turn on every rank (mpi_batch)."""
+def _batch(programs: list, ranks: int, cwd, stdin: str, timeout: int, mpiexec: str, tagged: bool, env=()):
+    """The finished job that runs each (name, path, args) of `programs` in turn on every rank (mpi_batch), with
+    the variables of `env` set besides ours."""
     code = f"""
 import os, runpy, sys, time
 from mpi4py import MPI
@@ -284,7 +285,7 @@ for name, path, args in {[(name, str(path), list(args)) for name, path, args in 
 """
     return subprocess.run(["timeout", "-k", "5", str(timeout), mpiexec, "-n", str(ranks), *(_TAGGED if tagged else ()),
                            sys.executable, "-m", "mpi4py", "-c", code], input=stdin, capture_output=True, text=True,
-                          cwd=cwd, env=dict(os.environ, OMP_NUM_THREADS="1"))  # ranks outnumber the cores
+                          cwd=cwd, env=dict(os.environ, OMP_NUM_THREADS="1", **dict(env)))  # ranks outnumber the cores
 
 
 def _cut(text: str) -> list:
@@ -330,12 +331,16 @@ def mpich_batch(programs: list, ranks: int, cwd: str | os.PathLike | None = None
     rank's whole, however MPICH interleaves the ranks' chunks (4 ranks on 2 cores, test_sim_lab's batch:
     6.2-6.6 CPU-s with a blocking Barrier between programs, 2.5-3.6 with the polled Ibarrier; with
     test_loop_late.py and test_loop_feeding.py, whose rank 0 spins while it polls, at 0.8 s and 5 x 0.2 s,
-    3.9-4.0 CPU-s, the fixture's call under /usr/bin/time, 3 rounds, load average 3.6-4.5)."""
+    3.9-4.0 CPU-s, the fixture's call under /usr/bin/time, 3 rounds, load average 3.6-4.5). MPICH's heavy yield
+    (MPIR_CVAR_ENABLE_HEAVY_YIELD) has the ranks that wait in a blocking call sleep between polls, not spin
+    through sched_yield on the cores the others need: that batch took 2.5-2.7 CPU-s of its children, 3.0-5.6
+    without (6 rounds, load average 8-12), the same lines. Not in mpi_batch: the 8-rank training steps of the
+    benches it runs took more CPU with it (the system time of its sleeps)."""
     if not MPICH:  # the emulator is compared with MPICH, what it mimics (docs/explanation/runtime.md)
         import pytest
 
         pytest.skip(f"compares the emulator with MPICH's mpiexec; {MPIEXEC or 'none'} is another MPI's launcher")
-    done = _batch(programs, ranks, cwd, stdin, 300, MPIEXEC, tagged=True)
+    done = _batch(programs, ranks, cwd, stdin, 300, MPIEXEC, tagged=True, env={"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"})
     assert done.returncode == 0, done.stderr
     parts = re.split(r"<@(\d+)@> ", done.stdout)
     texts: dict = {}
