@@ -17,7 +17,7 @@ import pytest
 import mpi4py_demos
 import mpi4py_suite
 from spmdsim.tools.cli.main import main
-from testkit import MPICH
+from testkit import MPICH, MPICH_WAIT_ASLEEP
 
 #: The runs of the default test (names of mpi4py_demos.RUNS).
 DEFAULT = ("compute-pi/cpi-cco.py -n 2", "compute-pi/cpi-cco.py -n 3", "compute-pi/cpi-cco.py -n 4",
@@ -52,7 +52,8 @@ def test_demo_prints_what_mpiexec_prints(run, demo_dir, capsys, monkeypatch):
     script = demo_dir / run.path
     mpiexec = subprocess.Popen(["timeout", "-k", "5", "120", MPICH, "-n", str(run.ranks), sys.executable,
                                 str(script), *run.args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, cwd=script.parent)
+                               stderr=subprocess.PIPE, text=True, cwd=script.parent,
+                               env=dict(os.environ, **MPICH_WAIT_ASLEEP))
     monkeypatch.chdir(script.parent)
     monkeypatch.setattr(sys, "stdin", io.StringIO(run.stdin))
     code = main(["mpirun", "-n", str(run.ranks), "python", str(script), *run.args])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ from spmdsim.emulator.mpi4py_world import swapped
 from spmdsim.runtime.sim import simulate
 from spmdsim.runtime.sim.orders import allreduce_tree, reduce_tree, scan_trees
 from spmdsim.tools.cli.main import main
-from testkit import MPICH
+from testkit import MPICH, MPICH_WAIT_ASLEEP
 
 HERE = Path(__file__).resolve().parent
 
@@ -34,7 +35,8 @@ def test_trees():
 def test_same_bits_as_mpich(n, tmp_path):
     out = tmp_path / "mpich.json"
     run = subprocess.run(["timeout", "-k", "5", "120", MPICH, "-n", str(n), sys.executable,
-                          str(HERE / "mpi4py_orders.py"), str(out)], capture_output=True, text=True)
+                          str(HERE / "mpi4py_orders.py"), str(out)], capture_output=True, text=True,
+                         env=dict(os.environ, **MPICH_WAIT_ASLEEP))
     assert run.returncode == 0, run.stderr[-2000:]
     with swapped():
         ours = simulate(n, mpi4py_orders.results)

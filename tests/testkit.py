@@ -11,9 +11,9 @@ import subprocess
 import sys
 from types import ModuleType
 
-__all__ = ["MPIEXEC", "MPICH", "EXAMPLE_ARGS", "allgather_after_all", "batch_launches", "bench_launches",
-           "factorizations", "load_script", "mpi_batch", "mpich_batch", "mpich_version", "program_lines",
-           "readme_library_example", "root_for_all", "wait_for_all"]
+__all__ = ["MPIEXEC", "MPICH", "MPICH_WAIT_ASLEEP", "EXAMPLE_ARGS", "allgather_after_all", "batch_launches",
+           "bench_launches", "factorizations", "load_script", "mpi_batch", "mpich_batch", "mpich_version",
+           "program_lines", "readme_library_example", "root_for_all", "wait_for_all"]
 
 # The venv's mpiexec (the pip `mpich` wheel) first, else the one on PATH, else "".
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
@@ -36,6 +36,15 @@ def mpich_version() -> tuple | None:
 # The mpiexec above when it is MPICH's (Hydra), else "": the tests that compare the emulator with MPICH, what it
 # mimics, run beside it alone (under Open MPI its reduction order, messages and banners differ).
 MPICH = MPIEXEC if mpich_version() is not None else ""
+
+#: The environment the MPICH side of a comparison runs with: MPICH's heavy yield has the ranks that wait in a
+#: blocking call sleep between polls, not spin through sched_yield on the cores the ranks that compute need
+#: (4 or 8 ranks on 2 cores). The comparisons' programs mostly wait: test_sim_lab's batch took 2.5-2.7 CPU-s of
+#: its children with it, 3.0-5.6 without (6 alternating rounds, load average 8-12), the same lines; mpi4py's
+#: demos 5.1-5.4 and 5.8-6.0, the same output; test_sim_mpi4py_orders' five launches 4.2 and 5.6, the same
+#: bits. Not for mpi_batch's benches: their 8-rank training steps took more CPU with it (the system time of its
+#: sleeps). Another MPI ignores the variable.
+MPICH_WAIT_ASLEEP = {"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"}
 
 
 def mpi_says(name: str) -> str:
@@ -331,16 +340,13 @@ def mpich_batch(programs: list, ranks: int, cwd: str | os.PathLike | None = None
     rank's whole, however MPICH interleaves the ranks' chunks (4 ranks on 2 cores, test_sim_lab's batch:
     6.2-6.6 CPU-s with a blocking Barrier between programs, 2.5-3.6 with the polled Ibarrier; with
     test_loop_late.py and test_loop_feeding.py, whose rank 0 spins while it polls, at 0.8 s and 5 x 0.2 s,
-    3.9-4.0 CPU-s, the fixture's call under /usr/bin/time, 3 rounds, load average 3.6-4.5). MPICH's heavy yield
-    (MPIR_CVAR_ENABLE_HEAVY_YIELD) has the ranks that wait in a blocking call sleep between polls, not spin
-    through sched_yield on the cores the others need: that batch took 2.5-2.7 CPU-s of its children, 3.0-5.6
-    without (6 rounds, load average 8-12), the same lines. Not in mpi_batch: the 8-rank training steps of the
-    benches it runs took more CPU with it (the system time of its sleeps)."""
+    3.9-4.0 CPU-s, the fixture's call under /usr/bin/time, 3 rounds, load average 3.6-4.5); its ranks wait
+    asleep (MPICH_WAIT_ASLEEP)."""
     if not MPICH:  # the emulator is compared with MPICH, what it mimics (docs/explanation/runtime.md)
         import pytest
 
         pytest.skip(f"compares the emulator with MPICH's mpiexec; {MPIEXEC or 'none'} is another MPI's launcher")
-    done = _batch(programs, ranks, cwd, stdin, 300, MPIEXEC, tagged=True, env={"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"})
+    done = _batch(programs, ranks, cwd, stdin, 300, MPIEXEC, tagged=True, env=MPICH_WAIT_ASLEEP)
     assert done.returncode == 0, done.stderr
     parts = re.split(r"<@(\d+)@> ", done.stdout)
     texts: dict = {}
