@@ -408,13 +408,25 @@ def test_train_gpt_refuses_a_model_size_like_a_mesh_size(monkeypatch, capsys):
                                                "4 (each head takes --d-model / heads features)\n")
 
 
+_RAN: dict = {}  # (example, its arguments) -> (exit code, what it printed) of its run in this process
+
+
+def _example_run(path: pathlib.Path, args: list, monkeypatch, capsys) -> tuple:
+    """(exit code, stdout) of `python EXAMPLE ARGS` run in this process (runpy as __main__), once per test process
+    (with pytest-xdist, per file): the tests that run an example with the same arguments read one run."""
+    key = (path, tuple(args))
+    if key not in _RAN:
+        monkeypatch.setattr(sys, "argv", [str(path), *args])
+        with pytest.raises(SystemExit) as done:
+            runpy.run_path(str(path), run_name="__main__")
+        _RAN[key] = done.value.code, capsys.readouterr().out
+    return _RAN[key]
+
+
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_every_example_runs_on_8_simulated_ranks(path, monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", [str(path), "--ranks", "8"] + EXAMPLE_ARGS.get(path.stem, []))
-    with pytest.raises(SystemExit) as done:
-        runpy.run_path(str(path), run_name="__main__")
-    out = capsys.readouterr().out
-    assert done.value.code == 0, out
+    code, out = _example_run(path, ["--ranks", "8"] + EXAMPLE_ARGS.get(path.stem, []), monkeypatch, capsys)
+    assert code == 0, out
     assert out.startswith("spmdsim: running on 8 simulated ranks in one process")
     assert "PASS" in out or "passed" in out
     assert PASS_LINES.get(path.stem, "") in out
@@ -518,19 +530,19 @@ TRAINING = [p for p in EXAMPLES if p.stem.startswith("train_")]
 @pytest.mark.parametrize("path", TRAINING, ids=lambda p: p.stem)
 def test_training_examples_dry_run_to_the_bytes_of_a_real_step(path, monkeypatch, capsys):
     """--ranks 8 --dry-run prints the report, whose calls and bytes are the real run's per step (train_moe_gpt's
-    --dispatch left out of both: it prints what a dry run does not show, and is refused beside --dry-run)."""
-    def run(*extra):
-        monkeypatch.setattr(sys, "argv", [str(path), "--ranks", "8", "--steps", "2"] + list(extra)
-                            + [a for a in EXAMPLE_ARGS.get(path.stem, []) if a != "--dispatch"])
-        with pytest.raises(SystemExit) as done:
-            runpy.run_path(str(path), run_name="__main__")
-        return done.value.code, capsys.readouterr().out
-
-    code, out = run("--dry-run")
+    --dispatch left out of both: it prints what a dry run does not show, and is refused beside --dry-run). The real
+    run is test_every_example_runs_on_8_simulated_ranks's where its arguments are these (_example_run)."""
+    args = [a for a in EXAMPLE_ARGS.get(path.stem, []) if a != "--dispatch"]
+    args = ["--ranks", "8"] + ([] if "--steps" in args and args[args.index("--steps") + 1] == "2" else
+                               ["--steps", "2"]) + args
+    monkeypatch.setattr(sys, "argv", [str(path), *args, "--dry-run"])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(path), run_name="__main__")
+    code, out = done.value.code, capsys.readouterr().out
     assert code == 0 and out.startswith("spmdsim: a dry run (shapes only) on 8 simulated ranks"), out
     row = next(line for line in out.splitlines() if line.startswith("ranks 0-7"))
     calls, sent = int(row.split()[2]), int(row.split()[3].replace(",", ""))
-    code, out = run()
+    code, out = _example_run(path, args, monkeypatch, capsys)
     assert code == 0, out
     # The check is anchored at each step (docs/howto/train.md); it said "one process from the run's start".
     assert path.stem != "train_mindspore_tutorial" or "\nfrom the run's parameters at its start (rtol" in out
