@@ -349,6 +349,40 @@ def run_long(quote: Quote) -> subprocess.CompletedProcess:
     return done
 
 
+#: Flags of examples/train_gpt.py that change what a run prints, not what it computes: --every (which steps' rows),
+#: --memory (rank 0's memory report, counted whether or not it is printed), --sample 0 (no sample drawn).
+_PRINTING = {"--every": 1, "--memory": 0, "--sample": 1}
+
+
+def _run_flags(command: str) -> tuple[list[str], int]:
+    """(a simulated train_gpt.py command's words without --steps and the _PRINTING flags, its --steps)."""
+    words, kept, steps, i = shlex.split(command, comments=True), [], None, 0
+    while i < len(words):
+        if words[i] == "--steps":
+            steps, i = int(words[i + 1]), i + 2
+        elif words[i] in _PRINTING:
+            i += 1 + _PRINTING[words[i]]
+        else:
+            kept, i = kept + [words[i]], i + 1
+    return kept, steps
+
+
+def long_run_in(quote: Quote, shown: list[Quote]) -> Optional[Quote]:
+    """The command of `shown` quoted with its output that runs what `quote` (marked ``# long``, simulated) runs with
+    ``--steps 2 --sample 0`` (run_long): the same command with at least 2 steps, differing only in _PRINTING flags,
+    whose quote shows its check PASS; else None. Its first 2 steps are run_long's 2 (the step count changes no
+    step), so a test that checks its output against the quote checks run_long's claim: no need to run both."""
+    flags, _ = _run_flags(_shortened(quote))
+    for other in shown:
+        if other.output is None or other.mpi is not None:
+            continue
+        kept, steps = _run_flags(other.command)
+        passed = any(re.fullmatch(r"check: \d+ steps vs one numpy process .*: PASS", line) for line in other.output)
+        if kept == flags and steps is not None and steps >= 2 and passed:
+            return other
+    return None
+
+
 def mpi_long(quote: Quote) -> bool:
     """Whether `quote` is an MPI launch of examples/train_gpt.py marked ``# long``: tests/test_train_docs_mpi.py runs
     every such command of docs/howto/train.md and docs/howto/replay.md (run_long_together), the pages' other

@@ -2,8 +2,8 @@
 
 The quoted command (``$ ...``) runs as shown and its output must match (docs_commands.mismatch); a command
 marked ``# long`` (200 steps on four layouts) runs with ``--steps 2 --sample 0`` in place of its step count and must
-PASS; the MPI one (50 steps) runs so in tests/test_train_docs_mpi.py, in one mpiexec job with the other pages'
-(mpi_long).
+PASS (the first of them by the quoted run of the same command, docs_commands.long_run_in); the MPI one (50 steps)
+runs so in tests/test_train_docs_mpi.py, in one mpiexec job with the other pages' (mpi_long).
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from docs_commands import ROOT, assert_prints_quote, mpi_long, quotes, run_here, run_long
+from docs_commands import ROOT, assert_prints_quote, long_run_in, mpi_long, quotes, run_here, run_long
 
 pytest.importorskip("ml_dtypes")
 
@@ -49,7 +49,18 @@ def test_the_quoted_command_prints_what_the_doc_quotes():
     assert_prints_quote(quote)
 
 
-@pytest.mark.parametrize("index", [1, 2, 3, 4])
+def test_the_first_long_command_is_the_quoted_run_for_fewer_steps():
+    """Its 2 steps (run_long's) are the first 2 of the quoted 3-step run of the same command (--every only prints),
+    whose quoted PASS and tolerance lines test_the_quoted_command_prints_what_the_doc_quotes checks: not run again."""
+    shown = _section()
+    assert long_run_in(shown[1], shown) is shown[0]
+    assert all(long_run_in(shown[i], shown) is None for i in (2, 3, 4))  # run below
+    quoted = "\n".join(shown[0].output)  # the lines test_a_long_command_runs_two_steps_and_passes asks for
+    assert "tolerances under bf16-mixed: loss 6.1e-05, gradients 4.7e-02, parameters 9.5e-07" in quoted
+    assert "of what its own rounding allows (at most 1)" in quoted
+
+
+@pytest.mark.parametrize("index", [2, 3, 4])
 def test_a_long_command_runs_two_steps_and_passes(index):
     quote = _section()[index]
     done = run_long(quote)

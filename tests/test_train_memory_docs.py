@@ -3,13 +3,14 @@
 A command quoted with its output (``$ ...``) runs as shown and its output must match
 (docs_commands.mismatch: ``...`` skips lines, e-notation differences match any number). A command
 marked ``# long`` (50 or 20 training steps) runs with ``--steps 2 --sample 0`` in place of its step count and
-must PASS; the MPI one runs so in tests/test_train_docs_mpi.py, in one mpiexec job with the other pages' (mpi_long).
+must PASS (the first of them by the quoted run of the same command, docs_commands.long_run_in); the MPI one runs so
+in tests/test_train_docs_mpi.py, in one mpiexec job with the other pages' (mpi_long).
 """
 from __future__ import annotations
 
 import pytest
 
-from docs_commands import assert_prints_quote, mpi_long, quotes, run_long
+from docs_commands import assert_prints_quote, long_run_in, mpi_long, quotes, run_long
 
 DOC = "docs/howto/memory.md"
 
@@ -32,7 +33,15 @@ def test_a_quoted_command_prints_what_the_doc_quotes(index):
     assert_prints_quote(quote)
 
 
-@pytest.mark.parametrize("index", [1, 2, 3, 4])
+def test_the_first_long_command_is_the_quoted_run_for_more_steps():
+    """Its 2 steps (run_long's) are the first 2 of the quoted 5-step run of the same command (--memory and --every only
+    print), whose quoted PASS test_a_quoted_command_prints_what_the_doc_quotes[0] checks: it is not run again."""
+    shown = _section()
+    assert long_run_in(shown[1], shown) is shown[0]
+    assert all(long_run_in(shown[i], shown) is None for i in (2, 3, 4))  # run below
+
+
+@pytest.mark.parametrize("index", [2, 3, 4])
 def test_a_long_command_runs_two_steps_and_passes(index):
     quote = _section()[index]
     done = run_long(quote)
