@@ -60,6 +60,18 @@ def _run_by_test_readme(quote) -> bool:
 SHORT_STEPS = {"examples/train_mindspore_tutorial.py": 20}
 
 
+#: A command quoted without output whose run is another's on its page, quoted before it, with a flag that only adds
+#: lines: train_mindspore_tutorial.py's --explain says what step 0's backward collectives answer, and its 20 steps (the
+#: plain line's SHORT_STEPS) print the same lines besides (1.9 CPU-s a run). The plain line is checked on that run.
+SAME_RUN = {"python examples/train_mindspore_tutorial.py --ranks 8":
+            "python examples/train_mindspore_tutorial.py --ranks 8 --steps 20 --explain"}
+
+
+def _bare(command: str) -> str:
+    """`command` without its comment."""
+    return command.split("#")[0].strip()
+
+
 def _shortened(quote, what: str, argv: list, merged: bool) -> tuple[str, list, bool]:
     """run_here's arguments for `quote`, with ``--steps`` of SHORT_STEPS for a training example with no quoted
     output that leaves its step count to the default (nothing printed to compare: its exit code and widths are
@@ -120,6 +132,10 @@ class _Ran(dict):
                 if quote.argv is None and quote.inline and quote.command.split()[1:2] \
                         and len(quote.command.split()) < 3:
                     continue  # a subcommand's name in prose
+                if quote.output is None and _bare(quote.command) in SAME_RUN:  # that run, made before it
+                    (ran,) = [run for command, run in done.items() if _bare(command) == SAME_RUN[_bare(quote.command)]]
+                    results.append((quote, ran))
+                    continue
                 if quote.command not in done:
                     done[quote.command] = _run(quote, workdir)
                 results.append((quote, done[quote.command]))
@@ -199,6 +215,24 @@ def test_the_pictures_are_made_by_the_commands_beside_them(ran):
     if not same_drawing:
         pytest.skip(f"the pictures' sizes match; their pixels are compared under matplotlib "
                     f"{'.'.join(map(str, PICTURES_MATPLOTLIB))}, not {matplotlib.__version__}")
+
+
+def test_a_command_checked_on_anothers_run_is_that_run_with_fewer_lines(ran):
+    """Each SAME_RUN line is quoted without output after the command whose run it is checked on, whose argv is the
+    line's as run here (SHORT_STEPS's steps) and --explain, and whose run printed its explanation."""
+    found = []
+    for doc in DOCS:
+        for quote, (code, out, _) in ran[doc]:
+            if _bare(quote.command) not in SAME_RUN:
+                continue
+            other = SAME_RUN[_bare(quote.command)]
+            first = next(q for q in shown(doc) if _bare(q.command) == other)
+            assert quote.output is None and first.line < quote.line, quote.where()
+            plain = _shortened(quote, *in_process(_bare(quote.command), _HERE))[1]
+            assert in_process(other, _HERE)[1] == [*plain, "--explain"], other
+            assert code == 0 and "backward collectives (this rank)" in out, out
+            found.append(doc)
+    assert found == ["docs/howto/train.md"]
 
 
 def test_every_mpiexec_the_docs_quote_runs_under_a_timeout():
