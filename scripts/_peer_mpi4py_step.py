@@ -48,10 +48,13 @@ __all__ = ["Comms", "Dropout", "Replica", "split_dim", "shard"]
 
 _GELU_C = math.sqrt(2.0 / math.pi)
 # spmdsim.runtime.engines.wait's polite wait: sched_yield between Test() polls for _YIELD_S, then sleeps
-# growing from _SLEEP_MIN_S to _SLEEP_MAX_S (tests/test_peer_mpi4py_gpt.py keeps them equal).
+# growing from _SLEEP_MIN_S to _SLEEP_MAX_S, and on to _LONG_SLEEP_MAX_S once they have lasted _LONG_S
+# (tests/test_peer_mpi4py_gpt.py keeps them equal).
 _YIELD_S = 1000e-6
 _SLEEP_MIN_S = 20e-6
 _SLEEP_MAX_S = 100e-6
+_LONG_S = 10e-3
+_LONG_SLEEP_MAX_S = 1000e-6
 
 
 def _polite(request: Any) -> None:
@@ -60,10 +63,10 @@ def _polite(request: Any) -> None:
     deadline = clock() + _YIELD_S
     while not test():
         if clock() > deadline:
-            delay = _SLEEP_MIN_S
+            delay, long_after = _SLEEP_MIN_S, clock() + _LONG_S
             while not test():
                 time.sleep(delay)
-                delay = min(2.0 * delay, _SLEEP_MAX_S)
+                delay = min(2.0 * delay, _LONG_SLEEP_MAX_S if clock() > long_after else _SLEEP_MAX_S)
             return
         os.sched_yield()
 

@@ -114,8 +114,8 @@ def test_the_step_imports_no_spmdsim():
 def test_its_polite_wait_is_spmdsims(peer):
     from spmdsim.runtime.engines import wait
 
-    assert (peer._YIELD_S, peer._SLEEP_MIN_S, peer._SLEEP_MAX_S) == (wait._YIELD_S, wait._SLEEP_MIN_S,
-                                                                     wait._SLEEP_MAX_S)
+    names = ("_YIELD_S", "_SLEEP_MIN_S", "_SLEEP_MAX_S", "_LONG_S", "_LONG_SLEEP_MAX_S")
+    assert [getattr(peer, name) for name in names] == [getattr(wait, name) for name in names]
 
     class Request:  # done on the fifth poll
         polls = 0

@@ -5,6 +5,7 @@ import json
 import os
 import sys
 import time
+import types
 
 import pytest
 
@@ -63,6 +64,34 @@ def test_polite_wait_polls_until_done():
     request = Request()
     wait.polite_wait(request)
     assert request.calls == 200
+
+
+def test_polite_wait_sleeps_up_to_1_ms_only_once_it_has_slept_10_ms(monkeypatch):
+    """After the yields, sleeps of 20 us doubling to 100 us; once they have lasted 10 ms (another rank's work, not a
+    message in flight), doubling on to 1 ms. A clock that moves 1 us a reading and by each sleep."""
+    now, slept = [0.0], []
+
+    def clock():
+        now[0] += 1e-6
+        return now[0]
+
+    def sleep(seconds):
+        slept.append(seconds)
+        now[0] += seconds
+
+    monkeypatch.setattr(wait, "time", types.SimpleNamespace(perf_counter=clock, sleep=sleep))
+    monkeypatch.setattr(wait, "os", types.SimpleNamespace(sched_yield=lambda: None))
+
+    class Request:
+        def Test(self):
+            return sum(slept) > 0.05
+
+    wait.polite_wait(Request())
+    assert slept[:5] == pytest.approx([20e-6, 40e-6, 80e-6, 100e-6, 100e-6])
+    first = next(i for i, s in enumerate(slept) if s > 100e-6)
+    assert 9.9e-3 < sum(slept[:first]) < 10.2e-3
+    assert slept[first:first + 5] == pytest.approx([200e-6, 400e-6, 800e-6, 1e-3, 1e-3])
+    assert max(slept) == pytest.approx(1e-3)
 
 
 def test_trace_collects_nested_and_skips_when_closed():
