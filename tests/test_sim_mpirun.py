@@ -220,11 +220,15 @@ def test_usage_errors_and_pure_commands_under_mpirun_are_said_once_as_under_mpie
     assert capsys.readouterr().err == "spmdsim: error: --steps 0 must be at least 1\n"
 
 
-def test_spmdsim_mpirun_under_mpiexec_is_refused_in_one_line(capsys, monkeypatch):
+@pytest.mark.parametrize("entry", ["spmdsim mpirun", "python -m spmdsim.emulator.mpirun"])
+def test_spmdsim_mpirun_under_mpiexec_is_refused_in_one_line(entry, capsys, monkeypatch):
     """`mpiexec -n 2 spmdsim mpirun -n 2 python ring.py`: rank 1 raised a TypeError (mpirun's program words, a
     list, read as the subcommand's name), and rank 0 waited in MPI's start for it till the timeout. Each
-    process would run all the simulated ranks: rank 0 says so in one line, every rank exits 2."""
+    process would run all the simulated ranks: rank 0 says so in one line, every rank exits 2, before any other
+    refusal (-n 0 here), by either way in. `python -m spmdsim.emulator.mpirun` only warned and ran every
+    simulated rank in each process."""
     from spmdsim.base import threads
+    from spmdsim.emulator import mpirun
 
     for name in threads.RANK_VARIABLES:
         monkeypatch.delenv(name, raising=False)
@@ -234,9 +238,11 @@ def test_spmdsim_mpirun_under_mpiexec_is_refused_in_one_line(capsys, monkeypatch
                                           "every simulated rank; run spmdsim mpirun without mpiexec, or the program "
                                           "under mpiexec alone (mpiexec -n 2 python prog.py)"])):
         monkeypatch.setenv("PMI_RANK", rank)
-        assert main(["mpirun", "-n", "4", "python", ring]) == 2
-        out, err = capsys.readouterr()
-        assert out == "" and unfold(err).splitlines() == lines
+        for n in ("4", "0"):
+            args = ["-n", n, "python", ring]
+            assert (main(["mpirun", *args]) if entry == "spmdsim mpirun" else mpirun.main(args)) == 2
+            out, err = capsys.readouterr()
+            assert out == "" and unfold(err).splitlines() == lines
 
 
 def test_a_cli_error_only_some_mpirun_ranks_meet_is_said_once_too(tmp_path, capsys):

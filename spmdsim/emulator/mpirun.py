@@ -38,7 +38,7 @@ import time
 from typing import Any, Iterator, Optional, Sequence
 
 from .rank_modules import own_main, own_modules, rank_builtins, rank_main
-from ..runtime.sim.run import current_rank, exit_status, MAX_RANKS, note_exit, simulate
+from ..runtime.sim.run import current_rank, exit_status, note_exit, simulate
 from .rank_random import adopt, own_generators
 from ..base import context as _local
 from ..runtime.sim.os_exit import OsExit, os_exit_ends_the_rank
@@ -50,7 +50,7 @@ from ..base.malloc import keep_freed_buffers_unless_set
 from ..base.output import quiet_stdout
 from ..base.typed_numbers import byte_count
 from .mpirun_report import FailureNotice, _NotRunnable, _report, failed_before, interrupted, program_hook
-from .mpirun_target import _main_spec, _target
+from .mpirun_target import _main_spec, _refused, _target
 from .rank_streams import StdinOfRankZero
 
 __all__ = ["main", "add_arguments", "run"]
@@ -312,21 +312,9 @@ def _cannot_start() -> int:
 def run(n: int, command: Sequence[str], eager_limit: Optional[int] = None) -> int:
     """Run `command` (see _target) on `n` simulated ranks, standard Sends of `eager_limit` bytes or more waiting
     for their receive (None: simulate's default, 8 KiB); return the exit code."""
-    if n is None:  # mpiexec's own place for it: `mpiexec ring.py -n 4` runs ring.py with the argument -n 4
-        late = next((a for a in command if a.split("=")[0] in ("-n", "-np", "--np")), None)
-        print(fold_message("spmdsim mpirun: error: "
-                           + (f"{late.split('=')[0]} N goes before the program, not after it (there it is "
-              "the program's own argument): spmdsim mpirun -n 4 python prog.py" if late else
-              "-n N is missing: the number of simulated ranks, as in spmdsim mpirun -n 4 python prog.py")),
-              file=sys.stderr)
-        return 2
-    if type(n) is not int or not 1 <= n <= MAX_RANKS:
-        print(f"spmdsim mpirun: error: -n {n!r} must be a number of ranks from 1 to {MAX_RANKS}", file=sys.stderr)
-        return 2
-    if eager_limit is not None and eager_limit < 0:
-        print(f"spmdsim mpirun: error: --eager-limit {eager_limit} must be a number of bytes, 0 or more",
-              file=sys.stderr)
-        return 2
+    refused = _refused(n, command, eager_limit)
+    if refused:
+        return refused
     try:
         kind, what, argv = _target(command)
     except ValueError as exc:

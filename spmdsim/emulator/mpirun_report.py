@@ -11,6 +11,7 @@ import threading
 from typing import Optional
 
 from ..base.sizes import out_of_memory
+from ..base.threads import after_rank0_says, launcher_rank, launcher_size
 from ..errors import (also_failed, exception_text, fold_message, guarded, RankCountError, RuntimeMismatchError,
                       SpmdsimError)
 from ..runtime.engines.memory import DRY_RUN_HINT, MemoryLimitError
@@ -18,7 +19,7 @@ from ..runtime.sim.every_rank import every_ranks_line
 from ..runtime.sim.thread_limits import ThreadLimitError
 from ..runtime.sim.waiting import ranks_text
 
-__all__ = ["REAL_COMM_ONLY", "REAL_COMM_HINT", "program_hook"]
+__all__ = ["REAL_COMM_ONLY", "REAL_COMM_HINT", "program_hook", "under_mpiexec"]
 
 
 class _NotRunnable(ValueError):
@@ -263,3 +264,16 @@ class FailureNotice:
         with self.lock:
             if self.timer is not None:
                 self.timer.cancel()
+
+
+def under_mpiexec() -> int:
+    """0 when this process runs alone, else 2 (rank 0 saying why in one line): mpiexec started it among several,
+    each of which would run every simulated rank (`mpiexec -n 2 spmdsim mpirun -n 4 ...`: the output twice)."""
+    launched = launcher_size()
+    if launched <= 1:
+        return 0
+    if launcher_rank() == 0:
+        print(fold_message(f"spmdsim mpirun: error: mpiexec started {launched} processes, and each would run every "
+                           "simulated rank; run spmdsim mpirun without mpiexec, or the program under mpiexec alone "
+                           f"(mpiexec -n {launched} python prog.py)"), file=sys.stderr)
+    return after_rank0_says(2)

@@ -1,6 +1,7 @@
 """What `spmdsim mpirun`'s command line asks it to run (spmdsim.emulator.mpirun runs it): ``python script.py``,
 a folder or zip file's __main__, ``-m module``, ``-c program``, mpi4py's runner ``python -m mpi4py ...``; each
-refused in one line where python itself would refuse it before running a line (a script it cannot decode).
+refused in one line where python itself would refuse it before running a line (a script it cannot decode); and
+the run's -n and --eager-limit, and a run that mpiexec started several times (`_refused`).
 """
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import sys
 from typing import Any, Sequence
 
 from ..base.source import SourceDecodeError, decode_source
-from .mpirun_report import _NotRunnable
+from ..errors import fold_message
+from ..runtime.sim.run import MAX_RANKS
+from .mpirun_report import _NotRunnable, under_mpiexec
 
-__all__ = ["_target", "_main_spec"]
+__all__ = ["_target", "_main_spec", "_refused"]
 
 #: A Python interpreter's name as a command line gives it: python, python3, python3.12 (or a path to one).
 _PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
@@ -117,3 +120,27 @@ def _check_decodes(path: str) -> None:
         raise _NotRunnable(f"Non-UTF-8 code starting with {byte} {where}, but no encoding declared; see "
                            "https://peps.python.org/pep-0263/ for details" if exc.coding == "utf-8" else
                            f"'{exc.coding}' codec can't decode byte {byte} {where}") from None
+
+
+def _refused(n: Any, command: Sequence[str], eager_limit: Any) -> int:
+    """0 when `spmdsim mpirun -n N [--eager-limit B] COMMAND` may run, else 2, the reason said in one line:
+    mpiexec started this process among several (each would run every simulated rank: rank 0 says it, first), -n
+    missing or out of range, a negative --eager-limit."""
+    if under_mpiexec():
+        return 2
+    if n is None:  # mpiexec's own place for it: `mpiexec ring.py -n 4` runs ring.py with the argument -n 4
+        late = next((a for a in command if a.split("=")[0] in ("-n", "-np", "--np")), None)
+        print(fold_message("spmdsim mpirun: error: "
+                           + (f"{late.split('=')[0]} N goes before the program, not after it (there it is "
+              "the program's own argument): spmdsim mpirun -n 4 python prog.py" if late else
+              "-n N is missing: the number of simulated ranks, as in spmdsim mpirun -n 4 python prog.py")),
+              file=sys.stderr)
+        return 2
+    if type(n) is not int or not 1 <= n <= MAX_RANKS:
+        print(f"spmdsim mpirun: error: -n {n!r} must be a number of ranks from 1 to {MAX_RANKS}", file=sys.stderr)
+        return 2
+    if eager_limit is not None and eager_limit < 0:
+        print(f"spmdsim mpirun: error: --eager-limit {eager_limit} must be a number of bytes, 0 or more",
+              file=sys.stderr)
+        return 2
+    return 0
