@@ -16,6 +16,7 @@ import pytest
 
 from spmdsim.models.gpt import GPTConfig
 from spmdsim.tools.cli.main import main
+from spmdsim.tools.estimate import ledger
 from spmdsim.tools.estimate.bounds import Cells
 from spmdsim.tools.estimate.closed_forms import comm_bounds, lower_bounds, stage_elements
 from spmdsim.tools.estimate.configs import configurations
@@ -113,6 +114,29 @@ def test_the_ledger_counts_every_microbatchs_ring_messages_and_the_sums_over_cp_
     one, two = context(1), context(2)
     assert one[("send", "context")] == 8 and two[("send", "context")] == 16  # 2 layers x (1 forward + 3 backward)
     assert one[("allreduce", "gradients")] >= 1 and one[("allreduce", "context")] == 1  # the loss's mean over cp
+
+
+@pytest.mark.parametrize("attention, cp, method, alike", [
+    ("unfused", 2, "ring", True), ("flash", 1, "ring", True), ("flash", 2, "allgather", True),
+    ("unfused", 2, "allgather", False), ("unfused", 1, "ring", False)])
+def test_selective_recomputation_where_the_core_keeps_no_scores_is_nones_dry_run(monkeypatch, attention, cp, method,
+                                                                                  alike):
+    """Ring attention over cp > 1 and flash attention keep no scores, so "selective" runs "none"'s program: its
+    dry run is found under none's key (one dry run for the pair a search prices), and each run apart makes the same
+    ledgers; where the core keeps its scores the two keys and ledgers differ."""
+    cfg = replace(LONG, seq=64, attention=attention)
+    keys = {r: ledger.dry_key(cfg, 1, 1, 1, microbatches=2, recompute=r, cp=cp, cp_method=method)
+            for r in ("none", "selective")}
+    assert (keys["none"] == keys["selective"]) == alike
+    runs = {r: ledger.dry_run(key[:8] + (r,) + key[9:]) for r, key in keys.items()}  # each as given
+    assert (runs["none"] == runs["selective"]) == alike
+    made: list = []
+    real = ledger._dry_ledger
+    monkeypatch.setattr(ledger, "_dry_ledger", lambda *key: made.append(key) or real(*key))
+    monkeypatch.setattr(ledger, "_LEDGERS", {})
+    for r in keys:
+        ledger.gpt_ledger(cfg, 1, 1, 1, microbatches=2, recompute=r, cp=cp, cp_method=method)
+    assert len(made) == (1 if alike else 2)
 
 
 def test_the_command_prints_cp_and_its_estimate_command_prices_it_alike(capsys):

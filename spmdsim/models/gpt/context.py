@@ -30,7 +30,7 @@ from ..axes import CONTEXT
 from .config import GPTConfig
 from .layouts import folded_by
 
-__all__ = ["Context", "Laid", "checked_order", "context_problem", "position_ids", "ring_core"]
+__all__ = ["Context", "Laid", "checked_order", "context_problem", "position_ids", "ring_core", "runs_as"]
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,17 @@ def ring_core(model: Any) -> bool:
     rounding points the check's low-precision reference follows (spmdsim.models.gpt.mixed)."""
     context = model.context
     return context is not None and context.method == "ring" and model.mesh.layout.axis_size(CONTEXT) > 1
+
+
+def runs_as(cfg: Any, recompute: str, cp: int, method: str) -> str:
+    """The recomputation a GPT step of `cfg` with `cp` ranks of context parallelism by `method` runs: "selective"
+    recomputes the attention core's scores, which flash attention (cfg.attention "flash") and ring attention (cp > 1
+    by the ring) never keep, so there its program is "none"'s (spmdsim.models.gpt.parallel.GPT: `_selective` and
+    `_core`); any other value as given. A dry run of one stands for the other (spmdsim.tools.estimate.ledger.dry_key)."""
+    if recompute == "selective" and (getattr(cfg, "attention", None) == "flash" or
+                                     isinstance(cp, int) and cp > 1 and method == "ring"):
+        return "none"
+    return recompute
 
 
 def checked_order(model: Any) -> Optional[tuple]:

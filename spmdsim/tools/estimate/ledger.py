@@ -32,7 +32,7 @@ from ...base.precision import Precision
 from ...emulator.comm import world
 from ...models.gpt.params import is_expert
 from ...models.gpt.pipeline import train_pipelined
-from ...models.gpt.context import Context
+from ...models.gpt.context import Context, runs_as
 from ...models.gpt.sharded_run import train_sharded
 from ...nn.ops.fp8_linear import WEIGHT_CAST
 from ...programs.memory import ENV_VAR
@@ -235,8 +235,11 @@ def dry_key(cfg: Any, pp: int, dp: int, tp: int, *, sp: bool = False, microbatch
             kept: str = "graph", ep: int = 1, split: Optional[tuple] = None, cp: int = 1, cp_method: str = "ring",
             prefetch: bool = False, fp8: bool = False) -> tuple:
     """Everything `gpt_ledger`'s dry run depends on (its arguments but the node size, and SPMDSIM_MEMORY), in
-    `_dry_ledger`'s order, the environment's value last: `_LEDGERS`'s key, and what `dry_run` runs."""
+    `_dry_ledger`'s order, the environment's value last: `_LEDGERS`'s key, and what `dry_run` runs. Selective
+    recomputation where the attention core keeps no scores is "none" (spmdsim.models.gpt.context.runs_as: the same
+    program, so the same ledgers: a search prices such a pair by one dry run)."""
     split = None if split is None else tuple(split)
+    recompute = runs_as(cfg, recompute, cp, cp_method)
     return (cfg, pp, dp, tp, sp, microbatches, schedule, virtual, recompute, zero, kept, ep, split, (cp, cp_method),
             prefetch, fp8, os.environ.get(ENV_VAR, ""))
 
