@@ -27,6 +27,7 @@ backward    2 (cp - 1) blocks (K, V)        the same
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -113,11 +114,13 @@ def _messages(axes: tuple, cp: int, rank: int, sent: tuple, got: tuple, sizes: d
                     tuple((prev, TAGS[t], sizes[t]) for t in got))
 
 
+@functools.lru_cache(maxsize=512, typed=True)
 def ring_program(rank: int, cp: int, block_bytes: int, axes: tuple[str, ...], balanced: bool = True,
                  seq: Optional[int] = None, grad_bytes: Optional[int] = None) -> RingProgram:
     """Rank `rank`'s ring program among `cp` ranks over the mesh axes `axes`, each K or V block of
     `block_bytes` bytes and each of their gradients' `grad_bytes` (default `block_bytes`) (checked against `seq`
-    when given: it must divide into the split's chunks)."""
+    when given: it must divide into the split's chunks). A pure function of its arguments, its records frozen: kept
+    by value (ring attention asks for the same few programs at every layer and microbatch of a dry run)."""
     if seq is not None:
         check_split(cp, seq, balanced)
     else:

@@ -15,6 +15,8 @@ context axis holds exactly these tokens once the sequence is laid out in that or
 """
 from __future__ import annotations
 
+import functools
+
 from ...base.validate import as_int
 from ...errors import ShapeError
 
@@ -52,8 +54,10 @@ def positions(rank: int, cp: int, seq: int, balanced: bool = True) -> tuple[int,
     return tuple(p for c in chunks(rank, cp, balanced) for p in range(c * size, (c + 1) * size))
 
 
+@functools.lru_cache(maxsize=64, typed=True)
 def order(cp: int, seq: int, balanced: bool = True) -> tuple[int, ...]:
-    """The sequence's positions laid out rank after rank: split evenly over cp, block r is rank r's."""
+    """The sequence's positions laid out rank after rank: split evenly over cp, block r is rank r's (a tuple,
+    kept by value: each model of a dry run over cp asks for its sequence's)."""
     return tuple(p for r in range(cp) for p in positions(r, cp, seq, balanced))
 
 
