@@ -104,7 +104,8 @@ def runs_as(cfg: Any, recompute: str, cp: int, method: str) -> str:
     """The recomputation a GPT step of `cfg` with `cp` ranks of context parallelism by `method` runs: "selective"
     recomputes the attention core's scores, which flash attention (cfg.attention "flash") and ring attention (cp > 1
     by the ring) never keep, so there its program is "none"'s (spmdsim.models.gpt.parallel.GPT: `_selective` and
-    `_core`); any other value as given. A dry run of one stands for the other (spmdsim.tools.estimate.ledger.dry_key)."""
+    `_core`); any other value as given. A dry run of one stands for the other
+    (spmdsim.tools.estimate.ledger.dry_key)."""
     if recompute == "selective" and (getattr(cfg, "attention", None) == "flash" or
                                      isinstance(cp, int) and cp > 1 and method == "ring"):
         return "none"
