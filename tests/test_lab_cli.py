@@ -307,6 +307,19 @@ def test_a_limit_the_grader_cannot_run_with_is_refused_before_any_submission(tin
     assert f"--memory-mb {1 << 70} is out of range; expected 160 to 1,048,576" in capsys.readouterr().err
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full: a file every write to fails")
+def test_a_grade_book_whose_write_fails_is_named_in_one_line(tiny, tmp_path, capsys):
+    """A full disk passes the check before the grade (the path takes a new file) and fails the write after it:
+    it said `cannot write the output: No space left on device`, exit 1, naming no file."""
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "right.py").write_text(SUBMISSIONS["right.py"])
+    assert main(["lab", "grade", "1", str(tmp_path / "s"), "--exercises", tiny, "--csv", "/dev/full"]) == 2
+    said = capsys.readouterr()
+    assert "--csv '/dev/full': the grade book was not written: No space left on device" in " ".join(
+        said.err.split()), said.err
+    assert said.out.splitlines()[-1] == "1 of 1 submissions pass", said.out  # (the rows: in the table above)
+
+
 def test_check_shows_what_a_submission_printed(tiny, tmp_path, capsys):
     path = tmp_path / "chatty.py"
     path.write_text("def double(comm, x):\n    print('rank', comm.Get_rank(), 'has', x[0])\n    return 2 * x\n")

@@ -216,8 +216,7 @@ def _grade(args: argparse.Namespace) -> int:
 def _grade_folder(args: argparse.Namespace, exercise: Exercise, limits: dict, folder: str) -> int:
     """Grade the submissions of `folder` (args.dir, or the folder its zip unpacked to): the table on stdout, the
     grade book written, progress on stderr."""
-    import concurrent.futures  # (a thread pool and the CSV writer: `spmdsim --help` loads neither)
-    import csv
+    import concurrent.futures  # (a thread pool: `spmdsim --help` loads none)
     import time
 
     from .report import CSV_HEADER, csv_row  # (the runner: imported when a grade runs)
@@ -266,12 +265,25 @@ def _grade_folder(args: argparse.Namespace, exercise: Exercise, limits: dict, fo
         print(fold_message(f"note: every submission defines exercise {meant}'s function, not exercise "
                            f"{exercise.number}'s: grade them with `spmdsim lab grade {meant} "
                            f"{shlex.quote(args.dir)}`"), file=sys.stderr)
-    with open(args.csv, "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(CSV_HEADER)
-        writer.writerows(rows)
+    _write_book(args.csv, [CSV_HEADER, *rows])
     print(f"graded in {time.monotonic() - began:.1f} s; grade book: {args.csv}", file=sys.stderr)
     return 0
+
+
+def _write_book(path: str, rows: list) -> None:
+    """Write the grade book; a write that fails after the grade (a full disk, which _writable cannot foresee) is
+    said in one line naming `path`, its part written removed: no grade book short of rows is read as whole."""
+    import csv  # (the CSV writer: `spmdsim --help` does not load it)
+
+    try:
+        with open(path, "w", newline="", encoding="utf-8") as f:
+            csv.writer(f).writerows(rows)
+    except OSError as exc:
+        if os.path.isfile(path):
+            with contextlib.suppress(OSError):
+                os.remove(path)
+        raise LabError(f"--csv {path!r}: the grade book was not written: {exc.strerror or exc} (its rows are "
+                       "the table above; give a path on a disk with room)") from None
 
 
 def _meant_exercise(rows: list) -> Optional[int]:
