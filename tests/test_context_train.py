@@ -3,7 +3,12 @@ numpy process every step, the Llama options, the bytes each method's attention m
 against its formula (spmdsim.programs.context.methods), and the refusals."""
 from __future__ import annotations
 
+import pathlib
+import re
+import shlex
+
 import pytest
+from docs_commands import quotes, run_here
 
 import spmdsim
 from spmdsim.errors import SpmdsimError
@@ -230,8 +235,6 @@ def test_the_moe_example_splits_each_sequence_over_cp_and_refuses_what_cannot_be
     """examples/train_moe_gpt.py --cp: the mesh line names cp and the context line follows; two checked steps
     PASS, as docs/howto/context-parallel.md ("With experts") quotes the command (its lines matched here); a
     capacity beside --cp, and --cp sizes the world does not take, end in one line (exit 2)."""
-    import shlex
-
     from docs_commands import mismatch, quotes
     from test_moe import _example
     from testkit import unfold
@@ -340,3 +343,33 @@ def test_generate_on_a_context_parallel_model_is_one_line():
             model.generate(b"def ", 4)
 
     spmdsim.simulate(2, body)
+
+
+def test_the_howto_s_context_command_prints_the_bytes_of_the_train_run_s_blocks():
+    """docs/howto/context-parallel.md ("Choose a method") names a `spmdsim context` command for one rank's blocks
+    of its train run (d_model 128, 4 heads: head dim 32) and says the ring's backward sends 262,144 B a layer
+    more than the gather's, the difference of its table's two first rows over 4 layers. The command left out
+    --head-dim 32, and the tool's default 128 printed four times the run's bytes."""
+    doc = "docs/howto/context-parallel.md"
+    (quote,) = [q for q in quotes(doc) if q.command.startswith("spmdsim context --cp 2 ")]
+    code, out, err = run_here("main", shlex.split(quote.command)[1:])
+    assert code == 0, err
+    sent = {m.group(1): (int(m.group(2).replace(",", "")), int(m.group(3).replace(",", "")))
+            for m in re.finditer(r"^  (\w+) +([\d,]+) B +([\d,]+) B$", out, re.M)}
+    extra = sent["ring"][1] - sent["allgather"][1]
+    text = (pathlib.Path(__file__).resolve().parents[1] / doc).read_text()
+    rows = {m.group(1): int(m.group(2).replace(",", "")) for m in re.finditer(r"^\| `(\w+)`[^|]*\|[^|]*\| ([\d,]+) \|",
+                                                                                text, re.M)}
+    assert f"4 layers x {extra:,} B more here" in text, (extra, sent)
+    assert rows["ring"] - rows["allgather"] == 4 * extra, (rows, sent)
+    assert sent["allgather"] == sent["alltoall"] and rows["allgather"] == rows["alltoall"], (rows, sent)
+
+
+def test_the_llama_options_over_four_context_ranks_refuse_the_all_to_all_in_one_line():
+    """docs/howto/context-parallel.md ("What composes"): the Llama options with --cp 4 --tp 2 pass by the ring and
+    the gather (test_llama_options_train_over_four_context_ranks); the all-to-all splits 4 heads over tp x cp = 8
+    and is refused, not run."""
+    cfg = GPTConfig(**SMALL, positions="rope", norm="rms", mlp="swiglu", kv_heads=2)
+    assert context_problem(cfg, 4, 2, False, Context("ring")) is None
+    why = context_problem(cfg, 4, 2, False, Context("alltoall"))
+    assert why is not None and "splits heads over tp x cp = 8: 4 heads do not divide" in why, why
