@@ -192,6 +192,11 @@ def test_a_checkpoint_that_records_no_regions_resumes_on_its_own_mesh_only(tmp_p
      "(ZeRO-3) (4 ranks)"),
     ({"zero": 2, "older": True}, {}, ", resharded from dp 2 x tp 2 with ZeRO-1 or 2 (4 ranks)"),  # no stage kept
     ({"zero": 2, "older": True}, {"zero": 1}, ""),
+    # what the checkpoint lacks and the run has: said too (it printed the run's own mesh, nothing differing)
+    ({}, {"zero": 1}, ", resharded from dp 2 x tp 2 without ZeRO (4 ranks)"),
+    ({}, {"sp": True}, ", resharded from dp 2 x tp 2 without sequence parallelism (4 ranks)"),
+    ({"zero": 1}, {"sp": True, "zero": 3}, ", resharded from dp 2 x tp 2 with ZeRO-1, without sequence "
+     "parallelism (4 ranks)"),
 ])
 def test_the_resume_line_says_the_mesh_pipeline_and_zero_stage_it_was_saved_with(tmp_path, saved, run, said):
     older = saved.pop("older", False)

@@ -17,8 +17,8 @@ def resumed_words(directory: str, saved: dict, mesh: dict, sp: bool, zero: int,
     """What a trainer says as it resumes from `directory` (its metadata `saved`) on the mesh `mesh` (axis ->
     size, as checkpoint.json records it: "pp" where a pipeline runs) with sequence parallelism `sp` or not and
     ZeRO stage `zero`: the step, and the mesh, sequence parallelism and ZeRO stage it was saved with where any
-    of them differs (checkpoint.resume_line); under another `precision` (None: not said) the one it was saved
-    under and what converted (spmdsim.models.gpt.reprecision.switch_words)."""
+    of them differs, or the run's that it was saved without (checkpoint.resume_line); under another `precision`
+    (None: not said) the one it was saved under and what converted (spmdsim.models.gpt.reprecision.switch_words)."""
     line = f"resuming from {directory} at step {saved['step']}"
     switched = "" if precision is None else switch_words(saved.get("precision"), precision)  # said last
     there = saved.get("mesh") if isinstance(saved.get("mesh"), dict) else {}
@@ -30,9 +30,11 @@ def resumed_words(directory: str, saved: dict, mesh: dict, sp: bool, zero: int,
     words = " x ".join(f"{axis} {there[axis]}" for axis in order if axis in there)
     extra = [was and "sequence parallelism", stage == 3 and "FSDP (ZeRO-3)",
              stage in (1, 2) and f"ZeRO-{stage}", stage is None and "ZeRO-1 or 2"]
-    extra = " and ".join(e for e in extra if e)
-    return (f"{line}, resharded from {words}{f' with {extra}' if extra else ''} ({saved.get('world size')} ranks)"
-            f"{switched}")
+    lacks = [sp and not was and "sequence parallelism", zero and stage == 0 and "ZeRO"]  # what the run adds
+    said = [f"with {' and '.join(e for e in extra if e)}" if any(extra) else "",
+            f"without {' or '.join(e for e in lacks if e)}" if any(lacks) else ""]
+    said = ", ".join(s for s in said if s)
+    return f"{line}, resharded from {words}{f' {said}' if said else ''} ({saved.get('world size')} ranks){switched}"
 
 
 def _stage(optimizer: Any, zero: int) -> Optional[int]:
