@@ -8,10 +8,11 @@ prose gives are the commands' own.
 from __future__ import annotations
 
 import re
+import shlex
 
 import pytest
 
-from docs_commands import ROOT, mismatch, mpi_long, quotes, run_long, run_quoted
+from docs_commands import ROOT, mismatch, mpi_long, quotes, run_here, run_long, run_quoted
 
 DOC = "docs/howto/fsdp.md"
 
@@ -23,9 +24,11 @@ def _shown() -> list:
 def test_the_page_shows_the_commands_this_test_runs():
     shown = _shown()
     assert [q.output is not None for q in shown] == [True] + [False] * 4 + [True] * 2 + [False] * 2 + [True] + \
-        [False] + [True] * 5 + [False] * 5
+        [False] + [True] * 5 + [False] * 6
     assert [i for i, q in enumerate(shown) if mpi_long(q)] == [1]  # tests/test_train_docs_mpi.py runs it
-    assert all(q.command == "spmdsim estimate" and q.inline for q in shown[16:])  # a subcommand's name in prose
+    estimates = shown[16:]  # inline: a subcommand's name in prose, and the 7.5B model's estimate (Prefetching)
+    assert all(q.inline and q.command.startswith("spmdsim estimate") for q in estimates)
+    assert [q.command for q in estimates if q.command != "spmdsim estimate"] == [_prefetch_estimate().command]
 
 
 #: {command: its run}: "Under FP8"'s command runs once for its quoted lines and for the figures the prose gives
@@ -77,16 +80,20 @@ def test_keeping_the_gathered_layers_holds_what_the_page_says():
     assert "without it 4,111,360, 3,315,712 of them kept for backward" in text
 
 
+def _prefetch_estimate():
+    """The estimate of the 7.5B model with --prefetch that "Prefetching" names, as the page spells it."""
+    (quote,) = [q for q in _shown() if q.inline and "--prefetch" in q.command]
+    return quote
+
+
 def test_the_prefetch_figures_are_the_estimates():
     """The page's 0.75 and 1.13 GiB: the estimate's gathered layers beside the memory line, without and with
-    --prefetch, for the 7.5B model (a layer and a layer's gathered buffer, and with prefetch a layer more)."""
-    from docs_commands import run_here
-
-    argv = ["estimate", "gpt", "--layers", "36", "--hidden", "4096", "--heads", "32", "--seq", "1024", "--vocab",
-            "51200", "--micro-batch", "1", "--global-batch", "64", "--dp", "64", "--precision", "fp16-mixed",
-            "--zero", "3"]
+    --prefetch, for the 7.5B model (a layer and a layer's gathered buffer, and with prefetch a layer more), by
+    the command the page names (it named none: a reader could not get the figures)."""
+    argv = shlex.split(_prefetch_estimate().command)[1:]
+    assert argv[:2] == ["estimate", "gpt"] and argv[-3:] == ["--zero", "3", "--prefetch"], argv
     for extra, gib in (([], "0.75"), (["--prefetch"], "1.13")):
-        code, out, err = run_here("main", argv + extra)
+        code, out, err = run_here("main", argv[:-1] + extra)
         assert code == 0, err
         assert f"{gib} GiB of the layers' gathered parameters" in " ".join(out.split())
     # the step time: the gathers' phase, and with --prefetch the part the compute hides
