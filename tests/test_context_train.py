@@ -16,6 +16,8 @@ from spmdsim.models.gpt import GPTConfig, encode, load_text
 from spmdsim.models.gpt.context import Context, context_problem
 from spmdsim.models.gpt.train import TOLERANCE, train
 from spmdsim.programs.context import METHODS, traffic
+from spmdsim.tools.cli.main import main
+from testkit import unfold
 
 TEXT = encode(load_text(20_000))
 SMALL = dict(layers=2, d_model=32, heads=4, seq=16, batch=4, dropout=0.1)
@@ -276,6 +278,16 @@ def test_train_gpt_refuses_a_context_flag_without_cp_in_one_line():
         assert unfold(out.stderr).splitlines()[-1] == (
             f"spmdsim: error: {flags[-2]} {flags[-1]} is for a sequence split over context-parallel ranks: give --cp 2 "
             "or more with it")
+
+
+def test_the_estimate_refuses_a_context_method_without_cp_in_one_line(capsys):
+    """`spmdsim estimate gpt --cp-method allgather` without --cp 2 or more printed the plain estimate, exit 0, as
+    if the flag were not typed; the trainers refuse it (above)."""
+    for argv in (["--cp-method", "allgather"], ["--cp", "1", "--cp-method", "ring"]):
+        assert main(["estimate", "gpt", *argv]) == 2, argv
+        assert unfold(capsys.readouterr().err).splitlines()[-1] == (
+            f"spmdsim: error: --cp-method {argv[-1]} is for a sequence split over context-parallel ranks: give "
+            "--cp 2 or more with it")
 
 
 def test_the_search_leaves_out_folded_experts_whose_cp_chunk_tp_does_not_divide():

@@ -14,7 +14,7 @@ import math
 from typing import Any
 
 from ...errors import SpmdsimError
-from ...base.typed_numbers import add_noted, flag_float, said_fields, typed
+from ...base.typed_numbers import add_noted, flag_float, given_flags, said_fields, typed
 from ...models.gpt.config import GPTConfig, said_as
 from ...models.gpt.memory import sharded_problem
 from ...models.gpt.options import capacity_problem
@@ -92,7 +92,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--sp", action="store_true", help="sequence parallelism (Megatron)")
     parser.add_argument("--cp", type=int, default=1, metavar="N",
                         help="context-parallel ranks: each sequence split over them (default 1)")
-    parser.add_argument("--cp-method", choices=("ring", "allgather", "alltoall"), default="ring",
+    add_noted(parser, "--cp-method", choices=("ring", "allgather", "alltoall"), default="ring",
                         help="how attention meets the split sequence (default ring: its messages run under the "
                              "products; docs/howto/context-parallel.md)")
     parser.add_argument("--recompute", default="none", choices=("none", "selective", "full"),
@@ -307,8 +307,12 @@ def _mesh_size(args: argparse.Namespace) -> None:
 
 
 def _fsdp(args: argparse.Namespace) -> None:
-    """--zero 3's refusals: --prefetch without it, or over a pipeline or several microbatches (those run
+    """--cp-method typed without --cp 2 or more (the trainers' refusal: it priced the step as if not typed); --zero
+    3's refusals: --prefetch without it, or over a pipeline or several microbatches (those run
     spmdsim.models.gpt.pipeline's trainer, which does not prefetch)."""
+    if args.cp == 1 and given_flags(args, "--cp-method"):
+        raise SpmdsimError(f"--cp-method {args.cp_method} is for a sequence split over context-parallel ranks: give "
+                           "--cp 2 or more with it")
     if args.prefetch and args.zero != 3:
         raise SpmdsimError("--prefetch gathers parameters ahead: give --zero 3 with it")
     sequences = args.micro_batch * args.dp * args.ep  # a step of one microbatch
