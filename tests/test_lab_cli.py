@@ -318,6 +318,8 @@ def test_a_grade_book_whose_write_fails_is_named_in_one_line(tiny, tmp_path, cap
     assert "--csv '/dev/full': the grade book was not written: No space left on device" in " ".join(
         said.err.split()), said.err
     assert said.out.splitlines()[-1] == "1 of 1 submissions pass", said.out  # (the rows: in the table above)
+    # one submission: no "2 at a time" (--jobs' default), which there is no other to share
+    assert "grading 1 submission of exercise 1, stopped 10 s after its first case starts\n" in said.err, said.err
 
 
 def test_check_shows_what_a_submission_printed(tiny, tmp_path, capsys):

@@ -226,8 +226,9 @@ def _grade_folder(args: argparse.Namespace, exercise: Exercise, limits: dict, fo
     files = [entry for entry in entries if isinstance(entry, str)]  # (the others: students not graded, and why)
     _mpi_module_loads()
     limit = exercise.time_limit if limits["time_limit"] is None else limits["time_limit"]
-    print(f"grading {counted(len(files), 'submission')} of exercise {exercise.number}, "
-          f"{args.jobs} at a time, each stopped {limit:g} s after its first case starts", file=sys.stderr)
+    at_once = f"{min(args.jobs, len(files))} at a time, each " if len(files) > 1 else ""  # (one: no "2 at a time")
+    print(f"grading {counted(len(files), 'submission')} of exercise {exercise.number}, {at_once}stopped {limit:g} s "
+          "after its first case starts", file=sys.stderr)
     cores = os.cpu_count() or 1
     if min(args.jobs, len(files)) > cores:  # the limit is wall time: checks sharing a core each get less
         print(f"note: --jobs {args.jobs} on {counted(cores, 'core')}: the checks share them, and a "
