@@ -302,9 +302,9 @@ def test_an_integer_tensor_map_gets_mindspore_s_hint_and_the_map_by_name(capsys,
                                                "write the axis's name)")
 
 
-def test_slices_takes_json_as_every_command_does(capsys):
-    """`spmdsim slices --json` was 'unrecognized arguments: --json', where every other command takes it; its
-    output is JSON with or without the flag."""
+def test_slices_takes_json_as_the_commands_that_print_json_do(capsys):
+    """`spmdsim slices --json` was 'unrecognized arguments: --json', where explain, convert and plan take it;
+    its output is JSON with or without the flag."""
     from spmdsim.tools.cli.main import main
 
     argv = ["slices", "--device-matrix", "2,2", "--alias", "a,b", "--tensor-map", "a,None", "--shape", "4,4"]
@@ -312,6 +312,18 @@ def test_slices_takes_json_as_every_command_does(capsys):
     plain = capsys.readouterr().out
     assert main(argv + ["--json"]) == 0
     assert capsys.readouterr().out == plain and json.loads(plain)["rank_slices"]["3"] == [[2, 4], [0, 4]]
+
+
+def test_the_commands_slices_json_help_names_take_json():
+    """slices' --json help names the commands it takes the flag as; each of them does (it said every command,
+    which show, pipeline and context are not: they draw text and refuse --json)."""
+    from spmdsim.tools.cli.main import SUBCOMMANDS, build_parser
+
+    subparsers = build_parser()._subparsers._group_actions[0].choices
+    said = next(a.help for a in subparsers["slices"]._actions if "--json" in a.option_strings)
+    named = [name for name in SUBCOMMANDS if "every command" in said or f" {name}" in said]
+    takes = [name for name in named if any("--json" in a.option_strings for a in subparsers[name]._actions)]
+    assert named and takes == named, said
 
 
 @pytest.mark.parametrize("flags, words", [

@@ -22,9 +22,10 @@ def register(subparsers: Any) -> None:
         ),
     )
     add_case_arguments(parser)
-    # Every other command prints JSON with --json; this one always does, and takes the flag alike (it was
-    # refused as an unrecognized argument).
-    parser.add_argument("--json", action="store_true", help="its output is JSON already (taken, as by every command)")
+    # The other commands that print JSON do so with --json; this one always does, and takes the flag alike (it
+    # was refused as an unrecognized argument). show, pipeline and context draw text and refuse it.
+    parser.add_argument("--json", action="store_true",
+                        help="its output is JSON already (taken, as by explain, convert and plan)")
     parser.set_defaults(func=run)
 
 
