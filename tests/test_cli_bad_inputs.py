@@ -622,6 +622,12 @@ def test_case_file_that_is_not_utf8(tmp_path, capsys):
     case.write_bytes(b"\xff\xfe{")
     for command in ("slices", "explain", "show"):
         _fails(capsys, [command, str(case)], f"case file {str(case)!r} is not UTF-8 text")
+    # stdin as Python opens it under the C and C.UTF-8 locales (errors="surrogateescape"): the same bytes were
+    # "stdin is not valid JSON: Expecting value: line 1 column 1 (char 0)"
+    stdin = io.TextIOWrapper(io.BytesIO(b'{"shape": [4, 4]\xff}'), encoding="utf-8", errors="surrogateescape")
+    with pytest.raises(SpmdsimError, match=r"^stdin is not UTF-8 text \(a JSON case expected\): invalid start "
+                                           r"byte at byte 16$"):
+        case_from_args(_args(["slices", "-"]), stdin)
 
 
 def test_case_text_is_read_to_a_bound(tmp_path, capsys):

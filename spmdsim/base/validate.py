@@ -160,10 +160,16 @@ def read_bounded(source: Union[str, os.PathLike, TextIO], most: int, where: str,
     """The text of the file `source` (a path, or an open text stream), read up to `most` characters: one more
     is read, and a longer text refused in one SpmdsimError naming `where` and `expected` (/dev/zero or
     `yes |` would never end). A leading UTF-8 byte order mark (Windows Notepad saves one) is dropped, as
-    utf-8-sig reads it. OSError and UnicodeDecodeError reach the caller, which words them."""
+    utf-8-sig reads it. OSError and UnicodeDecodeError reach the caller, which words them; a stream that
+    decoded bytes that are no UTF-8 as lone surrogates (Python's stdin under the C and C.UTF-8 locales,
+    errors="surrogateescape") raises the UnicodeDecodeError a file of those bytes does."""
     if hasattr(source, "read"):
         text = source.read(most + 1)
         text = text[1:] if text.startswith("\ufeff") else text
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # (json read them as "Expecting value: line 1 column 1")
+            text.encode("utf-8", "surrogateescape").decode("utf-8")
     else:
         with open(source, encoding="utf-8-sig") as fh:
             text = fh.read(most + 1)
