@@ -151,6 +151,14 @@ def test_traffic_records_add_up_to_the_byte_matrix():
                 assert record["groups"] * record["group_size"] == plan.num_ranks
 
 
+def test_explain_names_one_group_in_the_singular(capsys):
+    """A collective over every rank of a folded --explain is "1 group of 128 ranks" (it was "1 groups")."""
+    assert main(["plan", "--device-matrix", "128", "--alias", "x", "--from", "x,None", "--to", "None,x",
+                 "--shape", "128,128", "--explain"]) == 0
+    flat = " ".join(capsys.readouterr().out.split())
+    assert "1 group of 128 ranks; each rank sends each of the 127 others in its group 4 B" in flat, flat
+
+
 def test_explain_folds_past_the_threshold(capsys):
     argv = ["plan", "--device-matrix", "4,4,8", "--alias", "a,b,c", "--from", "a,None", "--from-partial", "c",
             "--to", "None,(a,b)", "--shape", "256,256", "--explain"]

@@ -201,7 +201,8 @@ def folded_explain_lines(plan: Plan, dialect: str = "sbp") -> list[str]:
             # An uneven cut's pieces (Layout.cut): the busiest rank's bytes, spread over its peers.
             spread = " on average (the busiest rank's)" if len(set(step.bytes_sent)) > 1 else ""
             peers = "the other rank" if g == 2 else f"each of the {g - 1:,} others"  # not "each of the 1 others"
-            lines.append(head + f"{record['groups']:,} groups of {g:,} ranks; each rank sends {peers} in its "
+            groups = "1 group" if record["groups"] == 1 else f"{record['groups']:,} groups"  # not "1 groups"
+            lines.append(head + f"{groups} of {g:,} ranks; each rank sends {peers} in its "
                                 f"group {nbytes(record['bytes_to_each_peer'])}{spread}")
         else:
             lines.append(head + "no communication")
