@@ -611,6 +611,20 @@ def test_plan_png_directory_is_checked_before_the_report(tmp_path, capsys):
     _fails(capsys, PLAN + ["--png", str(blocker / "sub")], "is a file, not a directory")
 
 
+def test_pictures_of_more_ranks_than_they_can_show_are_refused_before_the_report(tmp_path, capsys):
+    """show --png and plan --png of 65,536 ranks drew for more than 5 minutes (1,024: 25 s), after printing
+    the ASCII picture or the report; refused first now, at 256 ranks drawn as before."""
+    big = ["--device-matrix", "512", "--alias", "x", "--tensor-map", "x", "--shape", "512"]
+    _fails(capsys, ["show", *big, "--png", str(tmp_path / "x.png")],
+           "--png draws up to 256 ranks, one cell each; this layout has 512: leave it out (the ASCII picture")
+    _fails(capsys, ["show", "--matmul", "--strategy", "((32,1),(1,16))", "--shape", "32,4,16", "--png",
+                    str(tmp_path / "m.png")], "--png draws up to 256 ranks, one cell each; this layout has 512")
+    _fails(capsys, ["plan", "--device-matrix", "512", "--alias", "x", "--from", "x,None", "--to", "None,x",
+                    "--shape", "512,512", "--png", str(tmp_path / "d")],
+           "--png draws up to 256 ranks, one cell each; this layout has 512: leave it out (--show draws")
+    assert not any(tmp_path.iterdir())
+
+
 def test_show_width_has_a_minimum(capsys):
     for width in ("0", "-5", "19"):
         _fails(capsys, ["show", *CASE, "--width", width], f"--width {width} is too narrow; expected at least 20")

@@ -12,13 +12,27 @@ from ...errors import SpmdsimError
 from ...layouts.layout import TensorLayout
 from .model import LayoutPicture, PictureArgumentError, as_picture
 
-__all__ = ["PICTURE_SUFFIXES", "check_picture_path", "picture_directory", "render_layout_png", "draw_layout",
-           "draw_tensor_panel", "shard_colour", "new_figure", "save_figure"]
+__all__ = ["PICTURE_SUFFIXES", "MAX_PICTURE_RANKS", "check_picture_path", "check_picture_ranks", "picture_directory",
+           "render_layout_png", "draw_layout", "draw_tensor_panel", "shard_colour", "new_figure", "save_figure"]
 
 _HATCH = "///"
 
 #: File types the pictures can be written as (matplotlib picks the writer by suffix).
 PICTURE_SUFFIXES = ("png", "svg", "pdf")
+
+#: Most ranks a layout picture draws (a labelled cell per rank, a labelled block per shard): a 16 x 16 device
+#: matrix still reads. Each rank took matplotlib ~25 ms (1,024 ranks: 25 s), and 65,536 ran past 5 minutes
+#: holding 850 MB of figure, for a picture no one could read.
+MAX_PICTURE_RANKS = 256
+
+
+def check_picture_ranks(ranks: int, flag: str = "", instead: str = "") -> None:
+    """SpmdsimError, before any drawing, for a layout picture of more than MAX_PICTURE_RANKS ranks; `flag`
+    (``--png``) is named in the message, and `instead` says what prints every rank."""
+    if ranks > MAX_PICTURE_RANKS:
+        given = f"{flag} draws" if flag else "a layout picture draws"
+        raise SpmdsimError(f"{given} up to {MAX_PICTURE_RANKS} ranks, one cell each; this layout has {ranks:,}"
+                           + (f": leave it out ({instead})" if instead else ""))
 
 
 def _matplotlib() -> Any:
@@ -134,6 +148,7 @@ def draw_layout(fig: Any, picture: LayoutPicture, label: str = "") -> None:
     t_rows, t_cols = picture.panel_grid
     d_rows, d_cols = picture.device_grid
     layout = picture.tensor_layout.layout
+    check_picture_ranks(layout.num_devices)
     lead = f"{label}: " if label else ""
     fig.suptitle(f"{lead}{picture.title}\non {layout}", fontsize=11, y=0.995)
     left, right = fig.subfigures(1, 2, width_ratios=[t_cols, d_cols])

@@ -33,7 +33,7 @@ from .case_checks import (check_device_count, checked_axis_names, dialect_flags,
 from .cases import ONEFLOW_EVEN, flag_ints
 from .plan_explain import dialect_of, moves_and_bytes_png, plan_record, plan_text
 from .paths import check_output_dir
-from ...programs.viz.png import require_matplotlib
+from ...programs.viz.png import check_picture_ranks, require_matplotlib
 from ...programs.viz import render_plan_ascii, render_plan_png
 
 __all__ = [
@@ -139,7 +139,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--show", action="store_true",
                         help="also draw the layout before and after each step (ASCII, 80 columns)")
     parser.add_argument("--png", metavar="DIR",
-                        help="write one picture per step into DIR (needs the 'plot' extra)")
+                        help="write one picture per step into DIR (up to 256 ranks; needs the 'plot' extra)")
     parser.set_defaults(func=run)
 
 
@@ -383,6 +383,8 @@ def run(args: argparse.Namespace) -> int:
         require_matplotlib()
     source, target, shape, dtype = layouts_from_args(args)
     plan = plan_redistribution(source, target, shape, dtype)
+    if getattr(args, "png", None) is not None:  # before the report, as the folder's check
+        check_picture_ranks(plan.num_ranks, "--png", "--show draws every step in ASCII")
     print(json.dumps(plan_record(plan, args)) if args.json else plan_text(plan, args))
     if getattr(args, "show", False):
         print()

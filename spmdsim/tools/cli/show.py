@@ -9,7 +9,7 @@ from ...base.validate import counted
 from ...errors import SpmdsimError
 from ...programs.viz.ascii import render_layout_ascii
 from ...programs.viz.model import layout_picture
-from ...programs.viz.png import check_picture_path, render_layout_png, require_matplotlib
+from ...programs.viz.png import check_picture_path, check_picture_ranks, render_layout_png, require_matplotlib
 from ...programs.viz.table import MAX_WIDTH, width_problem
 from .cases import add_case_arguments, case_from_args
 from ...layouts.dialects.strategy import matmul_layouts, parse_strategy
@@ -35,7 +35,7 @@ def register(subparsers: Any) -> None:
         ),
     )
     add_case_arguments(parser)
-    parser.add_argument("--png", metavar="FILE", help="also write a picture (.png/.svg/.pdf)")
+    parser.add_argument("--png", metavar="FILE", help="also write a picture (.png/.svg/.pdf; up to 256 ranks)")
     parser.add_argument("--name", default=None,
                         help="the tensor's name in titles (default x, or the --operand's name); a name longer "
                              "than half the --width is cut to its start and ...")
@@ -57,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     if args.png is not None:
         # Fail before printing anything: the ASCII picture comes first.
         check_output_file(check_picture_path(args.png, "--png"), "--png")
+        check_picture_ranks(case.tensor_layout.layout.num_devices, "--png", "the ASCII picture shows every rank")
         require_matplotlib()
     name = short_name(args.name or getattr(args, "operand", None) or "x", args.width)
     picture = layout_picture(case.tensor_layout, case.shape, name)
@@ -96,6 +97,7 @@ def _matmul(args: argparse.Namespace) -> int:
         tl.check_shape(shape)
     if args.png is not None:
         check_output_file(check_picture_path(args.png, "--png"), "--png")
+        check_picture_ranks(layouts.layout.num_devices, "--png", "the ASCII picture shows every rank")
         require_matplotlib()
     print(matmul_ascii(layouts, mkn, args.width), end="")
     if args.png is not None:
