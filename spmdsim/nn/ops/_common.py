@@ -273,8 +273,11 @@ def add_bias(owned: np.ndarray, bias: np.ndarray, op: str = "linear") -> np.ndar
     fits = bias.shape == owned.shape[-1:] or bias.shape == owned.shape
     shape = owned.shape if fits else np.broadcast_shapes(owned.shape, bias.shape)
     if dtype == owned.dtype and shape == owned.shape and owned.flags.writeable:
+        if buffers.is_lazy(owned):  # a dry run's zeros, whose sum is no result: adding wrote every page of them
+            return owned
         return np.add(owned, bias, out=owned)
-    return np.add(owned, bias, out=buffers.empty(shape, dtype))
+    out = buffers.empty(shape, dtype)
+    return out if buffers.is_lazy(out) and buffers.is_lazy(owned) else np.add(owned, bias, out=out)
 
 
 def no_bias_sum(op: str, product: np.dtype, bias: np.dtype) -> DTypeError:
