@@ -60,7 +60,7 @@ CAPTURE = _Capture()
 __all__ = ["PAGE", "PAGE_OFFSET", "MIN_BYTES", "HUGE_MIN", "empty", "kept_empty", "full", "zeros", "ones",
            "page_offset", "placed_copy", "use_huge_pages", "lazy_zeros", "is_lazy", "owner", "owned_bytes", "owners_of",
            "LAZY_BYTES", "fresh", "as_array", "converted",
-           "contiguous", "stacked", "into", "broadcast_zero"]
+           "contiguous", "stacked", "into", "assign", "broadcast_zero"]
 
 PAGE = mmap.PAGESIZE
 PAGE_OFFSET = 16  # where glibc's own maps start (its chunk header); a multiple of every itemsize
@@ -298,6 +298,13 @@ def stacked(values: Any, dtype: Any) -> np.ndarray:
 def page_offset(array: np.ndarray) -> int:
     """Where `array`'s data starts within its memory page, in bytes."""
     return array.ctypes.data % PAGE
+
+
+def assign(out: np.ndarray, values: Any) -> None:
+    """``out[...] = values``, unless both view a dry run's lazy zeros: nothing to write, and the copy wrote every
+    page (a collective's packing of a 1 GiB block: 1 GB of this machine's memory)."""
+    if not (is_lazy(out) and isinstance(values, np.ndarray) and is_lazy(values)):
+        out[...] = values
 
 
 def placed_copy(array: Any) -> np.ndarray:

@@ -21,7 +21,7 @@ from typing import Any, Iterable
 
 import numpy as np
 from ..errors import OperatorError, RankError
-from ..base.buffers import broadcast_zero, converted
+from ..base.buffers import assign, broadcast_zero, converted, is_lazy
 from ..base.context import _THREAD
 from ..base.precision import is_low
 from ..base.validate import as_int
@@ -54,7 +54,7 @@ def _send_blocks(mesh: Mesh, x: np.ndarray, tensor_dim: int, g: int) -> np.ndarr
         return x
     blocks = _blocks(x, tensor_dim, g).swapaxes(0, 1)
     send = mesh.scratch("send", blocks.shape, x.dtype)
-    send[...] = blocks
+    assign(send, blocks)
     return send
 
 
@@ -70,9 +70,8 @@ def _unpacker(mesh: Mesh, out: np.ndarray | None, shape: tuple, block_shape: tup
     outer = math.prod(block_shape[:tensor_dim])
 
     def unpack() -> np.ndarray:
-        dst = _np_empty(shape, dtype) if out is None else out
-        _blocks(dst, tensor_dim, g)[...] = recv.reshape(
-            g, outer, math.prod(block_shape[tensor_dim:])).swapaxes(0, 1)
+        dst = (_empty if is_lazy(recv) else _np_empty)(shape, dtype) if out is None else out  # (a dry run's: lazy)
+        assign(_blocks(dst, tensor_dim, g), recv.reshape(g, outer, math.prod(block_shape[tensor_dim:])).swapaxes(0, 1))
         return dst
     return recv, unpack
 
