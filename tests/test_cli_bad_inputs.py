@@ -625,6 +625,22 @@ def test_pictures_of_more_ranks_than_they_can_show_are_refused_before_the_report
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("name, odd", [('x"y', '\'"\''), ("x y", "' '"), ("x\ny", "'\\n'"), ("x'y", '"\'"'),
+                                       ("x\ty", "'\\t'"), ("x\u200by", "'\\u200b'")])
+def test_an_axis_name_the_printed_layouts_cannot_hold_is_refused(name, odd, capsys):
+    """An axis name with a quote, space, bracket or control character printed layouts that broke on it
+    (convert's `Layout((2,), ("x"y",))` and a check line no shell reads; plan's heading over two lines);
+    refused by every command that takes names, naming the character. Other letters are names (é)."""
+    said = f"names an axis {name!r}, with {odd} in it; expected other names, such as dp or mp_2"
+    _fails(capsys, ["convert", "--device-matrix", "2", "--alias", name, "--tensor-map", "None", "--shape", "4"], said)
+    _fails(capsys, ["plan", "--device-matrix", "2", "--alias", name, "--from", "None", "--to", "None", "--shape", "4"],
+           said)
+    _fails(capsys, ["run", "matmul", "--device-matrix", "2", "--alias", name, "--x-map", "None,None", "--w-map",
+                    "None,None", "--shape", "4,4,4", "--ranks", "2"], said)
+    assert main(["slices", "--device-matrix", "2", "--alias", "é", "--tensor-map", "é", "--shape", "4"]) == 0
+    assert json.loads(capsys.readouterr().out)["rank_slices"]["1"] == [[2, 4]]
+
+
 def test_show_width_has_a_minimum(capsys):
     for width in ("0", "-5", "19"):
         _fails(capsys, ["show", *CASE, "--width", width], f"--width {width} is too narrow; expected at least 20")

@@ -108,10 +108,6 @@ def _flag_text(key: str, value: Any) -> str:
     return f"{_FLAG_OF.get(key, key)} {value!r} (case key {key!r})"
 
 
-def _axes_text(count: int) -> str:
-    return "1 axis" if count == 1 else f"{count} axes"
-
-
 def mesh_names(data: Mapping, matrix: Sequence[int]) -> tuple[str, ...]:
     """The case's "alias_name" (``--alias``) for the mesh `matrix`: one distinct name per axis, each refused
     naming the flag and the key (the Layout's own message names its fields, alias_name and device_matrix)."""
@@ -125,12 +121,13 @@ def checked_axis_names(names: tuple[str, ...], given: str, mesh: str, axes: int)
     them (`given`: "--alias 'a'") and the mesh (`mesh`: "--device-matrix '2,2'")."""
     if len(names) != axes:
         example = ",".join(default_axis_names(axes) if axes > 26 else "abcdefghijklmnopqrstuvwxyz"[:axes])
-        raise SpmdsimError(f"{given} gives {counted(len(names), 'name')} for the {_axes_text(axes)} of {mesh}; "
+        raise SpmdsimError(f"{given} gives {counted(len(names), 'name')} for the {counted(axes, 'axis')} of {mesh}; "
                            f"expected one name per axis, such as {example}")
-    for name in names:
-        if not name or name in ("None", "none", "null"):
-            raise SpmdsimError(f"{given} names an axis {name!r}, which a tensor map reads as a dim not split; "
-                               "expected other names")
+    for name in names:  # (a quote, comma, bracket, space or control character: the printed layouts broke on it)
+        odd = next((c for c in name if c in "\"'(),[]" or c.isspace() or not c.isprintable()), None)
+        if not name or name in ("None", "none", "null") or odd is not None:
+            why = "which a tensor map reads as a dim not split" if odd is None else f"with {odd!r} in it"
+            raise SpmdsimError(f"{given} names an axis {name!r}, {why}; expected other names, such as dp or mp_2")
     repeated = next((n for i, n in enumerate(names) if n in names[:i]), None)
     if repeated is not None:
         raise SpmdsimError(f"{given} names axis {repeated!r} twice; expected one distinct name per axis of {mesh}")
