@@ -294,6 +294,33 @@ def test_a_dry_runs_alltoall_packs_and_unpacks_no_page(before, after):
         assert faults < 1000 and local == (4096, 1024)[::1 if after[0] is None else -1], faults
 
 
+def test_a_dry_runs_uneven_alltoall_and_padded_vocabulary_write_no_page():
+    """A --cut chunk Alltoall moved its dim first, and joined what arrived, by copies of a dry run's lazy zeros
+    (`spmdsim run redistribute ... --shape 65537,65536 --cut chunk --ranks 4 --dry-run`: 12 GB of this machine's
+    memory, 42 MB now); a vocab-parallel table's padding row was joined to a copy of its rows (`spmdsim run
+    embedding --mode vocab --shape 10,4,1000000000,48 --ranks 8 --dry-run`: 18 GB, 44 MB now)."""
+    import resource
+
+    from spmdsim.base import buffers
+    from spmdsim.nn.ops.embedding import pad_vocab_shard
+
+    def faults(fn):
+        start = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+        out = fn()
+        return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - start, out
+
+    def body():
+        mesh = spmdsim.Mesh(spmdsim.Layout((4,), ("x",), cut="chunk"))
+        x = spmdsim.DTensor.from_seeded(mesh, mesh.layout("x", None), spmdsim.SeededTensor((4097, 4096), "float64", 1))
+        moved, y = faults(lambda: spmdsim.redistribute(x, mesh.layout(None, "x")))  # 32 MiB a rank: 8,192 pages
+        padded, table = faults(lambda: pad_vocab_shard(buffers.empty((8192, 1024), np.float64)))
+        return moved, y.local.shape, padded, table.shape
+
+    for moved, local, padded, table in spmdsim.simulate(4, body, dry_run=True):
+        assert moved < 1000 and padded < 1000, (moved, padded)
+        assert local == (4097, 1024) and table == (8193, 1024)
+
+
 def test_a_dry_runs_bias_add_writes_no_page_of_the_product():
     """A Linear's bias added to a dry run's product wrote every page of it (`spmdsim run linear --shape
     65536,65536,65536 --ranks 8 --dry-run`: 2.1 GB of this machine's memory and 8 s; 44 MB and 1 s now), in place
