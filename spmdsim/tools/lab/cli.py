@@ -233,8 +233,7 @@ def _grade_folder(args: argparse.Namespace, exercise: Exercise, limits: dict, fo
     if min(args.jobs, len(files)) > cores:  # the limit is wall time: checks sharing a core each get less
         print(f"note: --jobs {args.jobs} on {counted(cores, 'core')}: the checks share them, and a "
               f"right but busy submission may run out of its {limit:g} s (--jobs {cores} or fewer, or a longer "
-              "--time-limit)",
-              file=sys.stderr)
+              "--time-limit)", file=sys.stderr)
     began, done, stop = time.monotonic(), {}, threading.Event()  # done: path -> its grade-book row
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         pending = {pool.submit(check, exercise, path, **limits, stop=stop): path for path in files}
