@@ -187,8 +187,8 @@ def _traceback(exc: BaseException) -> str:
     first = next((i for i, f in enumerate(frames) if not f.filename.startswith(_SIMULATION_FRAMES)), 0)
     lines.stack = traceback.StackSummary.from_list(frames[first:])
     text = "".join(lines.format())
-    if sys.version_info < (3, 11):  # a TracebackException writes the exception's notes from 3.11 on
-        text += "".join(f"{note}\n" for note in getattr(exc, "__notes__", ()))
+    if not hasattr(lines, "__notes__"):  # Python 3.10's own writes no notes (3.11's does, and under pytest the
+        text += "".join(f"{note}\n" for note in getattr(exc, "__notes__", ()))  # exceptiongroup backport's)
     return text
 
 

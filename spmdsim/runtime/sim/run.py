@@ -94,6 +94,7 @@ def simulate(n: int, fn: Callable[..., Any], *args: Any, dry_run: bool = False, 
         if getattr(exc, "simulated_ranks", None) is None:  # not the ranks': Ctrl-C in the caller, memory, threads
             if isinstance(exc, KeyboardInterrupt):  # the cell's line, not the waits it came in (IPython's hook)
                 exc._render_traceback_ = functools.partial(program_traceback, exc.with_traceback(None))
+                raise exc  # (from here on: a bare raise re-raised the waits' traceback on Python 3.10)
             raise
         raise exc.with_traceback(_programs_frames(exc.__traceback__))
 
