@@ -101,6 +101,6 @@ def test_a_note_is_said_beside_the_verdict_in_a_check_and_a_grade_book(tmp_path,
     assert "PASS: passes at 1 rank (1 of 1 cases" in out
     assert "note: line 3 draws from random.random, which no seed fixes" in out.replace("\n  ", " ")
     assert main(["lab", "grade", "1", "subs", "--csv", "book.csv", "--exercises", "course"]) == 0
-    assert "grading 1 submission of exercise 1, 2 at a time" in capsys.readouterr().err
+    assert "grading 1 submission of exercise 1, stopped 10 s" in capsys.readouterr().err
     row, = csv.DictReader((tmp_path / "book.csv").open())
     assert row["verdict"] == "PASS" and row["reason"].startswith("note: line 3 draws from random.random"), row
