@@ -396,15 +396,21 @@ def test_a_pass_on_one_process_says_nothing_was_split(capsys):
     assert out.rstrip().endswith("PASS") and err == ONE_PROCESS + "\n"
 
 
+def _ran(path: pathlib.Path, args: list, monkeypatch, capsys) -> tuple:
+    """(exit code, capsys's readouterr()) of `python EXAMPLE ARGS` run in this process (runpy as __main__)."""
+    monkeypatch.setattr(sys, "argv", [str(path), *args])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(path), run_name="__main__")
+    return done.value.code, capsys.readouterr()
+
+
 def test_train_gpt_refuses_a_model_size_like_a_mesh_size(monkeypatch, capsys):
     # --d-model 30 with 4 heads printed "train_gpt: ..." with exit 1, once per MPI rank.
     path = next(p for p in EXAMPLES if p.stem == "train_gpt")
-    monkeypatch.setattr(sys, "argv", [str(path), "--ranks", "8", "--d-model", "30", "--steps", "1"])
-    with pytest.raises(SystemExit) as done:
-        runpy.run_path(str(path), run_name="__main__")
-    assert done.value.code == 2
+    code, said = _ran(path, ["--ranks", "8", "--d-model", "30", "--steps", "1"], monkeypatch, capsys)
+    assert code == 2
     # the heads the user left alone said as the default, not as a flag typed
-    assert unfold(capsys.readouterr().err) == ("spmdsim: error: --d-model 30 must be divisible by the default heads "
+    assert unfold(said.err) == ("spmdsim: error: --d-model 30 must be divisible by the default heads "
                                                "4 (each head takes --d-model / heads features)\n")
 
 
@@ -412,14 +418,12 @@ _RAN: dict = {}  # (example, its arguments) -> (exit code, what it printed) of i
 
 
 def _example_run(path: pathlib.Path, args: list, monkeypatch, capsys) -> tuple:
-    """(exit code, stdout) of `python EXAMPLE ARGS` run in this process (runpy as __main__), once per test process
-    (with pytest-xdist, per file): the tests that run an example with the same arguments read one run."""
+    """(exit code, stdout) of `_ran`, once per test process (with pytest-xdist, per file): the tests that run an
+    example with the same arguments read one run."""
     key = (path, tuple(args))
     if key not in _RAN:
-        monkeypatch.setattr(sys, "argv", [str(path), *args])
-        with pytest.raises(SystemExit) as done:
-            runpy.run_path(str(path), run_name="__main__")
-        _RAN[key] = done.value.code, capsys.readouterr().out
+        code, said = _ran(path, args, monkeypatch, capsys)
+        _RAN[key] = code, said.out
     return _RAN[key]
 
 
@@ -455,11 +459,9 @@ def test_the_block_examples_are_as_wide_at_64_ranks_as_at_a_few(monkeypatch, cap
 
 def _dry_row(monkeypatch, capsys, path, ranks: str) -> tuple:
     """(calls, sent, received, collectives) of the dry run's "ranks 0-..." row of `path --ranks RANKS --dry-run`."""
-    monkeypatch.setattr(sys, "argv", [str(path), "--ranks", ranks, "--dry-run"])
-    with pytest.raises(SystemExit) as done:
-        runpy.run_path(str(path), run_name="__main__")
-    out = capsys.readouterr().out
-    assert done.value.code == 0, out
+    code, said = _ran(path, ["--ranks", ranks, "--dry-run"], monkeypatch, capsys)
+    out = said.out
+    assert code == 0, out
     calls, sent, received, _, *collectives = next(line for line in out.splitlines()
                                                   if line.startswith("ranks 0-")).split()[2:]
     return calls, sent, received, collectives
@@ -496,17 +498,11 @@ def test_every_example_answers_help_and_refuses_an_unknown_argument(path, monkey
     """`--help` ran the whole example and printed no help (or failed at 1 rank); `--ranks 8 --bogus` ran it with
     --bogus ignored. Now --help prints the docstring's first line and the flags; an unknown flag is exit 2. The two
     port_*_mlp.py examples were exempt (their own line "unexpected argument '--help'", exit 2): they parse too now."""
-    def run(*args):
-        monkeypatch.setattr(sys, "argv", [str(path), *args])
-        with pytest.raises(SystemExit) as done:
-            runpy.run_path(str(path), run_name="__main__")
-        return done.value.code, capsys.readouterr()
-
-    code, out = run("--help")
+    code, out = _ran(path, ["--help"], monkeypatch, capsys)
     doc = path.read_text().split('"""')[1].splitlines()[0]  # the docstring's first line
     assert code == 0 and out.out.startswith(f"usage: {path.name} [-h]") and "--ranks N" in out.out, out
     assert " ".join(doc.split()[:6]) in " ".join(out.out.split()), out.out
-    code, out = run("--ranks", "8", "--bogus")
+    code, out = _ran(path, ["--ranks", "8", "--bogus"], monkeypatch, capsys)
     assert code == 2 and out.out == "" and "Traceback" not in out.err
     assert "error: unrecognized arguments: --bogus" in unfold(out.err), out.err
 
@@ -517,11 +513,8 @@ def test_every_example_answers_help_and_refuses_an_unknown_argument(path, monkey
 ])
 def test_examples_pass_at_rank_counts_the_docs_do_not_show(stem, ranks, monkeypatch, capsys):
     path = next(p for p in EXAMPLES if p.stem == stem)
-    monkeypatch.setattr(sys, "argv", [str(path), "--ranks", ranks])
-    with pytest.raises(SystemExit) as done:
-        runpy.run_path(str(path), run_name="__main__")
-    out = capsys.readouterr().out
-    assert done.value.code == 0 and "PASS" in out and "FAIL" not in out, out
+    code, said = _ran(path, ["--ranks", ranks], monkeypatch, capsys)
+    assert code == 0 and "PASS" in said.out and "FAIL" not in said.out, said.out
 
 
 TRAINING = [p for p in EXAMPLES if p.stem.startswith("train_")]
@@ -535,10 +528,8 @@ def test_training_examples_dry_run_to_the_bytes_of_a_real_step(path, monkeypatch
     args = [a for a in EXAMPLE_ARGS.get(path.stem, []) if a != "--dispatch"]
     args = ["--ranks", "8"] + ([] if "--steps" in args and args[args.index("--steps") + 1] == "2" else
                                ["--steps", "2"]) + args
-    monkeypatch.setattr(sys, "argv", [str(path), *args, "--dry-run"])
-    with pytest.raises(SystemExit) as done:
-        runpy.run_path(str(path), run_name="__main__")
-    code, out = done.value.code, capsys.readouterr().out
+    code, said = _ran(path, [*args, "--dry-run"], monkeypatch, capsys)
+    out = said.out
     assert code == 0 and out.startswith("spmdsim: a dry run (shapes only) on 8 simulated ranks"), out
     row = next(line for line in out.splitlines() if line.startswith("ranks 0-7"))
     calls, sent = int(row.split()[2]), int(row.split()[3].replace(",", ""))
@@ -580,11 +571,9 @@ def test_a_training_at_learning_rate_0_is_checked_but_not_judged_by_its_trend(pa
 
 def test_a_dry_run_without_simulated_ranks_is_refused(monkeypatch, capsys):
     path = next(p for p in TRAINING if p.stem == "train_megatron_block")
-    monkeypatch.setattr(sys, "argv", [str(path), "--dry-run"])
-    with pytest.raises(SystemExit) as done:
-        runpy.run_path(str(path), run_name="__main__")
-    assert done.value.code == 2
-    assert capsys.readouterr().err == ("spmdsim: error: --dry-run needs --ranks N (a dry run simulates the "
+    code, said = _ran(path, ["--dry-run"], monkeypatch, capsys)
+    assert code == 2
+    assert said.err == ("spmdsim: error: --dry-run needs --ranks N (a dry run simulates the "
                                        "ranks in this process)\n")
 
 
@@ -702,23 +691,18 @@ def test_ctrl_c_stops_every_simulated_rank_with_one_line():
 def test_an_example_asked_for_a_dry_run_without_simulated_ranks_refuses(monkeypatch, capsys):
     """It ran a real one-process job and ignored --dry-run."""
     path = next(p for p in EXAMPLES if p.stem == "attention")
-    monkeypatch.setattr(sys, "argv", [str(path), "--dry-run"])
-    with pytest.raises(SystemExit) as done:
-        runpy.run_path(str(path), run_name="__main__")
-    out = capsys.readouterr()
-    assert done.value.code == 2 and out.out == ""
+    code, out = _ran(path, ["--dry-run"], monkeypatch, capsys)
+    assert code == 2 and out.out == ""
     assert out.err == "spmdsim: error: --dry-run needs --ranks N (a dry run simulates the ranks in this process)\n"
 
 
 def test_seed_networks_bucket_their_gradient_sums(monkeypatch, capsys):
     """OneFlow's 2D SBP model sums four parameters' gradients over dp: --bucket makes that one call."""
     path = next(p for p in TRAINING if p.stem == "train_seed_networks")
-    monkeypatch.setattr(sys, "argv", [str(path), "--ranks", "4", "--net", "oneflow_2d_sbp", "--steps", "3",
-                                      "--bucket"])
-    with pytest.raises(SystemExit) as done:
-        runpy.run_path(str(path), run_name="__main__")
-    out = capsys.readouterr().out
-    assert done.value.code == 0 and "every step vs one process: PASS" in out, out
+    code, said = _ran(path, ["--ranks", "4", "--net", "oneflow_2d_sbp", "--steps", "3", "--bucket"], monkeypatch,
+                      capsys)
+    out = said.out
+    assert code == 0 and "every step vs one process: PASS" in out, out
     assert "  backward collectives per step: {'allreduce': 1}, 368 B sent by rank 0" in out.splitlines(), out
 
 
@@ -736,11 +720,8 @@ def test_seed_networks_bucket_their_gradient_sums(monkeypatch, capsys):
 ])
 def test_seed_networks_say_what_cannot_run_and_why(args, code, said, monkeypatch, capsys):
     path = next(p for p in TRAINING if p.stem == "train_seed_networks")
-    monkeypatch.setattr(sys, "argv", [str(path), *args])
-    with pytest.raises(SystemExit) as done:
-        runpy.run_path(str(path), run_name="__main__")
-    out = capsys.readouterr()
-    assert done.value.code == code and (unfold(out.err) if code else out.out).endswith(said), out
+    exit_code, out = _ran(path, args, monkeypatch, capsys)
+    assert exit_code == code and (unfold(out.err) if code else out.out).endswith(said), out
     if code == 0:
         assert "Embedding -> column Linear -> row Linear, 1 rank\n" in out.out
 
@@ -776,11 +757,8 @@ def test_an_example_alone_in_one_process_says_how_to_get_its_ranks(monkeypatch, 
     for name in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
         monkeypatch.delenv(name, raising=False)
     path = next(p for p in EXAMPLES if p.stem == "attention")
-    monkeypatch.setattr(sys, "argv", [str(path)])
-    with pytest.raises(SystemExit) as done:
-        runpy.run_path(str(path), run_name="__main__")
-    out = capsys.readouterr()
-    assert done.value.code == 0
+    code, out = _ran(path, [], monkeypatch, capsys)
+    assert code == 0
     assert out.err == ("spmdsim: 1 rank, no mpiexec: this example is written for 8; add --ranks 8 or use "
                        "mpiexec -n 8\n")
     assert "check passed" in out.out
