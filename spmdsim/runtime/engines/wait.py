@@ -37,6 +37,11 @@ _LONG_S = 10e-3
 _LONG_SLEEP_MAX_S = 1000e-6
 
 
+def _next_sleep(delay: float, long: bool) -> float:
+    """A polite wait's sleep after `delay`: twice it, up to _SLEEP_MAX_S, or to _LONG_SLEEP_MAX_S in a `long` wait."""
+    return min(2.0 * delay, _LONG_SLEEP_MAX_S if long else _SLEEP_MAX_S)
+
+
 def local_ranks(comm: Any) -> int:
     """Ranks of `comm` on this node: from the launcher's environment, else one Split_type (collective;
     every rank takes the same path, as all see the same environment)."""
@@ -99,7 +104,7 @@ def polite_wait(request: Any) -> None:
     while not test():
         sleep(delay)
         if delay < _LONG_SLEEP_MAX_S:
-            delay = min(2.0 * delay, _LONG_SLEEP_MAX_S if clock() > long_after else _SLEEP_MAX_S)
+            delay = _next_sleep(delay, clock() > long_after)
 
 
 def wait_until(request: Any, deadline: float, polite: bool) -> bool:
@@ -126,5 +131,5 @@ def wait_until(request: Any, deadline: float, polite: bool) -> bool:
             os.sched_yield()
         else:
             time.sleep(delay)
-            delay = min(2.0 * delay, _LONG_SLEEP_MAX_S if now > long_after else _SLEEP_MAX_S)
+            delay = _next_sleep(delay, now > long_after)
     return True
