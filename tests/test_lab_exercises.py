@@ -121,6 +121,26 @@ WRONG = [
                 comm.Send(x + rank, dest=1 - rank)
                 return other
         """),
+    # The ranks that take no part pass their x along: the right results, within the bytes of rank 0's send.
+    (1, 4, 0, "forbidden", ["line 10: rank 2 sent to rank 3 by comm.Send at 4 ranks",
+                            "rank 2 sends to no rank", "between ranks 0 and 1"], """
+        import numpy as np
+        def ping_pong(comm, x):
+            rank = comm.Get_rank()
+            got = np.empty_like(x)
+            if rank == 0:
+                comm.Send(x, dest=1)
+                comm.Recv(got, source=1)
+                return got
+            if rank == 2:
+                comm.Send(x, dest=3)
+            elif rank == 3:
+                comm.Recv(got, source=2)
+            elif rank == 1:
+                comm.Recv(got, source=0)
+                comm.Send(got + 1, dest=0)
+                return got
+        """),
     (1, 2, 0, "wrong", ["rank 0 result[0:5] differs", "rank 1 must add 1"], """
         import numpy as np
         def ping_pong(comm, x):
@@ -676,6 +696,20 @@ WRONG = [
                 got = np.empty_like(x)
                 comm.Sendrecv(x, dest=r ^ k, recvbuf=got, source=r ^ k)
                 total += got
+                k <<= 1
+            return total
+        """),
+    # The dissemination algorithm: partners r + 2^k and r - 2^k, the right sums and the same bytes.
+    (9, 4, 0, "forbidden", ["line 7: rank 1 sent to rank 2 by comm.Sendrecv at 4 ranks",
+                            "rank 1 sends to ranks 0 and 3 only", "partner rank ^ (1 << k)"], """
+        import numpy as np
+        def recursive_doubling_allreduce(comm, x):
+            r, n = comm.Get_rank(), comm.Get_size()
+            total, k = x.copy(), 1
+            while k < n:
+                got = np.empty_like(x)
+                comm.Sendrecv(total, dest=(r + k) % n, recvbuf=got, source=(r - k) % n)
+                total = total + got
                 k <<= 1
             return total
         """),
@@ -1370,6 +1404,51 @@ def ring_allgather(comm, block):
         distance *= 2
     return np.roll(np.concatenate(have[:n]), rank * k)
 """
+
+
+#: Exercise 5's ring turned the other way: each rank sends to rank r-1, which the algorithm allows too.
+RING_ALLREDUCE_LEFT = """
+import numpy as np
+def ring_allreduce(comm, x):
+    r, n = comm.Get_rank(), comm.Get_size()
+    chunks = [c.copy() for c in np.array_split(x, n)]
+    for s in range(2 * (n - 1)):
+        send, keep = (r + s) % n, (r + s + 1) % n
+        got = np.empty_like(chunks[keep])
+        comm.Sendrecv(chunks[send], dest=(r - 1) % n, recvbuf=got, source=(r + 1) % n)
+        chunks[keep] = chunks[keep] + got if s < n - 1 else got
+    return np.concatenate(chunks)
+"""
+
+
+#: A ring through the ranks in the order 0, 2, 4, 1, 3 (at an odd n): the ring's sums and bytes, other partners.
+RING_ALLREDUCE_STRIDE_2 = """
+import numpy as np
+def ring_allreduce(comm, x):
+    r, n = comm.Get_rank(), comm.Get_size()
+    order = [(2 * i) % n for i in range(n)] if n % 2 else list(range(n))
+    p = order.index(r)
+    chunks = [c.copy() for c in np.array_split(x, n)]
+    for s in range(2 * (n - 1)):
+        send, keep = (p - s) % n, (p - s - 1) % n
+        got = np.empty_like(chunks[keep])
+        comm.Sendrecv(chunks[send], dest=order[(p + 1) % n], recvbuf=got, source=order[(p - 1) % n])
+        chunks[keep] = chunks[keep] + got if s < n - 1 else got
+    return np.concatenate(chunks)
+"""
+
+
+def test_a_ring_turned_the_other_way_passes_and_a_partner_outside_the_ring_does_not(tmp_path):
+    path = tmp_path / "left.py"
+    path.write_text(RING_ALLREDUCE_LEFT.lstrip())
+    for ranks in (1, 2, 3, 4):
+        for seed in (0, 1):
+            result = run_case(find_exercise(5), str(path), ranks, seed)
+            assert result.passed and result.sent <= result.optimum, result
+    path.write_text(RING_ALLREDUCE_STRIDE_2.lstrip())
+    result = run_case(find_exercise(5), str(path), 5, 0)
+    assert result.status == "forbidden" and "rank 0 sent to rank 2 by comm.Sendrecv at 5 ranks" in result.reason \
+        and "rank 0 sends to ranks 1 and 4 only" in result.reason and result.sent <= result.optimum, result
 
 
 @pytest.mark.parametrize("ranks", [3, 8])

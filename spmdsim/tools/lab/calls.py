@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 import os
 import sys
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from ...emulator import comm as _comm
 from ...emulator.comm_errors import GUARD_CODE
@@ -21,7 +21,7 @@ from ...runtime.sim import p2p as _p2p
 from .sent_bytes import buffer_bytes, collective_sent, object_bytes, persistent_collective_sent
 
 __all__ = ["COLLECTIVES", "POINT_TO_POINT", "ONE_SIDED", "Notes", "base_call", "family", "watching", "violation",
-           "missing", "too_many"]
+           "strangers", "missing", "too_many"]
 
 _UPPER_COLLECTIVES = ("Allreduce", "Reduce", "Bcast", "Scatter", "Scatterv", "Gather", "Gatherv", "Allgather",
                       "Allgatherv", "Alltoall", "Alltoallv", "Alltoallw", "Reduce_scatter", "Reduce_scatter_block",
@@ -51,6 +51,8 @@ _ONE_SIDED = {"Put": ("origin",), "Rput": ("origin",), "Get": ("origin",), "Rget
               "Compare_and_swap": ("origin", "result")}
 #: Every one-sided operation of a window (MPI.Win), a communication call as a send is.
 ONE_SIDED = frozenset(_ONE_SIDED)
+#: The one-sided operations that only read their target: a partner's rule (`strangers`) counts writes.
+_READS = ("Get", "Rget")
 
 #: The folders of the emulator's code (spmdsim.emulator, and the thread engine's point-to-point and requests
 #: under it), found from the modules themselves wherever the package puts them.
@@ -66,9 +68,12 @@ class Notes:
     """One rank's calls from the submission: (name, line) in order, and the bytes its sends, collectives and
     one-sided operations carried to other ranks (a send to itself or to MPI.PROC_NULL moves nothing), in all
     (`sent`) and by call (`carried`: (name, line) -> bytes, for the calls that carried some); `persistent`:
-    id -> (request, the bytes each Start of it sends), for the persistent sends and collectives it made."""
+    id -> (request, the bytes each Start of it sends), for the persistent sends and collectives it made;
+    `sent_to`: (rank, name, line) of each send, persistent send made and one-sided write aimed at another rank
+    of its communicator or window."""
 
     calls: list = dataclasses.field(default_factory=list)
+    sent_to: list = dataclasses.field(default_factory=list)
     sent: int = 0
     carried: dict = dataclasses.field(default_factory=dict)
     persistent: dict = dataclasses.field(default_factory=dict)
@@ -80,6 +85,11 @@ class Notes:
             return None
         (name, line), most = max(self.carried.items(), key=lambda item: item[1])
         return _said(name), line, most
+
+
+def ranks_text(n: int) -> str:
+    """"1 rank", "3 ranks"."""
+    return f"{n} rank{'s' if n != 1 else ''}"
 
 
 def _said(name: str) -> str:
@@ -126,36 +136,40 @@ def _families(rule: Any) -> set:
     return {family(option) for entry in rule for option in entry.split("|")}
 
 
+def _peer(name: str, frame: Any) -> Optional[int]:
+    """The other rank a send, a persistent send made or a one-sided operation (the callee's `frame`) is aimed
+    at, in its communicator's or window's numbering; None for any other call, a send to itself, or to
+    MPI.PROC_NULL."""
+    one_sided = name in _ONE_SIDED
+    if not (one_sided or name in _SEND_BUFFER or name in _SEND_OBJECT or name in _PERSISTENT_SENDS):
+        return None
+    local = frame.f_locals
+    peer, me = local.get("target_rank" if one_sided else "dest"), local.get("self")
+    if not isinstance(peer, int) or peer < 0:
+        return None
+    try:
+        own = None if me is None else me.Get_group().Get_rank() if one_sided else me.Get_rank()
+    except Exception:  # noqa: BLE001 - a freed communicator or window: the call itself says so
+        return None
+    return None if peer == own else peer
+
+
 def _sent(name: str, frame: Any) -> int:
     """The bytes a send call (the callee's `frame`) carries to another rank."""
+    if _peer(name, frame) is None:
+        return 0
     local = frame.f_locals
-    dest = local.get("dest")
-    if not isinstance(dest, int) or dest < 0:
-        return 0
-    me = local.get("self")
-    try:
-        if me is not None and dest == me.Get_rank():
-            return 0
-    except Exception:  # noqa: BLE001 - a freed communicator: the call itself says so
-        return 0
     if name in _SEND_BUFFER:
         return buffer_bytes(local.get(_SEND_BUFFER[name]))
-    return object_bytes(local.get(_SEND_OBJECT[name]))
+    return object_bytes(local.get(_SEND_OBJECT.get(name, "obj")))
 
 
 def _one_sided(name: str, frame: Any) -> int:
     """The bytes a one-sided operation (the callee's `frame`) moves between its caller and another rank of the
     window, counted as the caller's whether it writes them (Put) or reads them (Get)."""
-    local = frame.f_locals
-    target = local.get("target_rank")
-    if not isinstance(target, int) or target < 0:
+    if _peer(name, frame) is None:
         return 0
-    try:
-        if target == local["self"].Get_group().Get_rank():
-            return 0
-    except Exception:  # noqa: BLE001 - a freed window: the call itself says so
-        return 0
-    return sum(buffer_bytes(local.get(argument)) for argument in _ONE_SIDED[name])
+    return sum(buffer_bytes(frame.f_locals.get(argument)) for argument in _ONE_SIDED[name])
 
 
 def _carried(name: str, frame: Any, notes: Notes) -> int:
@@ -197,6 +211,9 @@ def watching(filename: str, notes: Notes) -> Iterator[Notes]:
                 notes.persistent[id(arg)] = (arg, persistent_collective_sent(name, frame.f_locals))
             return
         notes.calls.append((name, back.f_lineno))
+        peer = _peer(name, frame)
+        if peer is not None and name not in _READS:
+            notes.sent_to.append((peer, name, back.f_lineno))
         carried = _carried(name, frame, notes)
         if carried:
             notes.sent += carried
@@ -223,6 +240,25 @@ def violation(notes: list, forbidden: tuple, allowed: Optional[tuple]) -> Option
                                                                   or call in ONE_SIDED):
                 return (f"line {line}: {_said(name)} is not one of the calls this exercise allows "
                         f"({', '.join(allowed)})")
+    return None
+
+
+def strangers(notes: list, partners: Callable[[int, int], Any]) -> Optional[str]:
+    """The first send (or one-sided operation) in `notes` (one Notes per rank) aimed at a rank the exercise's
+    `partners(rank, n)` does not name for its sender, said with its line and the ranks that sender may
+    address, or None."""
+    n = len(notes)
+    for rank, note in enumerate(notes):
+        if not note.sent_to:
+            continue
+        allowed = sorted(set(partners(rank, n)) - {rank})
+        for peer, name, line in note.sent_to:
+            if peer not in allowed:
+                whom = "sends to no rank" if not allowed else \
+                    f"sends to rank {allowed[0]} only" if len(allowed) == 1 else \
+                    f"sends to ranks {', '.join(map(str, allowed[:-1]))} and {allowed[-1]} only"
+                return (f"line {line}: rank {rank} sent to rank {peer} by {_said(name)} at {ranks_text(n)}; in "
+                        f"this exercise's algorithm rank {rank} {whom}")
     return None
 
 

@@ -11,7 +11,7 @@ from typing import Any, Optional
 from ...errors import RuntimeMismatchError, exception_text
 from ...runtime.sim.bodies import op_of
 from ...runtime.sim.unmatched import NO_MATCH
-from .calls import COLLECTIVES, POINT_TO_POINT
+from .calls import COLLECTIVES, POINT_TO_POINT, ranks_text
 
 __all__ = ["Exited", "MissingFunction", "FILE_BYTES", "NOT_RUNNABLE", "at_line", "ranks_text", "describe_failure"]
 
@@ -59,10 +59,6 @@ class Exited(Exception):
 
 class MissingFunction(Exception):
     """The submission defines no function of the exercise's name."""
-
-
-def ranks_text(n: int) -> str:
-    return f"{n} rank{'s' if n != 1 else ''}"
 
 
 #: The most bytes a submission may write to its files and its output together (spmdsim.tools.lab.child's limit).

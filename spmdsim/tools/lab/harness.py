@@ -19,7 +19,7 @@ from ...emulator.mpi4py_world import swapped
 from ...emulator.rank_random import adopt, own_generators
 from ...runtime.sim.os_exit import OsExit, os_exit_ends_the_rank
 from ...runtime.sim.run import current_rank, simulate
-from .calls import Notes, missing, too_many, violation, watching
+from .calls import Notes, missing, strangers, too_many, violation, watching
 from .compare import first_difference
 from .exercise import Exercise, LabError, meant_for
 from .failure import FILE_BYTES, NOT_RUNNABLE, Exited, MissingFunction, at_line, describe_failure, ranks_text
@@ -191,9 +191,10 @@ def run_case(exercise: Exercise, path: str, n: int, seed: int, eager_limit: int 
 def judge(exercise: Exercise, case: dict, seed: int, n: int, results: Optional[list], notes: list,
           failure: Optional[tuple], rules: bool = True) -> CaseResult:
     """The verdict of one case from the ranks' `results` (or the `failure` that ended the run: status,
-    reason, detail) and the calls in `notes`: not implemented, a forbidden call, the failure, a wrong
-    value, a required call never made, more bytes than the optimum, or a pass. Without `rules` (under
-    mpiexec, where the calls are not seen) the values alone."""
+    reason, detail) and the calls in `notes`: not implemented, a forbidden call, the failure, a wrong value, a
+    required call never made, one call too many, more bytes than the optimum, a send to a rank the exercise's
+    algorithm does not address, or a pass. Without `rules` (under mpiexec, where the calls are not seen) the
+    values alone."""
     label = str(case.get("label", f"seed {seed}"))
     result = dict(ranks=n, seed=seed, label=label)
     if failure and failure[0] == "not-implemented":
@@ -227,6 +228,10 @@ def judge(exercise: Exercise, case: dict, seed: int, n: int, results: Optional[l
     if optimum is not None and sent > optimum:
         return CaseResult(**result, status="bytes", sent=sent, optimum=optimum,
                           reason=_too_many_bytes(notes, optimum, n, label, exercise.hint))
+    astray = strangers(notes, exercise.partners) if rules and exercise.partners else None
+    if astray:  # right values within the bytes, by another algorithm's messages
+        return CaseResult(**result, status="forbidden", reason=astray + (f": {exercise.hint}" if exercise.hint else ""),
+                          sent=sent, optimum=optimum)
     return CaseResult(**result, status=PASS, sent=sent, optimum=optimum)
 
 

@@ -26,6 +26,10 @@ def case(seed, n):
             "label": f"{size} values"}
 
 
+def partners(rank, n):
+    return ((rank + 1) % n,)
+
+
 def optimal_bytes(case, n):
     return 0 if n == 1 else case["args"][0][0].nbytes
 

@@ -35,6 +35,10 @@ def case(seed, n):
     return {"args": [(x,) for x in xs], "expected": [total] * n, "label": f"N={size}"}
 
 
+def partners(rank, n):  # the ring's neighbours (either way round)
+    return ((rank + 1) % n, (rank - 1) % n)
+
+
 def optimal_bytes(case, n):
     size = case["args"][0][0].size
     chunks = [len(c) for c in np.array_split(np.empty(size), n)]

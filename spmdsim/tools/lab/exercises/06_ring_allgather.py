@@ -25,6 +25,10 @@ def case(seed, n):
     return {"args": [(b,) for b in blocks], "expected": [np.concatenate(blocks)] * n, "label": f"k={k}"}
 
 
+def partners(rank, n):  # the ring's neighbours, or Bruck's rank -+ 2^k (either way round)
+    return {(rank + sign * (1 << k)) % n for sign in (1, -1) for k in range(max(n - 1, 1).bit_length())}
+
+
 def optimal_bytes(case, n):
     return (n - 1) * case["args"][0][0].nbytes
 

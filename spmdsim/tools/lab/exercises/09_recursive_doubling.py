@@ -25,6 +25,10 @@ def case(seed, n):
     return {"args": [(x,) for x in xs], "expected": [np.sum(xs, axis=0)] * n, "label": f"N={size}"}
 
 
+def partners(rank, n):
+    return tuple(rank ^ (1 << k) for k in range(n.bit_length() - 1))
+
+
 def optimal_bytes(case, n):
     return (n.bit_length() - 1) * case["args"][0][0].nbytes
 
