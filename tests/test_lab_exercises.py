@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from spmdsim.tools.lab import load_exercises
-from spmdsim.tools.lab.calls import ONE_SIDED, Notes, family, missing, too_many, violation
+from spmdsim.tools.lab.calls import ONE_SIDED, Notes, family, missing, strangers, too_many, violation
 from spmdsim.tools.lab.compare import first_difference
 from spmdsim.tools.lab.exercise import find_exercise
 from spmdsim.tools.lab.harness import run_case
@@ -1449,6 +1449,23 @@ def test_a_ring_turned_the_other_way_passes_and_a_partner_outside_the_ring_does_
     result = run_case(find_exercise(5), str(path), 5, 0)
     assert result.status == "forbidden" and "rank 0 sent to rank 2 by comm.Sendrecv at 5 ranks" in result.reason \
         and "rank 0 sends to ranks 1 and 4 only" in result.reason and result.sent <= result.optimum, result
+
+
+def test_partners_may_name_one_rank_or_any_collection_and_nothing_else():
+    notes = [Notes(sent_to=[(1, "Send", 4)]), Notes(sent_to=[(0, "Send", 6)])]
+    for named in (lambda r, n: 1 - r, lambda r, n: [1 - r], lambda r, n: (p for p in range(n) if p != r),
+                  lambda r, n: range(n)):
+        assert strangers(notes, named) is None
+    said = strangers(notes, lambda r, n: () if r else (2, 3))
+    assert said == ("line 4: rank 0 sent to rank 1 by comm.Send at 2 ranks; in this exercise's algorithm rank 0 "
+                    "sends to ranks 2 and 3 only"), said
+    assert strangers(notes, lambda r, n: {2} if r else 1) == ("line 6: rank 1 sent to rank 0 by comm.Send at 2 "
+                                                              "ranks; in this exercise's algorithm rank 1 sends to "
+                                                              "rank 2 only")
+    for bad in ("1", 1.0, [True], None):
+        with pytest.raises(ValueError, match=r"the exercise's partners\(0, 2\) returned .*: expected a rank or a "
+                                             r"collection of ranks \(ints\)"):
+            strangers(notes, lambda r, n, bad=bad: bad)
 
 
 @pytest.mark.parametrize("ranks", [3, 8])

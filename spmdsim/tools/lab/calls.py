@@ -243,6 +243,19 @@ def violation(notes: list, forbidden: tuple, allowed: Optional[tuple]) -> Option
     return None
 
 
+def _partners(partners: Callable[[int, int], Any], rank: int, n: int) -> set:
+    """The set of ranks an exercise's `partners(rank, n)` names: a rank, or a collection of ranks."""
+    named = partners(rank, n)
+    try:
+        ranks = [named] if isinstance(named, int) else None if isinstance(named, (str, bytes)) else list(named)
+    except TypeError:  # not iterable
+        ranks = None
+    if ranks is None or not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
+        raise ValueError(f"the exercise's partners({rank}, {n}) returned {named!r}: expected a rank or a "
+                         "collection of ranks (ints)")
+    return set(ranks)
+
+
 def strangers(notes: list, partners: Callable[[int, int], Any]) -> Optional[str]:
     """The first send (or one-sided operation) in `notes` (one Notes per rank) aimed at a rank the exercise's
     `partners(rank, n)` does not name for its sender, said with its line and the ranks that sender may
@@ -251,7 +264,7 @@ def strangers(notes: list, partners: Callable[[int, int], Any]) -> Optional[str]
     for rank, note in enumerate(notes):
         if not note.sent_to:
             continue
-        allowed = sorted(set(partners(rank, n)) - {rank})
+        allowed = sorted(_partners(partners, rank, n) - {rank})
         for peer, name, line in note.sent_to:
             if peer not in allowed:
                 whom = "sends to no rank" if not allowed else \
