@@ -759,7 +759,7 @@ WRONG = [
             comm.allreduce(0)
             return out
         """),
-    (11, 2, 0, "error", ["rank 0 raised IndexError at line 7: index 3 is out of bounds"], """
+    (11, 2, 0, "error", ["rank 0 raised IndexError at line 7: index 12 is out of bounds"], """
         import numpy as np
         from mpi4py import MPI
         def vocab_parallel_embedding(comm, ids, table):
@@ -769,6 +769,15 @@ WRONG = [
             out[mine] = table[ids[mine] - start]
             comm.Allreduce(MPI.IN_PLACE, out)
             return out
+        """),
+    # The table gathered beside a dummy Allreduce: right values, the table's rows' bytes.
+    (11, 3, 0, "bytes", ["rank 0 sent 392 B at 3 ranks (V=36, d=4, t=7); the algorithm needs 224 B from its busiest "
+                         "rank; comm.allgather at line 3 sent 384 B of them: sum the ranks' masked lookups"], """
+        import numpy as np
+        def vocab_parallel_embedding(comm, ids, table):
+            whole = np.concatenate(comm.allgather(table))
+            comm.allreduce(0)
+            return whole[ids]
         """),
     # Every rank's whole block to every rank: right values, n times the bytes each rank needs.
     (12, 3, 0, "bytes", ["rank 0 sent 288 B at 3 ranks (A 6x9); the algorithm needs 96 B from its busiest rank; "

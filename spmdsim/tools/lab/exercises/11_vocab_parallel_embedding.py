@@ -12,18 +12,28 @@ array of shape (t,) with values in [0, V).
 Return E[ids] (shape (t, d)) on every rank: each rank looks up the ids that fall in its own range
 of rows (shifted to its local row numbers), writes zeros for the others, and the ranks' partial
 results are summed with comm.Allreduce (Megatron's VocabParallelEmbedding).
+The check counts the bytes each rank sends: more than one (t, d) block fails (no rank gathers the
+table, whose rows outnumber the ids).
 """
 REQUIRED = ("Allreduce",)
+HINT = "sum the ranks' masked lookups (Allreduce)"
 
 
 def case(seed, n):
     rng = np.random.default_rng(seed)
-    per, d, t = (3, 4, 7) if seed % 2 == 0 else (2, 3, 9)
+    # each rank's rows outnumber the ids, as a vocabulary's do a batch's: gathering the table costs more bytes
+    per, d, t = (12, 4, 7) if seed % 2 == 0 else (16, 3, 9)
     table = rng.standard_normal((n * per, d))
     ids = rng.integers(0, n * per, size=t)
     ids[:3] = [0, n * per - 1, per % (n * per)]  # the table's first and last rows, rank 1's first
     args = [(ids.copy(), table[r * per:(r + 1) * per].copy()) for r in range(n)]
     return {"args": args, "expected": [table[ids]] * n, "label": f"V={n * per}, d={d}, t={t}"}
+
+
+def optimal_bytes(case, n):
+    """One (t, d) block of partial lookups (an Allreduce sends a rank's send buffer once); nothing on one rank."""
+    ids, table = case["args"][0]
+    return 0 if n == 1 else ids.size * table.shape[1] * table.itemsize
 
 
 def explain(case, n, rank, got):
