@@ -13,8 +13,11 @@ this rank's columns of Y (shape (b, o/n)).
 Return (dx, dw) on every rank: dx, the gradient with respect to x (shape (b, k)), which every rank
 needs whole; dw, the gradient with respect to this rank's w (shape (k, o/n)). One of them is a sum
 over the ranks (the forward's identity becomes an Allreduce); the other needs no communication.
+The check counts the bytes each rank sends: more than one (b, k) block fails (no rank gathers W or
+dy).
 """
 REQUIRED = ("Allreduce",)
+HINT = "sum each rank's partial dx = dy @ w.T over the ranks (Allreduce); dw needs no communication"
 
 
 def case(seed, n):
@@ -28,6 +31,12 @@ def case(seed, n):
         args.append((x.copy(), w[:, cut].copy(), dy[:, cut].copy()))
         expected.append((dx, x.T @ dy[:, cut]))
     return {"args": args, "expected": expected, "label": f"X {b}x{k}, W {k}x{n * per}"}
+
+
+def optimal_bytes(case, n):
+    """One (b, k) partial dx (an Allreduce sends a rank's send buffer once); nothing on one rank."""
+    x = case["args"][0][0]
+    return 0 if n == 1 else x.nbytes
 
 
 def explain(case, n, rank, got):

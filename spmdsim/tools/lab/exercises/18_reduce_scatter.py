@@ -11,7 +11,8 @@ sum(partials)[r*N/n:(r+1)*N/n].
 
 One comm.Reduce_scatter_block (or comm.Reduce_scatter) does it, moving (n-1)/n of the vector
 per rank. An Allreduce also sums, but moves twice that and then throws n-1 blocks away: it is
-not allowed here.
+not allowed here. The check counts the bytes each rank sends: more than n-1 blocks of its partial
+fails.
 """
 FORBIDDEN = ("Allreduce", "Reduce")
 REQUIRED = ("Reduce_scatter",)
@@ -25,6 +26,12 @@ def case(seed, n):
     total = np.sum(partials, axis=0)
     return {"args": [(p,) for p in partials], "expected": [total[r * per:(r + 1) * per] for r in range(n)],
             "label": f"N={n * per}"}
+
+
+def optimal_bytes(case, n):
+    """A rank's blocks of its partial for the other ranks: n-1 of its n blocks."""
+    partial = case["args"][0][0]
+    return (n - 1) * partial.nbytes // n
 
 
 def explain(case, n, rank, got):

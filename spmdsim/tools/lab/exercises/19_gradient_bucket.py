@@ -11,9 +11,11 @@ in the same order and shapes, on every rank.
 
 Each Allreduce call has a fixed cost, so make one: flatten the gradients into one buffer (a
 bucket), sum it with a single comm.Allreduce, and cut the result back into the gradients' shapes
-(PyTorch DDP and Megatron bucket their gradients so). More than one Allreduce fails.
+(PyTorch DDP and Megatron bucket their gradients so). More than one Allreduce fails, and so does
+any other communication call, or an Allreduce of more bytes than the gradients hold.
 """
 REQUIRED = ("Allreduce",)
+ALLOWED = ("Allreduce",)
 MOST_CALLS = {"Allreduce": 1}
 HINT = "flatten the gradients into one bucket and sum it once"
 SHAPES = (((3, 2), (2,), (2, 4), (4,)), ((5,), (2, 3)))
@@ -25,6 +27,12 @@ def case(seed, n):
     grads = [[rng.standard_normal(shape) for shape in shapes] for _ in range(n)]
     sums = [np.sum([g[k] for g in grads], axis=0) for k in range(len(shapes))]
     return {"args": [(g,) for g in grads], "expected": [tuple(sums)] * n, "label": f"{len(shapes)} gradients"}
+
+
+def optimal_bytes(case, n):
+    """The bucket: every gradient's bytes once (an Allreduce sends a rank's send buffer once); nothing on one
+    rank."""
+    return 0 if n == 1 else sum(g.nbytes for g in case["args"][0][0])
 
 
 def explain(case, n, rank, got):

@@ -14,7 +14,8 @@ For each of its heads h (columns h*e:(h+1)*e of its q = x @ wq, k, v): scores q_
 causal (position i attends to positions j <= i only: the others get -inf before the softmax),
 softmax over the last axis, times v_h. Concatenate its heads' outputs (s, H/n * e), multiply by wo:
 a partial output. Return the whole output (s, d), the sum of the ranks' partial outputs, on every
-rank.
+rank. The check counts the bytes each rank sends: more than one (s, d) block fails (no rank gathers
+the weights).
 """
 REQUIRED = ("Allreduce",)
 FORBIDDEN = ("Allgather", "Gather", "Alltoall")
@@ -48,6 +49,12 @@ def case(seed, n):
         cols = slice(r * per * e, (r + 1) * per * e)
         args.append((x.copy(), wq[:, cols].copy(), wk[:, cols].copy(), wv[:, cols].copy(), wo[cols].copy(), e))
     return {"args": args, "expected": [y] * n, "label": f"s={s}, d={d}, H={heads}, e={e}"}
+
+
+def optimal_bytes(case, n):
+    """One (s, d) partial output (an Allreduce sends a rank's send buffer once); nothing on one rank."""
+    x = case["args"][0][0]
+    return 0 if n == 1 else x.nbytes
 
 
 def explain(case, n, rank, got):

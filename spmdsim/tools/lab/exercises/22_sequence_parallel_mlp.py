@@ -12,7 +12,9 @@ w1 = W1[:, r*f/n:(r+1)*f/n] and the rows w2 = W2[r*f/n:(r+1)*f/n] (s and f multi
 Gather the whole sequence (comm.Allgather), apply the column-parallel first layer and relu, the
 row-parallel second layer (a partial sum of Y), and return rank r's rows of Y,
 Y[r*s/n:(r+1)*s/n], by one comm.Reduce_scatter_block: the same bytes as tensor parallelism's
-Allreduce, with 1/n of the activations kept per rank. Allreduce is not allowed.
+Allreduce, with 1/n of the activations kept per rank. Allreduce is not allowed. The check counts
+the bytes each rank sends: more than its rows x and n-1 blocks of the partial output fails (no rank
+gathers the weights).
 """
 FORBIDDEN = ("Allreduce",)
 REQUIRED = ("Allgather", "Reduce_scatter")
@@ -21,7 +23,8 @@ HINT = "sum and split the partial output in one Reduce_scatter"
 
 def case(seed, n):
     rng = np.random.default_rng(seed)
-    rows, d, per = (2, 3, 2) if seed % 2 == 0 else (1, 4, 3)
+    # f/n outnumbers the rows a rank holds, as in a transformer's MLP: gathering w1 and w2 costs more bytes
+    rows, d, per = (2, 3, 8) if seed % 2 == 0 else (1, 4, 4)
     x = rng.standard_normal((n * rows, d))
     w1, w2 = rng.standard_normal((d, n * per)), rng.standard_normal((n * per, d))
     y = np.maximum(x @ w1, 0) @ w2
@@ -29,6 +32,12 @@ def case(seed, n):
             for r in range(n)]
     return {"args": args, "expected": [y[r * rows:(r + 1) * rows] for r in range(n)],
             "label": f"X {n * rows}x{d}, f={n * per}"}
+
+
+def optimal_bytes(case, n):
+    """Its rows x to the Allgather, and n-1 blocks of rows of the partial output to the Reduce_scatter."""
+    x = case["args"][0][0]
+    return n * x.nbytes if n > 1 else 0
 
 
 def explain(case, n, rank, got):
