@@ -1463,7 +1463,7 @@ def test_a_ring_turned_the_other_way_passes_and_a_partner_outside_the_ring_does_
 def test_partners_may_name_one_rank_or_any_collection_and_nothing_else():
     notes = [Notes(sent_to=[(1, "Send", 4)]), Notes(sent_to=[(0, "Send", 6)])]
     for named in (lambda r, n: 1 - r, lambda r, n: [1 - r], lambda r, n: (p for p in range(n) if p != r),
-                  lambda r, n: range(n)):
+                  lambda r, n: range(n), lambda r, n: np.arange(n), lambda r, n: np.int64(1 - r)):
         assert strangers(notes, named) is None
     said = strangers(notes, lambda r, n: () if r else (2, 3))
     assert said == ("line 4: rank 0 sent to rank 1 by comm.Send at 2 ranks; in this exercise's algorithm rank 0 "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import numbers
 import os
 import sys
 from typing import Any, Callable, Iterator, Optional
@@ -161,7 +162,7 @@ def _sent(name: str, frame: Any) -> int:
     local = frame.f_locals
     if name in _SEND_BUFFER:
         return buffer_bytes(local.get(_SEND_BUFFER[name]))
-    return object_bytes(local.get(_SEND_OBJECT.get(name, "obj")))
+    return object_bytes(local.get(_SEND_OBJECT[name]))
 
 
 def _one_sided(name: str, frame: Any) -> int:
@@ -244,16 +245,17 @@ def violation(notes: list, forbidden: tuple, allowed: Optional[tuple]) -> Option
 
 
 def _partners(partners: Callable[[int, int], Any], rank: int, n: int) -> set:
-    """The set of ranks an exercise's `partners(rank, n)` names: a rank, or a collection of ranks."""
+    """The set of ranks an exercise's `partners(rank, n)` names: a rank, or a collection of ranks (NumPy's
+    integers too)."""
     named = partners(rank, n)
     try:
-        ranks = [named] if isinstance(named, int) else None if isinstance(named, (str, bytes)) else list(named)
+        ranks = [named] if isinstance(named, numbers.Integral) else list(named)
     except TypeError:  # not iterable
-        ranks = None
-    if ranks is None or not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
+        ranks = [None]
+    if not all(isinstance(r, numbers.Integral) and not isinstance(r, bool) for r in ranks):
         raise ValueError(f"the exercise's partners({rank}, {n}) returned {named!r}: expected a rank or a "
                          "collection of ranks (ints)")
-    return set(ranks)
+    return {int(r) for r in ranks}
 
 
 def strangers(notes: list, partners: Callable[[int, int], Any]) -> Optional[str]:
