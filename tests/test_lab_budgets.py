@@ -1,4 +1,5 @@
-"""Exercises 8, 10, 11, 17-19, 21 and 22 count the bytes a rank sends: gathering what a partial needs fails."""
+"""Exercises 3, 4, 8, 10, 11, 17-19, 21 and 22 count the bytes a rank sends: gathering what a partial needs
+fails; 3, 12, 15, 16 and 20 allow only the collective they ask for, 13 and 14 no communication."""
 from __future__ import annotations
 
 import textwrap
@@ -156,7 +157,112 @@ def test_the_bucket_exercise_allows_its_one_allreduce_and_no_other_call(tmp_path
         "line 3: comm.allgather is not one of the calls this exercise allows (Allreduce)"), result
 
 
-#: Right solutions of 17, 18, 19 and 22 in other forms (object calls, MPI.IN_PLACE, the v form).
+#: Another algorithm within the bytes, beside a dummy call of the collective asked for, or a rank computing what
+#: each rank could compute alone and sending it to them: each exercise's rules name the call.
+OTHER_ALGORITHMS = [
+    (3, ["line 7: comm.recv is not one of the calls this exercise allows (Reduce)"], """
+    def pi_reduce(comm, intervals):
+        r, n = comm.Get_rank(), comm.Get_size()
+        part = sum(4.0 / (1.0 + ((i + 0.5) / intervals) ** 2) for i in range(r, intervals, n)) / intervals
+        comm.reduce(0.0, root=0)
+        if r:
+            comm.send(part, dest=0)
+        return part + sum(comm.recv(source=k) for k in range(1, n)) if r == 0 else None
+    """),
+    (4, ["rank 0 sent 280 B at 3 ranks (A 6x5); the algorithm needs 216 B", "comm.bcast at line 4"], """
+    import numpy as np
+    def matvec(comm, A, x):
+        r, n = comm.Get_rank(), comm.Get_size()
+        A, x = comm.bcast(A, root=0), comm.bcast(x, root=0)
+        comm.Scatter(np.zeros(0) if r == 0 else None, np.empty(0), root=0)
+        y = np.empty(A.shape[0]) if r == 0 else None
+        comm.Gather(np.split(A, n)[r] @ x, y, root=0)
+        return y
+    """),
+    (12, ["line 7: comm.Scatter is not one of the calls this exercise allows (Alltoall)"], """
+    import numpy as np
+    def rows_to_columns(comm, x):
+        n, r = comm.Get_size(), comm.Get_rank()
+        send = np.ascontiguousarray(np.stack(np.split(x, n, axis=1)))
+        recv = np.empty_like(send)
+        for root in range(n):
+            comm.Scatter(send if r == root else None, recv[root], root=root)
+        comm.Alltoall(np.zeros(0), np.zeros(0))
+        return np.concatenate(list(recv), axis=0)
+    """),
+    (13, ["line 8: comm.scatter is not allowed in this exercise", "computes its own schedule"], """
+    def one_f_one_b(comm, m):
+        p = comm.Get_size()
+        every = [[("F", i) for i in range(min(p - r - 1, m))] for r in range(p)]
+        for r, order in enumerate(every):
+            warm = len(order)
+            order += [pair for i in range(m - warm) for pair in (("F", warm + i), ("B", i))]
+            order += [("B", i) for i in range(m - warm, m)]
+        return comm.scatter(every if comm.Get_rank() == 0 else None, root=0)
+    """),
+    (14, ["line 14: comm.scatter is not allowed in this exercise", "computes its own block"], """
+    def block(rank, devices, aliases, tensor_map, shape):
+        sizes, coords = dict(zip(aliases, devices)), {}
+        for name, size in reversed(list(zip(aliases, devices))):
+            coords[name], rank = rank % size, rank // size
+        out = []
+        for length, entry in zip(shape, tensor_map):
+            index, parts = 0, 1
+            for axis in () if entry is None else (entry,) if isinstance(entry, str) else entry:
+                index, parts = index * sizes[axis] + coords[axis], parts * sizes[axis]
+            out.append((index * length // parts, (index + 1) * length // parts))
+        return out
+    def my_block(comm, *args):
+        every = [block(r, *args) for r in range(comm.Get_size())] if comm.Get_rank() == 0 else None
+        return comm.scatter(every, root=0)
+    """),
+    (15, ["line 6: comm.recv is not one of the calls this exercise allows (Allreduce)"], """
+    import numpy as np
+    def layer_norm(comm, x):
+        n, r = comm.Get_size(), comm.Get_rank()
+        s = np.stack([x.sum(axis=1), (x * x).sum(axis=1)])
+        comm.Allreduce(np.zeros(0), np.zeros(0))
+        parts = [comm.recv(source=k) for k in range(1, n)] if r == 0 else comm.send(s, dest=0)
+        s = comm.bcast(s + sum(parts) if r == 0 else None, root=0)
+        mean = s[0] / (x.shape[1] * n)
+        return (x - mean[:, None]) / np.sqrt(s[1] / (x.shape[1] * n) - mean ** 2 + 1e-5)[:, None]
+    """),
+    (16, ["line 5: comm.Allreduce is not one of the calls this exercise allows (Bcast)"], """
+    import numpy as np
+    def last_position(comm, x):
+        n, r = comm.Get_size(), comm.Get_rank()
+        row, out = x[-1] * (r == n - 1), np.empty(x.shape[1])
+        comm.Allreduce(row, out)
+        comm.Bcast(np.zeros(0), root=0)
+        return out
+    """),
+    (20, ["line 5: comm.recv is not one of the calls this exercise allows (Allreduce)"], """
+    import numpy as np
+    def vocab_parallel_cross_entropy(comm, logits, labels):
+        n, r = comm.Get_size(), comm.Get_rank()
+        comm.Allreduce(np.zeros(0), np.zeros(0))
+        whole = comm.send(logits, dest=0) if r else np.hstack([logits] + [comm.recv(source=k) for k in range(1, n)])
+        out = None
+        if r == 0:
+            lse = np.log(np.exp(whole - whole.max(axis=1)[:, None]).sum(axis=1)) + whole.max(axis=1)
+            out = np.where(labels == -100, 0.0, lse - whole[np.arange(len(labels)), np.maximum(labels, 0)])
+        return comm.bcast(out, root=0)
+    """),
+]
+
+
+@pytest.mark.parametrize("number, words, source", OTHER_ALGORITHMS, ids=[f"ex{n}" for n, _, _ in OTHER_ALGORITHMS])
+def test_another_algorithm_beside_a_dummy_call_of_the_one_asked_for_fails(tmp_path, number, words, source):
+    path = tmp_path / "submission.py"
+    path.write_text(textwrap.dedent(source).lstrip())
+    result = run_case(find_exercise(number), str(path), 3, 0)
+    assert result.status in ("forbidden", "bytes"), result
+    for word in words:
+        assert word in result.reason, result
+
+
+#: Right solutions of 17, 18, 19, 22, 3, 4, 12, 15, 16 and 20 in other forms (object calls, MPI.IN_PLACE,
+#: nonblocking calls, the v form).
 OTHER_FORMS = [
     (17, """
     def column_parallel_backward(comm, x, w, dy):
@@ -187,6 +293,80 @@ OTHER_FORMS = [
         out = np.empty_like(x)
         comm.Reduce_scatter_block(partial, out)
         return out
+    """),
+    (3, """
+    import numpy as np
+    from mpi4py import MPI
+    def pi_reduce(comm, intervals):
+        r, n = comm.Get_rank(), comm.Get_size()
+        t = (np.arange(r, intervals, n) + 0.5) / intervals
+        part = np.array([np.sum(4.0 / (1.0 + t * t)) / intervals])
+        comm.Ireduce(MPI.IN_PLACE if r == 0 else part, part, op=MPI.SUM, root=0).Wait()
+        return float(part[0]) if r == 0 else None
+    """),
+    (4, """
+    import numpy as np
+    def matvec(comm, A, x):
+        r, n = comm.Get_rank(), comm.Get_size()
+        mine = comm.scatter(np.split(A, n) if r == 0 else None, root=0)
+        parts = comm.gather(mine @ comm.bcast(x, root=0), root=0)
+        return np.concatenate(parts) if r == 0 else None
+    """),
+    (4, """
+    import numpy as np
+    def matvec(comm, A, x):
+        r, n = comm.Get_rank(), comm.Get_size()
+        shape = np.array(A.shape if r == 0 else (0, 0))
+        comm.Bcast(shape, root=0)
+        m, k = map(int, shape)
+        x = x if r == 0 else np.empty(k)
+        comm.Ibcast(x, root=0).Wait()
+        mine = np.empty((m // n, k))
+        comm.Scatterv([A, [m // n * k] * n] if r == 0 else None, mine, root=0)
+        y = np.empty(m) if r == 0 else None
+        comm.Gatherv(mine @ x, [y, [m // n] * n] if r == 0 else None, root=0)
+        return y
+    """),
+    (12, """
+    import numpy as np
+    def rows_to_columns(comm, x):
+        return np.concatenate(comm.alltoall(np.split(x, comm.Get_size(), axis=1)), axis=0)
+    """),
+    (12, """
+    import numpy as np
+    from mpi4py import MPI
+    def rows_to_columns(comm, x):
+        buf = np.ascontiguousarray(np.stack(np.split(x, comm.Get_size(), axis=1)))
+        comm.Ialltoall(MPI.IN_PLACE, buf).Wait()
+        return np.concatenate(list(buf), axis=0)
+    """),
+    (15, """
+    import numpy as np
+    from mpi4py import MPI
+    def layer_norm(comm, x):
+        h = x.shape[1] * comm.Get_size()
+        s = x.sum(axis=1)
+        comm.Iallreduce(MPI.IN_PLACE, s).Wait()
+        c = x - (s / h)[:, None]
+        return c / np.sqrt(comm.allreduce((c ** 2).sum(axis=1)) / h + 1e-5)[:, None]
+    """),
+    (16, """
+    def last_position(comm, x):
+        n = comm.Get_size()
+        return comm.bcast(x[-1] if comm.Get_rank() == n - 1 else None, root=n - 1)
+    """),
+    (20, """
+    import numpy as np
+    from mpi4py import MPI
+    def vocab_parallel_cross_entropy(comm, logits, labels):
+        top = np.empty(len(labels))
+        comm.Iallreduce(logits.max(axis=1), top, op=MPI.MAX).Wait()
+        local = labels - comm.Get_rank() * logits.shape[1]
+        mine = (labels != -100) & (local >= 0) & (local < logits.shape[1])
+        both = np.stack([np.exp(logits - top[:, None]).sum(axis=1), np.zeros(len(labels))])
+        both[1, mine] = logits[np.flatnonzero(mine), local[mine]]
+        comm.Allreduce(MPI.IN_PLACE, both)
+        return np.where(labels == -100, 0.0, top + np.log(both[0]) - both[1])
     """),
 ]
 

@@ -813,7 +813,7 @@ WRONG = [
             comm.Alltoall(send, recv)
             return np.concatenate(list(recv), axis=0)
         """),
-    (12, 3, 0, "forbidden", ["no rank called comm.Alltoall (or Alltoallv, Alltoallw, Ialltoall"], """
+    (12, 3, 0, "forbidden", ["line 7: comm.sendrecv is not one of the calls this exercise allows (Alltoall)"], """
         import numpy as np
         def rows_to_columns(comm, x):
             n, r = comm.Get_size(), comm.Get_rank()

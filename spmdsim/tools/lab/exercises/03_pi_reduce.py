@@ -11,9 +11,11 @@ sums h * 4 / (1 + t*t) at t = (i + 0.5) * h for i = 0, 1, ..., intervals - 1.
 Rank r of n sums the terms i = r, r + n, r + 2n, ... (every rank gets the same `intervals`).
 Combine the ranks' partial sums with comm.reduce or comm.Reduce onto rank 0, and return the
 estimate of pi (a float) on rank 0 and None on every other rank. comm.Allreduce is not allowed:
-only rank 0 needs the sum.
+only rank 0 needs the sum. Nor is any call but Reduce: the check counts the bytes each rank
+sends, and a rank sends its one partial sum, 8 bytes.
 """
 FORBIDDEN = ("Allreduce",)
+ALLOWED = ("Reduce",)
 REQUIRED = ("Reduce",)
 HINT = "Reduce onto rank 0: only the root needs the sum"
 
@@ -28,6 +30,12 @@ def case(seed, n):
     intervals = (1000, 777)[seed % 2]
     total = sum(_part(intervals, r, n) for r in range(n))
     return {"args": [(intervals,)] * n, "expected": [total] + [None] * (n - 1), "label": f"{intervals} intervals"}
+
+
+def optimal_bytes(case, n):
+    """A rank's partial sum, one float64 (a Reduce sends a non-root's send buffer, see
+    spmdsim.tools.lab.sent_bytes); nothing on one rank."""
+    return 0 if n == 1 else 8
 
 
 def explain(case, n, rank, got):

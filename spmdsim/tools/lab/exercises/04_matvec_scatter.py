@@ -13,7 +13,8 @@ A = None and x = None. m is a multiple of the number of ranks n.
 Compute y = A @ x in parallel: scatter the rows of A from rank 0 (comm.Scatter, m/n rows each),
 broadcast x (comm.Bcast or comm.bcast), multiply each rank's rows by x, and gather the pieces of y
 onto rank 0 (comm.Gather). Return y on rank 0 and None on every other rank.
-Point-to-point calls (Send, Recv) are not allowed.
+Point-to-point calls (Send, Recv) are not allowed. The check counts the bytes each rank sends:
+rank 0 sends the other ranks their rows, x and the shape (m, k); broadcasting all of A fails.
 """
 FORBIDDEN = tuple(sorted(POINT_TO_POINT))
 REQUIRED = ("Scatter", "Gather")
@@ -26,6 +27,14 @@ def case(seed, n):
     a, x = rng.standard_normal((n * rows, k)), rng.standard_normal(k)
     args = [(a, x)] + [(None, None)] * (n - 1)
     return {"args": args, "expected": [a @ x] + [None] * (n - 1), "label": f"A {n * rows}x{k}"}
+
+
+def optimal_bytes(case, n):
+    """Rank 0's: the other ranks' rows of A (a Scatter sends the root's blocks for the other ranks, see
+    spmdsim.tools.lab.sent_bytes), x, and m and k (two integers, 16 B), which the others need for their
+    buffers; nothing on one rank."""
+    a, x = case["args"][0]
+    return 0 if n == 1 else (n - 1) * a.nbytes // n + x.nbytes + 16
 
 
 def matvec(comm, A, x):

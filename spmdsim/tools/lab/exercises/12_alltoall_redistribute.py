@@ -12,9 +12,10 @@ of shape (m, k/n). m and k are multiples of n.
 Use one comm.Alltoall: rank r sends to rank j the part of its rows in j's columns, and stacks
 what it receives from ranks 0, 1, ... by rows. Gathering the whole matrix (Allgather) sends n
 times the bytes needed and is not allowed; the check counts the bytes each rank sends, so send each
-rank only its part.
+rank only its part. No call but Alltoall is allowed (not n Scatters, nor Sendrecvs to every rank).
 """
 FORBIDDEN = ("Allgather", "Gather", "Bcast", "Allreduce")
+ALLOWED = ("Alltoall",)
 REQUIRED = ("Alltoall",)
 HINT = "one Alltoall moves only what each rank needs"
 

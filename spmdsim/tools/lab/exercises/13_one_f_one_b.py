@@ -1,4 +1,5 @@
 """The 1F1B pipeline schedule: the order of forward and backward passes on each of p stages."""
+from spmdsim.tools.lab.calls import COLLECTIVES, ONE_SIDED, POINT_TO_POINT
 
 TITLE = "The 1F1B pipeline schedule for p stages and m microbatches"
 FUNCTION = "one_f_one_b"
@@ -15,7 +16,10 @@ tuples ("F", i) (the forward of microbatch i) and ("B", i) (its backward), follo
 
 Forwards and backwards each run in microbatch order. The last stage alternates from the start; the
 first keeps p - 1 microbatches in flight. Every rank gets the same m (which may be less than p).
+No communication is needed: each rank computes its own list, and a communication call fails.
 """
+FORBIDDEN = tuple(sorted(COLLECTIVES | POINT_TO_POINT | ONE_SIDED))
+HINT = "each rank computes its own schedule from p, r and m"
 
 
 def _schedule(p, r, m):

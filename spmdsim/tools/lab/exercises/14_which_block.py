@@ -1,5 +1,6 @@
 """Which block of a tensor does this rank hold? Row-major ranks, several mesh axes on one tensor dim."""
 from spmdsim.layouts.layout import Layout
+from spmdsim.tools.lab.calls import COLLECTIVES, ONE_SIDED, POINT_TO_POINT
 
 TITLE = "Which block does this rank hold? A layout by hand"
 FUNCTION = "my_block"
@@ -12,8 +13,11 @@ axis), None (not split), or a tuple of aliases (split over several axes, the fir
 for ("sp", "dp") the shard index is i_sp * |dp| + i_dp). Splits are even.
 
 Return the block this rank (comm.Get_rank()) holds: one (start, stop) pair per tensor dim,
-half-open. No communication is needed. spmdsim slices prints the same table for a layout.
+half-open. No communication is needed, and a communication call fails. spmdsim slices prints the
+same table for a layout.
 """
+FORBIDDEN = tuple(sorted(COLLECTIVES | POINT_TO_POINT | ONE_SIDED))
+HINT = "each rank computes its own block from its rank"
 RANKS = (1, 2, 3, 4, 8)
 ALIASES = ("dp", "sp", "mp")
 #: Each rank count's device matrix.

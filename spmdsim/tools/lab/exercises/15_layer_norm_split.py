@@ -12,9 +12,10 @@ over each whole row of h values.
 
 No rank may gather whole rows: sum what it holds of each row and combine the sums with
 comm.Allreduce (one number per row for the mean, one for the variance). The check counts the bytes
-each rank sends: more than those two numbers per row fails.
+each rank sends: more than those two numbers per row fails, and so does any call but Allreduce.
 """
 FORBIDDEN = ("Allgather", "Gather", "Alltoall")
+ALLOWED = ("Allreduce",)
 REQUIRED = ("Allreduce",)
 HINT = "combine the rows' partial sums with Allreduce"
 EPS = 1e-5

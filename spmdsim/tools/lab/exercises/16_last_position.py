@@ -11,9 +11,11 @@ position, A[s - 1] (shape (d,)). Return it on every rank.
 
 Only one rank holds it: broadcast it from there (comm.Bcast or comm.bcast). Send that one row, d
 values: the check counts the bytes each rank sends, and a broadcast of the whole block fails.
-Gathering the whole sequence is not allowed: it moves n times the rows needed.
+Gathering the whole sequence is not allowed: it moves n times the rows needed. Nor is any call but
+the broadcast (an Allreduce of zeros and the row is another algorithm).
 """
 FORBIDDEN = ("Allgather", "Gather", "Alltoall")
+ALLOWED = ("Bcast",)
 REQUIRED = ("Bcast",)
 HINT = "broadcast the one row from the rank that holds it"
 

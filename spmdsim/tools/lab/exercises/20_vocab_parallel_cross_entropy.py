@@ -15,9 +15,11 @@ logsumexp(L[i]) - L[i, labels[i]], and 0.0 where labels[i] == -100, without gath
   without subtracting the maximum);
 - the sums of exp(L - max) by an Allreduce (sum);
 - the target logit L[i, labels[i]] lives on one rank: the others add 0 (an Allreduce again).
-The check counts the bytes each rank sends: more than these three numbers per token fails.
+The check counts the bytes each rank sends: more than these three numbers per token fails, and
+so does any call but Allreduce (sending the logits to one rank, say).
 """
 FORBIDDEN = ("Allgather", "Gather", "Alltoall")
+ALLOWED = ("Allreduce",)
 REQUIRED = ("Allreduce",)
 HINT = "reduce the maxima, the sums and the target logits with Allreduce"
 IGNORE = -100
