@@ -731,7 +731,7 @@ WRONG = [
         def column_parallel_linear(comm, x, w):
             return np.concatenate(comm.allgather(x @ w), axis=0)
         """),
-    (10, 2, 0, "forbidden", ["no rank called comm.Allgather (or Allgatherv, Iallgather, Iallgatherv, allgather)"], """
+    (10, 2, 0, "forbidden", ["line 7: comm.Allreduce is not one of the calls this exercise allows (Allgather)"], """
         import numpy as np
         from mpi4py import MPI
         def column_parallel_linear(comm, x, w):
@@ -770,14 +770,15 @@ WRONG = [
             comm.Allreduce(MPI.IN_PLACE, out)
             return out
         """),
-    # The table gathered beside a dummy Allreduce: right values, the table's rows' bytes.
-    (11, 3, 0, "bytes", ["rank 0 sent 392 B at 3 ranks (V=36, d=4, t=7); the algorithm needs 224 B from its busiest "
-                         "rank; comm.allgather at line 3 sent 384 B of them: sum the ranks' masked lookups"], """
+    # The table gathered by a zero-padded Allreduce: right values, the table's rows' bytes.
+    (11, 3, 0, "bytes", ["rank 0 sent 1,152 B at 3 ranks (V=36, d=4, t=7); the algorithm needs 224 B from its "
+                         "busiest rank; comm.allreduce at line 6 sent all of them: sum the ranks' masked lookups"], """
         import numpy as np
         def vocab_parallel_embedding(comm, ids, table):
-            whole = np.concatenate(comm.allgather(table))
-            comm.allreduce(0)
-            return whole[ids]
+            r, per = comm.Get_rank(), table.shape[0]
+            whole = np.zeros((comm.Get_size() * per, table.shape[1]))
+            whole[r * per:(r + 1) * per] = table
+            return comm.allreduce(whole)[ids]
         """),
     # Every rank's whole block to every rank: right values, n times the bytes each rank needs.
     (12, 3, 0, "bytes", ["rank 0 sent 288 B at 3 ranks (A 6x9); the algorithm needs 96 B from its busiest rank; "
@@ -997,9 +998,9 @@ WRONG = [
         import numpy as np
         def sum_my_block(comm, partial):
             n = comm.Get_size()
-            out = np.empty(partial.size // n)
-            comm.Reduce_scatter_block(partial, out)
-            return np.concatenate(comm.allgather(out))
+            out = np.empty(partial.size)
+            comm.Reduce_scatter_block(np.tile(partial, n), out)
+            return out
         """),
     (18, 2, 0, "wrong", ["rank 0 result[0:2] differs", "this rank's own partial block"], """
         import numpy as np

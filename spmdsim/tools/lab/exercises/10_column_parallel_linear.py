@@ -11,9 +11,11 @@ x @ w is rank r's block of columns of Y.
 
 Return the whole Y (shape (b, o)) on every rank, its column blocks gathered from every rank with
 comm.Allgather. Mind the order: Allgather stacks the ranks' blocks along a new first axis.
-The check counts the bytes each rank sends: more than its own block of Y fails (no rank gathers W).
+The check counts the bytes each rank sends: more than its own block of Y fails (no rank gathers W),
+and so does any call but Allgather (n broadcasts, say).
 """
 REQUIRED = ("Allgather",)
+ALLOWED = ("Allgather",)
 HINT = "gather each rank's block of Y (x @ w) with Allgather, and nothing else"
 
 

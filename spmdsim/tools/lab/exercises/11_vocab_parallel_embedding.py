@@ -13,9 +13,10 @@ Return E[ids] (shape (t, d)) on every rank: each rank looks up the ids that fall
 of rows (shifted to its local row numbers), writes zeros for the others, and the ranks' partial
 results are summed with comm.Allreduce (Megatron's VocabParallelEmbedding).
 The check counts the bytes each rank sends: more than one (t, d) block fails (no rank gathers the
-table, whose rows outnumber the ids).
+table, whose rows outnumber the ids), and so does any call but Allreduce (Reduce then Bcast, say).
 """
 REQUIRED = ("Allreduce",)
+ALLOWED = ("Allreduce",)
 HINT = "sum the ranks' masked lookups (Allreduce)"
 
 

@@ -14,9 +14,10 @@ Return (dx, dw) on every rank: dx, the gradient with respect to x (shape (b, k))
 needs whole; dw, the gradient with respect to this rank's w (shape (k, o/n)). One of them is a sum
 over the ranks (the forward's identity becomes an Allreduce); the other needs no communication.
 The check counts the bytes each rank sends: more than one (b, k) block fails (no rank gathers W or
-dy).
+dy), and so does any call but Allreduce (Reduce then Bcast, say).
 """
 REQUIRED = ("Allreduce",)
+ALLOWED = ("Allreduce",)
 HINT = "sum each rank's partial dx = dy @ w.T over the ranks (Allreduce); dw needs no communication"
 
 

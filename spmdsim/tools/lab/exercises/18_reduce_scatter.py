@@ -12,10 +12,11 @@ sum(partials)[r*N/n:(r+1)*N/n].
 One comm.Reduce_scatter_block (or comm.Reduce_scatter) does it, moving (n-1)/n of the vector
 per rank. An Allreduce also sums, but moves twice that and then throws n-1 blocks away: it is
 not allowed here. The check counts the bytes each rank sends: more than n-1 blocks of its partial
-fails.
+fails, and so does any call but Reduce_scatter (an Alltoall of the blocks, or Sendrecvs, say).
 """
 FORBIDDEN = ("Allreduce", "Reduce")
 REQUIRED = ("Reduce_scatter",)
+ALLOWED = ("Reduce_scatter",)
 HINT = "Reduce_scatter sums and splits in one call, at half an Allreduce's bytes"
 
 

@@ -15,9 +15,10 @@ causal (position i attends to positions j <= i only: the others get -inf before 
 softmax over the last axis, times v_h. Concatenate its heads' outputs (s, H/n * e), multiply by wo:
 a partial output. Return the whole output (s, d), the sum of the ranks' partial outputs, on every
 rank. The check counts the bytes each rank sends: more than one (s, d) block fails (no rank gathers
-the weights).
+the weights), and so does any call but Allreduce (Reduce then Bcast, say).
 """
 REQUIRED = ("Allreduce",)
+ALLOWED = ("Allreduce",)
 FORBIDDEN = ("Allgather", "Gather", "Alltoall")
 HINT = "each rank's heads give a partial output: sum them with Allreduce"
 

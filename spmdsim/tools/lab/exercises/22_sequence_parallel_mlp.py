@@ -14,10 +14,11 @@ row-parallel second layer (a partial sum of Y), and return rank r's rows of Y,
 Y[r*s/n:(r+1)*s/n], by one comm.Reduce_scatter_block: the same bytes as tensor parallelism's
 Allreduce, with 1/n of the activations kept per rank. Allreduce is not allowed. The check counts
 the bytes each rank sends: more than its rows x and n-1 blocks of the partial output fails (no rank
-gathers the weights).
+gathers the weights), and so does any call but Allgather and Reduce_scatter (Sendrecvs, say).
 """
 FORBIDDEN = ("Allreduce",)
 REQUIRED = ("Allgather", "Reduce_scatter")
+ALLOWED = ("Allgather", "Reduce_scatter")
 HINT = "sum and split the partial output in one Reduce_scatter"
 
 
