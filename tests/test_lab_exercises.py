@@ -1585,6 +1585,28 @@ def test_a_rule_on_a_collective_holds_for_its_nonblocking_object_and_v_forms():
     assert violation(notes, (), ("Allreduce", "Allgather")) is None
 
 
+def test_a_topologys_object_neighbor_collective_is_a_collective_its_rules_and_bytes_count(tmp_path):
+    assert family("neighbor_alltoall") == "Neighbor_alltoall" and family("neighbor_allgather") == "Neighbor_allgather"
+    path = tmp_path / "submission.py"  # exercise 7's halo by cart.neighbor_alltoall, one small Sendrecv beside it
+    path.write_text(textwrap.dedent("""
+        import numpy as np
+        def halo_exchange(comm, block):
+            n = comm.Get_size()
+            b = max(d for d in range(1, int(n ** 0.5) + 1) if n % d == 0)
+            cart = comm.Create_cart((n // b, b), periods=[True, True])
+            out = np.zeros((block.shape[0] + 2, block.shape[1] + 2))
+            out[1:-1, 1:-1] = block
+            edges = [block[0].copy(), block[-1].copy(), block[:, 0].copy(), block[:, -1].copy()]
+            out[0, 1:-1], out[-1, 1:-1], out[1:-1, 0], out[1:-1, -1] = cart.neighbor_alltoall(edges)
+            above, below = cart.Shift(0, 1)
+            cart.Sendrecv(np.zeros(1), dest=below, recvbuf=np.empty(1), source=above)
+            return out
+        """).lstrip())
+    result = run_case(find_exercise(7), str(path), 4, 0)
+    assert result.status == "forbidden" and result.reason.startswith(
+        "line 9: comm.neighbor_alltoall is not allowed in this exercise"), result
+
+
 NONBLOCKING_SOLUTIONS = [
     (17, """
         import numpy as np

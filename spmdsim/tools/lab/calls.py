@@ -32,7 +32,7 @@ _UPPER_COLLECTIVES = ("Allreduce", "Reduce", "Bcast", "Scatter", "Scatterv", "Ga
 COLLECTIVES = frozenset(_UPPER_COLLECTIVES + tuple("I" + c.lower() if c == "Barrier" else "I" + c[0].lower() + c[1:]
                                                    for c in _UPPER_COLLECTIVES)
                         + ("allreduce", "reduce", "bcast", "scatter", "gather", "allgather", "alltoall", "barrier",
-                           "scan", "exscan", "ibarrier"))
+                           "scan", "exscan", "ibarrier", "neighbor_allgather", "neighbor_alltoall"))
 
 _SEND_BUFFER = {"Send": "buf", "Ssend": "buf", "Bsend": "buf", "Rsend": "buf", "Isend": "buf", "Issend": "buf",
                 "Ibsend": "buf", "Irsend": "buf", "Sendrecv": "sendbuf", "Isendrecv": "sendbuf",
