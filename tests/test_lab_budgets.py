@@ -170,7 +170,7 @@ OTHER_ALGORITHMS = [
             comm.send(part, dest=0)
         return part + sum(comm.recv(source=k) for k in range(1, n)) if r == 0 else None
     """),
-    (4, ["rank 0 sent 280 B at 3 ranks (A 6x5); the algorithm needs 216 B", "comm.bcast at line 4"], """
+    (4, ["rank 0 sent 1,480 B at 3 ranks (A 36x5); the algorithm needs 1,256 B", "comm.bcast at line 4"], """
     import numpy as np
     def matvec(comm, A, x):
         r, n = comm.Get_rank(), comm.Get_size()
@@ -396,6 +396,17 @@ OTHER_FORMS = [
         comm.Scatterv([A, [m // n * k] * n] if r == 0 else None, mine, root=0)
         y = np.empty(m) if r == 0 else None
         comm.Gatherv(mine @ x, [y, [m // n] * n] if r == 0 else None, root=0)
+        return y
+    """),
+    (4, """
+    import numpy as np
+    def matvec(comm, A, x):
+        r, n = comm.Get_rank(), comm.Get_size()
+        (m, k), x = comm.bcast((A.shape, x) if r == 0 else None, root=0)
+        mine = np.empty((m // n, k))
+        comm.Scatter(A, mine, root=0)
+        y = np.empty(m) if r == 0 else None
+        comm.Gather(mine @ x, y, root=0)
         return y
     """),
     (12, """
