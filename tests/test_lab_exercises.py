@@ -1607,6 +1607,39 @@ def test_a_topologys_object_neighbor_collective_is_a_collective_its_rules_and_by
         "line 9: comm.neighbor_alltoall is not allowed in this exercise"), result
 
 
+def test_the_calls_of_a_thread_the_rank_starts_are_the_ranks_to_the_rules_and_bytes(tmp_path):
+    path = tmp_path / "submission.py"  # exercise 16's row by a forbidden Allreduce in a thread, a tiny Bcast beside
+    path.write_text(textwrap.dedent("""
+        import threading
+        import numpy as np
+        def last_position(comm, x):
+            n, r = comm.Get_size(), comm.Get_rank()
+            row, out = x[-1] * (r == n - 1), np.empty(x.shape[1])
+            thread = threading.Thread(target=lambda: comm.Allreduce(row, out))
+            thread.start(), thread.join()
+            comm.Bcast(np.zeros(1), root=0)
+            return out
+        """).lstrip())
+    result = run_case(find_exercise(16), str(path), 3, 0)
+    assert result.status == "forbidden" and result.reason.startswith(
+        "line 6: comm.Allreduce is not one of the calls this exercise allows (Bcast)"), result
+    path.write_text(textwrap.dedent("""
+        import threading
+        import numpy as np
+        def ring_pass(comm, x):
+            n, r = comm.Get_size(), comm.Get_rank()
+            got = np.empty_like(x)
+            thread = threading.Thread(target=lambda: comm.Send(x, dest=(r + 1) % n))
+            thread.start()
+            comm.Recv(got, source=(r - 1) % n)
+            thread.join()
+            return got
+        """).lstrip())
+    for seed in (0, 1):  # its Send counted: not "no rank sent a byte"
+        result = run_case(find_exercise(2), str(path), 3, seed)
+        assert result.passed and result.sent == result.optimum, result
+
+
 NONBLOCKING_SOLUTIONS = [
     (17, """
         import numpy as np

@@ -9,11 +9,14 @@ generators) and is counted by the rank's World as a live thread until it ends
 (spmdsim.runtime.sim.rank_threads), so a rank waiting for its own thread is no deadlock
 and a deadlock is still every live thread waiting; its ``join()`` is a wait the
 report names, and the rank's end waits for it unless it is a daemon, as Python's
-exit does. Threads started elsewhere are untouched.
+exit does. It runs under its rank's profile function (sys.setprofile), as a thread of the rank's: the
+grader's watch of the rank's MPI calls (spmdsim.tools.lab.calls) sees the thread's too. Threads started
+elsewhere are untouched.
 """
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from typing import Any, Iterator, Optional
 
@@ -51,11 +54,12 @@ def _start(thread: threading.Thread) -> None:
     if world is None:
         return _REAL["start"](thread)
     key = world.add_thread(state.rank, thread.daemon)  # live before it starts: its rank may wait at once
-    run = thread.run
+    run, profile = thread.run, sys.getprofile()
 
     def run_as_rank() -> None:
         _local.enter(state)
         world.enter_thread(key)
+        sys.setprofile(profile)
         try:
             run()
         except (Aborted, RuntimeMismatchError):
@@ -65,6 +69,7 @@ def _start(thread: threading.Thread) -> None:
                 raise  # Python prints it (threading.excepthook) and the rank goes on, as in an MPI process
             world.fail(state.rank, exc)  # a call not simulated: the run ends, reported as the rank's error
         finally:
+            sys.setprofile(None)
             _local.leave()
             world.end_thread(key)
 
