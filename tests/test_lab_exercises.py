@@ -1623,6 +1623,11 @@ def test_the_calls_of_a_thread_the_rank_starts_are_the_ranks_to_the_rules_and_by
     result = run_case(find_exercise(16), str(path), 3, 0)
     assert result.status == "forbidden" and result.reason.startswith(
         "line 6: comm.Allreduce is not one of the calls this exercise allows (Bcast)"), result
+    # the bound method itself the target: the call is the line that started the thread
+    path.write_text(path.read_text().replace("lambda: comm.Allreduce(row, out)", "comm.Allreduce, args=(row, out)"))
+    result = run_case(find_exercise(16), str(path), 3, 0)
+    assert result.status == "forbidden" and result.reason.startswith(
+        "line 7: comm.Allreduce is not one of the calls this exercise allows (Bcast)"), result
     path.write_text(textwrap.dedent("""
         import threading
         import numpy as np
@@ -1635,9 +1640,11 @@ def test_the_calls_of_a_thread_the_rank_starts_are_the_ranks_to_the_rules_and_by
             thread.join()
             return got
         """).lstrip())
-    for seed in (0, 1):  # its Send counted: not "no rank sent a byte"
-        result = run_case(find_exercise(2), str(path), 3, seed)
-        assert result.passed and result.sent == result.optimum, result
+    for target in ("lambda: comm.Send(x, dest=(r + 1) % n)", "comm.Send, args=(x, (r + 1) % n)"):
+        path.write_text(path.read_text().replace("lambda: comm.Send(x, dest=(r + 1) % n)", target))
+        for seed in (0, 1):  # its Send counted: not "no rank sent a byte"
+            result = run_case(find_exercise(2), str(path), 3, seed)
+            assert result.passed and result.sent == result.optimum, result
 
 
 NONBLOCKING_SOLUTIONS = [

@@ -14,6 +14,7 @@ import dataclasses
 import numbers
 import os
 import sys
+import threading
 from typing import Any, Callable, Iterator, Optional
 
 from ...emulator import comm as _comm
@@ -58,6 +59,9 @@ _READS = ("Get", "Rget")
 #: The folders of the emulator's code (spmdsim.emulator, and the thread engine's point-to-point and requests
 #: under it), found from the modules themselves wherever the package puts them.
 _EMULATOR = tuple(os.path.dirname(os.path.abspath(module.__file__)) + os.sep for module in (_comm, _p2p))
+#: The code of threading.Thread.run, which calls a thread's target: a call it makes is the submission's where the
+#: submission started the thread.
+_THREAD_RUN = threading.Thread.run.__code__
 
 
 #: The persistent sends: each Start of one sends what its nonblocking form (Send_init: Isend) sends.
@@ -200,25 +204,31 @@ def watching(filename: str, notes: Notes) -> Iterator[Notes]:
         back = frame.f_back
         if back is not None and back.f_code is GUARD_CODE:  # a method guarded once an errhandler was set
             back = back.f_back
-        if back is None or back.f_code.co_filename != filename:
+        if back is None:
             return
-        if not frame.f_code.co_filename.startswith(_EMULATOR):
+        if back.f_code is _THREAD_RUN:  # Thread(target=comm.Send): the line that started the thread
+            line = getattr(back.f_locals.get("self"), "_spmdsim_started_at", None)
+        else:
+            line = back.f_lineno if back.f_code.co_filename == filename else None
+        if line is None or not frame.f_code.co_filename.startswith(_EMULATOR):
             return
         name = frame.f_code.co_name
+        if name == "_start" and event == "call" and isinstance(frame.f_locals.get("thread"), threading.Thread):
+            frame.f_locals["thread"]._spmdsim_started_at = line  # (spmdsim.emulator.rank_threads)
         if event == "return":  # a persistent send or collective made: what each Start of it will send
             if arg is not None and name in _PERSISTENT_SENDS:
                 notes.persistent[id(arg)] = (arg, _sent("Send", frame))
             elif arg is not None and name.endswith("_init") and base_call(name) in COLLECTIVES:
                 notes.persistent[id(arg)] = (arg, persistent_collective_sent(name, frame.f_locals))
             return
-        notes.calls.append((name, back.f_lineno))
+        notes.calls.append((name, line))
         peer = _peer(name, frame)
         if peer is not None and name not in _READS:
-            notes.sent_to.append((peer, name, back.f_lineno))
+            notes.sent_to.append((peer, name, line))
         carried = _carried(name, frame, notes)
         if carried:
             notes.sent += carried
-            notes.carried[name, back.f_lineno] = notes.carried.get((name, back.f_lineno), 0) + carried
+            notes.carried[name, line] = notes.carried.get((name, line), 0) + carried
 
     before = sys.getprofile()
     sys.setprofile(hook)
