@@ -1647,6 +1647,26 @@ def test_the_calls_of_a_thread_the_rank_starts_are_the_ranks_to_the_rules_and_by
             assert result.passed and result.sent == result.optimum, result
 
 
+@pytest.mark.parametrize("call, line", [('exec("comm.Allreduce(row, out)")', 6),
+                                        ("ThreadPoolExecutor(1).submit(comm.Allreduce, row, out).result()", 6)],
+                         ids=["exec", "thread-pool"])
+def test_a_call_from_text_the_submission_execs_or_a_pool_runs_for_it_is_the_submissions(tmp_path, call, line):
+    path = tmp_path / "submission.py"  # exercise 16's row by a forbidden Allreduce, a tiny Bcast beside it
+    path.write_text(textwrap.dedent(f"""
+        from concurrent.futures import ThreadPoolExecutor
+        import numpy as np
+        def last_position(comm, x):
+            n, r = comm.Get_size(), comm.Get_rank()
+            row, out = x[-1] * (r == n - 1), np.empty(x.shape[1])
+            {call}
+            comm.Bcast(np.zeros(1), root=0)
+            return out
+        """).lstrip())
+    result = run_case(find_exercise(16), str(path), 3, 0)
+    assert result.status == "forbidden" and result.reason.startswith(
+        f"line {line}: comm.Allreduce is not one of the calls this exercise allows (Bcast)"), result
+
+
 NONBLOCKING_SOLUTIONS = [
     (17, """
         import numpy as np

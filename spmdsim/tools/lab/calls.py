@@ -3,9 +3,10 @@ operations carry (spmdsim.tools.lab.sent_bytes says what a collective sends).
 
 A profile hook on each simulated rank's thread (`watching`) notes every call from the submission's
 own file into the emulator (spmdsim.emulator, spmdsim.runtime.sim): a call on any communicator, whether the
-one passed in, MPI.COMM_WORLD or one made by Split or Create_cart. Nothing is refused while it runs:
-the grader judges the notes afterwards (`violation`), so a forbidden call is named with its line even
-when it gave the right answer.
+one passed in, MPI.COMM_WORLD or one made by Split or Create_cart; and a call the submission has code outside
+spmdsim make for it (text it exec'd, a thread's target, a thread pool's worker), at the submission's line.
+Nothing is refused while it runs: the grader judges the notes afterwards (`violation`), so a forbidden call
+is named with its line even when it gave the right answer.
 """
 from __future__ import annotations
 
@@ -62,6 +63,8 @@ _EMULATOR = tuple(os.path.dirname(os.path.abspath(module.__file__)) + os.sep for
 #: The code of threading.Thread.run, which calls a thread's target: a call it makes is the submission's where the
 #: submission started the thread.
 _THREAD_RUN = threading.Thread.run.__code__
+#: The folder of spmdsim's own code: a call into the emulator from there is no submission's.
+_SPMDSIM = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 
 
 #: The persistent sends: each Start of one sends what its nonblocking form (Send_init: Isend) sends.
@@ -193,6 +196,24 @@ def _carried(name: str, frame: Any, notes: Notes) -> int:
     return 0
 
 
+def _origin(back: Any, filename: str) -> Optional[int]:
+    """The line of the submission (`filename`) that a call into the emulator, from the caller frame `back`, comes
+    from: the caller's own line; None for spmdsim's own calls; for code outside spmdsim (text the submission
+    exec'd, the standard library calling a target or a callback it was given), the line of the nearest submission
+    frame below it, or where the submission started the thread it runs on."""
+    if back.f_code.co_filename == filename:
+        return back.f_lineno
+    if back.f_code.co_filename.startswith(_SPMDSIM):
+        return None
+    while back is not None:
+        if back.f_code.co_filename == filename:
+            return back.f_lineno
+        if back.f_code is _THREAD_RUN:
+            return getattr(back.f_locals.get("self"), "_spmdsim_started_at", None)
+        back = back.f_back
+    return None
+
+
 @contextlib.contextmanager
 def watching(filename: str, notes: Notes) -> Iterator[Notes]:
     """Within this block, this thread's calls from `filename` into the emulator are noted in `notes`
@@ -204,13 +225,10 @@ def watching(filename: str, notes: Notes) -> Iterator[Notes]:
         back = frame.f_back
         if back is not None and back.f_code is GUARD_CODE:  # a method guarded once an errhandler was set
             back = back.f_back
-        if back is None:
+        if back is None or not frame.f_code.co_filename.startswith(_EMULATOR):
             return
-        if back.f_code is _THREAD_RUN:  # Thread(target=comm.Send): the line that started the thread
-            line = getattr(back.f_locals.get("self"), "_spmdsim_started_at", None)
-        else:
-            line = back.f_lineno if back.f_code.co_filename == filename else None
-        if line is None or not frame.f_code.co_filename.startswith(_EMULATOR):
+        line = _origin(back, filename)
+        if line is None:
             return
         name = frame.f_code.co_name
         if name == "_start" and event == "call" and isinstance(frame.f_locals.get("thread"), threading.Thread):
