@@ -1541,7 +1541,50 @@ def ring_pass(comm, x):
     win.Free()
     return got
 """,
+    "derived_datatype": """
+import numpy as np
+from mpi4py import MPI
+def ring_pass(comm, x):
+    rank, n = comm.Get_rank(), comm.Get_size()
+    whole = MPI.DOUBLE.Create_contiguous(x.size).Commit()
+    got = np.empty_like(x)
+    comm.Sendrecv([x, 1, whole], dest=(rank + 1) % n, recvbuf=[got, 1, whole], source=(rank - 1) % n)
+    whole.Free()
+    return got
+""",
+    "derived_put": """
+import numpy as np
+from mpi4py import MPI
+def ring_pass(comm, x):
+    rank, n = comm.Get_rank(), comm.Get_size()
+    got, whole = np.empty_like(x), MPI.DOUBLE.Create_contiguous(x.size).Commit()
+    win = MPI.Win.Create(got, comm=comm)
+    win.Fence()
+    win.Put([x, 1, whole], (rank + 1) % n)
+    win.Fence()
+    win.Free()
+    return got
+""",
 }
+
+
+def test_a_send_of_a_derived_datatype_counts_the_bytes_it_packs_not_one_element(tmp_path):
+    path = tmp_path / "ring.py"  # exercise 5 by passing whole vectors around the ring, one element of a type each
+    path.write_text(textwrap.dedent("""
+        import numpy as np
+        from mpi4py import MPI
+        def ring_allreduce(comm, x):
+            n, r = comm.Get_size(), comm.Get_rank()
+            whole = MPI.DOUBLE.Create_contiguous(x.size).Commit()
+            total, current = x.copy(), x.copy()
+            for _ in range(n - 1):
+                got = np.empty_like(x)
+                comm.Sendrecv([current, 1, whole], dest=(r + 1) % n, recvbuf=[got, 1, whole], source=(r - 1) % n)
+                total, current = total + got, got
+            return total
+        """).lstrip())
+    result = run_case(find_exercise(5), str(path), 3, 0)
+    assert result.status == "bytes" and "comm.Sendrecv at line 9 sent all of them" in result.reason, result
 
 
 @pytest.mark.parametrize("form", sorted(RING_PASS_FORMS))

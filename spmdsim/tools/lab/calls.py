@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, Optional
 from ...emulator import comm as _comm
 from ...emulator.comm_errors import GUARD_CODE
 from ...runtime.sim import p2p as _p2p
-from .sent_bytes import buffer_bytes, collective_sent, object_bytes, persistent_collective_sent
+from .sent_bytes import collective_sent, message_bytes, object_bytes, persistent_collective_sent
 
 __all__ = ["COLLECTIVES", "POINT_TO_POINT", "ONE_SIDED", "Notes", "base_call", "family", "watching", "violation",
            "strangers", "missing", "too_many"]
@@ -168,7 +168,7 @@ def _sent(name: str, frame: Any) -> int:
         return 0
     local = frame.f_locals
     if name in _SEND_BUFFER:
-        return buffer_bytes(local.get(_SEND_BUFFER[name]))
+        return message_bytes(local.get(_SEND_BUFFER[name]))
     return object_bytes(local.get(_SEND_OBJECT[name]))
 
 
@@ -177,7 +177,7 @@ def _one_sided(name: str, frame: Any) -> int:
     window, counted as the caller's whether it writes them (Put) or reads them (Get)."""
     if _peer(name, frame) is None:
         return 0
-    return sum(buffer_bytes(frame.f_locals.get(argument)) for argument in _ONE_SIDED[name])
+    return sum(message_bytes(frame.f_locals.get(argument)) for argument in _ONE_SIDED[name])
 
 
 def _carried(name: str, frame: Any, notes: Notes) -> int:

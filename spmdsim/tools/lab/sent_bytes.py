@@ -30,7 +30,7 @@ from ...emulator.derived import may_be_derived, packed, wmessage
 from ...emulator.typemap import message, vector
 from ...runtime.sim._mpi import in_place
 
-__all__ = ["buffer_bytes", "object_bytes", "collective_sent", "persistent_collective_sent"]
+__all__ = ["buffer_bytes", "message_bytes", "object_bytes", "collective_sent", "persistent_collective_sent"]
 
 
 def buffer_bytes(spec: Any) -> int:
@@ -45,6 +45,16 @@ def buffer_bytes(spec: Any) -> int:
     except TypeError:
         return 0
     return view.nbytes if count is None else count * view.itemsize
+
+
+def message_bytes(spec: Any) -> int:
+    """The bytes a send's (or a one-sided operation's) buffer message carries: what its count of its datatype
+    packs, a derived datatype's too ([x, 1, a contiguous type of 1000 doubles]: 8,000 B, not one double's 8),
+    or `buffer_bytes` where the message cannot be read."""
+    try:
+        return _block(spec)
+    except Exception:  # noqa: BLE001 - a bad message: the call itself says what is wrong
+        return buffer_bytes(spec)
 
 
 #: Python's numbers, which a lowercase call's pickle wraps in more bytes than their values (a list of 3 floats: 43 B).
