@@ -1,8 +1,9 @@
-"""What spmdsim lab counts a collective as sending from each rank (spmdsim.tools.lab.sent_bytes), and exercise
-16's byte budget, which a broadcast of the whole block exceeds."""
+"""What spmdsim lab counts a collective (or an object) as sending from each rank (spmdsim.tools.lab.sent_bytes),
+and exercise 16's byte budget, which a broadcast of the whole block exceeds."""
 from __future__ import annotations
 
 import textwrap
+import types
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from spmdsim.runtime.sim._mpi import IN_PLACE
 from spmdsim.tools.lab.exercise import find_exercise
 from spmdsim.tools.lab.harness import run_case
-from spmdsim.tools.lab.sent_bytes import collective_sent
+from spmdsim.tools.lab.sent_bytes import collective_sent, object_bytes
 
 
 class _Comm:
@@ -165,3 +166,29 @@ def test_broadcasting_the_whole_block_fails_exercise_16_naming_the_rank_its_byte
     assert result.reason == (f"rank 2 sent 96 B at 3 ranks (A 9x4); the algorithm needs 32 B from its busiest rank; "
                              f"{call} at line {line} sent all of them: broadcast the one row from the rank that "
                              "holds it")
+
+
+def test_an_object_counts_its_arrays_values_and_anything_else_its_pickle():
+    boxed = np.empty(2, dtype=object)
+    boxed[0], boxed[1] = np.zeros(1000), 1
+    assert object_bytes(np.zeros(3)) == object_bytes(np.zeros((3, 3))[:, 1]) == 24
+    assert object_bytes(np.float64(1.0)) == 8 and object_bytes([np.zeros(2), np.ones(3)]) == 40
+    # an array of objects holds pointers; an object naming __array_interface__ no buffer: their pickles count
+    assert object_bytes(boxed) > 8000
+    assert object_bytes(types.SimpleNamespace(__array_interface__=None, data=np.zeros(1000))) > 8000
+    assert object_bytes([types.SimpleNamespace(__array_interface__=None, data=np.zeros(1000))]) > 8000
+
+
+def test_gathering_x_and_w_in_an_array_of_objects_fails_exercise_8s_budget(tmp_path):
+    path = tmp_path / "submission.py"
+    path.write_text(textwrap.dedent("""
+        import numpy as np
+        def row_parallel_linear(comm, x, w):
+            box = np.empty(2, dtype=object)
+            box[0], box[1] = x, w
+            every = comm.allgather(box)
+            comm.allreduce(np.zeros(1))
+            return np.hstack([b[0] for b in every]) @ np.vstack([b[1] for b in every])
+        """).lstrip())
+    result = run_case(find_exercise(8), str(path), 3, 0)
+    assert result.status == "bytes" and "comm.allgather at line 5" in result.reason, result

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import inspect
 import pickle
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from ...emulator.derived import may_be_derived, packed, wmessage
 from ...emulator.typemap import message, vector
@@ -61,15 +61,30 @@ def message_bytes(spec: Any) -> int:
 _NUMBERS = (int, float)
 
 
+def _array_bytes(obj: Any) -> Optional[int]:
+    """The bytes of an array's values (a NumPy array or scalar), or None for any other object, an array of
+    Python objects included (its buffer holds pointers; its pickle, the objects)."""
+    if not hasattr(obj, "__array_interface__") or getattr(getattr(obj, "dtype", None), "hasobject", True):
+        return None
+    try:
+        return memoryview(obj).nbytes
+    except (TypeError, ValueError):
+        return None
+
+
 def object_bytes(obj: Any) -> int:
     """The bytes of an object a lowercase call carries: an array's (or a list or tuple of arrays') data, as
     its buffer form would send it, so that `comm.sendrecv(x, ...)` meets the same budget as `Sendrecv`; a
     Python number, or a list or tuple of them (`x[-1].tolist()`), 8 bytes each, as a float64 or int64 array
-    of them; any other object its pickle's."""
-    if isinstance(obj, (list, tuple)) and obj and all(hasattr(item, "__array_interface__") for item in obj):
-        return sum(buffer_bytes(item) for item in obj)
-    if hasattr(obj, "__array_interface__"):
-        return buffer_bytes(obj)
+    of them; any other object its pickle's (an array of objects, or an object that only names an
+    ``__array_interface__``, carries what its pickle holds)."""
+    if isinstance(obj, (list, tuple)) and obj:
+        sizes = [_array_bytes(item) for item in obj]
+        if None not in sizes:
+            return sum(sizes)
+    size = _array_bytes(obj)
+    if size is not None:
+        return size
     if type(obj) in _NUMBERS:
         return 8
     if isinstance(obj, (list, tuple)) and obj and all(type(item) in _NUMBERS for item in obj):
