@@ -1552,6 +1552,17 @@ def ring_pass(comm, x):
     whole.Free()
     return got
 """,
+    "partitioned": """
+import numpy as np
+def ring_pass(comm, x):
+    rank, n = comm.Get_rank(), comm.Get_size()
+    got = np.empty_like(x)
+    receive = comm.Precv_init(got, 1, source=(rank - 1) % n, tag=0)
+    send = comm.Psend_init(x, 1, dest=(rank + 1) % n, tag=0)
+    receive.Start(), send.Start(), send.Pready(0)
+    receive.Wait(), send.Wait()
+    return got
+""",
     "derived_put": """
 import numpy as np
 from mpi4py import MPI
@@ -1566,6 +1577,30 @@ def ring_pass(comm, x):
     return got
 """,
 }
+
+
+def test_a_partitioned_send_is_a_point_to_point_call_to_the_rules(tmp_path):
+    path = tmp_path / "last.py"  # exercise 16's row sent by partitioned sends, an 8 B Bcast beside them
+    path.write_text(textwrap.dedent("""
+        import numpy as np
+        from mpi4py import MPI
+        def last_position(comm, x):
+            n, r = comm.Get_size(), comm.Get_rank()
+            row = x[-1].copy() if r == n - 1 else np.empty(x.shape[1])
+            if r == n - 1:
+                sends = [comm.Psend_init(row, 1, dest=k, tag=0) for k in range(n - 1)]
+                for send in sends:
+                    send.Start(), send.Pready(0)
+                MPI.Request.Waitall(sends)
+            else:
+                receive = comm.Precv_init(row, 1, source=n - 1, tag=0)
+                receive.Start(), receive.Wait()
+            comm.Bcast(np.zeros(1), root=0)
+            return row
+        """).lstrip())
+    result = run_case(find_exercise(16), str(path), 3, 0)
+    assert result.status == "forbidden" and result.reason.startswith(
+        "line 12: comm.Precv_init is not one of the calls this exercise allows (Bcast)"), result
 
 
 def test_a_send_of_a_derived_datatype_counts_the_bytes_it_packs_not_one_element(tmp_path):

@@ -41,10 +41,10 @@ _SEND_BUFFER = {"Send": "buf", "Ssend": "buf", "Bsend": "buf", "Rsend": "buf", "
                 "Sendrecv_replace": "buf", "Isendrecv_replace": "buf"}
 _SEND_OBJECT = {"send": "obj", "ssend": "obj", "bsend": "obj", "isend": "obj", "issend": "obj", "ibsend": "obj",
                 "sendrecv": "sendobj"}
-#: Every point-to-point call (sends, receives, probes).
+#: Every point-to-point call (sends, receives, probes; MPI 4's partitioned Psend_init and Precv_init, by base_call).
 POINT_TO_POINT = frozenset(set(_SEND_BUFFER) | set(_SEND_OBJECT) | {
     "Recv", "Irecv", "recv", "irecv", "Probe", "Iprobe", "probe", "iprobe", "Mprobe", "Improbe", "mprobe",
-    "improbe"})
+    "improbe", "Psend", "Precv"})
 
 #: A window's one-sided operations (spmdsim.emulator.window_ops), each with the arguments whose buffers it moves
 #: between the caller and the target rank: what a Put writes, what a Get reads, both for Get_accumulate.
@@ -67,8 +67,9 @@ _THREAD_RUN = threading.Thread.run.__code__
 _SPMDSIM = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 
 
-#: The persistent sends: each Start of one sends what its nonblocking form (Send_init: Isend) sends.
-_PERSISTENT_SENDS = ("Send_init", "Bsend_init", "Ssend_init", "Rsend_init")
+#: The persistent sends: each Start of one sends what its nonblocking form (Send_init: Isend) sends; a partitioned
+#: send (Psend_init) its whole buffer, all its partitions.
+_PERSISTENT_SENDS = ("Send_init", "Bsend_init", "Ssend_init", "Rsend_init", "Psend_init")
 
 
 @dataclasses.dataclass
