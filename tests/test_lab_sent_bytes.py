@@ -177,6 +177,9 @@ def test_an_object_counts_its_arrays_values_and_anything_else_its_pickle():
     assert object_bytes(boxed) > 8000
     assert object_bytes(types.SimpleNamespace(__array_interface__=None, data=np.zeros(1000))) > 8000
     assert object_bytes([types.SimpleNamespace(__array_interface__=None, data=np.zeros(1000))]) > 8000
+    # a Python number is 8 bytes, as an int64 or float64; an int past 64 bits its own (an array packed in it)
+    assert object_bytes(3) == object_bytes(2.5) == 8 and object_bytes([1.0, 2, 3]) == 24
+    assert object_bytes(int.from_bytes(np.arange(100.0).tobytes(), "little")) == 800
 
 
 def test_gathering_x_and_w_in_an_array_of_objects_fails_exercise_8s_budget(tmp_path):

@@ -61,6 +61,12 @@ def message_bytes(spec: Any) -> int:
 _NUMBERS = (int, float)
 
 
+def _number_bytes(number: Any) -> int:
+    """A Python number's bytes: 8, as an int64 or float64 holds it, or an int's own beyond 64 bits (an array's
+    bytes packed into one int are that array's)."""
+    return 8 if type(number) is float else max(8, (number.bit_length() + 8) // 8)
+
+
 def _array_bytes(obj: Any) -> Optional[int]:
     """The bytes of an array's values (a NumPy array or scalar), or None for any other object, an array of
     Python objects included (its buffer holds pointers; its pickle, the objects)."""
@@ -76,8 +82,8 @@ def object_bytes(obj: Any) -> int:
     """The bytes of an object a lowercase call carries: an array's (or a list or tuple of arrays') data, as
     its buffer form would send it, so that `comm.sendrecv(x, ...)` meets the same budget as `Sendrecv`; a
     Python number, or a list or tuple of them (`x[-1].tolist()`), 8 bytes each, as a float64 or int64 array
-    of them; any other object its pickle's (an array of objects, or an object that only names an
-    ``__array_interface__``, carries what its pickle holds)."""
+    of them (an int past 64 bits its own bytes); any other object its pickle's (an array of objects, or an
+    object that only names an ``__array_interface__``, carries what its pickle holds)."""
     if isinstance(obj, (list, tuple)) and obj:
         sizes = [_array_bytes(item) for item in obj]
         if None not in sizes:
@@ -86,9 +92,9 @@ def object_bytes(obj: Any) -> int:
     if size is not None:
         return size
     if type(obj) in _NUMBERS:
-        return 8
+        return _number_bytes(obj)
     if isinstance(obj, (list, tuple)) and obj and all(type(item) in _NUMBERS for item in obj):
-        return 8 * len(obj)
+        return sum(_number_bytes(item) for item in obj)
     try:
         return len(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
     except Exception:  # noqa: BLE001 - what cannot be pickled fails in the call itself
