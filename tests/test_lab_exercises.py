@@ -1640,6 +1640,9 @@ def test_the_rules_name_a_call_outside_allowed_and_a_required_call_never_made():
         "line 9: comm.Bcast is not one of the calls this exercise allows (Send, Recv)")
     assert violation(notes, ("Recv",), None) == "line 6: comm.Recv is not allowed in this exercise"
     assert violation(notes, (), ("Send", "Recv", "Bcast")) is None
+    waits = [Notes(calls=[("Barrier", 2), ("Ibarrier", 3), ("barrier", 4), ("Allreduce", 5)])]
+    assert violation(waits, (), ("Allreduce",)) is None  # a Barrier moves no data: allowed, unless forbidden
+    assert violation(waits, ("Barrier",), ("Allreduce",)) == "line 2: comm.Barrier is not allowed in this exercise"
     assert missing(notes, ("Bcast", "Scatter|Send")) is None
     assert missing(notes, ("Bcast", "Scatter|Sendrecv")) == (
         "no rank called comm.Scatter (or Scatterv, Iscatter, Iscatterv, scatter) or comm.Sendrecv: the exercise "

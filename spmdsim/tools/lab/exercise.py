@@ -11,11 +11,12 @@ An exercise file (``NN_name.py``; NN is its number in `spmdsim lab list`) define
     def reference(comm, x): ...                        the solution (named after FUNCTION or `reference`)
 
 and may define RANKS (rank counts, default 1, 2, 3, 4, 8), SEEDS (default 0, 1), FORBIDDEN (comm calls the
-exercise forbids), ALLOWED (the only comm calls it allows), REQUIRED (calls it must make: each entry names
-one or more calls, any of which counts, "Scatter|Send"), MOST_CALLS (how many times a rank may make such
-calls, {"Allreduce": 1}), HINT (said with a forbidden call, one call too many, a send to a rank the algorithm
-does not address or too many bytes); def partners(rank, n) (the ranks `rank` may send to, point to point
-or one-sided, in the algorithm at n ranks; a send to any other fails). A
+exercise forbids), ALLOWED (the only comm calls it allows, and Barrier, which moves no data), REQUIRED
+(calls it must make: each entry names one or more calls, any of which counts, "Scatter|Send"), MOST_CALLS
+(how many times a rank may make such calls, {"Allreduce": 1}), HINT (said with a forbidden call, one call
+too many, a send to a rank the algorithm does not address or too many bytes); def partners(rank, n) (the
+ranks `rank` may send to, point to point or one-sided, in the algorithm at n ranks; a send to any other
+fails). A
 collective named in these rules stands for all its forms (spmdsim.tools.lab.calls.family): "Allreduce" for
 Iallreduce, allreduce and Allreduce_init too, "Allgather" for Allgatherv;
 def optimal_bytes(case, n) (the bytes the best algorithm sends from its busiest rank, its collectives counted
