@@ -143,3 +143,29 @@ def test_a_thread_polling_in_vain_while_its_rank_joins_it_is_named(monkeypatch):
     assert "recv from group rank 1 (tag 9) on the world: a thread of rank 0 polls it (Test), while every other " \
            "live rank waits" in text
     assert "join of a thread of rank 0: rank 0 waits in it" in text
+
+
+def _profiled_thread() -> list:
+    """A rank that profiles itself with cProfile (a profile function its threads do not inherit, in Python as
+    under mpiexec) and starts a thread."""
+    import cProfile
+
+    from mpi4py import MPI
+
+    profile, out = cProfile.Profile(), []
+    profile.enable()
+    try:
+        thread = threading.Thread(target=lambda: out.append(sum(range(1000))))
+        thread.start()
+        thread.join()
+    finally:
+        profile.disable()
+    return MPI.COMM_WORLD.allgather(out)
+
+
+def test_a_ranks_own_profiler_stays_with_its_thread_and_its_threads_run():
+    # The rank's threads took its cProfile object as a profile function and failed ("'Profile' object is
+    # not callable"): only a profile function marked rank_wide (the lab grader's) runs in a rank's threads.
+    with swapped():
+        results = simulate(2, _profiled_thread)
+    assert results == [[[499500], [499500]]] * 2

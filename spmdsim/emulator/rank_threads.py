@@ -9,8 +9,9 @@ generators) and is counted by the rank's World as a live thread until it ends
 (spmdsim.runtime.sim.rank_threads), so a rank waiting for its own thread is no deadlock
 and a deadlock is still every live thread waiting; its ``join()`` is a wait the
 report names, and the rank's end waits for it unless it is a daemon, as Python's
-exit does. It runs under its rank's profile function (sys.setprofile), as a thread of the rank's: the
-grader's watch of the rank's MPI calls (spmdsim.tools.lab.calls) sees the thread's too. Threads started
+exit does. A profile function of the rank's marked ``rank_wide`` (the grader's watch of a rank's MPI
+calls, spmdsim.tools.lab.calls) runs in its threads too, so a call made in a thread is seen; any other (a
+program's own cProfile) stays with the thread that set it, as Python's threads do. Threads started
 elsewhere are untouched.
 """
 from __future__ import annotations
@@ -55,11 +56,14 @@ def _start(thread: threading.Thread) -> None:
         return _REAL["start"](thread)
     key = world.add_thread(state.rank, thread.daemon)  # live before it starts: its rank may wait at once
     run, profile = thread.run, sys.getprofile()
+    if not getattr(profile, "rank_wide", False):
+        profile = None
 
     def run_as_rank() -> None:
         _local.enter(state)
         world.enter_thread(key)
-        sys.setprofile(profile)
+        if profile is not None:
+            sys.setprofile(profile)
         try:
             run()
         except (Aborted, RuntimeMismatchError):
@@ -69,7 +73,8 @@ def _start(thread: threading.Thread) -> None:
                 raise  # Python prints it (threading.excepthook) and the rank goes on, as in an MPI process
             world.fail(state.rank, exc)  # a call not simulated: the run ends, reported as the rank's error
         finally:
-            sys.setprofile(None)
+            if profile is not None:
+                sys.setprofile(None)
             _local.leave()
             world.end_thread(key)
 

@@ -249,6 +249,7 @@ def watching(filename: str, notes: Notes) -> Iterator[Notes]:
             notes.sent += carried
             notes.carried[name, line] = notes.carried.get((name, line), 0) + carried
 
+    hook.rank_wide = True  # the rank's threads run under it too (spmdsim.emulator.rank_threads)
     before = sys.getprofile()
     sys.setprofile(hook)
     try:
