@@ -163,9 +163,9 @@ def _peer(name: str, frame: Any) -> Optional[int]:
     return None if peer == own else peer
 
 
-def _sent(name: str, frame: Any) -> int:
-    """The bytes a send call (the callee's `frame`) carries to another rank."""
-    if _peer(name, frame) is None:
+def _sent(name: str, frame: Any, peer: Optional[int]) -> int:
+    """The bytes a send call (the callee's `frame`) aimed at `peer` (`_peer`'s answer) carries to another rank."""
+    if peer is None:
         return 0
     local = frame.f_locals
     if name in _SEND_BUFFER:
@@ -173,21 +173,22 @@ def _sent(name: str, frame: Any) -> int:
     return object_bytes(local.get(_SEND_OBJECT[name]))
 
 
-def _one_sided(name: str, frame: Any) -> int:
-    """The bytes a one-sided operation (the callee's `frame`) moves between its caller and another rank of the
-    window, counted as the caller's whether it writes them (Put) or reads them (Get)."""
-    if _peer(name, frame) is None:
+def _one_sided(name: str, frame: Any, peer: Optional[int]) -> int:
+    """The bytes a one-sided operation (the callee's `frame`) aimed at `peer` (`_peer`'s answer) moves between its
+    caller and another rank of the window, counted as the caller's whether it writes them (Put) or reads them
+    (Get)."""
+    if peer is None:
         return 0
     return sum(message_bytes(frame.f_locals.get(argument)) for argument in _ONE_SIDED[name])
 
 
-def _carried(name: str, frame: Any, notes: Notes) -> int:
-    """The bytes call `name` (the callee's `frame`) carries to other ranks: a send's, a collective's, a
-    one-sided operation's, or a Start's of the persistent requests in `notes`."""
+def _carried(name: str, frame: Any, notes: Notes, peer: Optional[int]) -> int:
+    """The bytes call `name` (the callee's `frame`; `peer`, `_peer`'s answer for it) carries to other ranks: a
+    send's, a collective's, a one-sided operation's, or a Start's of the persistent requests in `notes`."""
     if name in _SEND_BUFFER or name in _SEND_OBJECT:
-        return _sent(name, frame)
+        return _sent(name, frame, peer)
     if name in _ONE_SIDED:
-        return _one_sided(name, frame)
+        return _one_sided(name, frame, peer)
     if name in COLLECTIVES:
         return collective_sent(name, frame.f_locals, frame.f_locals.get("self"))
     if name in ("Start", "Startall"):
@@ -236,7 +237,7 @@ def watching(filename: str, notes: Notes) -> Iterator[Notes]:
             frame.f_locals["thread"]._spmdsim_started_at = line  # (spmdsim.emulator.rank_threads)
         if event == "return":  # a persistent send or collective made: what each Start of it will send
             if arg is not None and name in _PERSISTENT_SENDS:
-                notes.persistent[id(arg)] = (arg, _sent("Send", frame))
+                notes.persistent[id(arg)] = (arg, _sent("Send", frame, _peer("Send", frame)))
             elif arg is not None and name.endswith("_init") and base_call(name) in COLLECTIVES:
                 notes.persistent[id(arg)] = (arg, persistent_collective_sent(name, frame.f_locals))
             return
@@ -244,7 +245,7 @@ def watching(filename: str, notes: Notes) -> Iterator[Notes]:
         peer = _peer(name, frame)
         if peer is not None and name not in _READS:
             notes.sent_to.append((peer, name, line))
-        carried = _carried(name, frame, notes)
+        carried = _carried(name, frame, notes, peer)
         if carried:
             notes.sent += carried
             notes.carried[name, line] = notes.carried.get((name, line), 0) + carried
