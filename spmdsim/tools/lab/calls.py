@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator, Optional
 from ...emulator import comm as _comm
 from ...emulator.comm_errors import GUARD_CODE
 from ...runtime.sim import p2p as _p2p
+from .contents import payload
 from .sent_bytes import collective_sent, message_bytes, object_bytes, persistent_collective_sent
 
 __all__ = ["COLLECTIVES", "POINT_TO_POINT", "ONE_SIDED", "Notes", "base_call", "family", "watching", "violation",
@@ -79,13 +80,15 @@ class Notes:
     (`sent`) and by call (`carried`: (name, line) -> bytes, for the calls that carried some); `persistent`:
     id -> (request, the bytes each Start of it sends), for the persistent sends and collectives it made;
     `sent_to`: (rank, name, line) of each send, persistent send made and one-sided write aimed at another rank
-    of its communicator or window."""
+    of its communicator or window; `payloads`: where kept (not None), a copy of the data each call that carried
+    bytes sent (spmdsim.tools.lab.contents.payload), a one-sided read's aside."""
 
     calls: list = dataclasses.field(default_factory=list)
     sent_to: list = dataclasses.field(default_factory=list)
     sent: int = 0
     carried: dict = dataclasses.field(default_factory=dict)
     persistent: dict = dataclasses.field(default_factory=dict)
+    payloads: Optional[list] = None
 
     def heaviest(self) -> Optional[tuple]:
         """(the call as a program writes it, line, bytes) of the call that carried the most of this rank's
@@ -249,6 +252,8 @@ def watching(filename: str, notes: Notes) -> Iterator[Notes]:
         if carried:
             notes.sent += carried
             notes.carried[name, line] = notes.carried.get((name, line), 0) + carried
+            if notes.payloads is not None and name not in _READS:
+                notes.payloads.append(payload(frame))
 
     hook.rank_wide = True  # the rank's threads run under it too (spmdsim.emulator.rank_threads)
     before = sys.getprofile()

@@ -16,7 +16,8 @@ exercise forbids), ALLOWED (the only comm calls it allows, and Barrier, which mo
 (how many times a rank may make such calls, {"Allreduce": 1}), HINT (said with a forbidden call, one call
 too many, a send to a rank the algorithm does not address or too many bytes); def partners(rank, n) (the
 ranks `rank` may send to, point to point or one-sided, in the algorithm at n ranks; a send to any other
-fails). A
+fails); def sends(case, n, rank) (the values whose computing is `rank`'s work, {what: value}: a rank whose
+messages carry none of one fails, spmdsim.tools.lab.contents). A
 collective named in these rules stands for all its forms (spmdsim.tools.lab.calls.family): "Allreduce" for
 Iallreduce, allreduce and Allreduce_init too, "Allgather" for Allgatherv;
 def optimal_bytes(case, n) (the bytes the best algorithm sends from its busiest rank, its collectives counted
@@ -71,6 +72,7 @@ class Exercise:
     hint: str = ""
     optimal_bytes: Optional[Callable[[dict, int], int]] = None
     partners: Optional[Callable[[int, int], Any]] = None
+    sends: Optional[Callable[[dict, int, int], dict]] = None
     explain: Optional[Callable[..., Optional[str]]] = None
     rtol: Optional[float] = None  # None: by the expected value's dtype (spmdsim.tools.lab.compare)
     atol: Optional[float] = None
@@ -121,7 +123,7 @@ def _exercise(path: str, number: int, name: str) -> Exercise:
     optional = {"ranks": "RANKS", "seeds": "SEEDS", "forbidden": "FORBIDDEN", "required": "REQUIRED",
                 "hint": "HINT", "rtol": "RTOL", "atol": "ATOL", "time_limit": "TIME_LIMIT",
                 "memory_mb": "MEMORY_MB", "optimal_bytes": "optimal_bytes", "explain": "explain",
-                "partners": "partners",
+                "partners": "partners", "sends": "sends",
                 "most_calls": "MOST_CALLS"}
     extra = {field: found[key] for field, key in optional.items() if key in found}
     for field in ("ranks", "seeds", "forbidden", "required"):

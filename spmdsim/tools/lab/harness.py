@@ -21,6 +21,7 @@ from ...runtime.sim.os_exit import OsExit, os_exit_ends_the_rank
 from ...runtime.sim.run import current_rank, simulate
 from .calls import Notes, missing, strangers, too_many, violation, watching
 from .compare import first_difference
+from .contents import uncarried
 from .exercise import Exercise, LabError, meant_for
 from .failure import FILE_BYTES, NOT_RUNNABLE, Exited, MissingFunction, at_line, describe_failure, ranks_text
 
@@ -173,7 +174,7 @@ def run_case(exercise: Exercise, path: str, n: int, seed: int, eager_limit: int 
         return CaseResult(n, seed, label, status="unloadable", reason=f"syntax error{where}: {exc.msg}")
     except LabError as exc:  # unreadable, empty, not text: the submission's verdict, not the grader's stop
         return CaseResult(n, seed, label, status="unloadable", reason=str(exc))
-    notes = [Notes() for _ in range(n)]
+    notes = [Notes(payloads=[] if exercise.sends else None) for _ in range(n)]
     failure, results = None, None
     try:
         with swapped(), os_exit_ends_the_rank(), own_generators():
@@ -232,7 +233,23 @@ def judge(exercise: Exercise, case: dict, seed: int, n: int, results: Optional[l
     if astray:  # right values within the bytes, by another algorithm's messages
         return CaseResult(**result, status="forbidden", reason=astray + (f": {exercise.hint}" if exercise.hint else ""),
                           sent=sent, optimum=optimum)
+    idle = _idle(exercise, case, notes, n, label) if rules and exercise.sends else None
+    if idle:  # right values, the messages there, another rank's work in them
+        return CaseResult(**result, status="forbidden", reason=idle, sent=sent, optimum=optimum)
     return CaseResult(**result, status=PASS, sent=sent, optimum=optimum)
+
+
+def _idle(exercise: Exercise, case: dict, notes: list, n: int, label: str) -> Optional[str]:
+    """The reason of a case in which a rank's messages carried none of a value the exercise's `sends` names as
+    its work (spmdsim.tools.lab.contents), or None."""
+    if any(note.payloads is None for note in notes):  # (notes made without payloads: nothing to judge)
+        return None
+    missed = uncarried([note.payloads for note in notes], exercise.sends, case, exercise.rtol, exercise.atol)
+    if missed is None:
+        return None
+    rank, what = missed
+    return (f"rank {rank}'s messages at {ranks_text(n)} ({label}) carried no {what}: in this exercise's algorithm "
+            f"rank {rank} computes it and sends it, not another rank")
 
 
 def _too_many_bytes(notes: list, optimum: int, n: int, label: str, hint: Optional[str]) -> str:

@@ -32,6 +32,11 @@ def partners(rank, n):
     return {0: (1,), 1: (0,)}.get(rank, ())
 
 
+def sends(case, n, rank):
+    """Rank 1's work: the array it received, plus 1 (rank 0 adding the 1 itself passed before)."""
+    return {"array it received plus 1": case["args"][0][0] + 1} if rank == 1 else {}
+
+
 def optimal_bytes(case, n):
     return case["args"][0][0].nbytes
 

@@ -32,6 +32,16 @@ def case(seed, n):
     return {"args": [(intervals,)] * n, "expected": [total] + [None] * (n - 1), "label": f"{intervals} intervals"}
 
 
+def sends(case, n, rank):
+    """A non-root rank's work: the sum of its own terms, with the factor h or without (rank 0 may multiply the
+    total by h); rank 0 summing every interval beside the others' Reduce of zeros passed before."""
+    if rank == 0:
+        return {}
+    intervals = case["args"][0][0]
+    part = _part(intervals, rank, n)
+    return {f"partial sum of its terms i = {rank}, {rank} + {n}, ...": (part, part * intervals)}
+
+
 def optimal_bytes(case, n):
     """A rank's partial sum, one float64 (a Reduce sends a non-root's send buffer, see
     spmdsim.tools.lab.sent_bytes); nothing on one rank."""

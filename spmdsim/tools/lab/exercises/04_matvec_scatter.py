@@ -43,6 +43,16 @@ def optimal_bytes(case, n):
     return 0 if n == 1 else (n - 1) * a.nbytes // n + x.nbytes + SHAPE_BYTES
 
 
+def sends(case, n, rank):
+    """A non-root rank's work: its rows of A times x, what it gathers onto rank 0 (rank 0 computing A @ x
+    beside a Scatter and a Gather of other values passed before)."""
+    if rank == 0:
+        return {}
+    a, x = case["args"][0]
+    rows = a.shape[0] // n
+    return {f"rows {rank * rows}..{(rank + 1) * rows - 1} of A times x": a[rank * rows:(rank + 1) * rows] @ x}
+
+
 def matvec(comm, A, x):
     rank, n = comm.Get_rank(), comm.Get_size()
     shape = comm.bcast(None if A is None else A.shape, root=0)

@@ -1,0 +1,93 @@
+"""What a rank's messages carried, for an exercise that says which values a rank must send.
+
+An exercise's ``sends(case, n, rank)`` names the values whose computing is `rank`'s own work in its
+algorithm, as ``{what: value}`` ({"its x plus 1": x + 1}; a tuple of values where any of them will do: a sum
+with its common factor, or without); a check whose values are right then fails where a
+rank's messages (its sends, the send side of its collectives, its one-sided writes) carried none of them:
+another rank did that rank's work, and the messages were only there for show (rank 0 adding the 1 that rank 1
+should add, summing every interval, multiplying all of A). A value is carried where a message's data holds
+it, whole, at a multiple of its size; a rank with a message whose data the grader cannot read as numbers (a
+derived datatype's, an object's pickle, a persistent request's) is not judged.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from ...references.tolerances import default_tolerances
+from ...runtime.sim._mpi import in_place
+from .exercise import LabError
+
+__all__ = ["payload", "uncarried"]
+
+#: A call's argument holding the data it sends, in the emulator's names, the first one a call has.
+_SENT = ("sendbuf", "buf", "sendobj", "obj", "origin")
+
+
+def payload(frame: Any) -> Optional[np.ndarray]:
+    """A copy of the data a sending call (the callee's `frame`) carries, flat float64 (complex as it is), or
+    None where it is not numbers the grader can read."""
+    local = frame.f_locals
+    data = next((local[name] for name in _SENT if name in local), None)
+    if in_place(data):  # MPI.IN_PLACE: the data lies in the receive buffer
+        data = local.get("recvbuf")
+    if isinstance(data, (list, tuple)) and data and not isinstance(data[0], numbers.Number):
+        data = data[0]  # a buffer message: [array, datatype] or [array, count, datatype]
+    try:
+        values = np.array(data, copy=True)
+    except (TypeError, ValueError):  # ragged lists and objects numpy cannot take
+        return None
+    if values.dtype.kind not in "biufc":
+        return None
+    return values.ravel().astype(np.complex128 if values.dtype.kind == "c" else np.float64)
+
+
+def _holds(data: np.ndarray, value: np.ndarray, rtol: float, atol: float) -> bool:
+    """Whether `data` holds `value` whole at an offset that is a multiple of its size."""
+    if value.size == 0 or data.size < value.size or data.size % value.size:
+        return False
+    blocks = data.reshape(-1, value.size)
+    return bool(np.any(np.all(np.isclose(blocks, value, rtol=rtol, atol=atol), axis=1)))
+
+
+def _expected(sends: Callable[..., Any], case: dict, n: int, rank: int, rtol: Optional[float],
+              atol: Optional[float]) -> dict:
+    """The exercise's ``sends(case, n, rank)``, checked: {what: [(flat values, rtol, atol)]}, each tolerance the
+    exercise leaves out (None) taken by the value's dtype, as a result's (spmdsim.tools.lab.compare); a
+    list of them, the alternatives a tuple names."""
+    named = sends(case, n, rank)
+    if not isinstance(named, dict) or not all(isinstance(what, str) for what in named):
+        raise LabError(f"the exercise's sends(case, {n}, {rank}) returned {named!r}: expected a dict of "
+                       "{what: value}")
+    out = {}
+    for what, value in named.items():
+        out[what] = [_value(v, what, n, rank, rtol, atol) for v in (value if isinstance(value, tuple) else (value,))]
+    return out
+
+
+def _value(value: Any, what: str, n: int, rank: int, rtol: Optional[float], atol: Optional[float]) -> tuple:
+    """One of `sends`' values: (flat values, rtol, atol), each tolerance left out (None) taken by its dtype."""
+    values = np.asarray(value)
+    if values.dtype.kind not in "biufc":
+        raise LabError(f"the exercise's sends(case, {n}, {rank}) names {what!r} as {value!r}: expected numbers, "
+                       "an array of them, or a tuple of such values")
+    rtol_, atol_ = default_tolerances(values.dtype if values.dtype.kind in "fc" else np.dtype(np.float64))
+    return (values.ravel().astype(np.complex128 if values.dtype.kind == "c" else np.float64),
+            rtol_ if rtol is None else rtol, atol_ if atol is None else atol)
+
+
+def uncarried(carried: list, sends: Callable[..., Any], case: dict, rtol: Optional[float] = None,
+              atol: Optional[float] = None) -> Optional[tuple]:
+    """(rank, what) of the first value the exercise's `sends` names that none of its rank's messages carried,
+    `carried` holding each rank's payloads (None for one the grader cannot read), or None; `rtol`, `atol`: the
+    exercise's RTOL and ATOL."""
+    n = len(carried)
+    for rank, payloads in enumerate(carried):
+        if any(data is None for data in payloads):
+            continue
+        for what, values in _expected(sends, case, n, rank, rtol, atol).items():
+            if not any(_holds(data, *value) for data in payloads for value in values):
+                return rank, what
+    return None
