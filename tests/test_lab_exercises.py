@@ -1461,6 +1461,35 @@ def test_a_ring_turned_the_other_way_passes_and_a_partner_outside_the_ring_does_
         and "rank 0 sends to ranks 1 and 4 only" in result.reason and result.sent <= result.optimum, result
 
 
+#: Exercise 9 on a communicator split in the reverse order (key n - 1 - rank): `step` picks each step's partner in
+#: its numbering.
+RECURSIVE_DOUBLING_REVERSED = """
+import numpy as np
+def recursive_doubling_allreduce(comm, x):
+    n = comm.Get_size()
+    rev = comm.Split(0, n - 1 - comm.Get_rank())
+    r, total, k = rev.Get_rank(), x.astype(np.float64), 1
+    while k < n:
+        got = np.empty_like(total)
+        rev.Sendrecv(total, dest={step}, recvbuf=got, source={back})
+        total = total + got
+        k <<= 1
+    return total
+"""
+
+
+def test_partners_are_world_ranks_whatever_order_a_split_communicator_numbers_them(tmp_path):
+    path = tmp_path / "reversed.py"
+    path.write_text(RECURSIVE_DOUBLING_REVERSED.format(step="r ^ k", back="r ^ k").lstrip())
+    for ranks in (2, 4, 8):  # its partner r ^ k is world rank (n - 1 - r) ^ k... = world r ^ k: the algorithm
+        result = run_case(find_exercise(9), str(path), ranks, 0)
+        assert result.passed, result
+    path.write_text(RECURSIVE_DOUBLING_REVERSED.format(step="(r + k) % n", back="(r - k) % n").lstrip())
+    result = run_case(find_exercise(9), str(path), 8, 0)  # dissemination, in the split's numbering
+    assert result.status == "forbidden" and "line 8: rank 0 sent to rank 7 by comm.Sendrecv at 8 ranks" in \
+        result.reason and "rank 0 sends to ranks 1, 2 and 4 only" in result.reason, result
+
+
 def test_partners_may_name_one_rank_or_any_collection_and_nothing_else():
     notes = [Notes(sent_to=[(1, "Send", 4)]), Notes(sent_to=[(0, "Send", 6)])]
     for named in (lambda r, n: 1 - r, lambda r, n: [1 - r], lambda r, n: (p for p in range(n) if p != r),

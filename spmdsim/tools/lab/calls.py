@@ -80,8 +80,8 @@ class Notes:
     (`sent`) and by call (`carried`: (name, line) -> bytes, for the calls that carried some); `persistent`:
     id -> (request, the bytes each Start of it sends), for the persistent sends and collectives it made;
     `sent_to`: (rank, name, line) of each send, persistent send made and one-sided write aimed at another rank
-    of its communicator or window; `payloads`: where kept (not None), a copy of the data each call that carried
-    bytes sent (spmdsim.tools.lab.contents.payload), a one-sided read's aside."""
+    (numbered as in the world the submission was given); `payloads`: where kept (not None), a copy of the data
+    each call that carried bytes sent (spmdsim.tools.lab.contents.payload), a one-sided read's aside."""
 
     calls: list = dataclasses.field(default_factory=list)
     sent_to: list = dataclasses.field(default_factory=list)
@@ -150,18 +150,22 @@ def _families(rule: Any) -> set:
 
 def _peer(name: str, frame: Any) -> Optional[int]:
     """The other rank a send, a persistent send made or a one-sided operation (the callee's `frame`) is aimed
-    at, in its communicator's or window's numbering; None for any other call, a send to itself, or to
-    MPI.PROC_NULL."""
+    at, as a rank of the world the submission was given (a communicator it split in another order numbers its
+    ranks otherwise); None for any other call, a send to itself, or to MPI.PROC_NULL."""
     one_sided = name in _ONE_SIDED
     if not (one_sided or name in _SEND_BUFFER or name in _SEND_OBJECT or name in _PERSISTENT_SENDS):
         return None
     local = frame.f_locals
     peer, me = local.get("target_rank" if one_sided else "dest"), local.get("self")
-    if not isinstance(peer, int) or peer < 0:
+    if not isinstance(peer, int) or peer < 0 or me is None:
         return None
     try:
-        own = None if me is None else me.Get_group().Get_rank() if one_sided else me.Get_rank()
-    except Exception:  # noqa: BLE001 - a freed communicator or window: the call itself says so
+        group = me.Get_group()
+        own = group.Translate_ranks([group.Get_rank() if one_sided else me.Get_rank()])[0]
+        if not one_sided and me.Is_inter():  # an intercommunicator's dest is a rank of its remote group
+            group = me.Get_remote_group()
+        peer = group.Translate_ranks([peer])[0]
+    except Exception:  # noqa: BLE001 - a freed communicator or window, a rank out of range: the call says so
         return None
     return None if peer == own else peer
 
