@@ -1592,6 +1592,23 @@ def ring_pass(comm, x):
     receive.Wait(), send.Wait()
     return got
 """,
+    "pkl5_sendrecv": """
+from mpi4py.util import pkl5
+def ring_pass(comm, x):
+    c = pkl5.Intracomm(comm)
+    rank, n = c.Get_rank(), c.Get_size()
+    return c.sendrecv(x, dest=(rank + 1) % n, source=(rank - 1) % n)
+""",
+    "pkl5_isend": """
+from mpi4py.util import pkl5
+def ring_pass(comm, x):
+    c = pkl5.Intracomm(comm)
+    rank, n = c.Get_rank(), c.Get_size()
+    request = c.isend(x, dest=(rank + 1) % n)
+    got = c.recv(source=(rank - 1) % n)
+    request.wait()
+    return got
+""",
     "derived_put": """
 import numpy as np
 from mpi4py import MPI
@@ -1630,6 +1647,22 @@ def test_a_partitioned_send_is_a_point_to_point_call_to_the_rules(tmp_path):
     result = run_case(find_exercise(16), str(path), 3, 0)
     assert result.status == "forbidden" and result.reason.startswith(
         "line 12: comm.Precv_init is not one of the calls this exercise allows (Bcast)"), result
+
+
+def test_a_pkl5_collective_is_the_call_it_stands_for_and_sends_its_objects_bytes(tmp_path):
+    """mpi4py.util.pkl5's bcast is pure Python over Send and Mprobe: the watch notes the bcast (allowed where Bcast
+    is) and counts its row's bytes, not its pickle's framing (it failed on 167 B where the row is 24 B)."""
+    path = tmp_path / "last.py"
+    path.write_text(textwrap.dedent("""
+        from mpi4py.util import pkl5
+        def last_position(comm, x):
+            c = pkl5.Intracomm(comm)
+            n, r = c.Get_size(), c.Get_rank()
+            return c.bcast(x[-1].copy() if r == n - 1 else None, root=n - 1)
+        """).lstrip())
+    for ranks in (1, 3, 8):
+        result = run_case(find_exercise(16), str(path), ranks, 0)
+        assert result.passed and result.sent == result.optimum, result
 
 
 def test_a_send_of_a_derived_datatype_counts_the_bytes_it_packs_not_one_element(tmp_path):

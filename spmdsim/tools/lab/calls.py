@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import numbers
 import os
 import sys
@@ -61,6 +62,11 @@ _READS = ("Get", "Rget")
 #: The folders of the emulator's code (spmdsim.emulator, and the thread engine's point-to-point and requests
 #: under it), found from the modules themselves wherever the package puts them.
 _EMULATOR = tuple(os.path.dirname(os.path.abspath(module.__file__)) + os.sep for module in (_comm, _p2p))
+#: mpi4py.util.pkl5's file: its communicators' send, sendrecv, bcast ... are pure Python over the emulator's
+#: Send, Mprobe, Waitall; a call from the submission into one of them is noted as the call it is, what it sends
+#: as the object form does, and the emulator's calls pkl5 makes for it are not noted again.
+_MPI4PY = importlib.util.find_spec("mpi4py")
+_PKL5 = os.path.join(os.path.dirname(_MPI4PY.origin), "util", "pkl5.py") if _MPI4PY and _MPI4PY.origin else None
 #: The code of threading.Thread.run, which calls a thread's target: a call it makes is the submission's where the
 #: submission started the thread.
 _THREAD_RUN = threading.Thread.run.__code__
@@ -205,6 +211,14 @@ def _carried(name: str, frame: Any, notes: Notes, peer: Optional[int]) -> int:
     return 0
 
 
+def _noted(callee: str, caller: str) -> bool:
+    """Whether a call from code in file `caller` into code in file `callee` is one the watch notes: a call into
+    the emulator, or into mpi4py.util.pkl5, but not pkl5's own calls (its outermost call was noted)."""
+    if caller == _PKL5:
+        return False
+    return callee == _PKL5 or callee.startswith(_EMULATOR)
+
+
 def _origin(back: Any, filename: str) -> Optional[int]:
     """The line of the submission (`filename`) that a call into the emulator, from the caller frame `back`, comes
     from: the caller's own line; None for spmdsim's own calls; for code outside spmdsim (text the submission
@@ -234,7 +248,7 @@ def watching(filename: str, notes: Notes) -> Iterator[Notes]:
         back = frame.f_back
         if back is not None and back.f_code is GUARD_CODE:  # a method guarded once an errhandler was set
             back = back.f_back
-        if back is None or not frame.f_code.co_filename.startswith(_EMULATOR):
+        if back is None or not _noted(frame.f_code.co_filename, back.f_code.co_filename):
             return
         line = _origin(back, filename)
         if line is None:
