@@ -145,6 +145,30 @@ def test_check_names_the_rank_counts_that_fail(tiny, tmp_path, capsys):
     assert "it is this rank's own input, unchanged" in out
 
 
+@pytest.mark.parametrize("extra, words", [
+    ("def case(seed, n):\n    return {}['x']\n", "exercise 1: case(0, 1) raised KeyError: 'x'"),
+    ("def partners(rank, n):\n    return {}['y']\n", "exercise 1: partners(0, 2) raised KeyError: 'y'"),
+    ("def optimal_bytes(case, n):\n    return 1 / 0\n",
+     "exercise 1: optimal_bytes(case, 1) raised ZeroDivisionError: division by zero"),
+    ("def sends(case, n, rank):\n    return {'x': case['nope']}\n", "exercise 1: sends(case, 1, 0) raised KeyError"),
+], ids=["case", "partners", "optimal_bytes", "sends"])
+def test_a_fault_of_the_exercise_file_names_its_function_and_the_call(tiny, tmp_path, capsys, extra, words):
+    """An instructor's function that raises stops the check naming the exercise, the function and its arguments,
+    not the submission's line nor LabError's module path."""
+    (tmp_path / "course" / "01_double.py").write_text(TINY + "\n\n" + extra)
+    path = tmp_path / "right.py"
+    path.write_text(textwrap.dedent("""\
+        def double(comm, x):
+            r, n = comm.Get_rank(), comm.Get_size()
+            comm.sendrecv(x, dest=(r + 1) % n, source=(r - 1) % n)
+            return x + x
+        """))
+    assert main(["lab", "check", "1", str(path), "--exercises", tiny]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL the grader stopped at " in out and words in " ".join(out.split()), out
+    assert "LabError" not in out, out
+
+
 @pytest.mark.parametrize("argv, message", [
     (["lab", "check", "99", "x.py"], "no exercise '99': expected an exercise's number, 1 to "),
     (["lab", "check", "1", "no_such_file.py"], "submission 'no_such_file.py' does not exist; expected "

@@ -37,7 +37,8 @@ from typing import Any, Callable, Optional
 
 from ...errors import SpmdsimError
 
-__all__ = ["Exercise", "LabError", "load_exercises", "find_exercise", "meant_for", "meant_exercise", "EXERCISES"]
+__all__ = ["Exercise", "LabError", "load_exercises", "find_exercise", "guarded", "meant_for", "meant_exercise",
+           "EXERCISES"]
 
 #: The folder of the exercises spmdsim ships.
 EXERCISES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "exercises")
@@ -102,6 +103,25 @@ class Exercise:
                 f'{self.name}.py{course}\n"""\nimport numpy as np\nfrom mpi4py import MPI\n\n\n'
                 f'def {self.signature}:\n    """\n{doc}\n    """\n'
                 f'    raise NotImplementedError("{self.function}")\n')
+
+
+def guarded(exercise: Exercise, name: str) -> Callable[..., Any]:
+    """The exercise file's function `name` (optimal_bytes, partners, sends), which must be defined; where it
+    raises, LabError naming the exercise, the call and what it raised (the instructor's file, not the
+    submission, is at fault): "exercise 1: partners(0, 2) raised KeyError: 'y'"."""
+    function = getattr(exercise, name)
+
+    def call(*args: Any) -> Any:
+        try:
+            return function(*args)
+        except LabError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - an instructor's function: one line naming it
+            shown = ", ".join("case" if isinstance(arg, dict) else repr(arg) for arg in args)
+            raise LabError(f"exercise {exercise.number}: {name}({shown}) raised {type(exc).__name__}: "
+                           f"{exc}") from None
+
+    return call
 
 
 def _exercise(path: str, number: int, name: str) -> Exercise:

@@ -22,7 +22,7 @@ from ...runtime.sim.run import current_rank, simulate
 from .calls import Notes, missing, strangers, too_many, violation, watching
 from .compare import first_difference
 from .contents import uncarried
-from .exercise import Exercise, LabError, meant_for
+from .exercise import Exercise, LabError, guarded, meant_for
 from .failure import FILE_BYTES, NOT_RUNNABLE, Exited, MissingFunction, at_line, describe_failure, ranks_text
 
 __all__ = ["CaseResult", "EAGER_LIMIT", "FILE_BYTES", "run_case", "judge", "make_case", "compile_submission",
@@ -220,7 +220,7 @@ def judge(exercise: Exercise, case: dict, seed: int, n: int, results: Optional[l
     if extra:
         return CaseResult(**result, status="forbidden", reason=extra + (f": {exercise.hint}" if exercise.hint else ""),
                           sent=sent)
-    optimum = exercise.optimal_bytes(case, n) if exercise.optimal_bytes and rules else None
+    optimum = guarded(exercise, "optimal_bytes")(case, n) if exercise.optimal_bytes and rules else None
     if optimum and not sent:  # right values that no message carried: the ranks' threads shared memory
         return CaseResult(**result, status="bytes", sent=0, optimum=optimum,
                           reason=f"no rank sent a byte at {ranks_text(n)} ({label}), yet the algorithm needs "
@@ -229,7 +229,7 @@ def judge(exercise: Exercise, case: dict, seed: int, n: int, results: Optional[l
     if optimum is not None and sent > optimum:
         return CaseResult(**result, status="bytes", sent=sent, optimum=optimum,
                           reason=_too_many_bytes(notes, optimum, n, label, exercise.hint))
-    astray = strangers(notes, exercise.partners) if rules and exercise.partners else None
+    astray = strangers(notes, guarded(exercise, "partners")) if rules and exercise.partners else None
     if astray:  # right values within the bytes, by another algorithm's messages
         return CaseResult(**result, status="forbidden", reason=astray + (f": {exercise.hint}" if exercise.hint else ""),
                           sent=sent, optimum=optimum)
@@ -244,7 +244,8 @@ def _idle(exercise: Exercise, case: dict, notes: list, n: int, label: str) -> Op
     its work (spmdsim.tools.lab.contents), or None."""
     if any(note.payloads is None for note in notes):  # (notes made without payloads: nothing to judge)
         return None
-    missed = uncarried([note.payloads for note in notes], exercise.sends, case, exercise.rtol, exercise.atol)
+    missed = uncarried([note.payloads for note in notes], guarded(exercise, "sends"), case, exercise.rtol,
+                       exercise.atol)
     if missed is None:
         return None
     rank, what = missed

@@ -143,14 +143,21 @@ def _ended(code: int, limit: float, memory_mb: int, running: dict, timed_out: bo
         status, reason = "error", f"the process was killed by signal {_signal_name(-code)}{where}"
     else:
         last = errors.strip().splitlines()[-1] if errors.strip() else ""
+        stopped = "Error" in last.partition(":")[0]
+        if last.startswith(_LAB_ERROR):  # an exercise file's fault, said whole (exercise 1: case(0, 2) raised ...)
+            last = last[len(_LAB_ERROR):]
         status = "memory" if "MemoryError" in last else "exit" if code else "error"
         reason = (f"ran out of memory{where} (limit {memory_mb} MiB)" if status == "memory" else
-                  f"the grader stopped{where}: {last}" if "Error" in last.partition(":")[0] else
+                  f"the grader stopped{where}: {last}" if stopped else
                   f"the process ended{where} with exit code {code}" if code else
                   f"the process ended{where} without a result")
     if status == "timeout":
         reason += _busy()
     return CaseResult(ranks=n, seed=seed, label=f"seed {seed}", status=status, reason=reason)
+
+
+#: How a traceback's last line names LabError (spmdsim.tools.lab.exercise), whose message says all.
+_LAB_ERROR = f"{LabError.__module__}.{LabError.__qualname__}: "
 
 
 def _busy() -> str:
