@@ -106,8 +106,24 @@ MATVEC_RIGHT = ["""
         pieces = comm.gather(x @ mine.T, root=0)
         return np.concatenate(pieces) if comm.Get_rank() == 0 else None
     """]
-#: Right form: the lowercase send of the array plus 1.
+#: Right forms: the lowercase send of the array plus 1; its two halves sent one after the other.
 PING_RIGHT = ["""
+    import numpy as np
+    def ping_pong(comm, x):
+        h = x.size // 2
+        if comm.Get_rank() == 0:
+            comm.Send(x, dest=1)
+            reply = np.empty_like(x)
+            comm.Recv(reply[:h], source=1)
+            comm.Recv(reply[h:], source=1)
+            return reply
+        if comm.Get_rank() == 1:
+            got = np.empty_like(x)
+            comm.Recv(got, source=0)
+            comm.Send(got[:h] + 1, dest=0)
+            comm.Send(got[h:] + 1, dest=0)
+            return got
+    """, """
     def ping_pong(comm, x):
         if comm.Get_rank() == 0:
             comm.send(x, dest=1)
@@ -122,7 +138,7 @@ PING_RIGHT = ["""
 @pytest.mark.parametrize("number, source", [(3, s) for s in PI_RIGHT] + [(4, s) for s in MATVEC_RIGHT]
                          + [(1, s) for s in PING_RIGHT],
                          ids=["ex3-h-factored", "ex3-ireduce-array", "ex4-gatherv-spec", "ex4-object-gather",
-                              "ex1-objects"])
+                              "ex1-halves", "ex1-objects"])
 def test_right_forms_carry_their_ranks_values(tmp_path, number, source):
     path = tmp_path / "submission.py"
     path.write_text(textwrap.dedent(source).lstrip())
@@ -156,6 +172,8 @@ def test_uncarried_finds_a_value_at_a_multiple_of_its_size_only():
     assert uncarried([[], [np.array([1.0, 2.0 + 1e-6])]], sends, {}) == (1, "its pair")  # past float64's 1e-9
     assert uncarried([[], [np.array([1.0, 2.0 + 1e-6])]], sends, {}, rtol=1e-5) is None  # the exercise's RTOL
     assert uncarried([[], [None, np.zeros(2)]], sends, {}) is None  # a message it cannot read: not judged
+    assert uncarried([[], [np.array([1.0]), np.array([2.0])]], sends, {}) is None  # in pieces, in order
+    assert uncarried([[], [np.array([2.0]), np.array([1.0])]], sends, {}) == (1, "its pair")
 
 
 def test_an_exercises_bad_sends_is_said_in_one_line():

@@ -6,8 +6,9 @@ with its common factor, or without); a check whose values are right then fails w
 rank's messages (its sends, the send side of its collectives, its one-sided writes) carried none of them:
 another rank did that rank's work, and the messages were only there for show (rank 0 adding the 1 that rank 1
 should add, summing every interval, multiplying all of A). A value is carried where a message's data holds
-it, whole, at a multiple of its size; a rank with a message whose data the grader cannot read as numbers (a
-derived datatype's, an object's pickle, a persistent request's) is not judged.
+it, whole, at a multiple of its size, or where all the rank's messages in order do (a value sent in pieces);
+a rank with a message whose data the grader cannot read as numbers (an object the pickle carries, a persistent
+request's Start) is not judged.
 """
 from __future__ import annotations
 
@@ -87,7 +88,9 @@ def uncarried(carried: list, sends: Callable[..., Any], case: dict, rtol: Option
     for rank, payloads in enumerate(carried):
         if any(data is None for data in payloads):
             continue
+        # each message, and all of them in order (a value sent in pieces: two Sends of its halves)
+        messages = payloads + [np.concatenate(payloads)] if len(payloads) > 1 else payloads
         for what, values in _expected(sends, case, n, rank, rtol, atol).items():
-            if not any(_holds(data, *value) for data in payloads for value in values):
+            if not any(_holds(data, *value) for data in messages for value in values):
                 return rank, what
     return None
