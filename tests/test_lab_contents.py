@@ -65,8 +65,16 @@ def test_a_rank_doing_another_ranks_work_fails_naming_the_value(tmp_path, number
     assert words in result.reason, result
 
 
-#: Right forms: the partial sum without h (rank 0 multiplies), a one-element array by Reduce, Ireduce.
+#: Right forms: the partial sum without h (rank 0 multiplies), without 4 h, a one-element array by Ireduce.
 PI_RIGHT = ["""
+    def pi_reduce(comm, intervals):
+        s = 0.0
+        for i in range(comm.Get_rank(), intervals, comm.Get_size()):
+            t = (i + 0.5) / intervals
+            s += 1.0 / (1.0 + t * t)
+        total = comm.reduce(s, root=0)
+        return 4.0 * total / intervals if comm.Get_rank() == 0 else None
+    """, """
     def pi_reduce(comm, intervals):
         s = 0.0
         for i in range(comm.Get_rank(), intervals, comm.Get_size()):
@@ -137,8 +145,8 @@ PING_RIGHT = ["""
 
 @pytest.mark.parametrize("number, source", [(3, s) for s in PI_RIGHT] + [(4, s) for s in MATVEC_RIGHT]
                          + [(1, s) for s in PING_RIGHT],
-                         ids=["ex3-h-factored", "ex3-ireduce-array", "ex4-gatherv-spec", "ex4-object-gather",
-                              "ex1-halves", "ex1-objects"])
+                         ids=["ex3-4h-factored", "ex3-h-factored", "ex3-ireduce-array", "ex4-gatherv-spec",
+                              "ex4-object-gather", "ex1-halves", "ex1-objects"])
 def test_right_forms_carry_their_ranks_values(tmp_path, number, source):
     path = tmp_path / "submission.py"
     path.write_text(textwrap.dedent(source).lstrip())
