@@ -1490,6 +1490,32 @@ def test_partners_are_world_ranks_whatever_order_a_split_communicator_numbers_th
         result.reason and "rank 0 sends to ranks 1, 2 and 4 only" in result.reason, result
 
 
+#: Exercise 9 with its partners as NumPy integers (rank ^ d, d from 2 ** np.arange): `dest` is {dest}.
+RECURSIVE_DOUBLING_NUMPY = """
+import numpy as np
+def recursive_doubling_allreduce(comm, x):
+    rank, n = comm.Get_rank(), comm.Get_size()
+    total = x.copy()
+    for d in 2 ** np.arange(int(np.log2(n))):
+        other = np.empty_like(total)
+        comm.Sendrecv(total, dest={dest}, recvbuf=other, source={source})
+        total += other
+    return total
+"""
+
+
+def test_a_numpy_integer_rank_is_a_partner_whose_bytes_count(tmp_path):
+    path = tmp_path / "numpy_partner.py"
+    path.write_text(RECURSIVE_DOUBLING_NUMPY.format(dest="rank ^ d", source="rank ^ d").lstrip())
+    for ranks in (2, 8):  # the bytes were not counted: "no rank sent a byte"
+        result = run_case(find_exercise(9), str(path), ranks, 0)
+        assert result.passed and result.sent == result.optimum, result
+    path.write_text(RECURSIVE_DOUBLING_NUMPY.format(dest="(rank + d) % n", source="(rank - d) % n").lstrip())
+    result = run_case(find_exercise(9), str(path), 8, 0)  # dissemination, a NumPy integer's partner checked too
+    assert result.status == "forbidden" and "line 7: rank 1 sent to rank 2 by comm.Sendrecv at 8 ranks" in \
+        result.reason, result
+
+
 def test_partners_may_name_one_rank_or_any_collection_and_nothing_else():
     notes = [Notes(sent_to=[(1, "Send", 4)]), Notes(sent_to=[(0, "Send", 6)])]
     for named in (lambda r, n: 1 - r, lambda r, n: [1 - r], lambda r, n: (p for p in range(n) if p != r),

@@ -163,8 +163,9 @@ def _peer(name: str, frame: Any) -> Optional[int]:
         return None
     local = frame.f_locals
     peer, me = local.get("target_rank" if one_sided else "dest"), local.get("self")
-    if not isinstance(peer, int) or peer < 0 or me is None:
-        return None
+    if not isinstance(peer, numbers.Integral) or isinstance(peer, bool) or peer < 0 or me is None:
+        return None  # (a NumPy integer is a rank too: rank ^ d for d in 2 ** np.arange(k))
+    peer = int(peer)
     try:
         group = me.Get_group()
         own = group.Translate_ranks([group.Get_rank() if one_sided else me.Get_rank()])[0]
