@@ -140,13 +140,29 @@ PING_RIGHT = ["""
             got = comm.recv(source=0)
             comm.send(got + 1, dest=0)
             return got
+    """, """
+    import numpy as np
+    from mpi4py import MPI
+    def ping_pong(comm, x):
+        work = np.zeros(2 * x.size + 7)  # a scratch buffer longer than the message: its count is what goes
+        if comm.Get_rank() == 0:
+            comm.Send([x, x.size, MPI.DOUBLE], dest=1)
+            comm.Recv([work, x.size, MPI.DOUBLE], source=1)
+            return work[:x.size].copy()
+        if comm.Get_rank() == 1:
+            comm.Recv([work, x.size, MPI.DOUBLE], source=0)
+            got = work[:x.size].copy()
+            work[:x.size] += 1
+            comm.Send([work, x.size, MPI.DOUBLE], dest=0)
+            return got
     """]
 
 
 @pytest.mark.parametrize("number, source", [(3, s) for s in PI_RIGHT] + [(4, s) for s in MATVEC_RIGHT]
                          + [(1, s) for s in PING_RIGHT],
                          ids=["ex3-4h-factored", "ex3-h-factored", "ex3-ireduce-array", "ex4-gatherv-spec",
-                              "ex4-object-gather", "ex1-halves", "ex1-objects"])
+                              "ex4-object-gather", "ex1-halves", "ex1-objects",
+                              "ex1-count-of-a-longer-buffer"])
 def test_right_forms_carry_their_ranks_values(tmp_path, number, source):
     path = tmp_path / "submission.py"
     path.write_text(textwrap.dedent(source).lstrip())

@@ -5,8 +5,9 @@ algorithm, as ``{what: value}`` ({"its x plus 1": x + 1}; a tuple of values wher
 with its common factor, or without); a check whose values are right then fails where a
 rank's messages (its sends, the send side of its collectives, its one-sided writes) carried none of them:
 another rank did that rank's work, and the messages were only there for show (rank 0 adding the 1 that rank 1
-should add, summing every interval, multiplying all of A). A value is carried where a message's data holds
-it, whole, at a multiple of its size, or where all the rank's messages in order do (a value sent in pieces);
+should add, summing every interval, multiplying all of A). A value is carried where a message's data (a buffer
+message's count of entries, not all its buffer) holds it, whole, at a multiple of its size, or where all the
+rank's messages in order do (a value sent in pieces);
 a rank with a message whose data the grader cannot read as numbers (an object the pickle carries, a persistent
 request's Start) is not judged.
 """
@@ -17,6 +18,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from ...emulator.derived import may_be_derived
+from ...emulator.typemap import message
 from ...references.tolerances import default_tolerances
 from ...runtime.sim._mpi import in_place
 from .exercise import LabError
@@ -35,7 +38,7 @@ def payload(frame: Any) -> Optional[np.ndarray]:
     if in_place(data):  # MPI.IN_PLACE: the data lies in the receive buffer
         data = local.get("recvbuf")
     if isinstance(data, (list, tuple)) and data and not isinstance(data[0], numbers.Number):
-        data = data[0]  # a buffer message: [array, datatype] or [array, count, datatype]
+        data = _sent_entries(data)  # a buffer message: [array, datatype] or [array, count, datatype]
     try:
         values = np.array(data, copy=True)
     except (TypeError, ValueError):  # ragged lists and objects numpy cannot take
@@ -43,6 +46,19 @@ def payload(frame: Any) -> Optional[np.ndarray]:
     if values.dtype.kind not in "biufc":
         return None
     return values.ravel().astype(np.complex128 if values.dtype.kind == "c" else np.float64)
+
+
+def _sent_entries(spec: Any) -> Any:
+    """The entries a buffer message `spec` sends: its count of its datatype from its displacement on
+    ([work, 5, MPI.DOUBLE]: work's first 5, however long work is); its whole buffer for a derived datatype's,
+    a v-collective's counts or a message the emulator cannot read."""
+    if may_be_derived(spec) or (len(spec) > 2 and isinstance(spec[1], (list, np.ndarray))):
+        return spec[0]
+    try:
+        flat, count, _ = message(spec, "")
+    except Exception:  # noqa: BLE001 - a bad message: the call itself says what is wrong
+        return spec[0]
+    return flat[:count]
 
 
 def _holds(data: np.ndarray, value: np.ndarray, rtol: float, atol: float) -> bool:
