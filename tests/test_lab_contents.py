@@ -65,7 +65,8 @@ def test_a_rank_doing_another_ranks_work_fails_naming_the_value(tmp_path, number
     assert words in result.reason, result
 
 
-#: Right forms: the partial sum without h (rank 0 multiplies), without 4 h, a one-element array by Ireduce.
+#: Right forms: the partial sum without h (rank 0 multiplies), without 4 h, a one-element array by Ireduce,
+#: with 4 / h factored out of its terms.
 PI_RIGHT = ["""
     def pi_reduce(comm, intervals):
         s = 0.0
@@ -89,6 +90,13 @@ PI_RIGHT = ["""
         mine, total = np.array([np.sum(4.0 / (1.0 + t * t)) / intervals]), np.zeros(1)
         comm.Ireduce(mine, total, root=0).Wait()
         return float(total[0]) if comm.Get_rank() == 0 else None
+    """, """
+    def pi_reduce(comm, intervals):
+        s = 0.0
+        for i in range(comm.Get_rank(), intervals, comm.Get_size()):
+            s += 1.0 / (intervals * intervals + (i + 0.5) ** 2)  # h * 4 / (1 + t*t), 4 / h factored out
+        total = comm.reduce(s, root=0)
+        return 4.0 * intervals * total if comm.Get_rank() == 0 else None
     """]
 #: Right forms: Gatherv of [piece, MPI.DOUBLE], the lowercase gather of the pieces.
 MATVEC_RIGHT = ["""
@@ -160,7 +168,8 @@ PING_RIGHT = ["""
 
 @pytest.mark.parametrize("number, source", [(3, s) for s in PI_RIGHT] + [(4, s) for s in MATVEC_RIGHT]
                          + [(1, s) for s in PING_RIGHT],
-                         ids=["ex3-4h-factored", "ex3-h-factored", "ex3-ireduce-array", "ex4-gatherv-spec",
+                         ids=["ex3-4h-factored", "ex3-h-factored", "ex3-ireduce-array", "ex3-4-over-h-factored",
+                              "ex4-gatherv-spec",
                               "ex4-object-gather", "ex1-halves", "ex1-objects",
                               "ex1-count-of-a-longer-buffer"])
 def test_right_forms_carry_their_ranks_values(tmp_path, number, source):

@@ -34,14 +34,15 @@ def case(seed, n):
 
 def sends(case, n, rank):
     """A non-root rank's work: the sum of its own terms, with the factors h and 4 or without either (rank 0
-    may multiply the total by them); rank 0 summing every interval beside the others' Reduce of zeros passed
-    before."""
+    may multiply the total by them), or with 4 / h factored out (the terms 1 / (N*N + (i + 0.5)**2), N the
+    intervals); rank 0 summing every interval beside the others' Reduce of zeros passed before."""
     if rank == 0:
         return {}
     intervals = case["args"][0][0]
     part = _part(intervals, rank, n)
     return {f"partial sum of its terms i = {rank}, {rank} + {n}, ...": (part, part * intervals, part / 4,
-                                                                      part * intervals / 4)}
+                                                                      part * intervals / 4, part / intervals,
+                                                                      part / intervals / 4)}
 
 
 def optimal_bytes(case, n):
