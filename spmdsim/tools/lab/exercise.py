@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import numbers
 import os
 import re
 from typing import Any, Callable, Optional
@@ -136,26 +137,64 @@ def _exercise(path: str, number: int, name: str) -> Exercise:
     if missing:
         raise LabError(f"exercise file {path!r} lacks {', '.join(missing)} (spmdsim lab's exercise format: "
                        "docs/howto/grade-exercises.md)")
+    text = next((key for key in _NEEDED if key != "case" and not isinstance(found[key], str)), None)
+    if text or not callable(found["case"]):
+        key = text or "case"
+        raise LabError(f"exercise file {path!r}: {key} = {found[key]!r}; expected "
+                       f"{'a str' if text else 'a function, def case(seed, n)'}")
     reference = found.get(found["FUNCTION"], found.get("reference"))
     if not callable(reference):
         raise LabError(f"exercise file {path!r} has no reference solution: define {found['FUNCTION']}() "
                        "or reference()")
-    optional = {"ranks": "RANKS", "seeds": "SEEDS", "forbidden": "FORBIDDEN", "required": "REQUIRED",
-                "hint": "HINT", "rtol": "RTOL", "atol": "ATOL", "time_limit": "TIME_LIMIT",
-                "memory_mb": "MEMORY_MB", "optimal_bytes": "optimal_bytes", "explain": "explain",
-                "partners": "partners", "sends": "sends",
-                "most_calls": "MOST_CALLS"}
-    extra = {field: found[key] for field, key in optional.items() if key in found}
-    for field in ("ranks", "seeds", "forbidden", "required"):
-        if field in extra:
-            extra[field] = tuple(extra[field])
-    if "most_calls" in extra:  # a dict in the file; a tuple of pairs in the frozen value
-        extra["most_calls"] = tuple(dict(extra["most_calls"]).items())
-    if "ALLOWED" in found:
-        extra["allowed"] = tuple(found["ALLOWED"])
+    extra = _optional(path, found)
     return Exercise(number=number, name=name, path=path, title=found["TITLE"], statement=found["STATEMENT"],
                     function=found["FUNCTION"], signature=found["SIGNATURE"], case=found["case"],
                     reference=reference, **extra)
+
+
+#: The optional names an exercise file may define, by the Exercise field each sets.
+_OPTIONAL = {"ranks": "RANKS", "seeds": "SEEDS", "forbidden": "FORBIDDEN", "allowed": "ALLOWED",
+             "required": "REQUIRED", "most_calls": "MOST_CALLS", "hint": "HINT", "rtol": "RTOL", "atol": "ATOL",
+             "time_limit": "TIME_LIMIT", "memory_mb": "MEMORY_MB", "optimal_bytes": "optimal_bytes",
+             "explain": "explain", "partners": "partners", "sends": "sends"}
+#: The optional names that hold several values, each with an example of its form.
+_SEVERAL = {"RANKS": "(1, 2, 4)", "SEEDS": "(0, 1)", "FORBIDDEN": '("Bcast",)', "ALLOWED": '("Send", "Recv")',
+            "REQUIRED": '("Scatter|Send",)'}
+_NAMES = ("FORBIDDEN", "ALLOWED", "REQUIRED")
+
+
+def _optional(path: str, found: dict) -> dict:
+    """The Exercise fields the optional names of an exercise file set, each checked for its form: LabError naming
+    the name, its value and the form expected (FORBIDDEN = "Bcast" forbade the calls B, c, a, s and t)."""
+    extra = {field: found[key] for field, key in _OPTIONAL.items() if key in found}
+
+    def bad(key: str, expected: str) -> LabError:
+        return LabError(f"exercise file {path!r}: {key} = {found[key]!r}; expected {expected}")
+
+    for field, key in _OPTIONAL.items():
+        if key not in found:
+            continue
+        value = found[key]
+        if key in _SEVERAL:
+            what = "call names" if key in _NAMES else "rank counts" if key == "RANKS" else "integers"
+            several = isinstance(value, (tuple, list, set, frozenset))
+            if not several or (key in _NAMES and not all(isinstance(v, str) for v in value)):
+                raise bad(key, f"a tuple of {what}, such as {_SEVERAL[key]}")
+            extra[field] = tuple(value)
+        elif key == "MOST_CALLS" and (not isinstance(value, dict) or not all(
+                isinstance(k, str) and type(v) is int and v >= 0 for k, v in value.items())):
+            raise bad(key, 'a dict of call names and counts, such as {"Allreduce": 1}')
+        elif key == "MOST_CALLS":
+            extra[field] = tuple(value.items())  # a dict in the file; a tuple of pairs in the frozen value
+        elif key == "HINT" and not isinstance(value, str):
+            raise bad(key, "a sentence (a str)")
+        elif key in ("RTOL", "ATOL", "TIME_LIMIT", "MEMORY_MB") and (
+                not isinstance(value, numbers.Real) or isinstance(value, bool) or not value >= 0
+                or (key in ("TIME_LIMIT", "MEMORY_MB") and not value > 0)):
+            raise bad(key, "a number above 0" if key in ("TIME_LIMIT", "MEMORY_MB") else "a number, 0 or more")
+        elif key == field and not callable(value):  # the functions: optimal_bytes, partners, sends, explain
+            raise bad(key, f"a function, def {key}(...)")
+    return extra
 
 
 def load_exercises(folder: str = EXERCISES) -> tuple:

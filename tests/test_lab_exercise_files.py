@@ -1,0 +1,66 @@
+"""An instructor's exercise file whose names have the wrong form: refused in one line naming the name, its value
+and the form expected, before any submission runs (not a traceback, nor a rule read letter by letter)."""
+from __future__ import annotations
+
+import pytest
+
+from spmdsim.tools.cli.main import main
+
+#: An instructor's exercise in a folder of their own.
+TINY = '''
+import numpy as np
+
+TITLE = "Double it"
+FUNCTION = "double"
+SIGNATURE = "double(comm, x)"
+STATEMENT = "Return 2 * x on every rank."
+RANKS = (1, 2)
+SEEDS = (0,)
+
+
+def case(seed, n):
+    xs = [np.arange(3.0) + r for r in range(n)]
+    return {"args": [(x,) for x in xs], "expected": [2 * x for x in xs]}
+
+
+def double(comm, x):
+    return 2 * x
+'''
+
+
+def _course(tmp_path, extra: str) -> str:
+    folder = tmp_path / "course"
+    folder.mkdir()
+    (folder / "01_double.py").write_text(TINY + "\n" + extra + "\n")
+    return str(folder)
+
+
+@pytest.mark.parametrize("extra, words", [
+    ('FORBIDDEN = "Bcast"', "FORBIDDEN = 'Bcast'; expected a tuple of call names, such as (\"Bcast\",)"),
+    ('ALLOWED = "Scan"', "ALLOWED = 'Scan'; expected a tuple of call names"),
+    ('REQUIRED = ("Scan", 2)', "REQUIRED = ('Scan', 2); expected a tuple of call names"),
+    ("RANKS = 4", "RANKS = 4; expected a tuple of rank counts, such as (1, 2, 4)"),
+    ('MOST_CALLS = ["Scan", 1]', "MOST_CALLS = ['Scan', 1]; expected a dict of call names and counts"),
+    ('TIME_LIMIT = "10"', "TIME_LIMIT = '10'; expected a number above 0"),
+    ("MEMORY_MB = 0", "MEMORY_MB = 0; expected a number above 0"),
+    ('RTOL = "1e-9"', "RTOL = '1e-9'; expected a number, 0 or more"),
+    ("HINT = 3", "HINT = 3; expected a sentence (a str)"),
+    ("partners = (0, 1)", "partners = (0, 1); expected a function, def partners(...)"),
+    ('case = "x"', "case = 'x'; expected a function, def case(seed, n)"),
+    ("TITLE = None", "TITLE = None; expected a str"),
+], ids=["forbidden-str", "allowed-str", "required-int", "ranks-int", "most-calls-list", "time-limit-str",
+        "memory-zero", "rtol-str", "hint-int", "partners-tuple", "case-str", "title-none"])
+def test_an_exercise_name_of_the_wrong_form_is_one_line_naming_it(tmp_path, capsys, extra, words):
+    """FORBIDDEN = "Bcast" forbade the calls B, c, a, s and t, so a Bcast passed; RANKS = 4, MOST_CALLS as a
+    list and TIME_LIMIT = "10" ended in a traceback."""
+    course = _course(tmp_path, extra)
+    assert main(["lab", "list", "--exercises", course]) == 2
+    err = capsys.readouterr().err
+    joined = " ".join(err.split())
+    assert "01_double.py': " + words in joined and "Traceback" not in err, err
+
+
+def test_rules_given_as_a_list_or_a_set_are_taken(tmp_path, capsys):
+    course = _course(tmp_path, 'FORBIDDEN = ["Bcast"]\nALLOWED = {"Allreduce"}\nMOST_CALLS = {"Allreduce": 0}')
+    assert main(["lab", "list", "--exercises", course]) == 0
+    assert "Double it" in capsys.readouterr().out
