@@ -64,3 +64,23 @@ def test_rules_given_as_a_list_or_a_set_are_taken(tmp_path, capsys):
     course = _course(tmp_path, 'FORBIDDEN = ["Bcast"]\nALLOWED = {"Allreduce"}\nMOST_CALLS = {"Allreduce": 0}')
     assert main(["lab", "list", "--exercises", course]) == 0
     assert "Double it" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, words", [
+    ("[x for x in xs]", "case(0, 1) gives rank 0 a value of type ndarray; expected a tuple (x,), the arguments "
+                        "double(comm, x) takes after comm"),
+    ("[(x, x) for x in xs]", "case(0, 1) gives rank 0 2 arguments; expected a tuple (x,)"),
+    ("[(x,) for x in xs][1:]", "case(0, 1) returned 0 'args' and 1 'expected'; expected a dict with 1 'args' and "
+                               "1 'expected', one per rank"),
+], ids=["bare-array", "two-for-one", "one-rank-short"])
+def test_a_case_whose_arguments_do_not_fit_the_signature_is_the_exercise_files_fault(tmp_path, capsys, args, words):
+    """A case giving each rank its array bare (not in a tuple) had the check split the array into arguments, and
+    one giving a rank too many arguments blamed the reference: "rank 0 raised TypeError: double() takes 2
+    positional arguments but 4 were given"; a count of 'args' off by one did not say what case() returned."""
+    course = _course(tmp_path, "")
+    path = tmp_path / "course" / "01_double.py"
+    path.write_text(path.read_text().replace('"args": [(x,) for x in xs]', f'"args": {args}'))
+    assert main(["lab", "check", "1", str(path), "--exercises", course, "--ranks", "1"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "FAIL the grader stopped at 1 rank (seed 0): exercise 1: " + words in out, out
+    assert "raised TypeError" not in out, out

@@ -154,10 +154,39 @@ def make_case(exercise: Exercise, seed: int, n: int) -> dict:
         case = exercise.case(seed, n)
     except Exception as exc:  # noqa: BLE001 - the instructor's generator: one line naming it
         raise LabError(f"exercise {exercise.number}: case({seed}, {n}) raised {type(exc).__name__}: {exc}") from None
-    if not isinstance(case, dict) or len(case.get("args", ())) != n or len(case.get("expected", ())) != n:
-        raise LabError(f"exercise {exercise.number}: case({seed}, {n}) must return a dict with {n} 'args' and "
-                       f"{n} 'expected', one per rank")
+    given = _counts(case)
+    if given != f"{n} 'args' and {n} 'expected'":
+        raise LabError(f"exercise {exercise.number}: case({seed}, {n}) returned {given}; expected a dict with {n} "
+                       f"'args' and {n} 'expected', one per rank")
+    wanted = _parameters(exercise.signature)
+    for rank, args in enumerate(case["args"]):
+        if not isinstance(args, (tuple, list)) or (wanted is not None and len(args) != len(wanted)):
+            shown = f"{len(args)} argument{'s' * (len(args) != 1)}" if isinstance(args, (tuple, list)) else \
+                f"a value of type {type(args).__name__}"
+            raise LabError(f"exercise {exercise.number}: case({seed}, {n}) gives rank {rank} {shown}; expected a "
+                           f"tuple ({', '.join(wanted or ['...'])}{',' * (len(wanted or ()) == 1)}), the arguments "
+                           f"{exercise.signature} takes after comm")
     return case
+
+
+def _counts(case: Any) -> str:
+    """What an exercise's case() returned, said by its count of 'args' and 'expected' ("2 'args' and 2
+    'expected'"), or its type where it is not a dict of such lists."""
+    if not isinstance(case, dict):
+        return f"a {type(case).__name__}"
+    try:
+        return f"{len(case.get('args', ()))} 'args' and {len(case.get('expected', ()))} 'expected'"
+    except TypeError:  # a value with no length
+        return f"'args' of type {type(case.get('args')).__name__} and 'expected' of type " \
+               f"{type(case.get('expected')).__name__}"
+
+
+def _parameters(signature: str) -> Optional[list]:
+    """The parameters an exercise's SIGNATURE names after the communicator ("dot(comm, x, y)": x, y), or None where
+    one has a default or is a * or ** parameter (any count of arguments may do)."""
+    inside = signature[signature.index("(") + 1:-1]
+    names = [name.strip() for name in inside.split(",") if name.strip()][1:]
+    return None if any("=" in name or "*" in name for name in names) else names
 
 
 def run_case(exercise: Exercise, path: str, n: int, seed: int, eager_limit: int = EAGER_LIMIT,
