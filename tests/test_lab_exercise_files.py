@@ -84,3 +84,16 @@ def test_a_case_whose_arguments_do_not_fit_the_signature_is_the_exercise_files_f
     out = " ".join(capsys.readouterr().out.split())
     assert "FAIL the grader stopped at 1 rank (seed 0): exercise 1: " + words in out, out
     assert "raised TypeError" not in out, out
+
+
+def test_a_budget_above_zero_at_one_rank_does_not_blame_shared_memory(tmp_path, capsys):
+    """A Scan's budget written as its send buffer at every rank count (32 B, as the Scan sends from all ranks
+    but the last) failed the reference at 1 rank: "no rank sent a byte at 1 rank, ...: the values went through
+    memory the simulated ranks share", with no other rank to share with; one rank sends nothing."""
+    scan = ("def double(comm, x):\n    from mpi4py import MPI\n    out = np.empty_like(x)\n"
+            "    comm.Scan(x, out, op=MPI.SUM)\n    return 2 * x\n")
+    course = _course(tmp_path, "def optimal_bytes(case, n):\n    return 24\n\n\n" + scan)
+    path = tmp_path / "course" / "01_double.py"
+    assert main(["lab", "check", "1", str(path), "--exercises", course]) == 0, capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "PASS: passes at 1, 2 ranks" in out and "memory the simulated ranks share" not in out, out

@@ -250,7 +250,8 @@ def judge(exercise: Exercise, case: dict, seed: int, n: int, results: Optional[l
         return CaseResult(**result, status="forbidden", reason=extra + (f": {exercise.hint}" if exercise.hint else ""),
                           sent=sent)
     optimum = guarded(exercise, "optimal_bytes")(case, n) if exercise.optimal_bytes and rules else None
-    if optimum and not sent:  # right values that no message carried: the ranks' threads shared memory
+    if optimum and not sent and n > 1:  # right values no message carried: the ranks' threads shared memory (one
+        # rank has no other to share with: a budget above 0 there is the exercise's, as Scan's at 1 rank)
         return CaseResult(**result, status="bytes", sent=0, optimum=optimum,
                           reason=f"no rank sent a byte at {ranks_text(n)} ({label}), yet the algorithm needs "
                                  f"{optimum:,} B from its busiest rank: the values went through memory the "
