@@ -97,3 +97,13 @@ def test_a_budget_above_zero_at_one_rank_does_not_blame_shared_memory(tmp_path, 
     assert main(["lab", "check", "1", str(path), "--exercises", course]) == 0, capsys.readouterr().out
     out = capsys.readouterr().out
     assert "PASS: passes at 1, 2 ranks" in out and "memory the simulated ranks share" not in out, out
+
+
+def test_two_files_of_one_number_are_named(tmp_path, capsys):
+    """Two exercise files numbered 1 were refused as "numbers two files 1", which named neither."""
+    course = _course(tmp_path, "")
+    (tmp_path / "course" / "1_triple.py").write_text(TINY)
+    assert main(["lab", "list", "--exercises", course]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert err == (f"spmdsim: error: exercise folder {course!r} gives the number 1 to 01_double.py and 1_triple.py: "
+                   "give each file its own number"), err

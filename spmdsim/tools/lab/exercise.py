@@ -214,7 +214,9 @@ def load_exercises(folder: str = EXERCISES) -> tuple:
     numbers = [e.number for e in found]
     twice = sorted({n for n in numbers if numbers.count(n) > 1})
     if twice:
-        raise LabError(f"exercise folder {folder!r} numbers two files {twice[0]!r}: give each its own number")
+        files = [os.path.basename(e.path) for e in found if e.number == twice[0]]
+        raise LabError(f"exercise folder {folder!r} gives the number {twice[0]} to {', '.join(files[:-1])} and "
+                       f"{files[-1]}: give each file its own number")
     return tuple(sorted(found, key=lambda e: e.number))
 
 
