@@ -107,3 +107,16 @@ def test_two_files_of_one_number_are_named(tmp_path, capsys):
     err = " ".join(capsys.readouterr().err.split())
     assert err == (f"spmdsim: error: exercise folder {course!r} gives the number 1 to 01_double.py and 1_triple.py: "
                    "give each file its own number"), err
+
+
+def test_a_partners_of_the_wrong_form_is_said_as_the_exercises_fault(tmp_path, capsys):
+    """partners returning a str stopped the check with "ValueError: the exercise's partners(0, 2) returned ...",
+    a Python class name the other faults of an exercise file (sends, case) do not show."""
+    ring = ("def double(comm, x):\n    r, n = comm.Get_rank(), comm.Get_size()\n"
+            "    comm.sendrecv(x, dest=(r + 1) % n, source=(r - 1) % n)\n    return 2 * x\n")
+    course = _course(tmp_path, "def partners(rank, n):\n    return 'left and right'\n\n\n" + ring)
+    path = tmp_path / "course" / "01_double.py"
+    assert main(["lab", "check", "1", str(path), "--exercises", course, "--ranks", "2"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("FAIL the grader stopped at 2 ranks (seed 0): the exercise's partners(0, 2) returned 'left and right': "
+            "expected a rank or a collection of ranks (ints)") in out, out

@@ -23,6 +23,7 @@ from ...emulator import comm as _comm
 from ...emulator.comm_errors import GUARD_CODE
 from ...runtime.sim import p2p as _p2p
 from .contents import payload
+from .exercise import LabError
 from .sent_bytes import collective_sent, message_bytes, object_bytes, persistent_collective_sent
 
 __all__ = ["COLLECTIVES", "POINT_TO_POINT", "ONE_SIDED", "Notes", "base_call", "family", "watching", "violation",
@@ -309,7 +310,7 @@ def _partners(partners: Callable[[int, int], Any], rank: int, n: int) -> set:
     except TypeError:  # not iterable
         ranks = [None]
     if not all(isinstance(r, numbers.Integral) and not isinstance(r, bool) for r in ranks):
-        raise ValueError(f"the exercise's partners({rank}, {n}) returned {named!r}: expected a rank or a "
+        raise LabError(f"the exercise's partners({rank}, {n}) returned {named!r}: expected a rank or a "
                          "collection of ranks (ints)")
     return {int(r) for r in ranks}
 
