@@ -120,3 +120,17 @@ def test_a_partners_of_the_wrong_form_is_said_as_the_exercises_fault(tmp_path, c
     out = " ".join(capsys.readouterr().out.split())
     assert ("FAIL the grader stopped at 2 ranks (seed 0): the exercise's partners(0, 2) returned 'left and right': "
             "expected a rank or a collection of ranks (ints)") in out, out
+
+
+@pytest.mark.parametrize("returned", ["'24'", "-1", "True"])
+def test_an_optimal_bytes_that_is_no_count_is_said_as_the_exercises_fault(tmp_path, capsys, returned):
+    """optimal_bytes returning a str stopped the check with "TypeError: '>' not supported between instances of
+    'int' and 'str'", which named neither the function nor the value."""
+    ring = ("def double(comm, x):\n    r, n = comm.Get_rank(), comm.Get_size()\n"
+            "    comm.sendrecv(x, dest=(r + 1) % n, source=(r - 1) % n)\n    return 2 * x\n")
+    course = _course(tmp_path, f"def optimal_bytes(case, n):\n    return {returned}\n\n\n" + ring)
+    path = tmp_path / "course" / "01_double.py"
+    assert main(["lab", "check", "1", str(path), "--exercises", course, "--ranks", "2"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert (f"FAIL the grader stopped at 2 ranks (seed 0): the exercise's optimal_bytes(case, 2) returned {returned}: "
+            "expected a count of bytes (a number, 0 or more)") in out, out

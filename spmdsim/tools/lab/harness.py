@@ -10,6 +10,7 @@ import copy
 import dataclasses
 import functools
 import hashlib
+import numbers
 import os
 from typing import Any, Callable, Optional
 
@@ -249,7 +250,7 @@ def judge(exercise: Exercise, case: dict, seed: int, n: int, results: Optional[l
     if extra:
         return CaseResult(**result, status="forbidden", reason=extra + (f": {exercise.hint}" if exercise.hint else ""),
                           sent=sent)
-    optimum = guarded(exercise, "optimal_bytes")(case, n) if exercise.optimal_bytes and rules else None
+    optimum = _budget(exercise, case, n) if exercise.optimal_bytes and rules else None
     if optimum and not sent and n > 1:  # right values no message carried: the ranks' threads shared memory (one
         # rank has no other to share with: a budget above 0 there is the exercise's, as Scan's at 1 rank)
         return CaseResult(**result, status="bytes", sent=0, optimum=optimum,
@@ -267,6 +268,17 @@ def judge(exercise: Exercise, case: dict, seed: int, n: int, results: Optional[l
     if idle:  # right values, the messages there, another rank's work in them
         return CaseResult(**result, status="forbidden", reason=idle, sent=sent, optimum=optimum)
     return CaseResult(**result, status=PASS, sent=sent, optimum=optimum)
+
+
+def _budget(exercise: Exercise, case: dict, n: int) -> Optional[int]:
+    """The exercise's optimal_bytes(case, n): a count of bytes, or None (no budget at n); LabError naming what it
+    returned where it is neither ("48", a str, compared with the bytes sent raised TypeError)."""
+    optimum = guarded(exercise, "optimal_bytes")(case, n)
+    if optimum is not None and (not isinstance(optimum, numbers.Real) or isinstance(optimum, bool)
+                                or not optimum >= 0):
+        raise LabError(f"the exercise's optimal_bytes(case, {n}) returned {optimum!r}: expected a count of bytes "
+                       "(a number, 0 or more)")
+    return optimum
 
 
 def _idle(exercise: Exercise, case: dict, notes: list, n: int, label: str) -> Optional[str]:
