@@ -2,6 +2,9 @@
 and the form expected, before any submission runs (not a traceback, nor a rule read letter by letter)."""
 from __future__ import annotations
 
+import os
+import re
+
 import pytest
 
 from spmdsim.tools.cli.main import main
@@ -134,3 +137,46 @@ def test_an_optimal_bytes_that_is_no_count_is_said_as_the_exercises_fault(tmp_pa
     out = " ".join(capsys.readouterr().out.split())
     assert (f"FAIL the grader stopped at 2 ranks (seed 0): the exercise's optimal_bytes(case, 2) returned {returned}: "
             "expected a count of bytes (a number, 0 or more)") in out, out
+
+
+def _row(name: str) -> str:
+    """The row of docs/howto/grade-exercises.md's table of optional rules that names `name`."""
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "howto", "grade-exercises.md")) as f:
+        return next(line for line in f if line.startswith(f"| `{name}"))
+
+
+RING = ("def double(comm, x):\n    r, n = comm.Get_rank(), comm.Get_size()\n"
+        "    comm.sendrecv(x, dest=(r + 1) % n, source=(r - 1) % n)\n    return 2 * x\n")
+
+
+def test_the_pages_sends_example_reads_as_the_check_says_it(tmp_path, capsys):
+    """The page's example, {"its partial sum": part}, had a check say "carried no its partial sum"."""
+    example = re.search(r'`(return \{.*\} if rank else \{\})`, said as "(carried no [^"]*)"', _row("sends"))
+    assert example, _row("sends")
+    sends = f"def sends(case, n, rank):\n    part = case['args'][rank][0].sum() + 1000\n    {example.group(1)}\n"
+    course = _course(tmp_path, sends)
+    path = tmp_path / "ring.py"
+    path.write_text(RING)
+    assert main(["lab", "check", "1", str(path), "--exercises", course, "--ranks", "2"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"rank 1's messages at 2 ranks (seed 0) {example.group(2)}: in this exercise's" in out, out
+
+
+def test_the_hint_follows_a_forbidden_call_not_one_outside_allowed_as_the_page_says(tmp_path, capsys):
+    """The page said HINT follows "a forbidden call"; a call outside ALLOWED is said with the calls allowed, and
+    no HINT."""
+    assert "`FORBIDDEN` names" in _row("HINT") and "outside `ALLOWED`" in _row("HINT"), _row("HINT")
+    path = tmp_path / "ring.py"
+    path.write_text(RING)
+    for rule, said in (('FORBIDDEN = ("sendrecv",)', "line 3: comm.sendrecv is not allowed in this exercise: "
+                                                     "use Allreduce"),
+                       ('ALLOWED = ("Allreduce",)', "line 3: comm.sendrecv is not one of the calls this exercise "
+                                                    "allows (Allreduce)\n")):
+        course = tmp_path / "course"
+        if course.exists():
+            (course / "01_double.py").unlink()
+            course.rmdir()
+        _course(tmp_path, f'{rule}\nHINT = "use Allreduce"')
+        assert main(["lab", "check", "1", str(path), "--exercises", str(course), "--ranks", "2"]) == 1
+        out = capsys.readouterr().out
+        assert said in out.replace("\n     ", " "), out
