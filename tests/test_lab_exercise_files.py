@@ -180,3 +180,10 @@ def test_the_hint_follows_a_forbidden_call_not_one_outside_allowed_as_the_page_s
         assert main(["lab", "check", "1", str(path), "--exercises", str(course), "--ranks", "2"]) == 1
         out = capsys.readouterr().out
         assert said in out.replace("\n     ", " "), out
+
+
+def test_a_signature_with_annotations_takes_its_arguments(tmp_path, capsys):
+    """A SIGNATURE whose annotation holds a comma (tuple[int, int]) is not counted as two parameters."""
+    course = _course(tmp_path, 'SIGNATURE = "double(comm, x: tuple[int, int])"')
+    path = tmp_path / "course" / "01_double.py"
+    assert main(["lab", "check", "1", str(path), "--exercises", course]) == 0, capsys.readouterr().out

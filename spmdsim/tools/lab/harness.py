@@ -184,10 +184,11 @@ def _counts(case: Any) -> str:
 
 def _parameters(signature: str) -> Optional[list]:
     """The parameters an exercise's SIGNATURE names after the communicator ("dot(comm, x, y)": x, y), or None where
-    one has a default or is a * or ** parameter (any count of arguments may do)."""
+    one has a default or is a * or ** parameter (any count of arguments may do), or an annotation whose brackets
+    may hold commas."""
     inside = signature[signature.index("(") + 1:-1]
     names = [name.strip() for name in inside.split(",") if name.strip()][1:]
-    return None if any("=" in name or "*" in name for name in names) else names
+    return None if any(mark in inside for mark in "=*[(:") else names
 
 
 def run_case(exercise: Exercise, path: str, n: int, seed: int, eager_limit: int = EAGER_LIMIT,
