@@ -187,3 +187,12 @@ def test_a_signature_with_annotations_takes_its_arguments(tmp_path, capsys):
     course = _course(tmp_path, 'SIGNATURE = "double(comm, x: tuple[int, int])"')
     path = tmp_path / "course" / "01_double.py"
     assert main(["lab", "check", "1", str(path), "--exercises", course]) == 0, capsys.readouterr().out
+
+
+def test_an_exercise_file_that_exits_as_it_is_imported_is_named(tmp_path, capsys):
+    """sys.exit("bye") at an exercise file's top ended spmdsim with "bye" and exit code 1, naming no file."""
+    course = _course(tmp_path, 'import sys\nsys.exit("bye")')
+    assert main(["lab", "list", "--exercises", course]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert err == (f"spmdsim: error: exercise file {os.path.join(course, '01_double.py')!r} does not load: it calls "
+                   "sys.exit('bye') as it is imported"), err

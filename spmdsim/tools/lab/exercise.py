@@ -130,6 +130,9 @@ def _exercise(path: str, number: int, name: str) -> Exercise:
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
+    except SystemExit as exc:  # sys.exit at its top: the file's fault, not the end of spmdsim
+        raise LabError(f"exercise file {path!r} does not load: it calls sys.exit({exc.code!r}) as it is imported"
+                       ) from None
     except Exception as exc:  # noqa: BLE001 - an instructor's file: one line naming it
         raise LabError(f"exercise file {path!r} does not load: {type(exc).__name__}: {exc}") from None
     found = vars(module)
