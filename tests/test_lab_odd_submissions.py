@@ -241,7 +241,8 @@ def test_a_folder_graded_under_another_exercises_number_says_which(course, capsy
     assert main(["lab", "grade", "1", "s", "--csv", "g.csv", "--exercises", "course"]) == 0
     err = " ".join(capsys.readouterr().err.split())
     assert "note: every submission defines exercise 2's function, not exercise 1's: grade them with `spmdsim lab " \
-           "grade 2 s`" in err, err
+           "grade 2 s --csv g.csv --exercises course`" in err, err  # (without --csv the command was refused, and
+    # without --exercises it graded the exercise 2 spmdsim ships)
     (course / "s" / "b.py").write_text("def double(comm, x):\n    return 2 * x\n")  # one of exercise 1's: no note
     assert main(["lab", "grade", "1", "s", "--csv", "g.csv", "--exercises", "course"]) == 0
     assert "note: every submission" not in capsys.readouterr().err

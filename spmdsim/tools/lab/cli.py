@@ -264,7 +264,7 @@ def _grade_folder(args: argparse.Namespace, exercise: Exercise, limits: dict, fo
     if meant is not None:
         print(fold_message(f"note: every submission defines exercise {meant}'s function, not exercise "
                            f"{exercise.number}'s: grade them with `spmdsim lab grade {meant} "
-                           f"{shlex.quote(args.dir)}`"), file=sys.stderr)
+                           f"{shlex.quote(args.dir)} --csv {shlex.quote(args.csv)}{_course(args)}`"), file=sys.stderr)
     _write_book(args.csv, [CSV_HEADER, *rows])
     print(f"graded in {time.monotonic() - began:.1f} s; grade book: {args.csv}", file=sys.stderr)
     return 0
