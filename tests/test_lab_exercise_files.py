@@ -196,3 +196,26 @@ def test_an_exercise_file_that_exits_as_it_is_imported_is_named(tmp_path, capsys
     err = " ".join(capsys.readouterr().err.split())
     assert err == (f"spmdsim: error: exercise file {os.path.join(course, '01_double.py')!r} does not load: it calls "
                    "sys.exit('bye') as it is imported"), err
+
+
+@pytest.mark.parametrize("rule, said", [
+    ('FORBIDDEN = ("BCast",)', "FORBIDDEN names 'BCast', which no communicator, window or request has: expected a "
+                               "call's name, such as 'Bcast'"),
+    ('MOST_CALLS = {"Allreduse": 1}', "MOST_CALLS names 'Allreduse'"),
+    ('REQUIRED = ("Scatter|Snd",)', "REQUIRED names 'Snd'"),
+], ids=["forbidden", "most-calls", "required"])
+def test_a_rule_naming_no_call_is_the_exercises_fault(tmp_path, capsys, rule, said):
+    """FORBIDDEN = ("BCast",) forbade nothing, and a Bcast passed; MOST_CALLS with a misspelt name limited
+    nothing."""
+    course = _course(tmp_path, rule)
+    path = tmp_path / "course" / "01_double.py"
+    assert main(["lab", "check", "1", str(path), "--exercises", course]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"FAIL the grader stopped at 1 rank (seed 0): exercise 1: {said}" in out, out
+
+
+def test_rules_naming_calls_of_topologies_windows_and_requests_are_taken(tmp_path, capsys):
+    course = _course(tmp_path, 'FORBIDDEN = ("Create_cart", "Neighbor_alltoallv", "Fence", "Start", "Iscan")\n'
+                               'ALLOWED = ("Put", "sendrecv", "Ibcast")\nMOST_CALLS = {"Send|Isend": 2}')
+    path = tmp_path / "course" / "01_double.py"
+    assert main(["lab", "check", "1", str(path), "--exercises", course]) == 0, capsys.readouterr().out

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
+import functools
 import importlib.util
 import numbers
 import os
@@ -19,8 +21,12 @@ import sys
 import threading
 from typing import Any, Callable, Iterator, Optional
 
+import numpy as np
+
 from ...emulator import comm as _comm
 from ...emulator.comm_errors import GUARD_CODE
+from ...emulator.persistent import Prequest
+from ...emulator.window import SimWin
 from ...runtime.sim import p2p as _p2p
 from .contents import payload
 from .exercise import LabError
@@ -355,4 +361,28 @@ def too_many(notes: list, most: dict) -> Optional[str]:
                 name = next(name for name, _ in note.calls if family(name) in counted)
                 return (f"rank {rank} called comm.{name} {len(lines)} times, again at line {lines[limit]}; the "
                         f"exercise allows {limit}")
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _known() -> frozenset:
+    """The calls a rule may name: a communicator's (a topology's too), a window's and a persistent request's."""
+    names = set(COLLECTIVES | POINT_TO_POINT | ONE_SIDED)
+    for kind in (_comm.SimCartComm, _comm.SimGraphComm, _comm.SimDistGraphComm, Prequest):
+        names.update(name for name in dir(kind) if not name.startswith("_"))
+    names.update(name for name in set(dir(SimWin)) - set(dir(np.ndarray)) if not name.startswith("_"))  # (not an
+    # array's methods: a window is one)
+    return frozenset(names)
+
+
+def unknown_rule(rules: dict) -> Optional[str]:
+    """The first call an exercise's `rules` ({"FORBIDDEN": names, ...}; an entry may be "A|B") name that no
+    communicator, window or request has, said with the nearest known name, or None: a FORBIDDEN "BCast"
+    forbade nothing."""
+    for rule, entries in rules.items():
+        for option in (option for entry in entries for option in entry.split("|")):
+            if option not in _known():
+                near = difflib.get_close_matches(option, sorted(_known()), n=1)
+                return (f"{rule} names {option!r}, which no communicator, window or request has: expected a call's "
+                        "name" + (f", such as {near[0]!r}" if near else ""))
     return None

@@ -20,7 +20,7 @@ from ...emulator.mpi4py_world import swapped
 from ...emulator.rank_random import adopt, own_generators
 from ...runtime.sim.os_exit import OsExit, os_exit_ends_the_rank
 from ...runtime.sim.run import current_rank, simulate
-from .calls import Notes, missing, strangers, too_many, violation, watching
+from .calls import Notes, missing, strangers, too_many, unknown_rule, violation, watching
 from .compare import first_difference
 from .contents import uncarried
 from .exercise import Exercise, LabError, guarded, meant_for
@@ -155,6 +155,10 @@ def make_case(exercise: Exercise, seed: int, n: int) -> dict:
         case = exercise.case(seed, n)
     except Exception as exc:  # noqa: BLE001 - the instructor's generator: one line naming it
         raise LabError(f"exercise {exercise.number}: case({seed}, {n}) raised {type(exc).__name__}: {exc}") from None
+    strange = unknown_rule({"FORBIDDEN": exercise.forbidden, "ALLOWED": exercise.allowed or (),
+                            "REQUIRED": exercise.required, "MOST_CALLS": dict(exercise.most_calls)})
+    if strange:
+        raise LabError(f"exercise {exercise.number}: {strange}")
     given = _counts(case)
     if given != f"{n} 'args' and {n} 'expected'":
         raise LabError(f"exercise {exercise.number}: case({seed}, {n}) returned {given}; expected a dict with {n} "
