@@ -219,3 +219,15 @@ def test_rules_naming_calls_of_topologies_windows_and_requests_are_taken(tmp_pat
                                'ALLOWED = ("Put", "sendrecv", "Ibcast")\nMOST_CALLS = {"Send|Isend": 2}')
     path = tmp_path / "course" / "01_double.py"
     assert main(["lab", "check", "1", str(path), "--exercises", course]) == 0, capsys.readouterr().out
+
+
+def test_under_mpiexec_a_fault_of_the_exercise_file_is_said_as_on_simulated_ranks(tmp_path, capsys):
+    """Under --mpiexec a case() whose arguments misfit SIGNATURE was said as "the mpiexec job at 2 ranks ended:
+    spmdsim.tools.lab.exercise.LabError: exercise 1: ...", LabError's module path and all."""
+    course = _course(tmp_path, "")
+    path = tmp_path / "course" / "01_double.py"
+    path.write_text(path.read_text().replace('"args": [(x,) for x in xs]', '"args": [(x, x) for x in xs]'))
+    assert main(["lab", "check", "1", str(path), "--exercises", course, "--ranks", "2", "--mpiexec"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "2 ranks: FAIL the grader stopped at 2 ranks: exercise 1: case(0, 2) gives rank 0 2 arguments" in out, out
+    assert "LabError" not in out, out

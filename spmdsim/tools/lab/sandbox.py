@@ -284,8 +284,10 @@ def _mpi_results(events: list, code: int, n: int, limit: float, errors: str) -> 
         # go on, return its value and have its case written as passed (that case's row is this one instead).
         seed = running["seed"] if running is not None else results.pop().seed if results else 0
         last = _job_said(errors) or f"exit code {code}"
-        results.append(CaseResult(ranks=n, seed=seed, label="", status="exit",
-                                  reason=f"the mpiexec job at {counted(n, 'rank')} ended: {last}"))
+        reason = f"the grader stopped at {counted(n, 'rank')}: {last[len(_LAB_ERROR):]}" if \
+            last.startswith(_LAB_ERROR) else f"the mpiexec job at {counted(n, 'rank')} ended: {last}"  # (an
+        # exercise file's fault, said as on simulated ranks: exercise 1: case(0, 2) raised ...)
+        results.append(CaseResult(ranks=n, seed=seed, label="", status="exit", reason=reason))
     return results
 
 
