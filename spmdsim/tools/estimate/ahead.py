@@ -159,20 +159,26 @@ def _terminated(signum: int, frame: Any) -> None:
 
 @contextlib.contextmanager
 def _born_ignoring_ctrl_c() -> Iterator[None]:
-    """A worker started within is born ignoring Ctrl-C (SIG_IGN survives exec; Python keeps it): else a Ctrl-C while
-    a worker still imports, before `_worker_start`, would print that worker's KeyboardInterrupt traceback. This
-    process's own Ctrl-C is held meanwhile, not lost (blocked first: Linux keeps a blocked signal pending even
-    while its action is to ignore it). Only in the main thread, where Python sets handlers."""
+    """A worker started within is born with Ctrl-C blocked (a thread's signal mask survives fork and exec; Python
+    keeps it) until `_worker_start` ignores it: else a Ctrl-C while a worker still imports would print that
+    worker's KeyboardInterrupt traceback. This process's own Ctrl-C is held meanwhile and raised once the block
+    ends, not lost: blocked in this thread, the kernel hands it to another thread of the process (the pool's,
+    the progress line's), whose handler the main thread then runs, here the one that holds it. (Ignoring it here
+    meanwhile, SIG_IGN, lost it so: that thread took it and dropped it, and a search ran on to its end.) Only in
+    the main thread, where Python sets handlers."""
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
         yield
         return
+    held: list = []
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    handler = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, handler)
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # (one sent while no other thread could take it: now)
+    if held:  # given again to the handler there was before (Python's: KeyboardInterrupt here)
+        signal.raise_signal(signal.SIGINT)
 
 
 def _worker_start(parent: int) -> None:
