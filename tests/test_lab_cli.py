@@ -255,6 +255,23 @@ ODD = {
 }
 
 
+def test_grade_refuses_an_exercise_whose_own_solution_fails_before_any_submission(tiny, tmp_path, capsys):
+    """An instructor's exercise whose reference is wrong gave every student FAIL and exited 0; now one line
+    names it before any submission runs, and no grade book is written."""
+    exercise = tmp_path / "course" / "01_double.py"
+    exercise.write_text(TINY.replace("def double(comm, x):\n    return 2 * x",
+                                     "def double(comm, x):\n    return 3 * x"))
+    folder = tmp_path / "subs"
+    folder.mkdir()
+    (folder / "right.py").write_text(SUBMISSIONS["right.py"])
+    book = tmp_path / "grades.csv"
+    assert main(["lab", "grade", "1", str(folder), "--csv", str(book), "--exercises", tiny]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "exercise 1's own solution fails its check, so every submission would: wrong at 1 rank (seed 0): " \
+           "rank 0 result[1:3] differs" in err and "fix course/01_double.py first" in err, err
+    assert not book.exists()
+
+
 def test_grade_gives_a_row_to_python_saved_in_another_form(tiny, tmp_path, capsys):
     """`dave.PY`, `erin.py.txt` and `fay.ipynb` were only named on stderr as left out, so the grade book had no row
     for those students; a file that is no student's (notes.txt) still is only named there."""

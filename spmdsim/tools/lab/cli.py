@@ -22,7 +22,7 @@ from ...base.typed_numbers import flag_float, shown  # a refusal names the value
 from ...base.validate import counted
 from ...errors import fold_message
 from ..cli.paths import check_output_file
-from .exercise import EXERCISES, Exercise, LabError, find_exercise, load_exercises, meant_exercise
+from .exercise import EXERCISES, Exercise, LabError, find_exercise, load_exercises, meant_by_all
 from .shown import file_name, shortened, shortened_apart
 from .archive import a_zip, unpacked
 from .submissions import submissions
@@ -220,8 +220,12 @@ def _grade_folder(args: argparse.Namespace, exercise: Exercise, limits: dict, fo
     import time
 
     from .report import CSV_HEADER, csv_row  # (the runner: imported when a grade runs)
-    from .sandbox import check
+    from .sandbox import check, reference_failure
 
+    failing = reference_failure(exercise, limits) if args.exercises != EXERCISES else None
+    if failing:  # an instructor's exercise whose own solution fails: every submission would, for the same reason
+        raise LabError(f"exercise {exercise.number}'s own solution fails its check, so every submission would: "
+                       f"{failing}; fix {exercise.path} first")
     entries = submissions(folder, f"{exercise.name}.py", args.dir)  # (says what it leaves out: the options good)
     files = [entry for entry in entries if isinstance(entry, str)]  # (the others: students not graded, and why)
     _mpi_module_loads()
@@ -260,7 +264,7 @@ def _grade_folder(args: argparse.Namespace, exercise: Exercise, limits: dict, fo
         line = f"{name:<{width}}  {row[1]:<{wide}}  {counts}  {row[4]}"
         print(line if len(line) <= 100 else line[:97] + "...")
     print(f"{passed} of {len(rows)} submissions pass" + (f", {unread} not graded" if unread else ""))  # (the table's)
-    meant = _meant_exercise(rows)
+    meant = meant_by_all([row[4] for row in rows if row[1] != NOT_GRADED])
     if meant is not None:
         print(fold_message(f"note: every submission defines exercise {meant}'s function, not exercise "
                            f"{exercise.number}'s: grade them with `spmdsim lab grade {meant} "
@@ -284,13 +288,6 @@ def _write_book(path: str, rows: list) -> None:
                 os.remove(path)
         raise LabError(f"--csv {path!r}: the grade book was not written: {exc.strerror or exc} (its rows are "
                        "the table above; give a path on a disk with room)") from None
-
-
-def _meant_exercise(rows: list) -> Optional[int]:
-    """The exercise whose function every graded row's submission defines in place of the one graded (a folder
-    graded under the wrong number: `meant_for`'s words in each reason), or None."""
-    said = {meant_exercise(row[4]) for row in rows if row[1] != NOT_GRADED}
-    return said.pop() if len(said) == 1 and None not in said else None
 
 
 #: A value of --ranks that is rank counts ("4", "4,8").

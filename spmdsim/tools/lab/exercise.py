@@ -39,7 +39,7 @@ from typing import Any, Callable, Optional
 from ...errors import SpmdsimError
 
 __all__ = ["Exercise", "LabError", "load_exercises", "find_exercise", "guarded", "meant_for", "meant_exercise",
-           "EXERCISES"]
+           "meant_by_all", "EXERCISES"]
 
 #: The folder of the exercises spmdsim ships.
 EXERCISES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "exercises")
@@ -262,3 +262,10 @@ def meant_exercise(reason: str) -> Optional[int]:
     """The exercise a check's `reason` says the submission's function is meant for (`meant_for`), or None."""
     found = _MEANT.search(reason)
     return int(found.group(1)) if found else None
+
+
+def meant_by_all(reasons: list) -> Optional[int]:
+    """The exercise whose function every one of a grade's `reasons` says its submission defines in place of the
+    one graded (a folder graded under the wrong number: `meant_for`'s words in each), or None."""
+    said = {meant_exercise(reason) for reason in reasons}
+    return said.pop() if len(said) == 1 and None not in said else None

@@ -255,6 +255,15 @@ def check(exercise: Exercise, path: str, ranks: Sequence[int] = (), time_limit: 
                    notes=source_notes(path, exercise.function))
 
 
+def reference_failure(exercise: Exercise, limits: dict) -> Optional[str]:
+    """Why the exercise file's own solution, checked as a submission under `limits` (check's), fails its first
+    case, or None where it passes or is named `reference` (no submission defines that function)."""
+    if getattr(exercise.reference, "__name__", None) != exercise.function:
+        return None
+    failure = check(exercise, exercise.path, **limits).failure
+    return None if failure is None else failure.reason
+
+
 def _printed(path: str) -> tuple:
     """(bytes, the first OUTPUT_LINES lines) of what the submission printed, read from `path`."""
     size = os.path.getsize(path)
