@@ -7,28 +7,9 @@ import re
 
 import pytest
 
+from test_lab_cli import TINY  # an instructor's exercise in a folder of their own
+
 from spmdsim.tools.cli.main import main
-
-#: An instructor's exercise in a folder of their own.
-TINY = '''
-import numpy as np
-
-TITLE = "Double it"
-FUNCTION = "double"
-SIGNATURE = "double(comm, x)"
-STATEMENT = "Return 2 * x on every rank."
-RANKS = (1, 2)
-SEEDS = (0,)
-
-
-def case(seed, n):
-    xs = [np.arange(3.0) + r for r in range(n)]
-    return {"args": [(x,) for x in xs], "expected": [2 * x for x in xs]}
-
-
-def double(comm, x):
-    return 2 * x
-'''
 
 
 def _course(tmp_path, extra: str) -> str:
