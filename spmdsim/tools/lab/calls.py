@@ -317,7 +317,7 @@ def _partners(partners: Callable[[int, int], Any], rank: int, n: int) -> set:
         ranks = [None]
     if not all(isinstance(r, numbers.Integral) and not isinstance(r, bool) for r in ranks):
         raise LabError(f"the exercise's partners({rank}, {n}) returned {named!r}: expected a rank or a "
-                         "collection of ranks (ints)")
+                       "collection of ranks (ints)")
     return {int(r) for r in ranks}
 
 

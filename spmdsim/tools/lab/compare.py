@@ -7,7 +7,7 @@ import numpy as np
 
 from ...references.tolerances import default_tolerances
 
-__all__ = ["first_difference", "show"]
+__all__ = ["first_difference", "show", "tolerance"]
 
 #: The most values a message shows of an array.
 _SHOWN = 6
@@ -130,7 +130,7 @@ def _complex(got: np.ndarray, want: np.ndarray) -> Optional[str]:
     return f"returned an array of dtype {got.dtype}, expected {want.dtype}: {real}"
 
 
-def _tolerance(want: Any, rtol: Optional[float], atol: Optional[float]) -> tuple:
+def tolerance(want: Any, rtol: Optional[float], atol: Optional[float]) -> tuple:
     """The exercise's RTOL and ATOL, each one it leaves out (None) taken by `want`'s dtype
     (spmdsim.references.tolerances: float64 1e-9 and 1e-12, float32 1e-4 and 1e-5); float64's for a value not of
     floats. A float32 exercise at float64's 1e-9 failed its own reference's Allreduce at 4 ranks (another order)."""
@@ -156,9 +156,9 @@ def _difference(got: Any, want: Any, rtol: Optional[float], atol: Optional[float
             return f"returned {_kind(got)}, expected {_kind(want)}"
         if not isinstance(got, np.ndarray) and (not array_like or got_array.shape != want.shape):
             return _not_an_array(got, want, got_array)
-        return _complex(got_array, want) or _array_difference(got_array, want, *_tolerance(want, rtol, atol))
+        return _complex(got_array, want) or _array_difference(got_array, want, *tolerance(want, rtol, atol))
     if isinstance(want, (int, float, np.number)):
-        rtol, atol = _tolerance(want, rtol, atol)
+        rtol, atol = tolerance(want, rtol, atol)
         if isinstance(got, np.ndarray) and got.size == 1:
             got = got.item()
         if not isinstance(got, (int, float, np.number)) or isinstance(got, bool):
@@ -253,7 +253,7 @@ def first_difference(results: Sequence[Any], expected: Sequence[Any], args: Sequ
                      ) -> Optional[str]:
     """The first rank whose result differs, said in one or two lines; None where every rank's matches. An
     expected array takes an array only, unless `array_like` (the exercise's statement says "array-like"); a
-    tolerance None is taken by each expected value's dtype (`_tolerance`)."""
+    tolerance None is taken by each expected value's dtype (`tolerance`)."""
     n = len(expected)
     for rank, (got, want) in enumerate(zip(results, expected)):
         text = _difference(got, want, rtol, atol, array_like)

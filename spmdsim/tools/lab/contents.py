@@ -20,8 +20,8 @@ import numpy as np
 
 from ...emulator.derived import may_be_derived
 from ...emulator.typemap import message
-from ...references.tolerances import default_tolerances
 from ...runtime.sim._mpi import in_place
+from .compare import tolerance
 from .exercise import LabError
 
 __all__ = ["payload", "uncarried"]
@@ -43,8 +43,11 @@ def payload(frame: Any) -> Optional[np.ndarray]:
         values = np.array(data, copy=True)
     except (TypeError, ValueError):  # ragged lists and objects numpy cannot take
         return None
-    if values.dtype.kind not in "biufc":
-        return None
+    return _flat(values) if values.dtype.kind in "biufc" else None
+
+
+def _flat(values: np.ndarray) -> np.ndarray:
+    """Numbers as the check compares them: flat, float64 (complex128 where complex)."""
     return values.ravel().astype(np.complex128 if values.dtype.kind == "c" else np.float64)
 
 
@@ -90,9 +93,7 @@ def _value(value: Any, what: str, n: int, rank: int, rtol: Optional[float], atol
     if values.dtype.kind not in "biufc":
         raise LabError(f"the exercise's sends(case, {n}, {rank}) names {what!r} as {value!r}: expected numbers, "
                        "an array of them, or a tuple of such values")
-    rtol_, atol_ = default_tolerances(values.dtype if values.dtype.kind in "fc" else np.dtype(np.float64))
-    return (values.ravel().astype(np.complex128 if values.dtype.kind == "c" else np.float64),
-            rtol_ if rtol is None else rtol, atol_ if atol is None else atol)
+    return (_flat(values), *tolerance(values, rtol, atol))
 
 
 def uncarried(carried: list, sends: Callable[..., Any], case: dict, rtol: Optional[float] = None,
