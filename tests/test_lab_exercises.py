@@ -1741,6 +1741,32 @@ def test_the_rules_name_a_call_outside_allowed_and_a_required_call_never_made():
     assert missing(persistent, ("Allreduce|allreduce",)) is None
 
 
+RING_PASS_THEN = """
+import numpy as np
+def ring_pass(comm, x):
+    rank, n = comm.Get_rank(), comm.Get_size()
+    got = np.empty_like(x)
+    comm.Sendrecv(x, dest=(rank + 1) % n, recvbuf=got, source=(rank - 1) % n)
+    comm.{call}
+    return got
+"""
+
+
+def test_a_trailing_barrier_passes_a_ring_and_another_collective_still_fails(tmp_path):
+    """A Barrier moves no data: a right ring pass with the habitual comm.Barrier() at its end passes; a Bcast
+    there is still a forbidden collective, said as before."""
+    path = tmp_path / "submission.py"
+    for call in ("Barrier()", "Ibarrier().Wait()", "barrier()"):
+        path.write_text(RING_PASS_THEN.format(call=call).lstrip())
+        for ranks in (1, 3):
+            result = run_case(find_exercise(2), str(path), ranks, 1)
+            assert result.passed and result.sent == result.optimum, result
+    path.write_text(RING_PASS_THEN.format(call="Bcast(got, root=0)").lstrip())
+    result = run_case(find_exercise(2), str(path), 3, 0)
+    assert result.status == "forbidden" and result.reason.startswith(
+        "line 6: comm.Bcast is not allowed in this exercise"), result
+
+
 def test_a_rule_on_a_collective_holds_for_its_nonblocking_object_and_v_forms():
     assert {family(c) for c in ("Allreduce", "Iallreduce", "allreduce", "Allreduce_init")} == {"Allreduce"}
     assert {family(c) for c in ("Allgatherv", "Iallgatherv", "allgather")} == {"Allgather"}

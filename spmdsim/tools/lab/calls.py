@@ -32,18 +32,24 @@ from .contents import payload
 from .exercise import LabError
 from .sent_bytes import collective_sent, message_bytes, object_bytes, persistent_collective_sent
 
-__all__ = ["COLLECTIVES", "POINT_TO_POINT", "ONE_SIDED", "Notes", "base_call", "family", "watching", "violation",
-           "strangers", "missing", "too_many"]
+__all__ = ["COLLECTIVES", "BARRIERS", "POINT_TO_POINT", "ONE_SIDED", "Notes", "base_call", "family", "watching",
+           "violation", "strangers", "missing", "too_many"]
 
 _UPPER_COLLECTIVES = ("Allreduce", "Reduce", "Bcast", "Scatter", "Scatterv", "Gather", "Gatherv", "Allgather",
                       "Allgatherv", "Alltoall", "Alltoallv", "Alltoallw", "Reduce_scatter", "Reduce_scatter_block",
                       "Scan", "Exscan", "Barrier", "Neighbor_allgather", "Neighbor_allgatherv", "Neighbor_alltoall",
                       "Neighbor_alltoallv", "Neighbor_alltoallw")
 #: Every collective call, in its buffer (Allreduce), nonblocking (Iallreduce) and object (allreduce) forms.
-COLLECTIVES = frozenset(_UPPER_COLLECTIVES + tuple("I" + c.lower() if c == "Barrier" else "I" + c[0].lower() + c[1:]
-                                                   for c in _UPPER_COLLECTIVES)
-                        + ("allreduce", "reduce", "bcast", "scatter", "gather", "allgather", "alltoall", "barrier",
-                           "scan", "exscan", "ibarrier", "neighbor_allgather", "neighbor_alltoall"))
+_EVERY_COLLECTIVE = frozenset(_UPPER_COLLECTIVES
+                              + tuple("I" + c.lower() if c == "Barrier" else "I" + c[0].lower() + c[1:]
+                                      for c in _UPPER_COLLECTIVES)
+                              + ("allreduce", "reduce", "bcast", "scatter", "gather", "allgather", "alltoall",
+                                 "barrier", "scan", "exscan", "ibarrier", "neighbor_allgather", "neighbor_alltoall"))
+#: The barriers, which move no data: a rule built from COLLECTIVES leaves a student's habitual comm.Barrier()
+#: be; an exercise that forbids one names "Barrier" itself.
+BARRIERS = frozenset(("Barrier", "Ibarrier", "barrier", "ibarrier"))
+#: Every collective call that moves data, in its buffer, nonblocking and object forms: all but BARRIERS.
+COLLECTIVES = _EVERY_COLLECTIVE - BARRIERS
 
 _SEND_BUFFER = {"Send": "buf", "Ssend": "buf", "Bsend": "buf", "Rsend": "buf", "Isend": "buf", "Issend": "buf",
                 "Ibsend": "buf", "Irsend": "buf", "Sendrecv": "sendbuf", "Isendrecv": "sendbuf",
@@ -141,7 +147,7 @@ def family(name: str) -> str:
     allreduce and Allreduce_init too, and one on Allgather for Allgatherv: the buffer form's name without its
     v, w or _block. A point-to-point or one-sided call is its own family (a persistent one its maker's)."""
     call = base_call(name)
-    if call not in COLLECTIVES:
+    if call not in _EVERY_COLLECTIVE:
         return call
     upper = call[0].upper() + call[1:]
     if upper not in _UPPER_COLLECTIVES:  # Iallreduce, Ibarrier, Ineighbor_alltoall
@@ -151,7 +157,7 @@ def family(name: str) -> str:
 
 def _with_forms(name: str) -> str:
     """comm.`name` said with the other forms a rule on it counts: "comm.Allreduce (or Iallreduce, allreduce)"."""
-    forms = sorted((c for c in COLLECTIVES if family(c) == family(name) and c != name),
+    forms = sorted((c for c in _EVERY_COLLECTIVE if family(c) == family(name) and c != name),
                    key=lambda c: (c[0].islower(), c[0] == "I" and c[1].islower(), len(c), c))
     return f"comm.{name} (or {', '.join(forms)})" if forms else f"comm.{name}"
 
@@ -210,7 +216,7 @@ def _carried(name: str, frame: Any, notes: Notes, peer: Optional[int]) -> int:
         return _sent(name, frame, peer)
     if name in _ONE_SIDED:
         return _one_sided(name, frame, peer)
-    if name in COLLECTIVES:
+    if name in _EVERY_COLLECTIVE:
         return collective_sent(name, frame.f_locals, frame.f_locals.get("self"))
     if name in ("Start", "Startall"):
         local = frame.f_locals
@@ -267,7 +273,7 @@ def watching(filename: str, notes: Notes) -> Iterator[Notes]:
         if event == "return":  # a persistent send or collective made: what each Start of it will send
             if arg is not None and name in _PERSISTENT_SENDS:
                 notes.persistent[id(arg)] = (arg, _sent("Send", frame, _peer("Send", frame)))
-            elif arg is not None and name.endswith("_init") and base_call(name) in COLLECTIVES:
+            elif arg is not None and name.endswith("_init") and base_call(name) in _EVERY_COLLECTIVE:
                 notes.persistent[id(arg)] = (arg, persistent_collective_sent(name, frame.f_locals))
             return
         notes.calls.append((name, line))
@@ -293,14 +299,14 @@ def watching(filename: str, notes: Notes) -> Iterator[Notes]:
 def violation(notes: list, forbidden: tuple, allowed: Optional[tuple]) -> Optional[str]:
     """The first call in `notes` (one Notes per rank) that the rules forbid, with its line, or None: a
     forbidden call, or a communication call (collective, point-to-point or one-sided) outside `allowed`
-    (Barrier, which moves no data, is always allowed unless forbidden)."""
+    (Barrier, which moves no data, is always allowed unless `forbidden` names it: COLLECTIVES does not)."""
     banned, kept = _families(forbidden), None if allowed is None else _families(allowed) | {"Barrier"}
     for note in notes:
         for name, line in note.calls:
             call = base_call(name)
             if family(name) in banned:
                 return f"line {line}: {_said(name)} is not allowed in this exercise"
-            if kept is not None and family(name) not in kept and (call in COLLECTIVES or call in POINT_TO_POINT
+            if kept is not None and family(name) not in kept and (call in _EVERY_COLLECTIVE or call in POINT_TO_POINT
                                                                   or call in ONE_SIDED):
                 return (f"line {line}: {_said(name)} is not one of the calls this exercise allows "
                         f"({', '.join(allowed)})")
@@ -367,7 +373,7 @@ def too_many(notes: list, most: dict) -> Optional[str]:
 @functools.lru_cache(maxsize=1)
 def _known() -> frozenset:
     """The calls a rule may name: a communicator's (a topology's too), a window's and a persistent request's."""
-    names = set(COLLECTIVES | POINT_TO_POINT | ONE_SIDED)
+    names = set(_EVERY_COLLECTIVE | POINT_TO_POINT | ONE_SIDED)
     for kind in (_comm.SimCartComm, _comm.SimGraphComm, _comm.SimDistGraphComm, Prequest):
         names.update(name for name in dir(kind) if not name.startswith("_"))
     names.update(name for name in set(dir(SimWin)) - set(dir(np.ndarray)) if not name.startswith("_"))  # (not an

@@ -11,7 +11,7 @@ from typing import Any, Optional
 from ...errors import RuntimeMismatchError, exception_text
 from ...runtime.sim.bodies import op_of
 from ...runtime.sim.unmatched import NO_MATCH
-from .calls import COLLECTIVES, POINT_TO_POINT, ranks_text
+from .calls import BARRIERS, COLLECTIVES, POINT_TO_POINT, ranks_text
 
 __all__ = ["Exited", "MissingFunction", "FILE_BYTES", "NOT_RUNNABLE", "at_line", "ranks_text", "describe_failure"]
 
@@ -89,7 +89,8 @@ def _beside(path: str, module: str) -> str:
 
 
 #: What a communicator has that an argument in its place (an array) has not: `x.Get_size()` on the wrong argument.
-_COMM_ATTRIBUTES = COLLECTIVES | POINT_TO_POINT | {"Get_size", "Get_rank", "size", "rank", "Create_cart", "Split"}
+_COMM_ATTRIBUTES = COLLECTIVES | BARRIERS | POINT_TO_POINT | {"Get_size", "Get_rank", "size", "rank", "Create_cart",
+                                                              "Split"}
 
 
 def _call_hint(exc: BaseException, line: Optional[int], signature: str) -> str:
