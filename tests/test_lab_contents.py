@@ -47,6 +47,23 @@ MATVEC_ZERO_COMPUTES = """
         comm.Gather(np.zeros(m // n), np.empty(m) if comm.Get_rank() == 0 else None, root=0)
         return A @ x if comm.Get_rank() == 0 else None
     """
+#: Exercise 4: each rank sends a header (its count) then its piece in two halves, from rows it did not multiply.
+MATVEC_HEADER_HALVES = """
+    import numpy as np
+    def matvec(comm, A, x):
+        n, rank = comm.Get_size(), comm.Get_rank()
+        m, k = comm.bcast(None if A is None else A.shape, root=0)
+        mine = np.empty((m // n, k))
+        comm.Scatter(A, mine, root=0)
+        x = comm.bcast(x, root=0)
+        y = {piece}
+        h = y.size // 2
+        comm.gather(y.size, root=0)  # a header: the count to come
+        first, second = (np.empty((n, h)), np.empty((n, y.size - h))) if rank == 0 else (None, None)
+        comm.Gather(y[:h], first, root=0)
+        comm.Gather(y[h:], second, root=0)
+        return {result} if rank == 0 else None
+    """
 
 
 @pytest.mark.parametrize("number, source, words", [
@@ -55,7 +72,9 @@ MATVEC_ZERO_COMPUTES = """
     (3, PI_ZERO_SUMS_ALL, "rank 1's messages at 3 ranks (1000 intervals) carried no partial sum of its terms "
                           "i = 1, 1 + 3, ...: in this exercise's algorithm rank 1 computes it and sends it"),
     (4, MATVEC_ZERO_COMPUTES, "rank 1's messages at 3 ranks (A 36x5) carried no rows 12..23 of A times x"),
-], ids=["ex1-rank0-adds", "ex3-rank0-sums-all", "ex4-rank0-multiplies"])
+    (4, MATVEC_HEADER_HALVES.format(piece="mine[:, 0] * x[0]", result="A @ x"),
+     "rank 1's messages at 3 ranks (A 36x5) carried no rows 12..23 of A times x"),
+], ids=["ex1-rank0-adds", "ex3-rank0-sums-all", "ex4-rank0-multiplies", "ex4-header-then-wrong-halves"])
 def test_a_rank_doing_another_ranks_work_fails_naming_the_value(tmp_path, number, source, words):
     path = tmp_path / "submission.py"
     path.write_text(textwrap.dedent(source).lstrip())
@@ -166,11 +185,15 @@ PING_RIGHT = ["""
     """]
 
 
+MATVEC_HEADER_RIGHT = MATVEC_HEADER_HALVES.format(piece="mine @ x",
+                                                  result="np.concatenate([first, second], axis=1).ravel()")
+
+
 @pytest.mark.parametrize("number, source", [(3, s) for s in PI_RIGHT] + [(4, s) for s in MATVEC_RIGHT]
-                         + [(1, s) for s in PING_RIGHT],
+                         + [(4, MATVEC_HEADER_RIGHT)] + [(1, s) for s in PING_RIGHT],
                          ids=["ex3-4h-factored", "ex3-h-factored", "ex3-ireduce-array", "ex3-4-over-h-factored",
                               "ex4-gatherv-spec",
-                              "ex4-object-gather", "ex1-halves", "ex1-objects",
+                              "ex4-object-gather", "ex4-header-then-halves", "ex1-halves", "ex1-objects",
                               "ex1-count-of-a-longer-buffer"])
 def test_right_forms_carry_their_ranks_values(tmp_path, number, source):
     path = tmp_path / "submission.py"
@@ -207,6 +230,10 @@ def test_uncarried_finds_a_value_at_a_multiple_of_its_size_only():
     assert uncarried([[], [None, np.zeros(2)]], sends, {}) is None  # a message it cannot read: not judged
     assert uncarried([[], [np.array([1.0]), np.array([2.0])]], sends, {}) is None  # in pieces, in order
     assert uncarried([[], [np.array([2.0]), np.array([1.0])]], sends, {}) == (1, "its pair")
+    header = np.array([7.0])  # a header (a count), then the value in pieces
+    assert uncarried([[], [header, np.array([1.0]), np.array([2.0])]], sends, {}) is None
+    assert uncarried([[], [np.array([1.0]), header, np.array([2.0])]], sends, {}) == (1, "its pair")
+    assert uncarried([[], [header, np.array([1.0]), np.array([2.5])]], sends, {}) == (1, "its pair")
 
 
 def test_an_exercises_bad_sends_is_said_in_one_line():

@@ -6,15 +6,15 @@ with its common factor, or without); a check whose values are right then fails w
 rank's messages (its sends, the send side of its collectives, its one-sided writes) carried none of them:
 another rank did that rank's work, and the messages were only there for show (rank 0 adding the 1 that rank 1
 should add, summing every interval, multiplying all of A). A value is carried where a message's data (a buffer
-message's count of entries, not all its buffer) holds it, whole, at a multiple of its size, or where all the
-rank's messages in order do (a value sent in pieces);
+message's count of entries, not all its buffer) holds it, whole, at a multiple of its size, or where a run of
+the rank's consecutive messages joined in order does (a value sent in pieces, after a header or not);
 a rank with a message whose data the grader cannot read as numbers (an object the pickle carries, a persistent
 request's Start) is not judged.
 """
 from __future__ import annotations
 
 import numbers
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
@@ -105,9 +105,25 @@ def uncarried(carried: list, sends: Callable[..., Any], case: dict, rtol: Option
     for rank, payloads in enumerate(carried):
         if any(data is None for data in payloads):
             continue
-        # each message, and all of them in order (a value sent in pieces: two Sends of its halves)
-        messages = payloads + [np.concatenate(payloads)] if len(payloads) > 1 else payloads
         for what, values in _expected(sends, case, n, rank, rtol, atol).items():
-            if not any(_holds(data, *value) for data in messages for value in values):
+            if not any(_holds(data, *value) for data in _runs(payloads) for value in values):
                 return rank, what
     return None
+
+
+#: The most consecutive messages joined into one run (`_runs`): a rank of the shipped exercises sends a few.
+_LONGEST_RUN = 8
+
+
+def _runs(payloads: list) -> Iterator[np.ndarray]:
+    """Each message in `payloads`, each run of up to _LONGEST_RUN consecutive ones joined in order, and all
+    of them joined (a value sent in pieces: a header, then two Sends of its halves): at most
+    _LONGEST_RUN runs a message, so a rank that sent very many messages costs its count times that, not its
+    square."""
+    yield from payloads
+    for first in range(len(payloads)):
+        for last in range(first + 2, min(first + _LONGEST_RUN, len(payloads)) + 1):
+            if last - first < len(payloads):
+                yield np.concatenate(payloads[first:last])
+    if len(payloads) > 1:
+        yield np.concatenate(payloads)
