@@ -7,6 +7,7 @@ import types
 
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 from spmdsim.tools.lab.contents import payload, uncarried
 from spmdsim.tools.lab.exercise import LabError, find_exercise
@@ -217,6 +218,17 @@ def test_payload_copies_what_a_call_sends_and_reads_no_objects():
     assert payload(_frame(sendobj=2.5)).tolist() == [2.5]
     assert payload(_frame(obj={"a": 1})) is None
     assert payload(_frame(self=None)) is None  # a persistent request's Start: its data not at hand
+
+
+def test_a_tuple_of_counts_is_a_v_collectives_by_the_calls_name():
+    """(2, 2) is a count and a displacement to a Send, two ranks' counts to an Alltoallv or an Iscatterv."""
+    y = np.arange(4.0)
+    spec = [y, (2, 2), MPI.DOUBLE]
+    assert payload(types.SimpleNamespace(f_locals={"buf": spec}, f_code=_frame.__code__.replace(
+        co_name="Send"))).tolist() == [2.0, 3.0]
+    for name in ("Alltoallv", "Iscatterv", "Alltoallv_init"):
+        code = _frame.__code__.replace(co_name=name)
+        assert payload(types.SimpleNamespace(f_locals={"sendbuf": spec}, f_code=code)).tolist() == y.tolist()
 
 
 def test_uncarried_finds_a_value_at_a_multiple_of_its_size_only():

@@ -212,3 +212,34 @@ def test_under_mpiexec_a_fault_of_the_exercise_file_is_said_as_on_simulated_rank
     out = " ".join(capsys.readouterr().out.split())
     assert "2 ranks: FAIL the grader stopped at 2 ranks: exercise 1: case(0, 2) gives rank 0 2 arguments" in out, out
     assert "LabError" not in out, out
+
+
+#: An exercise whose rank 0 sends its doubled x, the first block of its buffer, by a v-collective whose counts
+#: are a tuple: {call} is the call.
+V_SENDS = '''
+def sends(case, n, rank):
+    return {{"its doubled x": 2 * case["args"][0][0]}} if n > 1 and rank == 0 else {{}}
+
+
+def double(comm, x):
+    from mpi4py import MPI
+    n = comm.Get_size()
+    y = np.concatenate([2 * x] + [np.full(x.size, -1.0)] * (n - 1))  # 2x for rank 0, -1s for the others
+    got = np.empty_like(y)
+    {call}
+    return 2 * x
+'''
+
+
+@pytest.mark.parametrize("call", [
+    "comm.Alltoallv([y, tuple([x.size] * n), MPI.DOUBLE], [got, tuple([x.size] * n), MPI.DOUBLE])",
+    "comm.Scatterv([y, tuple([x.size] * n), MPI.DOUBLE], got[:x.size], root=0)",
+], ids=["alltoallv", "scatterv"])
+def test_a_v_collectives_counts_given_as_a_tuple_send_its_whole_buffer(tmp_path, capsys, call):
+    """[y, (3, 3), MPI.DOUBLE] to an Alltoallv or a Scatterv was read as a plain message, 3 entries from
+    displacement 3, so rank 0, whose doubled x is its buffer's first block, failed as if another rank did its
+    work."""
+    course = _course(tmp_path, V_SENDS.format(call=call))
+    path = tmp_path / "course" / "01_double.py"
+    assert main(["lab", "check", "1", str(path), "--exercises", course, "--ranks", "2"]) == 0, \
+        capsys.readouterr().out

@@ -28,6 +28,19 @@ __all__ = ["payload", "uncarried"]
 
 #: A call's argument holding the data it sends, in the emulator's names, the first one a call has.
 _SENT = ("sendbuf", "buf", "sendobj", "obj", "origin")
+#: The collectives whose send buffer is a v-message ([buf, counts, datatype]: counts a list or a tuple, one a
+#: rank), and those whose receive buffer is, which holds the data sent in place (MPI.IN_PLACE).
+_V_SEND = frozenset(("Scatterv", "Alltoallv", "Alltoallw", "Neighbor_alltoallv", "Neighbor_alltoallw"))
+_V_RECEIVE = frozenset(("Gatherv", "Allgatherv", "Alltoallv", "Alltoallw", "Neighbor_allgatherv",
+                        "Neighbor_alltoallv", "Neighbor_alltoallw"))
+
+
+def _collective(name: str) -> str:
+    """The blocking buffer form of a collective's name (Iscatterv, Scatterv_init: Scatterv); another as it is."""
+    name = name[:-len("_init")] if name.endswith("_init") else name
+    if name.startswith("I") and name[1:2].islower():
+        return name[1].upper() + name[2:]
+    return name
 
 
 def payload(frame: Any) -> Optional[np.ndarray]:
@@ -35,10 +48,12 @@ def payload(frame: Any) -> Optional[np.ndarray]:
     None where it is not numbers the grader can read."""
     local = frame.f_locals
     data = next((local[name] for name in _SENT if name in local), None)
+    call = _collective(getattr(getattr(frame, "f_code", None), "co_name", ""))
+    vector = call in _V_SEND
     if in_place(data):  # MPI.IN_PLACE: the data lies in the receive buffer
-        data = local.get("recvbuf")
+        data, vector = local.get("recvbuf"), call in _V_RECEIVE
     if isinstance(data, (list, tuple)) and data and not isinstance(data[0], numbers.Number):
-        data = _sent_entries(data)  # a buffer message: [array, datatype] or [array, count, datatype]
+        data = _sent_entries(data, vector)  # a buffer message: [array, datatype] or [array, count, datatype]
     try:
         values = np.array(data, copy=True)
     except (TypeError, ValueError):  # ragged lists and objects numpy cannot take
@@ -51,11 +66,12 @@ def _flat(values: np.ndarray) -> np.ndarray:
     return values.ravel().astype(np.complex128 if values.dtype.kind == "c" else np.float64)
 
 
-def _sent_entries(spec: Any) -> Any:
+def _sent_entries(spec: Any, vector: bool = False) -> Any:
     """The entries a buffer message `spec` sends: its count of its datatype from its displacement on
     ([work, 5, MPI.DOUBLE]: work's first 5, however long work is); its whole buffer for a derived datatype's,
-    a v-collective's counts or a message the emulator cannot read."""
-    if may_be_derived(spec) or (len(spec) > 2 and isinstance(spec[1], (list, np.ndarray))):
+    a v-collective's (`vector`: its counts a tuple too, not read as a count and a displacement; or counts in a
+    list) or a message the emulator cannot read."""
+    if may_be_derived(spec) or (len(spec) > 2 and (vector or isinstance(spec[1], (list, np.ndarray)))):
         return spec[0]
     try:
         flat, count, _ = message(spec, "")
