@@ -468,7 +468,7 @@ def test_a_time_limit_run_out_on_a_busy_machine_says_the_load(tiny, tmp_path, ca
     """The limit is wall time: at load 12 on 2 cores a right exercise 2 took 9.6 s of its 10 (1.1 s idle), and a
     time limit run out there said only "an endless loop"; above twice the cores it names the load and the way out."""
     monkeypatch.setattr("spmdsim.tools.lab.sandbox.os.getloadavg", lambda: (load, load, load))
-    monkeypatch.setattr("spmdsim.tools.lab.sandbox.cores_available", lambda: 2)
+    monkeypatch.setattr("spmdsim.tools.lab.ending.cores_available", lambda: 2)
     path = tmp_path / "hanging.py"
     path.write_text(SUBMISSIONS["hanging.py"])
     assert main(["lab", "check", "1", str(path), "--exercises", tiny, "--time-limit", "1"]) == 1

@@ -118,7 +118,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 def returned(rank: int, n: int = n, seed: int = seed) -> None:  # a rank's function returned
                     with lock:
                         out.write(json.dumps({"event": "returned", "ranks": n, "seed": seed, "rank": rank}) + "\n")
-                result = run_case(exercise, args.file, n, seed, returned=returned)
+
+                def stage(what: str, n: int = n, seed: int = seed) -> None:  # (spmdsim.tools.lab.harness.run_case)
+                    with lock:
+                        out.write(json.dumps({"event": "stage", "stage": what, "ranks": n, "seed": seed}) + "\n")
+                result = run_case(exercise, args.file, n, seed, returned=returned, stage=stage)
                 if result.status == "memory":
                     result = dataclasses.replace(result, reason=f"{result.reason} (limit {args.memory_mb} MiB)")
                 out.write(json.dumps({"event": "done", **dataclasses.asdict(result)}) + "\n")

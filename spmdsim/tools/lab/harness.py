@@ -196,11 +196,16 @@ def _parameters(signature: str) -> Optional[list]:
 
 
 def run_case(exercise: Exercise, path: str, n: int, seed: int, eager_limit: int = EAGER_LIMIT,
-             returned: Optional[Callable[[int], None]] = None) -> CaseResult:
+             returned: Optional[Callable[[int], None]] = None,
+             stage: Optional[Callable[[str], None]] = None) -> CaseResult:
     """Run the submission at `path` on `n` simulated ranks on the exercise's case `seed`, and judge it; a
-    standard Send of `eager_limit` bytes or more waits for its receive. `returned(rank)`: as `_per_rank`'s."""
+    standard Send of `eager_limit` bytes or more waits for its receive. `returned(rank)`: as `_per_rank`'s;
+    `stage(what)`: told "run" once the exercise's case() is made, "judge" once the ranks ended (so that a time
+    limit run out is put on the exercise file's functions or on the submission, whichever ran)."""
+    stage = stage or (lambda what: None)
     path = os.path.abspath(path)
     case = make_case(exercise, seed, n)
+    stage("run")
     label = str(case.get("label", f"seed {seed}"))
     try:
         code = _compiled(path)
@@ -220,6 +225,7 @@ def run_case(exercise: Exercise, path: str, n: int, seed: int, eager_limit: int 
         if not getattr(exc, "simulated_ranks", None):  # verdict (a real Ctrl-C, in no rank, stops the check)
             raise
         failure = describe_failure(exc, path, n, exercise.signature)
+    stage("judge")
     result = judge(exercise, case, seed, n, results, notes, failure)
     return _misuses(result, results, path) if result.status == "wrong" else result
 

@@ -49,9 +49,12 @@ def cases_on(comm: object, exercise: object, path: str, out: str) -> bool:
                          "status": "unloadable", "reason": reason})
         return False
     for seed in exercise.seeds:
+        if rank == 0:  # (then each stage, as the simulated child writes them: a time limit run out is put on the
+            # exercise's case() or judging, or on the submission, whichever ran)
+            _write(out, {"event": "start", "ranks": n, "seed": seed, "time": time.time()})
         case = make_case(exercise, seed, n)
         if rank == 0:
-            _write(out, {"event": "start", "ranks": n, "seed": seed, "time": time.time()})
+            _write(out, {"event": "stage", "stage": "run", "ranks": n, "seed": seed})
         notes = Notes()
         try:
             value = call_submission(exercise, code, path, comm, case["args"][rank], notes)
@@ -67,6 +70,7 @@ def cases_on(comm: object, exercise: object, path: str, out: str) -> bool:
         gathered = engine.gather_object(comm, (value, notes), 0)
         passed = None
         if rank == 0:
+            _write(out, {"event": "stage", "stage": "judge", "ranks": n, "seed": seed})
             result = judge(exercise, case, seed, n, [g[0] for g in gathered], [g[1] for g in gathered], None,
                            rules=False)
             _write(out, {"event": "done", **dataclasses.asdict(result)})

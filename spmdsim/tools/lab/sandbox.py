@@ -21,10 +21,10 @@ import threading
 import time
 from typing import Any, Optional, Sequence
 
-from ...base.threads import cores_available
 from ...base.validate import counted
 from ...errors import SpmdsimError
 from ..cli.launch import find_mpiexec
+from .ending import LAB_ERROR, case_ended, exercise_side
 from .exercise import Exercise, LabError
 from .harness import PASS, STOPS, CaseResult
 from .source_notes import source_notes
@@ -35,8 +35,6 @@ __all__ = ["Verdict", "Stopped", "check", "check_mpiexec"]
 STARTUP_SECONDS = 60.0
 #: Seconds between two looks at the child.
 _POLL = 0.02
-#: Printed bytes past which a timeout is said to be the printing's.
-LOUD = 1 << 20
 #: The lines of a submission's printed output a verdict keeps.
 OUTPUT_LINES = 5
 
@@ -90,14 +88,6 @@ def _events(path: str) -> list:
     return events
 
 
-def _signal_name(signum: int) -> str:
-    """'9 (SIGKILL)': a signal's number and name."""
-    try:
-        return f"{signum} ({signal.Signals(signum).name})"
-    except ValueError:
-        return str(signum)
-
-
 def _exit_status(path: str, code: int) -> tuple:
     """(exit code, CPU seconds) of the process that ran the cases, as its keeper wrote them to `path` (a
     signal's code negative, as subprocess gives it); (`code`, None) where the keeper wrote none (killed)."""
@@ -107,69 +97,6 @@ def _exit_status(path: str, code: int) -> tuple:
         return (-found["signal"] if found["signal"] else found["code"]), float(found["cpu"])
     except (OSError, ValueError, KeyError, TypeError):
         return code, None
-
-
-def _ended(code: int, limit: float, memory_mb: int, running: dict, timed_out: bool, errors: str,
-           printed: int = 0, returns: int = 0, before: tuple = (0, 0.0, 0), cpu: Optional[float] = 0.0) -> CaseResult:
-    """The result of the case the child was running when it was killed or died (`running`: its start event;
-    `printed`: the bytes the submission printed, which a time limit may have run out on; `returns`: how many
-    of its ranks' functions had returned; `before`: the cases that ended before it, their seconds and the bytes
-    they printed; `cpu`: the CPU seconds it used, None where its keeper was killed and gave none)."""
-    n, seed = running.get("ranks", 0), running.get("seed", 0)
-    where = f" at {n} rank{'s' if n != 1 else ''} (seed {seed})" if running else ""
-    cases, seconds, loud = before
-    if timed_out and running and returns >= n:
-        status, reason = "timeout", (f"ran past the time limit of {limit:g} s{where}: every rank returned its "
-                                     "result, but a thread a rank started still runs (a rank ends with its "
-                                     "threads): join the threads you start")
-    elif timed_out and printed - loud >= LOUD:  # this case was printing megabytes: slow cases before it or not
-        status, reason = "timeout", (f"ran past the time limit of {limit:g} s{where} while printing "
-                                     f"{printed / 1e6:.1f} MB: print less (each line takes tens of us here)")
-    elif timed_out and cases and seconds >= limit / 2:  # a slow solution, its cases right so far
-        took = f"took {seconds:.1f} s of it" + (f", printing {loud / 1e6:.1f} MB" if loud >= LOUD else "")
-        slow = "too slow (print less)" if loud >= LOUD else "too slow"  # (printing, or an endless loop here)
-        status, reason = "timeout", (f"ran past the time limit of {limit:g} s{where}, a limit for all cases "
-                                     f"together: the {counted(cases, 'case')} before it {took}: {slow}, or an "
-                                     "endless loop in this case")
-    elif timed_out:
-        status, reason = "timeout", (f"ran past the time limit of {limit:g} s{where}: an endless loop, or a rank "
-                                     "waiting for a message no rank sends")
-    elif code == -signal.SIGXCPU or code == -signal.SIGKILL and cpu is not None and cpu >= limit:
-        status, reason = "cpu", f"used more than its {limit:g} s of CPU time{where}: an endless loop?"
-    elif code < 0 and cpu is None:  # its parent, the keeper (spmdsim.tools.lab.child), killed: not by a limit
-        status, reason = "error", (f"the process that watches it was killed by signal {_signal_name(-code)}"
-                                   f"{where}: a submission must not signal other processes")
-    elif code < 0:
-        status, reason = "error", f"the process was killed by signal {_signal_name(-code)}{where}"
-    else:
-        last = errors.strip().splitlines()[-1] if errors.strip() else ""
-        stopped = "Error" in last.partition(":")[0]
-        if last.startswith(_LAB_ERROR):  # an exercise file's fault, said whole (exercise 1: case(0, 2) raised ...)
-            last = last[len(_LAB_ERROR):]
-        status = "memory" if "MemoryError" in last else "exit" if code else "error"
-        reason = (f"ran out of memory{where} (limit {memory_mb} MiB)" if status == "memory" else
-                  f"the grader stopped{where}: {last}" if stopped else
-                  f"the process ended{where} with exit code {code}" if code else
-                  f"the process ended{where} without a result")
-    if status == "timeout":
-        reason += _busy()
-    return CaseResult(ranks=n, seed=seed, label=f"seed {seed}", status=status, reason=reason)
-
-
-#: How a traceback's last line names LabError (spmdsim.tools.lab.exercise), whose message says all.
-_LAB_ERROR = f"{LabError.__module__}.{LabError.__qualname__}: "
-
-
-def _busy() -> str:
-    """Said after a time limit ran out where this machine's load is above twice its cores, else "": the limit is
-    wall time, and a right submission that takes 1 s on an idle machine can take ten on such a one."""
-    try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):  # (not on every system)
-        return ""
-    cores = cores_available()
-    return "" if load <= 2 * cores else (f" (this machine is busy, load {load:.1f} on {counted(cores, 'core')}: "
-                                         "check again when it is not, or give more time with --time-limit)")
 
 
 class Stopped(Exception):
@@ -247,7 +174,8 @@ def check(exercise: Exercise, path: str, ranks: Sequence[int] = (), time_limit: 
                       e["seed"] == running.get("seed") for e in events)
         before = (len(results), running["time"] - starts[0]["time"], running.get("printed", 0)) if running \
             else (0, 0.0, 0)
-        ended = _ended(code, limit, memory, running, timed_out, stderr, printed, returns, before, cpu)
+        ended = case_ended(code, limit, memory, running, timed_out, stderr, printed, returns, before, cpu,
+                       exercise_side(exercise.number, running, events, limit))
         if not starts and stderr.strip() and not timed_out:  # it never began: a bad exercise, say, in its words
             ended = dataclasses.replace(ended, reason=stderr.strip().splitlines()[-1])
     return Verdict(file=path, ranks=ranks, cases=len(ranks) * len(exercise.seeds), results=results, ended=ended,
@@ -272,9 +200,10 @@ def _printed(path: str) -> tuple:
     return size, "".join(head)
 
 
-def _mpi_results(events: list, code: int, n: int, limit: float, errors: str) -> list:
-    """The results of one mpiexec job at `n` ranks: its lines (the first for each case: ranks that fail at
-    once each write one), then, where the job ended mid-case or with an error none of them explains, why."""
+def _mpi_results(events: list, code: int, n: int, limit: float, errors: str, number: int = 0) -> list:
+    """The results of one mpiexec job at `n` ranks of exercise `number`: its lines (the first for each case: ranks
+    that fail at once each write one), then, where the job ended mid-case or with an error none of them
+    explains, why."""
     results, seen = [], set()
     for event in events:
         key = (event.get("ranks"), event.get("seed"))
@@ -283,7 +212,12 @@ def _mpi_results(events: list, code: int, n: int, limit: float, errors: str) -> 
             results.append(CaseResult(**{k: v for k, v in event.items() if k != "event"}))
     starts = [e for e in events if e["event"] == "start"]
     running = starts[-1] if starts and (starts[-1]["ranks"], starts[-1]["seed"]) not in seen else None
-    if code == 124 and running is not None:  # spmdsim launch's timeout
+    hung = exercise_side(number, running, events, limit) if code == 124 and running is not None else ""
+    if hung:  # the exercise file's case() or judging ran on
+        results.append(CaseResult(ranks=n, seed=running["seed"], label=f"seed {running['seed']}", status="error",
+                                  reason=f"the grader stopped at {counted(n, 'rank')} under mpiexec: {hung}: an "
+                                         "endless loop in the exercise file, not in the submission"))
+    elif code == 124 and running is not None:  # spmdsim launch's timeout
         results.append(CaseResult(ranks=n, seed=running["seed"], label=f"seed {running['seed']}", status="timeout",
                                   reason=f"ran past the time limit of {limit:g} s at {counted(n, 'rank')} under "
                                          "mpiexec: a deadlock (MPI ranks wait forever) or an endless loop"))
@@ -293,8 +227,8 @@ def _mpi_results(events: list, code: int, n: int, limit: float, errors: str) -> 
         # go on, return its value and have its case written as passed (that case's row is this one instead).
         seed = running["seed"] if running is not None else results.pop().seed if results else 0
         last = _job_said(errors) or f"exit code {code}"
-        reason = f"the grader stopped at {counted(n, 'rank')}: {last[len(_LAB_ERROR):]}" if \
-            last.startswith(_LAB_ERROR) else f"the mpiexec job at {counted(n, 'rank')} ended: {last}"  # (an
+        reason = f"the grader stopped at {counted(n, 'rank')}: {last[len(LAB_ERROR):]}" if \
+            last.startswith(LAB_ERROR) else f"the mpiexec job at {counted(n, 'rank')} ended: {last}"  # (an
         # exercise file's fault, said as on simulated ranks: exercise 1: case(0, 2) raised ...)
         results.append(CaseResult(ranks=n, seed=seed, label="", status="exit", reason=reason))
     return results
@@ -359,7 +293,7 @@ def check_mpiexec(exercise: Exercise, path: str, ranks: Sequence[int] = (), time
             with open(os.path.join(tmp, f"stderr-{n}"), "w+b") as errors:  # a file: megabytes stay on disk
                 done = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors,
                                       cwd=tmp)
-                found = _mpi_results(_events(out), done.returncode, n, limit, _tail(errors, 4000))
+                found = _mpi_results(_events(out), done.returncode, n, limit, _tail(errors, 4000), exercise.number)
             _end_line(said)
             results.extend(found)
             if any(r.status in STOPS for r in found):  # the same at every rank count
