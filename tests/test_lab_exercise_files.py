@@ -273,3 +273,14 @@ def test_under_mpiexec_a_case_that_never_returns_is_said_as_the_exercises_fault(
     out = " ".join(capsys.readouterr().out.split())
     assert ("the grader stopped at 1 rank under mpiexec: exercise 1's case(0, 1) ran past the time limit of 2 s "
             "before the submission ran: an endless loop in the exercise file, not in the submission") in out, out
+
+
+def test_an_explain_that_raises_is_said_as_the_exercises_fault_under_the_wrong_result(tmp_path, capsys):
+    """An explain that raised was silent: the wrong result was said with no word of the exercise file's fault."""
+    course = _course(tmp_path, "def explain(case, n, rank, got):\n    return 1 / 0\n")
+    path = tmp_path / "wrong.py"
+    path.write_text("def double(comm, x):\n    return 3 * x\n")
+    assert main(["lab", "check", "1", str(path), "--exercises", course, "--ranks", "1"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "FAIL wrong at 1 rank (seed 0): rank 0 result[1:3] differs" in out, out
+    assert "exercise 1: explain(case, 1, 0, array([0., 3., 6.])) raised ZeroDivisionError: division by zero" in out, out

@@ -107,8 +107,8 @@ class Exercise:
 
 
 def guarded(exercise: Exercise, name: str) -> Callable[..., Any]:
-    """The exercise file's function `name` (optimal_bytes, partners, sends), which must be defined; where it
-    raises, LabError naming the exercise, the call and what it raised (the instructor's file, not the
+    """The exercise file's function `name` (optimal_bytes, partners, sends, explain), which must be defined;
+    where it raises, LabError naming the exercise, the call and what it raised (the instructor's file, not the
     submission, is at fault): "exercise 1: partners(0, 2) raised KeyError: 'y'"."""
     function = getattr(exercise, name)
 
@@ -118,11 +118,23 @@ def guarded(exercise: Exercise, name: str) -> Callable[..., Any]:
         except LabError:
             raise
         except Exception as exc:  # noqa: BLE001 - an instructor's function: one line naming it
-            shown = ", ".join("case" if isinstance(arg, dict) else repr(arg) for arg in args)
+            shown = ", ".join(_argument(arg) for arg in args)
             raise LabError(f"exercise {exercise.number}: {name}({shown}) raised {type(exc).__name__}: "
                            f"{exc}") from None
 
     return call
+
+
+def _argument(value: Any) -> str:
+    """An argument of an exercise's function as a fault of it says it: "case" for the case, its repr where short
+    and one line (2, array([0., 3., 6.])), else its type (<ndarray>: a submission's long result)."""
+    if isinstance(value, dict):
+        return "case"
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a submission's object whose __repr__ raises
+        text = ""
+    return text if text and len(text) <= 60 and "\n" not in text else f"<{type(value).__name__}>"
 
 
 def _exercise(path: str, number: int, name: str) -> Exercise:
