@@ -284,3 +284,32 @@ def test_an_explain_that_raises_is_said_as_the_exercises_fault_under_the_wrong_r
     out = " ".join(capsys.readouterr().out.split())
     assert "FAIL wrong at 1 rank (seed 0): rank 0 result[1:3] differs" in out, out
     assert "exercise 1: explain(case, 1, 0, array([0., 3., 6.])) raised ZeroDivisionError: division by zero" in out, out
+
+
+def test_an_exercise_file_imports_a_helper_module_beside_it_and_each_folder_its_own(tmp_path, capsys):
+    """`from helpers import doubled` in an exercise file failed: "exercise file ... does not load:
+    ModuleNotFoundError: No module named 'helpers'", its folder not on the path."""
+    folders = []
+    for name, factor in (("course", 2), ("other", 3)):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "helpers.py").write_text(f"def doubled(x):\n    return {factor} * x\n")
+        (folder / "01_double.py").write_text("from helpers import doubled\n" + TINY.replace(
+            '"expected": [2 * x for x in xs]', '"expected": [doubled(x) for x in xs]').replace(
+            "    return 2 * x\n", "    return doubled(x)\n"))
+        folders.append(str(folder))
+    path = tmp_path / "twice.py"
+    path.write_text("def double(comm, x):\n    return 2 * x\n")
+    assert main(["lab", "check", "1", str(path), "--exercises", folders[0]]) == 0, capsys.readouterr().out
+    assert main(["lab", "check", "1", str(path), "--exercises", folders[1]]) == 1  # 3 * x there: its own helpers
+    assert "FAIL wrong at 1 rank (seed 0)" in " ".join(capsys.readouterr().out.split())
+    own = str(tmp_path / "other" / "01_double.py")  # its reference, checked: its helpers import, as under grade
+    assert main(["lab", "check", "1", own, "--exercises", folders[1]]) == 0
+    assert main(["lab", "check", "1", own, "--exercises", folders[1], "--ranks", "2", "--mpiexec"]) == 0
+    submissions = tmp_path / "submissions"
+    submissions.mkdir()
+    (submissions / "uses_helpers.py").write_text("from helpers import doubled\ndef double(comm, x):\n"
+                                                 "    return doubled(x)\n")
+    book = tmp_path / "book.csv"
+    assert main(["lab", "grade", "1", str(submissions), "--csv", str(book), "--exercises", folders[0]]) == 0
+    assert "No module named 'helpers'" in book.read_text()  # a submission is one file: not the instructor's

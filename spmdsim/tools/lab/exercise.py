@@ -29,17 +29,19 @@ lets a list or a tuple of the values stand for an expected array (spmdsim.tools.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import numbers
 import os
 import re
-from typing import Any, Callable, Optional
+import sys
+from typing import Any, Callable, Iterator, Optional
 
 from ...errors import SpmdsimError
 
 __all__ = ["Exercise", "LabError", "load_exercises", "find_exercise", "guarded", "meant_for", "meant_exercise",
-           "meant_by_all", "EXERCISES"]
+           "meant_by_all", "helpers_of", "EXERCISES"]
 
 #: The folder of the exercises spmdsim ships.
 EXERCISES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "exercises")
@@ -137,11 +139,41 @@ def _argument(value: Any) -> str:
     return text if text and len(text) <= 60 and "\n" not in text else f"<{type(value).__name__}>"
 
 
+@contextlib.contextmanager
+def _folder_on_path(folder: str) -> Iterator[None]:
+    """Within this block, `folder` is first on sys.path, so that an exercise file imports a helper module beside
+    it (`from helpers import twice`, at its top); after it, the folder is off the path again and the modules
+    loaded from it are out of sys.modules (the exercise keeps its own), so that another folder's helpers.py in
+    the same process is its own, and a submission, one file, does not import the instructor's helpers."""
+    folder = os.path.abspath(folder)
+    before = set(sys.modules)
+    sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        if folder in sys.path:
+            sys.path.remove(folder)
+        for name in set(sys.modules) - before:
+            where = getattr(sys.modules.get(name), "__file__", None) or ""
+            if os.path.dirname(os.path.abspath(where)) == folder or where.startswith(folder + os.sep):
+                del sys.modules[name]
+
+
+def helpers_of(exercise: Exercise, path: str) -> contextlib.AbstractContextManager:
+    """Where the submission at `path` is the exercise's own file (its reference checked as a submission), a block
+    in which the helper modules beside it import, as they did when it loaded (`_folder_on_path`); else a block
+    that does nothing: a submission is one file, and the instructor's helpers are not on its path."""
+    if os.path.abspath(path) != os.path.abspath(exercise.path):
+        return contextlib.nullcontext()
+    return _folder_on_path(os.path.dirname(os.path.abspath(path)))
+
+
 def _exercise(path: str, number: int, name: str) -> Exercise:
     spec = importlib.util.spec_from_file_location(f"spmdsim_lab_exercise_{number}_{name}", path)
     module = importlib.util.module_from_spec(spec)
     try:
-        spec.loader.exec_module(module)
+        with _folder_on_path(os.path.dirname(path)):
+            spec.loader.exec_module(module)
     except SystemExit as exc:  # sys.exit at its top: the file's fault, not the end of spmdsim
         raise LabError(f"exercise file {path!r} does not load: it calls sys.exit({exc.code!r}) as it is imported"
                        ) from None

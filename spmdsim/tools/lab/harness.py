@@ -23,7 +23,7 @@ from ...runtime.sim.run import current_rank, simulate
 from .calls import Notes, missing, strangers, too_many, unknown_rule, violation, watching
 from .compare import first_difference
 from .contents import uncarried
-from .exercise import Exercise, LabError, guarded, meant_for
+from .exercise import Exercise, LabError, guarded, helpers_of, meant_for
 from .failure import FILE_BYTES, NOT_RUNNABLE, Exited, MissingFunction, at_line, describe_failure, ranks_text
 
 __all__ = ["CaseResult", "EAGER_LIMIT", "FILE_BYTES", "run_case", "judge", "make_case", "compile_submission",
@@ -217,7 +217,7 @@ def run_case(exercise: Exercise, path: str, n: int, seed: int, eager_limit: int 
     notes = [Notes(payloads=[] if exercise.sends else None) for _ in range(n)]
     failure, results = None, None
     try:
-        with swapped(), os_exit_ends_the_rank(), own_generators():
+        with helpers_of(exercise, path), swapped(), os_exit_ends_the_rank(), own_generators():
             results = simulate(n, _per_rank, exercise, code, path, case, notes, returned, eager_limit=eager_limit)
     except Exception as exc:  # noqa: BLE001 - any failure of the submission is its verdict
         failure = describe_failure(exc, path, n, exercise.signature)

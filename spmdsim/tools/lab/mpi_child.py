@@ -24,7 +24,7 @@ from typing import Sequence
 from ...runtime.mpi_library import load_mpi
 from ...runtime.engines import engine_of
 from .calls import Notes
-from .exercise import LabError, find_exercise
+from .exercise import LabError, find_exercise, helpers_of
 from .harness import FILE_BYTES, PASS, call_submission, compile_submission, describe_failure, judge, make_case
 
 __all__ = ["main", "cases_on"]
@@ -91,7 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     world = load_mpi().COMM_WORLD
     if args.stdout:
         _print_to(args.stdout)
-    cases_on(world, exercise, args.file, args.out)
+    with helpers_of(exercise, args.file):  # (the exercise's own file, checked: its helpers import)
+        cases_on(world, exercise, args.file, args.out)
     return 0
 
 
