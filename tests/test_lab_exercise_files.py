@@ -313,3 +313,18 @@ def test_an_exercise_file_imports_a_helper_module_beside_it_and_each_folder_its_
     book = tmp_path / "book.csv"
     assert main(["lab", "grade", "1", str(submissions), "--csv", str(book), "--exercises", folders[0]]) == 0
     assert "No module named 'helpers'" in book.read_text()  # a submission is one file: not the instructor's
+
+
+def test_an_exercise_memory_mb_below_what_its_ranks_need_is_refused_as_the_option_is(tmp_path, capsys):
+    """MEMORY_MB = 100 was taken at 2 ranks, where --memory-mb 100 is refused, and every submission failed
+    alike."""
+    course = _course(tmp_path, "MEMORY_MB = 100")
+    path = tmp_path / "course" / "01_double.py"
+    for command in (["check", "1", str(path)], ["grade", "1", str(tmp_path / "course"), "--csv",
+                                                 str(tmp_path / "book.csv")]):
+        assert main(["lab", *command, "--exercises", course]) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert err == (f"spmdsim: error: exercise 1's MEMORY_MB = 100 is too little for 2 ranks: expected at least "
+                       f"160 (the check's own ranks take part of it): raise it in {path}, or give --memory-mb"), err
+    assert main(["lab", "check", "1", str(path), "--exercises", course, "--ranks", "1", "--memory-mb", "200"]) == 0
+    capsys.readouterr()

@@ -18,11 +18,12 @@ import textwrap
 import threading
 from typing import Any, Optional
 
-from ...base.typed_numbers import flag_float, shown  # a refusal names the value as typed: "0", not "0.0"
+from ...base.typed_numbers import flag_float
 from ...base.validate import counted
 from ...errors import fold_message
 from ..cli.paths import check_output_file
 from .exercise import EXERCISES, Exercise, LabError, find_exercise, load_exercises, meant_by_all
+from .limits import checked_limits
 from .shown import file_name, shortened, shortened_apart
 from .archive import a_zip, unpacked
 from .submissions import submissions
@@ -133,10 +134,6 @@ def _write_start(number: int, folder: str, files: tuple) -> None:
                        f"(spmdsim lab start {number} DIR)") from None
 
 
-#: The longest --time-limit taken: a day (the child's CPU limit is a whole number of seconds).
-MOST_SECONDS = 86_400
-#: The most --memory-mb taken: 1 TiB (a limit the system's RLIMIT_AS, a C long of bytes, holds with room).
-MOST_MEMORY_MB = 1 << 20
 #: The most columns a file name takes in a grade's table (of 100): a longer one is shortened in its middle, so
 #: that the verdict and the reason after it stay in view (the grade book has it whole).
 NAME_COLUMNS = 48
@@ -145,27 +142,6 @@ NAME_COLUMNS = 48
 NOT_GRADED = "NOT GRADED"
 #: The most --jobs taken: each is a process of its own, and more at once would fork-bomb the machine.
 MOST_JOBS = 1024
-
-
-def memory_floor(ranks: int) -> int:
-    """The least --memory-mb a check at `ranks` simulated ranks runs with: the check's own ranks map part of
-    it (at 8 ranks 128 MiB failed every case with a ThreadLimitError, 160 passed); 128 + 16 per rank."""
-    return 128 + 16 * ranks
-
-
-def _limits(args: argparse.Namespace, ranks: int) -> dict:
-    """The time and memory limits given, each refused in one line where the grader cannot run with it (it
-    would fail every submission alike): `ranks`, the most the check runs on."""
-    if args.time_limit is not None and not 0 < args.time_limit <= MOST_SECONDS:
-        raise LabError(f"--time-limit {shown(args.time_limit)} must be a number of seconds above 0 and at most "
-                       f"{MOST_SECONDS:,}")
-    if args.memory_mb is not None and args.memory_mb < memory_floor(ranks):
-        raise LabError(f"--memory-mb {args.memory_mb!r} is too little for {ranks} ranks: expected at least "
-                       f"{memory_floor(ranks)} (the check's own ranks take part of it)")
-    if args.memory_mb is not None and args.memory_mb > MOST_MEMORY_MB:
-        raise LabError(f"--memory-mb {args.memory_mb!r} is out of range; expected {memory_floor(ranks)} to "
-                       f"{MOST_MEMORY_MB:,} (1 TiB)")
-    return {"time_limit": args.time_limit, "memory_mb": args.memory_mb}
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -181,7 +157,7 @@ def _check(args: argparse.Namespace) -> int:
     if bad:
         raise LabError(f"--ranks {bad[0]!r}: exercise {exercise.number} runs on "
                        f"{', '.join(map(str, exercise.ranks))} ranks")
-    limits = _limits(args, max(ranks))
+    limits = checked_limits(args.time_limit, args.memory_mb, max(ranks), exercise, simulated=not args.mpiexec)
     if args.mpiexec and args.memory_mb is not None:
         raise LabError("--memory-mb limits simulated ranks only; under --mpiexec no memory limit is set "
                        "(leave it out, or check without --mpiexec)")
@@ -208,7 +184,7 @@ def _grade(args: argparse.Namespace) -> int:
     if not 1 <= args.jobs <= MOST_JOBS:
         raise LabError(f"--jobs {args.jobs!r} is out of range; expected 1 to {MOST_JOBS:,}")
     _writable(args.csv, args.dir)
-    limits = _limits(args, max(exercise.ranks))
+    limits = checked_limits(args.time_limit, args.memory_mb, max(exercise.ranks), exercise)
     with unpacked(args.dir) as folder:  # (a zip: its temporary folder, removed after)
         return _grade_folder(args, exercise, limits, folder)
 
