@@ -18,6 +18,7 @@ from spmdsim.tools.cli.main import main
 from spmdsim.tools.lab.compare import first_difference
 from spmdsim.tools.lab.exercise import find_exercise
 from spmdsim.tools.lab.harness import run_case
+from spmdsim.tools.lab.ending import case_ended, exercise_fault
 from spmdsim.tools.lab.sandbox import _job_said, _mpi_results, check_mpiexec
 
 
@@ -303,6 +304,19 @@ def test_under_mpiexec_a_job_that_aborted_after_its_case_was_written_passed_fail
         "MPI_Abort(MPI_COMM_WORLD, 5) - process 0")
     (kept,) = _mpi_results(events, 0, 2, 60.0, "")  # a job that ended well keeps its passed case
     assert kept.status == "pass"
+
+
+def test_an_exercise_files_fault_reads_alike_on_simulated_ranks_and_under_mpiexec():
+    """The child's last line and an mpiexec job's each had LabError's module path cut off by code of its own;
+    one helper now says the fault, and both verdicts read it the same."""
+    line = "spmdsim.tools.lab.exercise.LabError: exercise 1: case(0, 2) raised KeyError: 'y'"
+    assert exercise_fault(line) == "exercise 1: case(0, 2) raised KeyError: 'y'"
+    assert exercise_fault("KeyError: 'y'") is None and exercise_fault("LabError: exercise 1") is None
+    simulated = case_ended(1, 10.0, 512, {"ranks": 2, "seed": 0}, False, "Traceback ...\n" + line + "\n")
+    events = [{"event": "start", "ranks": 2, "seed": 0, "time": 0.0}]
+    (mpi,) = _mpi_results(events, 1, 2, 10.0, line + "\n")
+    assert simulated.reason == "the grader stopped at 2 ranks (seed 0): exercise 1: case(0, 2) raised KeyError: 'y'"
+    assert mpi.reason == "the grader stopped at 2 ranks: exercise 1: case(0, 2) raised KeyError: 'y'"
 
 
 def test_under_mpiexec_what_the_ranks_printed_is_shown_as_on_simulated_ranks(course, capsys):

@@ -14,7 +14,7 @@ from ...base.validate import counted
 from .exercise import LabError
 from .harness import CaseResult
 
-__all__ = ["LOUD", "LAB_ERROR", "case_ended", "exercise_side"]
+__all__ = ["LOUD", "case_ended", "exercise_side", "exercise_fault"]
 
 #: Printed bytes past which a timeout is said to be the printing's.
 LOUD = 1 << 20
@@ -69,8 +69,8 @@ def case_ended(code: int, limit: float, memory_mb: int, running: dict, timed_out
     else:
         last = errors.strip().splitlines()[-1] if errors.strip() else ""
         stopped = "Error" in last.partition(":")[0]
-        if last.startswith(LAB_ERROR):  # an exercise file's fault, said whole (exercise 1: case(0, 2) raised ...)
-            last = last[len(LAB_ERROR):]
+        fault = exercise_fault(last)
+        last = last if fault is None else fault
         status = "memory" if "MemoryError" in last else "exit" if code else "error"
         reason = (f"ran out of memory{where} (limit {memory_mb} MiB)" if status == "memory" else
                   f"the grader stopped{where}: {last}" if stopped else
@@ -100,7 +100,14 @@ def exercise_side(number: int, running: dict, events: list, limit: float) -> str
 
 
 #: How a traceback's last line names LabError (spmdsim.tools.lab.exercise), whose message says all.
-LAB_ERROR = f"{LabError.__module__}.{LabError.__qualname__}: "
+_LAB_ERROR = f"{LabError.__module__}.{LabError.__qualname__}: "
+
+
+def exercise_fault(line: str) -> Optional[str]:
+    """The exercise file's fault that a traceback's last `line` says, in its own words ("exercise 1: case(0, 2)
+    raised KeyError: 'y'", LabError's message without its module's path), or None where `line` is no
+    LabError's: on simulated ranks and under mpiexec alike."""
+    return line[len(_LAB_ERROR):] if line.startswith(_LAB_ERROR) else None
 
 
 def _busy() -> str:

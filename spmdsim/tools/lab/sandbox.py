@@ -24,7 +24,7 @@ from typing import Any, Optional, Sequence
 from ...base.validate import counted
 from ...errors import SpmdsimError
 from ..cli.launch import find_mpiexec
-from .ending import LAB_ERROR, case_ended, exercise_side
+from .ending import case_ended, exercise_fault, exercise_side
 from .exercise import Exercise, LabError
 from .harness import PASS, STOPS, CaseResult
 from .source_notes import source_notes
@@ -227,9 +227,9 @@ def _mpi_results(events: list, code: int, n: int, limit: float, errors: str, num
         # go on, return its value and have its case written as passed (that case's row is this one instead).
         seed = running["seed"] if running is not None else results.pop().seed if results else 0
         last = _job_said(errors) or f"exit code {code}"
-        reason = f"the grader stopped at {counted(n, 'rank')}: {last[len(LAB_ERROR):]}" if \
-            last.startswith(LAB_ERROR) else f"the mpiexec job at {counted(n, 'rank')} ended: {last}"  # (an
-        # exercise file's fault, said as on simulated ranks: exercise 1: case(0, 2) raised ...)
+        fault = exercise_fault(last)  # (said as on simulated ranks: exercise 1: case(0, 2) raised ...)
+        reason = f"the mpiexec job at {counted(n, 'rank')} ended: {last}" if fault is None else \
+            f"the grader stopped at {counted(n, 'rank')}: {fault}"
         results.append(CaseResult(ranks=n, seed=seed, label="", status="exit", reason=reason))
     return results
 
