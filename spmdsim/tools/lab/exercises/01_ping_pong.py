@@ -13,7 +13,7 @@ adds 1 to the array it received and sends the sum back to rank 0.
 Return, on rank 0, the array rank 1 sent back; on rank 1, the array it received from rank 0
 (before adding 1); on every other rank, None (they take no part).
 
-Use comm.Send and comm.Recv (or their lowercase forms); collectives are not allowed.
+Use comm.Send and comm.Recv (or their lowercase forms); collectives are not allowed (a Barrier is).
 """
 FORBIDDEN = tuple(sorted(COLLECTIVES))
 HINT = "use Send and Recv between ranks 0 and 1"

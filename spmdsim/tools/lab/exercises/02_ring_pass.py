@@ -12,7 +12,7 @@ from rank (r - 1) % n, where n is the number of ranks (on one rank, a rank is it
 
 Every rank sends at the same time: a Send larger than the MPI library's buffer waits for its Recv,
 so if every rank sends first, every rank waits. Use comm.Sendrecv, or order the calls so that
-it cannot happen. Collectives are not allowed.
+it cannot happen. Collectives are not allowed (a Barrier, which moves no data, is).
 """
 FORBIDDEN = tuple(sorted(COLLECTIVES))
 HINT = "pass the arrays around the ring with Sendrecv (or Send/Recv)"

@@ -16,7 +16,7 @@ of all ranks' x, computed by the ring algorithm from point-to-point calls (Send/
 3. allgather: n-1 more steps passing the finished chunks around the ring.
 
 Each rank then sends 2(n-1) chunks, 2(n-1)/n of the vector: no more bytes than that.
-Collectives (comm.Allreduce, comm.Reduce, ...) are not allowed.
+Collectives (comm.Allreduce, comm.Reduce, ...) are not allowed; a Barrier, which moves no data, is.
 """
 FORBIDDEN = tuple(sorted(COLLECTIVES))
 HINT = "implement it with Send/Recv (or Sendrecv) around the ring"

@@ -12,7 +12,7 @@ in rank order: np.concatenate([block of rank 0, block of rank 1, ...]).
 
 Use a ring: n-1 steps, each rank sending to rank r+1 the block it received at the step before
 (its own at the first) and receiving from rank r-1; or Bruck's algorithm (ceil(log2 n) steps).
-Either way a rank sends (n-1) blocks' bytes in all. Collectives are not allowed.
+Either way a rank sends (n-1) blocks' bytes in all. Collectives are not allowed (a Barrier is).
 """
 FORBIDDEN = tuple(sorted(COLLECTIVES))
 HINT = "pass the blocks around the ring with Sendrecv"

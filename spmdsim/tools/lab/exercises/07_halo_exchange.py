@@ -18,7 +18,7 @@ of the neighbour on the left (i, j - 1); column w + 1 the first column of the ne
 right (i, j + 1). Neighbours wrap around the grid; the four corners stay 0.
 
 cart.Shift(0, 1) gives (above, below), cart.Shift(1, 1) gives (left, right); exchange with
-cart.Sendrecv (a column needs a contiguous copy). Collectives are not allowed.
+cart.Sendrecv (a column needs a contiguous copy). Collectives are not allowed (a Barrier is).
 """
 FORBIDDEN = tuple(sorted(COLLECTIVES))
 REQUIRED = ("Create_cart",)

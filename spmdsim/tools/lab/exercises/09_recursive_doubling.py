@@ -11,7 +11,7 @@ Every rank holds a float64 vector x of the same length; the number of ranks n is
 Return, on every rank, the elementwise sum of all ranks' x, by recursive doubling: at step
 k = 0, 1, ..., log2(n) - 1, rank r exchanges its running sum with rank r ^ (1 << k) (comm.Sendrecv)
 and adds what it receives. Each rank sends log2(n) vectors: no more bytes than that.
-Collectives are not allowed.
+Collectives are not allowed; a Barrier, which moves no data, is.
 """
 FORBIDDEN = tuple(sorted(COLLECTIVES))
 HINT = "exchange running sums with the partner rank ^ (1 << k) by Sendrecv"
