@@ -274,9 +274,28 @@ def test_under_mpiexec_an_abort_is_said_in_mpis_words_not_launchs_cleanup(course
 
 
 ABORT_LINE = "Abort(5) on node 0 (rank 0 in comm 0): application called MPI_Abort(MPI_COMM_WORLD, 5) - process 0"
+RULE = "-" * 74
+# Open MPI 5.0.11's prterun on a comm.Abort(5): MPI_ABORT's report, its own, then a NUL byte (no newline), after
+# which `spmdsim launch` wrote its line; on a rank's non-zero exit its report, now and then its PMIx server's line.
+OMPI_ABORT = (f"{RULE}\nMPI_ABORT was invoked on rank 0 in communicator MPI_COMM_WORLD\n  Proc: [[6581,1],0]\n"
+              "  Errorcode: 5\n\nNOTE: invoking MPI_ABORT causes Open MPI to kill all MPI processes.\nYou may or may "
+              f"not see output from other processes, depending on\nexactly when Open MPI kills them.\n{RULE}\n{RULE}\n"
+              "prterun has exited due to process rank 0 with PID 0 on node vm calling\n\"abort\". This may have "
+              "caused other processes in the application to be\nterminated by signals sent by prterun (as reported "
+              f"here).\n{RULE}\n\0")
+LAB_ERROR = "spmdsim.tools.lab.exercise.LabError: exercise 1: case(0, 2) gives rank 0 2 arguments"
+OMPI_EXIT = (f"{RULE}\nprterun detected that one or more processes exited with non-zero status,\nthus causing the job "
+             "to be terminated. The first process to do so was:\n\n   Process name: [prterun-vm-30895@1,0]\n   Exit "
+             f"code:    1\n{RULE}\n[vm:29978] PMIX ERROR: PMIX_ERR_UNREACH in file /openmpi-5.0.11/3rd-party/openpmix/"
+             "src/server/pmix_server.c at line 3146\n")
 
 
 @pytest.mark.parametrize("errors, said", [
+    (OMPI_ABORT + "spmdsim: removed 2 shared-memory segments made since the job started that no process holds (a "
+     "rank's\n  that died at its start, or another job's): sm_segment.vm.0.e330000.0, sm_segment.vm.0.e330000.1\n",
+     ""),
+    (f"Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n{LAB_ERROR}\n{OMPI_EXIT}", LAB_ERROR),
+    (f"{RULE}\na rank's own lines between rules\n{RULE}\n", RULE),
     (f"{ABORT_LINE}\nspmdsim: removed 1 shared-memory segment the job left: mpich_shm_a\n  (aborted jobs leave\n",
      ABORT_LINE),
     (f"{ABORT_LINE}\n", ABORT_LINE),

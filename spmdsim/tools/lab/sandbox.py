@@ -13,6 +13,7 @@ import dataclasses
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -237,13 +238,31 @@ def _mpi_results(events: list, code: int, n: int, limit: float, errors: str, num
 def _job_said(errors: str) -> str:
     """The last line a job's processes wrote on stderr (MPICH's on an Abort: `application called MPI_Abort(...)`),
     not `spmdsim launch`'s own after them (`spmdsim: removed 1 shared-memory segment the job left: ...`, folded
-    over indented lines); "" where there is none."""
-    lines, launchs = [], False
-    for line in errors.strip().splitlines():
+    over indented lines), nor Open MPI's: its reports between lines of dashes that name it (prterun's on a
+    non-zero exit or an abort, MPI_ABORT's), the NUL byte prterun writes after an abort's, its PMIx server's
+    line; "" where there is none."""
+    lines, launchs, i = [], False, 0
+    given = errors.replace("\0", "").strip().splitlines()
+    while i < len(given):
+        line = given[i]
+        end = next((j for j in range(i + 1, len(given)) if _RULE.match(given[j])), None) \
+            if _RULE.match(line) else None
+        if end is not None and _OPEN_MPI.search("\n".join(given[i:end])):
+            i = end + 1
+            continue
         launchs = line.startswith("spmdsim: removed ") or launchs and line[:1].isspace()
-        if not launchs and line.strip():
+        if not launchs and line.strip() and not _PMIX_SERVER.match(line):
             lines.append(line)
+        i += 1
     return lines[-1] if lines else ""
+
+
+#: A line of dashes, as Open MPI frames its reports with.
+_RULE = re.compile(r"\s*-{20,}\s*$")
+#: What names such a report Open MPI's.
+_OPEN_MPI = re.compile(r"prterun|mpirun|Open MPI")
+#: A line of Open MPI's launcher's PMIx server (its host and pid, then the error and its source file).
+_PMIX_SERVER = re.compile(r"\[[\w.-]+:\d+\] PMIX ERROR: \w+ in file \S*/server/\S+ at line \d+$")
 
 
 def _end_line(path: str) -> None:
