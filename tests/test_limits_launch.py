@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from testkit import MPICH, MPIEXEC
+from testkit import MPICH, MPIEXEC, unfold
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -59,7 +59,8 @@ def test_launch_removes_the_segments_of_a_killed_job_and_nothing_else(tmp_path):
                         "leaves none to remove")
         assert not any(os.path.exists(p) for p in segments), (segments, done.stderr)
         assert os.path.exists(decoy)  # mapped by the job too, but made before it started
-        note = [line for line in done.stderr.splitlines() if line.startswith("spmdsim: removed")]
+        # (the note is folded within 100 columns: its names may start on a line of their own)
+        note = [line for line in unfold(done.stderr).splitlines() if line.startswith("spmdsim: removed")]
         if not note and not MPICH:
             pytest.skip(f"this MPI's launcher removed its killed job's segments itself (mapped: {mapped}): none were "
                         "left for spmdsim launch to remove")
