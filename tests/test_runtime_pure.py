@@ -11,6 +11,7 @@ import pytest
 
 from spmdsim import SpmdsimError
 from spmdsim.tools.cli import launch
+from spmdsim.tools.cli.segments import started
 from spmdsim.runtime.engines import wait
 from spmdsim.runtime import trace
 from testkit import unfold
@@ -194,6 +195,36 @@ def test_launch_reports_a_killed_mpiexec_as_a_shell_does(sig, tmp_path):
     done = subprocess.run([sys.executable, "-m", "spmdsim", "launch", "-n", "1", "--no-mpi-check", "--mpiexec",
                            str(killed), "--", "python", "-c", "pass"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 128 + getattr(signal, sig), done.stderr
+
+
+#: An mpiexec as Open MPI's prterun can be: it ignores SIGTERM, and its rank runs in a session of its own.
+PRTERUN_IGNORING_SIGTERM = """
+import signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+with open(sys.argv[-1], "w") as fh:
+    fh.write(str(rank.pid))
+time.sleep(120)
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="the job's processes are read from Linux's /proc")
+def test_a_stopped_job_leaves_no_rank_its_launcher_put_in_a_group_of_its_own(tmp_path, monkeypatch):
+    """A job stopped (its timeout) whose launcher ignores SIGTERM and keeps its ranks in process groups of their own,
+    as Open MPI's prterun does: the group's SIGKILL ended the launcher alone, and its rank ran on, orphaned."""
+    script, pid_file = tmp_path / "prterun.py", tmp_path / "rank.pid"
+    script.write_text(PRTERUN_IGNORING_SIGTERM)
+    monkeypatch.setattr(launch, "_KILL_GRACE_S", 0.5)
+    cmd = [sys.executable, str(script), "-n", "1", str(pid_file)]
+    assert launch.run_with_timeout(cmd, dict(os.environ), 5.0) == 124
+    rank = int(pid_file.read_text())
+    for _ in range(50):  # SIGKILL is delivered at once; its end shows within moments
+        if started(rank) is None:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(rank, 9)
+        pytest.fail(f"the rank {rank} of the stopped job still runs")
 
 
 def test_importing_runtime_package_does_not_load_mpi4py():

@@ -47,7 +47,7 @@ from ...runtime.debug import add_cli_arguments, watchdog_setting
 from ...runtime.mpi_library import INSTALL_MPI
 from ...base.validate import counted
 from ...base.typed_numbers import flag_float, typed
-from .segments import WATCH_INTERVAL_S as _WATCH_INTERVAL_S, SegmentWatch as _SegmentWatch
+from .segments import WATCH_INTERVAL_S as _WATCH_INTERVAL_S, SegmentWatch as _SegmentWatch, descendants, started
 
 __all__ = ["register", "run", "launch_env", "find_mpiexec", "build_command"]
 
@@ -342,13 +342,22 @@ def _say(line: str) -> None:
 
 
 def _stop(proc: subprocess.Popen, sig: int) -> None:
-    """Send `sig` to the job's process group, give it _KILL_GRACE_S to end, then SIGKILL the group and reap it."""
+    """Send `sig` to the job's process group, give it _KILL_GRACE_S to end, then SIGKILL the group and reap it;
+    then SIGKILL the processes that were below mpiexec when the stop began and still run. Open MPI's prterun
+    puts each rank in a process group of its own: killed while it ignored SIGTERM, it left its ranks running."""
+    below = [(pid, started(pid)) for pid in descendants(proc.pid)[1:]]  # (Linux /proc; none elsewhere)
     _kill_group(proc, sig)
     try:
         proc.wait(timeout=_KILL_GRACE_S)
     except subprocess.TimeoutExpired:
         _kill_group(proc, signal.SIGKILL)
         proc.wait()
+    for pid, start in below:
+        if start is not None and started(pid) == start:  # the same process, not a later one given its pid
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass  # ended meanwhile
 
 
 def _exit_status(returncode: int) -> int:

@@ -17,8 +17,8 @@ import os
 import sys
 from typing import Iterable, Optional, Sequence
 
-__all__ = ["SHM", "MPI_SEGMENT_PREFIXES", "WATCH_INTERVAL_S", "SegmentWatch", "descendants", "held", "left_since",
-           "main"]
+__all__ = ["SHM", "MPI_SEGMENT_PREFIXES", "WATCH_INTERVAL_S", "SegmentWatch", "descendants", "started", "held",
+           "left_since", "main"]
 
 SHM = "/dev/shm"
 #: The names MPI gives its node segments (MPICH's, Open MPI's).
@@ -102,6 +102,18 @@ def descendants(root: int) -> list[int]:
             except (OSError, ValueError):
                 continue
     return out
+
+
+def started(pid: int) -> Optional[int]:
+    """When process `pid` started (clock ticks since boot, /proc/PID/stat's 22nd field), or None where it is gone
+    or cannot be read: with its pid, what tells a process from a later one given the same pid."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+        fields = stat[stat.rindex(b")") + 2:].split()  # after the command's name, which may hold spaces
+        return None if fields[0] == b"Z" else int(fields[19])  # (a zombie has ended)
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def held(names: Iterable[str]) -> set[str]:
