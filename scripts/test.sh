@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Runs every test: the pure tests (on two workers), then the MPI tests under
+# Runs every test: the pure tests (on three workers), then the MPI tests under
 # mpiexec on 8 and on 4 ranks (oversubscribed on small machines). Each mpiexec
-# runs under a timeout so a hang fails the run instead of stalling it.
+# runs under a timeout so a hang fails the run instead of stalling it. Every part runs whatever the one
+# before gave; the parts that failed are said at the end, and the run's exit status is the first's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Bytecode goes to a cache folder outside the tree (kept between runs), not into the tree and not
@@ -40,10 +41,18 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 workers=${SPMDSIM_TEST_WORKERS:-3}
 # Under a timeout too: pytest-timeout's per-test timer is a Python thread, which cannot fire while a thread
 # holds the interpreter lock blocked in C (CPython gh-106883 hung a worker so); a hang fails the run instead.
+# A part that fails does not stop the next: each part's outcome is said at the end, and the run exits with the
+# first failing part's status (a failing pure test no longer hid how the MPI passes fared).
+failed=()
+status=0
+fail() {
+    failed+=("$1 (exit $2)")
+    [ "$status" != 0 ] || status=$2
+}
 if [ "$workers" != 0 ] && python -c "import xdist" 2>/dev/null; then
-    timeout -k 10 1800 python -m pytest -q -p no:cacheprovider -n "$workers" --dist loadfile "$@"
+    timeout -k 10 1800 python -m pytest -q -p no:cacheprovider -n "$workers" --dist loadfile "$@" || fail "pure tests" $?
 else
-    timeout -k 10 1800 python -m pytest -q -p no:cacheprovider "$@"
+    timeout -k 10 1800 python -m pytest -q -p no:cacheprovider "$@" || fail "pure tests" $?
 fi
 # No MPI test draws with hypothesis (every rank must draw the same examples: tests/mpi/test_properties.py),
 # and its pytest plugin's start cost each rank 0.2 CPU-s. MPICH's heavy yield (MPIR_CVAR_ENABLE_HEAVY_YIELD=1,
@@ -52,9 +61,17 @@ fi
 # 47-49 CPU-s against 8-10 (two alternating runs each, 2 cores shared with other jobs).
 echo "== MPI tests on 8 ranks"
 SPMDSIM_EXPECT_WORLD=8 timeout -k 10 420 \
-    mpiexec -n 8 python -m mpi4py -m pytest -q -p no:cacheprovider -p no:hypothesispytest --only-mpi "$@"
+    mpiexec -n 8 python -m mpi4py -m pytest -q -p no:cacheprovider -p no:hypothesispytest --only-mpi "$@" \
+    || fail "MPI tests on 8 ranks" $?
 # The 4-rank pass also runs with the divergence guard and the watchdog on, so a
 # false alarm of either (or a real divergence in any test) fails the suite.
 echo "== MPI tests on 4 ranks (SPMDSIM_CHECK=1, SPMDSIM_WATCHDOG=120)"
 SPMDSIM_CHECK=1 SPMDSIM_WATCHDOG=120 SPMDSIM_EXPECT_WORLD=4 timeout -k 10 420 \
-    mpiexec -n 4 python -m mpi4py -m pytest -q -p no:cacheprovider -p no:hypothesispytest --only-mpi "$@"
+    mpiexec -n 4 python -m mpi4py -m pytest -q -p no:cacheprovider -p no:hypothesispytest --only-mpi "$@" \
+    || fail "MPI tests on 4 ranks" $?
+if [ "$status" != 0 ]; then
+    said="${failed[0]}"
+    for part in "${failed[@]:1}"; do said="$said; $part"; done
+    echo "== failed: $said"
+fi
+exit "$status"
