@@ -176,7 +176,7 @@ def check(exercise: Exercise, path: str, ranks: Sequence[int] = (), time_limit: 
         before = (len(results), running["time"] - starts[0]["time"], running.get("printed", 0)) if running \
             else (0, 0.0, 0)
         ended = case_ended(code, limit, memory, running, timed_out, stderr, printed, returns, before, cpu,
-                       exercise_side(exercise.number, running, events, limit))
+                           exercise_side(exercise.number, running, events, limit))
         if not starts and stderr.strip() and not timed_out:  # it never began: a bad exercise, say, in its words
             ended = dataclasses.replace(ended, reason=stderr.strip().splitlines()[-1])
     return Verdict(file=path, ranks=ranks, cases=len(ranks) * len(exercise.seeds), results=results, ended=ended,
