@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
+import json
 import os
 import subprocess
 import sys
@@ -66,6 +67,23 @@ def test_a_file_name_that_is_not_utf8_is_graded_and_said_as_its_bytes(course, ca
     assert said.stdout.decode().splitlines() == [
         "exercise 1, Double it: typ\\xf6.py", said.stdout.decode().splitlines()[1]]
     assert "syntax error at line 1: expected ':'" in said.stdout.decode()
+
+
+#: What the check's child does before its cases (spmdsim.tools.lab.child._start_mpi), then the MPI segments in
+#: /dev/shm the process maps, each "(deleted)" once unlinked.
+START_MPI = ("import json\nfrom spmdsim.tools.lab.child import _start_mpi\n_start_mpi()\n"
+             "print(json.dumps([line.split(None, 5)[-1].strip() for line in open('/proc/self/maps')\n"
+             "                  if '/dev/shm/mpich_shm_' in line or '/dev/shm/sm_segment.' in line]))")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="a process's mappings are read from Linux's /proc")
+def test_the_checks_process_leaves_no_mpi_segment_in_dev_shm():
+    """The check's child starts MPI as a singleton and ends by os._exit (no MPI_Finalize): a submission that never
+    ran (a syntax error) left MPICH's 1 MiB segment in /dev/shm until reboot, one for each graded."""
+    done = subprocess.run([sys.executable, "-c", START_MPI], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    mapped = json.loads(done.stdout)
+    assert all(path.endswith("(deleted)") for path in mapped if "mpich_shm_" in path), mapped
 
 
 def test_a_long_file_name_is_shortened_in_the_table_and_whole_in_the_grade_book(course, capsys):

@@ -22,6 +22,7 @@ import threading
 import time
 from typing import Sequence
 
+from ...runtime.process import release_segments_once
 from ...runtime.sim import thread_limits
 from .exercise import find_exercise
 from .harness import FILE_BYTES, PASS, STOPS, run_case
@@ -84,11 +85,15 @@ def _printed() -> int:
 def _start_mpi() -> None:
     """Start this process's MPI (importing mpi4py.MPI initializes it) before the first case's clock does:
     the cases' emulator reads it, and Open MPI's start as a singleton takes about a second, which the first
-    case's time counted (a quarter of a 4 s limit). Where it does not load, the case says so, as before."""
+    case's time counted (a quarter of a 4 s limit). Where it does not load, the case says so, as before.
+    MPICH's /dev/shm segment of this singleton is unlinked at once (the process keeps its mapping): it ends by
+    os._exit, with no MPI_Finalize to unlink it, and a submission that never ran (a syntax error) left 1 MiB
+    there until reboot, one for each such submission graded."""
     try:
-        from mpi4py import MPI  # noqa: F401 - optional: its import starts MPI
+        from mpi4py import MPI  # optional: its import starts MPI
     except (ImportError, RuntimeError):
-        pass
+        return
+    release_segments_once(MPI.COMM_WORLD)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
