@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import pytest
 from engines import mpi_requested
 
 from spmdsim.base.collector import THRESHOLDS
+from spmdsim.tools.cli.segments import remove_left_since
 
 _WORLD = None  # MPI.COMM_WORLD when running under --with-mpi/--only-mpi
 
@@ -193,6 +195,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
         keep = set(map(id, drop))
         items[:] = [item for item in items if id(item) not in keep]
         config.hook.pytest_deselected(items=drop)
+
+
+#: When this test process started (seconds since the epoch): the MPI segments in /dev/shm made since, that no
+#: process holds, are removed when the session ends (pytest_sessionfinish).
+_STARTED = time.time()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Remove this user's MPI segments made since the session started that no process holds, as scripts/test.sh
+    does after its passes: the tests that abort MPICH jobs on purpose (and compare spmdsim's end with MPICH's)
+    leave theirs in /dev/shm, memory until reboot, and a plain `pytest` run kept them. Done once, by the process
+    that ran the session (not by an xdist worker, nor by an MPI pass's ranks, which test.sh's trap covers)."""
+    if _WORLD is None and not hasattr(session.config, "workerinput"):
+        remove_left_since(_STARTED)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -14,6 +14,8 @@ import pytest
 
 from testkit import MPICH, MPIEXEC, unfold
 
+from spmdsim.tools.cli.segments import remove_left_since
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 # Rank 0 notes the /dev/shm files it maps (MPI's segment and a decoy made before the
@@ -198,6 +200,34 @@ def test_the_test_scripts_cleanup_keeps_a_segment_another_live_job_maps(tmp_path
             assert os.path.exists(held), "a live job's segment was removed"
         assert not os.path.exists(orphan) and all(map(os.path.exists, (older, other)))
         assert not started.exists()  # the run's marker goes too
+    finally:
+        for path in (older, orphan, held, other):
+            if os.path.exists(path):
+                os.unlink(path)
+
+
+@pytest.mark.skipif(not (os.path.isdir("/proc/self/fd") and os.path.isdir("/dev/shm")),
+                    reason="needs Linux /proc and /dev/shm")
+def test_a_pytest_sessions_end_removes_the_segments_it_left_and_nothing_else():
+    """tests/conftest.py's session end removes what scripts/test.sh's trap does (remove_left_since): a plain
+    `pytest` of the tests that abort MPICH jobs on purpose left their segments in /dev/shm until reboot."""
+    tag = f"spmdsim_session_{os.getpid()}"
+    older, orphan, held, other = (f"/dev/shm/{name}" for name in (
+        f"mpich_shm_{tag}_older", f"mpich_shm_{tag}_orphan", f"sm_segment.{tag}_held", f"{tag}_not_mpi"))
+    try:
+        with open(older, "wb") as fh:
+            fh.write(b"\0" * 4096)
+        time.sleep(0.05)
+        since = time.time()
+        time.sleep(0.05)
+        for path in (orphan, held, other):
+            with open(path, "wb") as fh:
+                fh.write(b"\0" * 4096)
+        with open(held, "r+b") as fh, mmap.mmap(fh.fileno(), 4096):
+            removed = remove_left_since(since)
+            assert os.path.exists(held), "a live job's segment was removed"
+        assert os.path.basename(orphan) in removed and not os.path.exists(orphan)
+        assert all(map(os.path.exists, (older, other)))
     finally:
         for path in (older, orphan, held, other):
             if os.path.exists(path):

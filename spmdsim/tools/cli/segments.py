@@ -18,7 +18,7 @@ import sys
 from typing import Iterable, Optional, Sequence
 
 __all__ = ["SHM", "MPI_SEGMENT_PREFIXES", "WATCH_INTERVAL_S", "SegmentWatch", "descendants", "started", "held",
-           "left_since", "main"]
+           "left_since", "remove_left_since", "main"]
 
 SHM = "/dev/shm"
 #: The names MPI gives its node segments (MPICH's, Open MPI's).
@@ -177,14 +177,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"segments: error: --newer {args.newer!r} cannot be read ({e.strerror}); expected an existing file",
               file=sys.stderr)
         return 2
-    for name in sorted(left_since(since)):
+    for name in remove_left_since(since):
+        if args.verbose:
+            print(name)
+    return 0
+
+
+def remove_left_since(newer: float) -> list[str]:
+    """Remove `left_since(newer)`; return the names removed, in order (one gone meanwhile is not among them)."""
+    removed = []
+    for name in sorted(left_since(newer)):
         try:
             os.unlink(os.path.join(SHM, name))
         except OSError:
             continue  # gone already
-        if args.verbose:
-            print(name)
-    return 0
+        removed.append(name)
+    return removed
 
 
 if __name__ == "__main__":
