@@ -1,6 +1,7 @@
 """`spmdsim launch` removes the shared-memory segments its own job left when the job is killed, and nothing else."""
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import pathlib
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -89,22 +91,32 @@ def test_launch_removes_an_mpi_segment_it_never_saw_mapped_once_no_process_holds
     """
     from spmdsim.tools.cli import launch
 
-    tag = f"spmdsim_limits_{os.getpid()}"
-    older, orphan, held, other = (f"/dev/shm/{name}" for name in (
-        f"mpich_shm_{tag}_older", f"mpich_shm_{tag}_orphan", f"sm_segment.{tag}_held", f"{tag}_not_mpi"))
+    with _four_files("spmdsim_limits", launch._SegmentWatch) as (older, orphan, held, other, watch):
+        assert watch.orphans() == {os.path.basename(orphan)}
+        assert watch.remove_left() == [os.path.basename(orphan)]
+        assert not os.path.exists(orphan) and all(map(os.path.exists, (older, held, other)))
+
+
+@contextlib.contextmanager
+def _four_files(name: str, between: Callable[[], Any]) -> Iterator[tuple]:
+    """Four files in /dev/shm named after `name`: an MPI segment made before `between()` is called, then an MPI
+    segment no process holds, one this block holds mapped and a file not MPI's. The block gets their paths and
+    what `between` returned; the files are removed after it."""
+    tag = f"{name}_{os.getpid()}"
+    paths = tuple(f"/dev/shm/{n}" for n in (f"mpich_shm_{tag}_older", f"mpich_shm_{tag}_orphan",
+                                            f"sm_segment.{tag}_held", f"{tag}_not_mpi"))
     try:
-        with open(older, "wb") as fh:
-            fh.write(b"\0" * 4096)
-        watch = launch._SegmentWatch()
-        for path in (orphan, held, other):
+        for path in paths:
             with open(path, "wb") as fh:
                 fh.write(b"\0" * 4096)
-        with open(held, "r+b") as fh, mmap.mmap(fh.fileno(), 4096):
-            assert watch.orphans() == {os.path.basename(orphan)}
-            assert watch.remove_left() == [os.path.basename(orphan)]
-        assert not os.path.exists(orphan) and all(map(os.path.exists, (older, held, other)))
+            if path == paths[0]:
+                time.sleep(0.05)  # the file systems' times apart: the older one before, the others after
+                mark = between()
+                time.sleep(0.05)
+        with open(paths[2], "r+b") as fh, mmap.mmap(fh.fileno(), 4096):
+            yield (*paths, mark)
     finally:
-        for path in (older, orphan, held, other):
+        for path in paths:
             if os.path.exists(path):
                 os.unlink(path)
 
@@ -181,29 +193,13 @@ def _test_sh_cleanup(started: str) -> subprocess.CompletedProcess:
 def test_the_test_scripts_cleanup_keeps_a_segment_another_live_job_maps(tmp_path):
     """scripts/test.sh removed every MPI segment of the user's newer than its start: a job started meanwhile (another
     terminal's) lost its live segment. It removes, as `spmdsim launch` does, only those no process holds."""
-    tag = f"spmdsim_testsh_{os.getpid()}"
-    older, orphan, held, other = (f"/dev/shm/{name}" for name in (
-        f"mpich_shm_{tag}_older", f"mpich_shm_{tag}_orphan", f"sm_segment.{tag}_held", f"{tag}_not_mpi"))
     started = tmp_path / "started"
-    try:
-        with open(older, "wb") as fh:
-            fh.write(b"\0" * 4096)
-        time.sleep(0.05)
-        started.write_text("")
-        time.sleep(0.05)
-        for path in (orphan, held, other):
-            with open(path, "wb") as fh:
-                fh.write(b"\0" * 4096)
-        with open(held, "r+b") as fh, mmap.mmap(fh.fileno(), 4096):
-            done = _test_sh_cleanup(str(started))
-            assert done.returncode == 0 and done.stdout == "" and done.stderr == "", done
-            assert os.path.exists(held), "a live job's segment was removed"
+    with _four_files("spmdsim_testsh", lambda: started.write_text("")) as (older, orphan, held, other, _):
+        done = _test_sh_cleanup(str(started))
+        assert done.returncode == 0 and done.stdout == "" and done.stderr == "", done
+        assert os.path.exists(held), "a live job's segment was removed"
         assert not os.path.exists(orphan) and all(map(os.path.exists, (older, other)))
-        assert not started.exists()  # the run's marker goes too
-    finally:
-        for path in (older, orphan, held, other):
-            if os.path.exists(path):
-                os.unlink(path)
+    assert not started.exists()  # the run's marker goes too
 
 
 @pytest.mark.skipif(not (os.path.isdir("/proc/self/fd") and os.path.isdir("/dev/shm")),
@@ -211,24 +207,8 @@ def test_the_test_scripts_cleanup_keeps_a_segment_another_live_job_maps(tmp_path
 def test_a_pytest_sessions_end_removes_the_segments_it_left_and_nothing_else():
     """tests/conftest.py's session end removes what scripts/test.sh's trap does (remove_left_since): a plain
     `pytest` of the tests that abort MPICH jobs on purpose left their segments in /dev/shm until reboot."""
-    tag = f"spmdsim_session_{os.getpid()}"
-    older, orphan, held, other = (f"/dev/shm/{name}" for name in (
-        f"mpich_shm_{tag}_older", f"mpich_shm_{tag}_orphan", f"sm_segment.{tag}_held", f"{tag}_not_mpi"))
-    try:
-        with open(older, "wb") as fh:
-            fh.write(b"\0" * 4096)
-        time.sleep(0.05)
-        since = time.time()
-        time.sleep(0.05)
-        for path in (orphan, held, other):
-            with open(path, "wb") as fh:
-                fh.write(b"\0" * 4096)
-        with open(held, "r+b") as fh, mmap.mmap(fh.fileno(), 4096):
-            removed = remove_left_since(since)
-            assert os.path.exists(held), "a live job's segment was removed"
+    with _four_files("spmdsim_session", time.time) as (older, orphan, held, other, since):
+        removed = remove_left_since(since)
+        assert os.path.exists(held), "a live job's segment was removed"
         assert os.path.basename(orphan) in removed and not os.path.exists(orphan)
         assert all(map(os.path.exists, (older, other)))
-    finally:
-        for path in (older, orphan, held, other):
-            if os.path.exists(path):
-                os.unlink(path)
