@@ -41,8 +41,7 @@ def case_ended(code: int, limit: float, memory_mb: int, running: dict, timed_out
     cases, seconds, loud = before
     out_of_cpu = code == -signal.SIGXCPU or code == -signal.SIGKILL and cpu is not None and cpu >= limit
     if hung and running and (timed_out or out_of_cpu):
-        status, reason = "error", (f"the grader stopped{where}: {hung}: an endless loop in the exercise file, not "
-                                   "in the submission")
+        status, reason = "error", f"the grader stopped{where}: {hung}"
     elif timed_out and running and returns >= n:
         status, reason = "timeout", (f"ran past the time limit of {limit:g} s{where}: every rank returned its "
                                      "result, but a thread a rank started still runs (a rank ends with its "
@@ -84,19 +83,22 @@ def case_ended(code: int, limit: float, memory_mb: int, running: dict, timed_out
 def exercise_side(number: int, running: dict, events: list, limit: float) -> str:
     """What of the exercise file ran in the case `running` (its start event), by the child's last stage event
     for it (spmdsim.tools.lab.harness.run_case), said as having run past the time `limit`: its case(), before
-    the submission ran; its judging, after; "" while the submission ran, or where no case was running."""
+    the submission ran; its judging, after (either said as the exercise file's endless loop); "" while the
+    submission ran, or where no case was running."""
     if not running:
         return ""
     key = (running.get("ranks"), running.get("seed"))
     stage = next((e["stage"] for e in reversed(events) if e["event"] == "stage" and (e["ranks"], e["seed"]) == key),
                  "case")
     if stage == "case":
-        return (f"exercise {number}'s case({key[1]}, {key[0]}) ran past the time limit of {limit:g} s "
-                "before the submission ran")
-    if stage == "judge":
-        return (f"exercise {number}'s judging of the results (its explain, sends, partners or "
-                f"optimal_bytes) ran past the time limit of {limit:g} s after the submission returned")
-    return ""
+        ran = (f"exercise {number}'s case({key[1]}, {key[0]}) ran past the time limit of {limit:g} s before the "
+               "submission ran")
+    elif stage == "judge":
+        ran = (f"exercise {number}'s judging of the results (its explain, sends, partners or optimal_bytes) ran "
+               f"past the time limit of {limit:g} s after the submission returned")
+    else:
+        return ""
+    return f"{ran}: an endless loop in the exercise file, not in the submission"
 
 
 #: How a traceback's last line names LabError (spmdsim.tools.lab.exercise), whose message says all.

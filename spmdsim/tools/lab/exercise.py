@@ -109,7 +109,7 @@ class Exercise:
 
 
 def guarded(exercise: Exercise, name: str) -> Callable[..., Any]:
-    """The exercise file's function `name` (optimal_bytes, partners, sends, explain), which must be defined;
+    """The exercise file's function `name` (case, optimal_bytes, partners, sends, explain), which must be defined;
     where it raises, LabError naming the exercise, the call and what it raised (the instructor's file, not the
     submission, is at fault): "exercise 1: partners(0, 2) raised KeyError: 'y'"."""
     function = getattr(exercise, name)

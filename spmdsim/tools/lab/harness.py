@@ -151,10 +151,7 @@ def _per_rank(exercise: Exercise, code: Any, path: str, case: dict, notes: list,
 
 
 def make_case(exercise: Exercise, seed: int, n: int) -> dict:
-    try:
-        case = exercise.case(seed, n)
-    except Exception as exc:  # noqa: BLE001 - the instructor's generator: one line naming it
-        raise LabError(f"exercise {exercise.number}: case({seed}, {n}) raised {type(exc).__name__}: {exc}") from None
+    case = guarded(exercise, "case")(seed, n)  # (raising: one line naming the instructor's generator)
     strange = unknown_rule({"FORBIDDEN": exercise.forbidden, "ALLOWED": exercise.allowed or (),
                             "REQUIRED": exercise.required, "MOST_CALLS": dict(exercise.most_calls)})
     if strange:
