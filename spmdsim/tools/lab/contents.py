@@ -23,6 +23,7 @@ from ...emulator.typemap import message
 from ...runtime.sim._mpi import in_place
 from .compare import tolerance
 from .exercise import LabError
+from .sent_bytes import blocking
 
 __all__ = ["payload", "uncarried"]
 
@@ -35,20 +36,12 @@ _V_RECEIVE = frozenset(("Gatherv", "Allgatherv", "Alltoallv", "Alltoallw", "Neig
                         "Neighbor_alltoallv", "Neighbor_alltoallw"))
 
 
-def _collective(name: str) -> str:
-    """The blocking buffer form of a collective's name (Iscatterv, Scatterv_init: Scatterv); another as it is."""
-    name = name[:-len("_init")] if name.endswith("_init") else name
-    if name.startswith("I") and name[1:2].islower():
-        return name[1].upper() + name[2:]
-    return name
-
-
 def payload(frame: Any) -> Optional[np.ndarray]:
     """A copy of the data a sending call (the callee's `frame`) carries, flat float64 (complex as it is), or
     None where it is not numbers the grader can read."""
     local = frame.f_locals
     data = next((local[name] for name in _SENT if name in local), None)
-    call = _collective(getattr(getattr(frame, "f_code", None), "co_name", ""))
+    call = blocking(getattr(getattr(frame, "f_code", None), "co_name", ""))
     vector = call in _V_SEND
     if in_place(data):  # MPI.IN_PLACE: the data lies in the receive buffer
         data, vector = local.get("recvbuf"), call in _V_RECEIVE

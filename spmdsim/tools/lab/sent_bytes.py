@@ -30,7 +30,8 @@ from ...emulator.derived import may_be_derived, packed, wmessage
 from ...emulator.typemap import message, vector
 from ...runtime.sim._mpi import in_place
 
-__all__ = ["buffer_bytes", "message_bytes", "object_bytes", "collective_sent", "persistent_collective_sent"]
+__all__ = ["buffer_bytes", "message_bytes", "object_bytes", "collective_sent", "persistent_collective_sent",
+           "blocking"]
 
 
 def buffer_bytes(spec: Any) -> int:
@@ -171,7 +172,7 @@ _RULES: dict[str, Callable[[dict, int, int], int]] = {
 }
 
 
-def _blocking(name: str) -> str:
+def blocking(name: str) -> str:
     """The blocking collective a nonblocking or persistent one stands for (Ibcast, Bcast_init: Bcast)."""
     name = name[:-len("_init")] if name.endswith("_init") else name
     return name[1].upper() + name[2:] if name[:1] == "I" and name[1:2].islower() else name
@@ -180,7 +181,7 @@ def _blocking(name: str) -> str:
 def collective_sent(name: str, arguments: dict, comm: Any) -> int:
     """The bytes collective `name` called with `arguments` (its parameters by name) on `comm` sends from this
     rank (the module docstring); 0 for a call that is no collective or that its own checks refuse."""
-    rule = _RULES.get(_blocking(name))
+    rule = _RULES.get(blocking(name))
     if rule is None:
         return 0
     try:
