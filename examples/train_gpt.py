@@ -209,7 +209,8 @@ def checked_run(args, size):
                     "virtual": virtual_stages(args), "split": layers} if pipelined(args) else None
         problem = checkpoint_problem(cfg, size, dp, tp, args.steps, sp=args.sp, layouts=layouts,
                                      precision=args.precision, zero=zero, save=args.save, cp=args.cp,
-                                     save_every=args.save_every, resume=args.resume, pipeline=pipeline)
+                                     save_every=args.save_every, resume=args.resume, pipeline=pipeline,
+                                     fs=args.shard_group or 0)
         if problem:
             raise spmdsim.SpmdsimError(problem)
     check = not args.no_check and not dry_run_active()
@@ -233,8 +234,6 @@ def options_problem(args, cfg, zero, dp):
         problem = f"{pipe[0]} with a pipeline: its chunks are fully sharded over dp and resharded after forward"
     if not problem and args.shard_group is not None:
         problem = shard_group_problem(args.shard_group, zero, dp, args.cp)
-    if not problem and args.shard_group is not None and (args.save is not None or args.resume is not None):
-        problem = "--shard-group with --save or --resume: hybrid sharding's checkpoints are not written yet"
     problem = problem or policy_problem(args.precision, args.replay)  # FP8's options too, before the header
     if not problem and args.trace_out and not pipelined(args):
         problem = "--trace-out writes a pipeline's last step; give --pp (or --microbatches) with it"
@@ -284,7 +283,8 @@ def print_header(args, run):
         print(step_header(run.check))
         return []
     return [fold_message(resume_line(args.resume, dp, tp, args.sp, pp=pipelined(args) and args.pp, cp=args.cp,
-                                     zero=run.zero, precision=args.precision)), step_header(run.check)]
+                                     zero=run.zero, precision=args.precision, fs=args.shard_group or 0)),
+            step_header(run.check)]
 
 
 def train_steps(args, run, resumed):

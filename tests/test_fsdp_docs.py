@@ -12,6 +12,7 @@ import shlex
 
 import pytest
 
+from spmdsim.errors import fold_message
 from docs_commands import ROOT, mismatch, mpi_long, quotes, run_here, run_long, run_quoted
 
 DOC = "docs/howto/fsdp.md"
@@ -24,9 +25,9 @@ def _shown() -> list:
 def test_the_page_shows_the_commands_this_test_runs():
     shown = _shown()
     assert [q.output is not None for q in shown] == [True] + [False] * 4 + [True] * 2 + [False] * 2 + [True] + \
-        [False] + [True] * 5 + [False] * 6
+        [False] + [True] * 7 + [False] * 6
     assert [i for i, q in enumerate(shown) if mpi_long(q)] == [1]  # tests/test_train_docs_mpi.py runs it
-    estimates = shown[16:]  # inline: a subcommand's name in prose, and the 7.5B model's estimate (Prefetching)
+    estimates = shown[18:]  # inline: a subcommand's name in prose, and the 7.5B model's estimate (Prefetching)
     assert all(q.inline and q.command.startswith("spmdsim estimate") for q in estimates)
     assert [q.command for q in estimates if q.command != "spmdsim estimate"] == [_prefetch_estimate().command]
 
@@ -42,7 +43,7 @@ def _run(command: str):
     return _RUNS[command]
 
 
-@pytest.mark.parametrize("index", [0, 5, 6, 9, 11, 12, 13, 14, 15])
+@pytest.mark.parametrize("index", [0, 5, 6, 9, 11, 12, 15, 16, 17])
 def test_a_quoted_command_prints_what_the_page_quotes(index):
     quote = _shown()[index]
     done = _run(quote.command)
@@ -55,6 +56,28 @@ def test_a_quoted_command_prints_what_the_page_quotes(index):
 def test_a_long_command_runs_two_steps_and_passes(index):
     done = run_long(_shown()[index])
     assert "check: 2 steps vs one numpy process (loss, 64 gradients and parameters each): PASS" in done.stdout
+
+
+def test_a_hybrid_checkpoint_resumes_fully_sharded_at_the_unstopped_runs_loss(tmp_path):
+    """"Hybrid sharding (HSDP)": the checkpoint saved with --shard-group 4, resumed over all 8 dp ranks, print
+    what the page quotes (its directory in `tmp_path`), and the resumed run ends at the unstopped hybrid run's
+    loss to the digits the trend line prints."""
+    save, resume = _shown()[13:15]
+    where = str(tmp_path / "hsdp")
+    assert save.command.endswith(" --save hsdp") and resume.command.endswith(" --resume hsdp")
+    outputs = []
+    for quote in (save, resume):
+        done = run_quoted(quote.command.replace(" hsdp", f" {where}"))
+        assert done.returncode == 0, quote.where() + "\n" + done.stderr[-2000:]
+        lines = (line.replace(" hsdp ", f" {where} ") for line in quote.output)
+        expected = tuple(part for line in lines  # (the resume line folded as the trainer folds it)
+                         for part in (fold_message(line) if line.startswith("resuming") else line).split("\n"))
+        assert mismatch(expected, done.stdout) is None, f"{quote.where()}: {done.stdout}"
+        outputs.append(done.stdout)
+    whole = run_quoted(save.command.replace("--steps 3 --sample 0 --save hsdp", "--steps 5 --sample 0"))
+    assert whole.returncode == 0, whole.stderr
+    last = [re.search(r"last ([0-9.]+) \(falling\)", out).group(1) for out in (outputs[1], whole.stdout)]
+    assert last[0] == last[1] and f"Its last loss, {last[0]}, is the unstopped" in (ROOT / DOC).read_text()
 
 
 def test_the_table_of_bytes_is_what_the_commands_send():
@@ -108,7 +131,7 @@ def test_the_prefetch_figures_are_the_estimates():
 def test_the_fp8_figures_are_the_quoted_commands():
     """"Under FP8": the e4m3 copies' bytes (the quoted line's two fp8 kinds), of them the four layers' weights whole
     (a byte each: QKV, the projection, fc1, fc2 at d_model 128), and the bf16 parameter shards rank 0 holds."""
-    quote = _shown()[15]
+    quote = _shown()[17]
     assert "--precision fp8" in quote.command and "--zero 3" in quote.command
     done = _run(quote.command)
     assert done.returncode == 0 and "PASS" in done.stdout, done.stderr

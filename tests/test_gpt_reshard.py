@@ -21,6 +21,8 @@ import spmdsim
 from reshardkit import AGAIN, PIPE, TEXT, TINY, error_line, steps_as_whole, train_on, written_meta
 from spmdsim.models.gpt import checkpoint, reshard
 from spmdsim.models.gpt.checkpoint import META, checkpoint_problem, rank_file, read_meta
+from spmdsim.models.axes import model_layout, roles_of
+from spmdsim.models.gpt.mesh import zero_cut
 from spmdsim.models.gpt.train import train
 
 
@@ -93,6 +95,39 @@ def test_fsdp_and_cp_resumed_on_another_mesh_step_as_the_run_that_never_stopped(
         return spmdsim.simulate(ranks, lambda: train(cfg, spmdsim.world(), dp, tp, steps, TEXT, **kw)[1])
 
     steps_as_whole(run, tmp_path, saved_on, resumed_on, saved_kw, resumed_kw)
+
+
+def _fsdp_run(mesh, steps, **kw):
+    """Each rank's StepResults of a ZeRO-3 `train` on `mesh` (ranks, dp, tp, fs) of simulated ranks: HSDP's
+    (dp / fs, fs, tp) mesh where 0 < fs < dp (examples/train_gpt.py's --shard-group), else over all of dp."""
+    ranks, dp, tp, fs = mesh
+    shape, names = model_layout(tp, dp // fs, fs=fs) if 0 < fs < dp else (None, None)
+
+    def body():
+        hsdp = None if shape is None else spmdsim.Mesh(spmdsim.Layout(shape, names, zero_cut(3)), spmdsim.world(),
+                                                       roles=roles_of(names))
+        return train(TINY, spmdsim.world(), dp, tp, steps, TEXT, zero=3, mesh=hsdp, **kw)[1]
+    return spmdsim.simulate(ranks, body)
+
+
+@pytest.mark.parametrize("saved_on, resumed_on", [
+    ((4, 4, 1, 2), (4, 4, 1, 2)),  # HSDP, the same groups
+    ((4, 4, 1, 2), (4, 4, 1, 0)),  # HSDP -> ZeRO-3 over all of dp
+    ((4, 4, 1, 0), (4, 4, 1, 2)),  # ZeRO-3 -> HSDP
+    ((8, 4, 2, 2), (4, 4, 1, 1)),  # shard groups of 2 on tp 2 -> of 1 (replicated) on 4 ranks
+])
+def test_hybrid_sharding_resumed_steps_as_the_run_that_never_stopped(tmp_path, saved_on, resumed_on):
+    steps_as_whole(_fsdp_run, tmp_path, saved_on, resumed_on)
+
+
+def test_a_hybrid_sharding_checkpoint_records_its_shard_group_and_says_it_on_resume(tmp_path):
+    _fsdp_run((4, 4, 1, 2), 2, save=str(tmp_path / "ck"), check=False)
+    saved = read_meta(str(tmp_path / "ck"))[0]
+    assert saved["mesh"] == {"dp": 2, "fs": 2, "tp": 1} and saved["layouts"]["wpe"] == '("fs", None)'
+    assert saved["regions"]["wpe"]["blocks"] == [[[0, 8], [0, 32]], [[8, 16], [0, 32]]] * 2  # replicated over dp
+    line = checkpoint.resume_line(str(tmp_path / "ck"), 4, 1, False, zero=3)
+    assert line.endswith(", resharded from dp 2 x fs 2 x tp 1 with FSDP (ZeRO-3) (4 ranks)")
+    assert checkpoint.resume_line(str(tmp_path / "ck"), 4, 1, False, zero=3, fs=2).endswith("at step 2")
 
 
 def test_a_resharded_run_saves_a_checkpoint_of_its_own_mesh_and_the_trainings_first_loss(tmp_path):

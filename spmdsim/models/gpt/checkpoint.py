@@ -45,10 +45,10 @@ from ...errors import SpmdsimError
 from ...base.precision import bfloat16, precision as get_precision
 from ...runtime.door import all_gather_object
 from .config import GPTConfig
-from ...layouts.layout import Layout
+from ...layouts.layout import Layout, TensorLayout
 from ...nn.fsdp import on_mesh, shard_axes, sharded_layout
 from ...runtime.sim import dry_run_active
-from ..axes import CONTEXT, DATA, EXPERT, PIPELINE, model_layout
+from ..axes import CONTEXT, DATA, EXPERT, PIPELINE, SHARD, model_layout
 from .layouts import megatron_layouts
 from .mesh import zero_cut
 from .reshard import load_resharded
@@ -86,14 +86,17 @@ def first_loss(resume: Optional[str]) -> Optional[float]:
     return None if resume is None else ((read_meta(resume)[0] or {}).get("first loss"))
 
 
-def resume_line(directory: str, dp: int, tp: int, sp: bool, *, pp: Any = None, cp: int = 1,
-                zero: int = 0, ep: Optional[int] = None, etp: int = 0, precision: Optional[str] = None) -> str:
+def resume_line(directory: str, dp: int, tp: int, sp: bool, *, pp: Any = None, cp: int = 1, zero: int = 0,
+                ep: Optional[int] = None, etp: int = 0, precision: Optional[str] = None, fs: int = 0) -> str:
     """"resuming from DIR at step 3", and where the checkpoint in `directory` was saved on another mesh than this
     run's (pp where a pipeline runs, dp, ep with experts, cp, tp, the experts' etp: `checkpoint_meta`'s), with or
     without sequence parallelism `sp`, or under another ZeRO stage than `zero`, what it was saved with:
     ", resharded from pp 2 x dp 2 x tp 2 with ZeRO-1 (8 ranks)", and under another `precision` (None: not said)
-    what converted: ", from bf16-mixed: FP8's scales start fresh": what a trainer prints as it resumes."""
-    sizes, names = model_layout(tp, dp, ep, pp or None, cp if cp > 1 else None, etp=etp)  # (pp False: none)
+    what converted: ", from bf16-mixed: FP8's scales start fresh": what a trainer prints as it resumes. `fs`:
+    HSDP's shard group (as `checkpoint_meta`'s)."""
+    hybrid = 0 < fs < dp  # (pp False: none)
+    sizes, names = model_layout(tp, dp // fs if hybrid else dp, ep, pp or None, cp if cp > 1 else None,
+                                fs if hybrid else None, etp=etp)
     return resumed_words(directory, read_meta(directory)[0], dict(zip(names, sizes)), sp, zero, precision)
 
 
@@ -333,7 +336,7 @@ def load(directory: str, mesh: Any, params: dict, optimizer: Any, scales: tuple 
 def checkpoint_problem(cfg: GPTConfig, world: int, dp: int, tp: int, steps: int, *, sp: bool = False,
                        layouts: Optional[dict] = None, precision: Any = "fp64", zero: int = 0, ep: int = 1,
                        save: Optional[str] = None, save_every: int = 0, resume: Optional[str] = None,
-                       pipeline: Optional[dict] = None, cp: int = 1) -> Optional[str]:
+                       pipeline: Optional[dict] = None, cp: int = 1, fs: int = 0) -> Optional[str]:
     """Why `train`'s checkpoint settings (`save`, `save_every`, `resume`) cannot be for a run of these arguments
     (`train`'s; with `pipeline`, spmdsim.models.gpt.pipeline.train_pipelined's: {"pp", "schedule", "microbatches",
     "virtual", "split"}) on `world` ranks, or None; alike on every rank and no collective (every rank reads the
@@ -344,24 +347,29 @@ def checkpoint_problem(cfg: GPTConfig, world: int, dp: int, tp: int, steps: int,
     if save is None and resume is None and not save_every:
         return None
     meta = checkpoint_meta(cfg, world, dp, tp, sp=sp, layouts=layouts, precision=precision, zero=zero, ep=ep,
-                           pipeline=pipeline, cp=cp)
+                           pipeline=pipeline, cp=cp, fs=fs)
     return _checkpoint_problem(meta, steps, save, save_every, resume)
 
 
 def checkpoint_meta(cfg: GPTConfig, world: int, dp: int, tp: int, *, sp: bool = False,
                     layouts: Optional[dict] = None, precision: Any = "fp64", zero: int = 0, ep: int = 1,
-                    pipeline: Optional[dict] = None, cp: int = 1) -> dict:
+                    pipeline: Optional[dict] = None, cp: int = 1, fs: int = 0) -> dict:
     """spmdsim.models.gpt.checkpoint.run_meta of a `train` run (or, with `pipeline`, a train_pipelined one, as
     `checkpoint_problem`'s): the mesh's axes (a pipeline's "pp" first, `cp` where above 1), its parameters' layouts
     (Megatron's and `layouts`, on a stage's mesh), and the pipeline's schedule, microbatches, chunks and split
-    (None without)."""
+    (None without). `fs`: under ZeRO-3, HSDP's shard group (the dp ranks each parameter is sharded over, on a mesh
+    (dp / fs, fs, tp)); 0, or all of dp, shards over dp."""
     moe = cfg.moe is not None or ep > 1
-    inner = model_layout(tp, dp, ep if moe else None, etp=cfg.expert_tp)
+    hybrid = zero == 3 and 0 < fs < dp
+    inner = model_layout(tp, dp // fs if hybrid else dp, ep if moe else None, fs=fs if hybrid else None,
+                         etp=cfg.expert_tp)
     mesh_layout = Layout(*inner, zero_cut(zero))  # (ZeRO-3's shards cut as FSDP2's)
     chosen = megatron_layouts(cfg, mesh_layout, sp)
-    chosen.update(on_mesh(layouts or {}, mesh_layout))
+    chosen.update(on_mesh(layouts or {}, mesh_layout) if not hybrid else  # (given on a (dp, tp) mesh: its maps)
+                  {name: TensorLayout(mesh_layout, t.tensor_map, t.partial) if isinstance(t, TensorLayout) else t
+                   for name, t in (layouts or {}).items()})
     if zero == 3:  # the shards' layouts (spmdsim.nn.fsdp): a checkpoint of them resumes only fully sharded
-        group = (DATA, EXPERT) if moe else (DATA,)  # (experts over dp, the dense parameters over dp x ep)
+        group = (SHARD,) if hybrid else (DATA, EXPERT) if moe else (DATA,)  # (experts over dp, dense over dp x ep)
         chosen = {name: sharded_layout(layout, shard_axes(layout, group)) for name, layout in chosen.items()}
     pp = (pipeline or {}).get(PIPELINE)  # (the mesh's, not the pipeline's record)
     if pipeline is not None:

@@ -65,6 +65,7 @@ from .checkpoint import (_checkpoint_problem, checkpoint_meta, checkpoint_proble
 from .mixed import architecture_problem
 from . import parallel
 from .mesh import model_mesh
+from ..axes import axis_of
 from .context import Context, checked_order, ring_core
 from .reference import generate
 from .step_looks import _expert_bytes, _restep, step_memory_problem
@@ -205,8 +206,9 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     collective, when it does not fit this run. With `check`, a resumed run's reference starts from the
     checkpoint's parameters and the run's moments (gathered).
     """
+    fs = 0 if mesh is None or axis_of(mesh, "shard") is None else mesh.layout.axis_size(axis_of(mesh, "shard"))
     meta = _refuse(cfg, comm if mesh is None else mesh.comm, dp, tp, steps, text_ids, sp, check, layouts, replay,
-                   recompute, zero, kept, ep, precision, save, save_every, resume, cp)
+                   recompute, zero, kept, ep, precision, save, save_every, resume, cp, fs)
     if mesh is None:
         mesh = model_mesh(cfg, comm, dp, tp, ep, cp, context, zero)
     fsdp, zero = _fsdp_options(zero, reshard_after_forward, prefetch)  # ZeRO-3: AdamW on the shards
@@ -261,16 +263,16 @@ def _fsdp_options(zero: int, reshard_after_forward: Any, prefetch: Any) -> tuple
 
 def _refuse(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.ndarray, sp: bool, check: bool,
             layouts: Optional[dict], replay: bool, recompute: str, zero: int, kept: str, ep: int, precision: Any,
-            save: Optional[str], save_every: int, resume: Optional[str], cp: int = 1) -> Optional[dict]:
+            save: Optional[str], save_every: int, resume: Optional[str], cp: int = 1, fs: int = 0) -> Optional[dict]:
     """`train`'s refusals of what it was given, raised alike on every rank before any block is made; the
-    checkpoints' metadata (None without checkpoints)."""
+    checkpoints' metadata (None without checkpoints; `fs`: its mesh's HSDP shard group, 0 without)."""
     problem = (recompute_problem(recompute) or zero_problem(zero) or kept_problem(kept)
                or (replay_problem(cfg) if replay else None) or policy_problem(precision, replay)
                or text_problem(text_ids, cfg))
     if problem:  # every rank alike, before any collective
         raise SpmdsimError(problem)
     return refuse_run(cfg, comm, check, precision, (steps, save, save_every, resume),
-                      dict(dp=dp, tp=tp, sp=sp, layouts=layouts, precision=precision, zero=zero, ep=ep, cp=cp),
+                      dict(dp=dp, tp=tp, sp=sp, layouts=layouts, precision=precision, zero=zero, ep=ep, cp=cp, fs=fs),
                       dict(dp=dp, tp=tp, ep=ep, recompute=recompute, sp=sp, kept=kept, zero=zero % 3,
                            precision=precision))
 
