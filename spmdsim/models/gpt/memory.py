@@ -88,12 +88,15 @@ def memory_line(args: Any, zero: int, alone: bool = False) -> str:
 
 
 def sharded_problem(pp: int, microbatches: int, ep: int = 1, virtual: int = 1) -> Optional[str]:
-    """Why a fully sharded step cannot run as these pipeline arguments ask, or None: one line."""
+    """Why spmdsim.models.gpt.sharded_run.train_sharded (one stage, one microbatch) cannot run a fully sharded
+    step as these pipeline arguments ask, or None: one line. (A pipeline's, or several microbatches', ZeRO-3 runs
+    by spmdsim.models.gpt.pipeline.train_pipelined.)"""
     if pp > 1 or virtual > 1:
-        return f"--zero 3 with --pp {pp}: fully sharded data parallelism does not run over a pipeline yet"
+        return (f"--zero 3 with --pp {pp}: train_sharded runs one stage; a pipeline's fully sharded step runs by "
+                "train_pipelined")
     if microbatches > 1:
-        return (f"--zero 3 with {microbatches} microbatches a step: a fully sharded step runs one; give "
-                "--global-batch = --micro-batch x --dp")
+        return (f"--zero 3 with {microbatches} microbatches a step: train_sharded runs one; several run by "
+                "train_pipelined, or give --global-batch = --micro-batch x --dp")
     return None
 
 
