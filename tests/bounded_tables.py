@@ -70,9 +70,9 @@ def tables() -> list:
 
 def empty() -> None:
     """Empty every table of `sources()` in the modules imported so far (those not imported hold nothing yet) in
-    place: a module may hold one bound elsewhere too (executor's `_forget_moves` has `_MOVES` as a default
-    argument, so a fresh dict set in its place would not be the one cleaned when a mesh closes). What they held
-    is only ever decided again: no result changes."""
+    place: a module may hold one bound elsewhere too (a default argument, or a closure), and a fresh dict set in
+    its place would not be the one that code reads. What they held is only ever decided again: no result
+    changes."""
     for module, name, _limit in sources():
         held = sys.modules.get(module)
         if held is not None:

@@ -23,11 +23,11 @@ SMALL = GPTConfig(layers=1, d_model=16, heads=4, seq=8, batch=4, dropout=0.2)
 @pytest.fixture(autouse=True)
 def _empty_operator_tables(empty_tables):
     """Each test starts with spmdsim's bounded tables of decided calls empty (tests/bounded_tables.py): a table
-    starts over when full (the operators' at 4,096 entries, spmdsim.nn.ops._common.prepare; the compiled moves'
-    at 4,096, runtime.executor), and one that the earlier tests of this worker filled to the brim could start
-    over between a test's first call and its repeat, which then prepares or compiles again (seen once in a full
-    run: test_a_repeated_pointwise_call_takes_its_prepared_path[moved]; executor._MOVES was not emptied here
-    before, and one filled to 4,095 failed test_a_step_after_the_first_compiles_no_redistribution)."""
+    starts over when full (the operators' at 4,096 entries, spmdsim.nn.ops._common.prepare), and one that the
+    earlier tests of this worker filled to the brim could start over between a test's first call and its repeat,
+    which then prepares again (seen once in a full run: test_a_repeated_pointwise_call_takes_its_prepared_path
+    [moved]). The compiled moves live on each mesh (runtime.compiled.keep_move): a test's new meshes start
+    empty."""
     yield
 
 
@@ -542,8 +542,8 @@ def test_a_repeated_causal_attention_makes_its_mask_once():
 
 def test_a_repeated_move_names_its_node_with_the_kept_name():
     """A repeated redistribution's node takes its name and read layouts from the move's kept entry
-    (runtime.executor `_MOVES`): two moves of the same layouts share one name object, which describes the
-    move."""
+    (the mesh's `_moves`, runtime.compiled.keep_move): two moves of the same layouts share one name object, which
+    describes the move."""
     import numpy as np
 
     g = np.arange(32.0).reshape(8, 4)

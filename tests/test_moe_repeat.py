@@ -33,7 +33,7 @@ def test_a_repeated_layer_call_plans_no_move_and_checks_its_layouts_once(monkeyp
         return wrapper
 
     monkeypatch.setattr(executor, "plan_redistribution", counted("plan", executor.plan_redistribution))
-    # (`empty_tables`: the moves' cache, executor._MOVES, and the layer's tables of checked layouts start over
+    # (`empty_tables`: the layer's tables of checked layouts and the operators' prepared ones start over
     # when full: filled by earlier tests in this process, one could start over inside the second step and a
     # rank would plan or check again, as seen in CI. The test begins with them empty.)
     monkeypatch.setattr(layer, "moe_problem", counted("moe_problem", layer.moe_problem))

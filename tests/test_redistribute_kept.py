@@ -1,8 +1,11 @@
-"""runtime.executor keeps each compiled redistribution in one table (`_MOVES`) keyed by the mesh's and the layout
-objects' ids, the shape and the dtype: a repeated move runs its program, and a program must never serve another
-mesh, shape or dtype (each result is checked against numpy, and its mesh against the caller's); a mesh's moves go
-when it is closed."""
+"""runtime.executor keeps each compiled redistribution in its mesh's table (`Mesh._moves`, runtime.compiled.keep_move)
+keyed by the layout objects' ids, the shape and the dtype: a repeated move runs its program, and a program must never
+serve another mesh, shape or dtype (each result is checked against numpy, and its mesh against the caller's); a
+mesh's moves go when it is closed, and with it when it goes."""
 from __future__ import annotations
+
+import gc
+import weakref
 
 import numpy as np
 import pytest
@@ -12,8 +15,6 @@ from spmdsim import DTensor, Layout, Mesh
 from spmdsim.runtime import executor
 
 
-@pytest.mark.usefixtures("empty_tables")  # (executor._MOVES starts over when full: filled by earlier tests, it
-# could start over after some ranks' second pass had found their moves kept, and those would not be counted)
 def test_a_kept_move_serves_only_its_own_mesh_shape_and_dtype():
     layout = Layout((2, 2), ("dp", "tp"))
     rows, cols = layout("dp", None), layout(None, "tp")  # one object each: every move below has the same ids
@@ -30,16 +31,34 @@ def test_a_kept_move_serves_only_its_own_mesh_shape_and_dtype():
                 np.testing.assert_array_equal(y.gather(), a)
                 z = executor.redistribute(y, rows)  # and back: the other direction is its own move
                 np.testing.assert_array_equal(z.local, x.local)
-        mine = [key for key in list(executor._MOVES) if key[0] in (id(meshes[0]), id(meshes[1]))]
-        kept = len(mine)
+        kept = [len(mesh._moves) for mesh in meshes]
         meshes[0].close()
-        left = [key for key in list(executor._MOVES) if key[0] == id(meshes[0])]
+        left = len(meshes[0]._moves)
         meshes[1].close()
-        return rank, kept, len(left)
+        return rank, kept, left
 
     for _, kept, left in spmdsim.simulate(4, body):
-        assert kept == 2 * 4 * 2  # per mesh: 4 (shape, dtype) x 2 directions
+        assert kept == [4 * 2] * 2  # per mesh: 4 (shape, dtype) x 2 directions
         assert left == 0
+
+
+def test_a_mesh_left_unclosed_goes_with_its_moves_once_the_program_drops_it():
+    """A program that makes a mesh and moves a tensor on it, run again and again (a notebook's cell), leaves no
+    mesh behind: its compiled moves hold it, and they live on it, not in a table of the process (which kept every
+    run's meshes, their communicators and their simulation's world: about 300 objects a run)."""
+    layout = Layout((2, 2), ("dp", "tp"))
+    made = []
+
+    def body():
+        mesh = Mesh(layout)
+        x = DTensor.from_global(mesh, np.arange(48.0).reshape(8, 6), layout("dp", None))
+        executor.redistribute(executor.redistribute(x, layout(None, "tp")), layout("dp", None))
+        made.append(weakref.ref(mesh))
+
+    for _ in range(5):
+        spmdsim.simulate(4, body)
+    gc.collect()
+    assert len(made) == 5 * 4 and [ref for ref in made if ref() is not None] == []
 
 
 @pytest.mark.usefixtures("empty_tables")
@@ -66,10 +85,9 @@ def test_a_given_plan_is_checked_and_compiled_once_per_mesh_and_goes_with_it(mon
             np.testing.assert_array_equal(executor.redistribute(x, cols, plan).gather(), a)
             with pytest.raises(PlanError, match="does not fit"):
                 executor.redistribute(x, cols, other)
-        kept = [key for key in list(executor._MOVES) if key[0] == id(mesh) and key[1] == "given"]
+        kept = [key for key in list(mesh._moves) if key[0] == "given"]
         mesh.close()
-        left = [key for key in list(executor._MOVES) if key[0] == id(mesh)]
-        return len(kept), len(left)
+        return len(kept), len(mesh._moves)
 
     assert spmdsim.simulate(4, body) == [(1, 0)] * 4
     assert len(compiled) == 4  # once a rank: the later calls found their program

@@ -1,6 +1,7 @@
 """The process's compiled redistributions, per mesh: `PROGRAMS` (meshes of other layouts made for a
-mesh) and `_MOVES` (runtime.executor's compiled moves), dropped with their mesh (Mesh.close, or its
-weak reference's callback). Below both the executor and the mesh: a mesh forgets its programs here."""
+mesh), dropped with their mesh (Mesh.close, or its weak reference's callback), and `keep_move`, which keeps
+runtime.executor's compiled moves in the mesh's own table (`Mesh._moves`), so that they go with it. Below both
+the executor and the mesh: a mesh forgets its programs here."""
 from __future__ import annotations
 
 import weakref
@@ -11,8 +12,7 @@ __all__ = ["ProgramCache", "PROGRAMS", "keep_move"]
 
 
 class ProgramCache:
-    """Meshes of other layouts, per mesh, and the registry that drops a mesh's compiled redistributions
-    (`_MOVES`) with the mesh.
+    """Meshes of other layouts, per mesh, dropped with the mesh.
 
     A repeated redistribution finds its program in one lookup, with no set-up before the MPI
     calls (at 8 ranks on 2 cores that set-up showed as 10-20% of a 2 MiB step).
@@ -21,8 +21,7 @@ class ProgramCache:
     def __init__(self) -> None:
         # id(mesh) -> (a weak reference to it, its table): one lookup by an int for every rank's mesh (the
         # simulated ranks' threads share this cache, so a "last mesh" shortcut missed on every call and a
-        # WeakKeyDictionary made a weak reference per lookup). The entry goes with its mesh, and the
-        # mesh's redistributions in `_MOVES` with it.
+        # WeakKeyDictionary made a weak reference per lookup). The entry goes with its mesh.
         self._by_id: dict[int, tuple[Any, dict]] = {}
 
     def of(self, mesh: Any) -> dict:
@@ -33,13 +32,11 @@ class ProgramCache:
             return seen[1]
         table: dict = {}
         by_id = self._by_id
-        forget_moves = _forget_moves  # (held: see _forget_moves)
 
         def dropped(ref: Any) -> None:  # the mesh is gone: its entry too (unless a new mesh took its id)
             entry = by_id.get(key)
             if entry is not None and entry[0] is ref:
                 by_id.pop(key, None)
-            forget_moves(key)  # before a new mesh can take its id
 
         by_id[key] = (weakref.ref(mesh, dropped), table)
         return table
@@ -49,34 +46,26 @@ class ProgramCache:
         seen = self._by_id.get(id(mesh))
         if seen is not None and seen[0]() is mesh:
             self._by_id.pop(id(mesh), None)
-        _forget_moves(id(mesh))
 
 
 #: The process's compiled redistributions.
 PROGRAMS = ProgramCache()
 
-# Every mesh's compiled redistributions in one table, for one lookup a move: (id(mesh), id(source layout),
-# id(target layout), shape, dtype) -> (source, target, program, its node's name and read layouts (`move_name`),
-# then `_direct`'s six fields), one flat tuple that `redistribute` unpacks once. Keyed by ids (tuples of ints
-# hash and compare in C, where TensorLayout keys call its Python __hash__ and __eq__): the entry holds both
-# layouts, so their ids are never another object's while it lives, and a mesh's entries go when the mesh does
-# (ProgramCache: its weak reference's callback, or Mesh.close's `forget`), before another mesh can take its id.
-# A plan the caller gives is kept here too, under (id(mesh), "given", id(plan), id(source), id(target), shape,
-# the tensor's class) -> (plan, source, target, program).
-_MOVES: dict = {}
-
-
-def _forget_moves(mesh_id: int, moves: dict = _MOVES) -> None:
-    """Drop the compiled redistributions of the mesh whose id is `mesh_id` (`moves` bound here: a mesh that
-    goes at the interpreter's exit may find this module's globals cleared)."""
-    for key in list(moves):  # (a copy: the simulated ranks' threads add moves meanwhile)
-        if key[0] == mesh_id:
-            moves.pop(key, None)
+#: The most compiled moves a mesh keeps (`keep_move`): a long run over many layouts starts its table over.
+MOVES_KEPT = 4096
 
 
 def keep_move(mesh: Any, key: tuple, entry: tuple) -> tuple:
-    """Keep `entry` in `_MOVES` under `key` (whose first field is id(mesh)) and return it: `mesh` registered in
-    `PROGRAMS`, so that its moves go with it; a full table (a long run over many layouts) starts over."""
-    PROGRAMS.of(mesh)
-    put(_MOVES, key, entry, 4096)
+    """Keep `entry` in `mesh`'s compiled redistributions (`Mesh._moves`) under `key` and return it.
+
+    The table: (id(source layout), id(target layout), shape, dtype) -> (source, target, program, its node's name
+    and read layouts (`move_name`), then `_direct`'s six fields), one flat tuple that runtime.executor's
+    `redistribute` unpacks once; a plan the caller gives under ("given", id(plan), id(source), id(target), shape,
+    the tensor's class) -> (plan, source, target, program). Keyed by ids (tuples of ints hash and compare in C,
+    where TensorLayout keys call its Python __hash__ and __eq__): the entry holds the layouts, so their ids are
+    never another object's while it lives. On the mesh, not in a table of the process: a program holds its
+    mesh, so a process-wide table kept every mesh a program was compiled for, with its communicators and
+    scratch buffers (a notebook's every `simulate` run: about 100 KB and 300 objects a run of 4 ranks that
+    move one tensor), where now the mesh and its moves go together (or with Mesh.close)."""
+    put(mesh._moves, key, entry, MOVES_KEPT)
     return entry

@@ -5,7 +5,7 @@ finish its local result) and a redistribution's (the planner's steps). Each
 step kind has one runner here, which calls a collective or a local kernel
 (spmdsim.programs.plan.kernels), traced with the operator's label or the step's own.
 Importing this module does not start MPI: the collectives are bound when a
-program first runs. Compiled redistributions live in `PROGRAMS`, per mesh.
+program first runs. Compiled redistributions live on their mesh (runtime.compiled.keep_move).
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ from .dtensor_build import _cut_hinted, _not_a_tensor_layout, _short_map
 from .uneven import allgatherv, alltoallv_dims, reduce_scatterv
 from .arguments import _take, _take_order
 from ..base.precision import is_low
-from .compiled import _MOVES, PROGRAMS, keep_move
+from .compiled import PROGRAMS, keep_move
 from ..base.context import _THREAD  # the running thread's context (debug.quiet's read, without its calls)
 
 __all__ = ["execute", "post", "run_block", "resolve", "gather", "pending", "redistribute"]
@@ -241,8 +241,8 @@ def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None
         debug_calls.verify_operands(mesh, "redistribute", (("x", shape, source, local.dtype),
                                                            ("target", shape, target, local.dtype)))
     if plan is None:
-        try:  # a step moves the same layout objects every time: by their ids (`_MOVES`)
-            entry = _MOVES[id(mesh), id(source), id(target), shape, local.dtype]
+        try:  # a step moves the same layout objects every time: by their ids (`keep_move`)
+            entry = mesh._moves[id(source), id(target), shape, local.dtype]
         except (KeyError, TypeError):  # TypeError: a size that does not hash (the planner refuses it)
             if not isinstance(target, TensorLayout):
                 raise PlanError(_not_a_tensor_layout(target, "target")) from None
@@ -255,7 +255,7 @@ def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None
                     raise PlanError(f"{exc}{_short_map(target, len(shape))}") from None
                 raise
             program = _compile(plan, mesh, type(dtensor))
-            entry = keep_move(mesh, (id(mesh), id(source), id(target), shape, local.dtype), (
+            entry = keep_move(mesh, (id(source), id(target), shape, local.dtype), (
                 source, target, program, move_name(source, target), (source, target)) + _direct(
                 program, source.local_shape(shape, mesh.rank), local.dtype))
         # one flat entry, unpacked once: the move's node's name and read layouts made with it, not per move
@@ -290,12 +290,12 @@ def redistribute(dtensor: Any, target: TensorLayout, plan: Optional[Plan] = None
 
 def _given(plan: Plan, mesh: Any, source: TensorLayout, target: Any, shape: tuple, cls: Any) -> "_Compiled":
     """`redistribute`'s program for a plan the caller gives (a network's hops, `spmdsim redistribute`): checked
-    against the tensor's move and compiled the first time, then found by the ids of the plan, the mesh and both
-    layouts (`_MOVES`, whose entry holds the three objects, so no other object has their ids while it lives,
-    and goes with the mesh): a net's step gives the same plan objects every time."""
-    key = (id(mesh), "given", id(plan), id(source), id(target), shape, cls)
+    against the tensor's move and compiled the first time, then found on the mesh by the ids of the plan and both
+    layouts (`keep_move`, whose entry holds the three objects, so no other object has their ids while it lives):
+    a net's step gives the same plan objects every time."""
+    key = ("given", id(plan), id(source), id(target), shape, cls)
     try:
-        return _MOVES[key][3]
+        return mesh._moves[key][3]
     except KeyError:
         pass
     except TypeError:  # a size that does not hash: checked below, not kept

@@ -16,7 +16,7 @@ from ..base.context import current
 from .axes import normalize_axes
 from .engines import engine_of, launcher, ways_out, world
 from .engines.wait import resolve_wait_mode
-from .compiled import PROGRAMS  # Mesh.close drops its compiled redistributions
+from .compiled import PROGRAMS  # Mesh.close drops its meshes of other layouts
 from ..programs.algorithms import check_choices
 from ..base.validate import as_int, describe
 from . import debug, debug_calls
@@ -149,6 +149,9 @@ class Mesh(_ForeignNames):
         # ("moe plan", id(config), tokens, sequences, layer) -> an MoE layer's plan (spmdsim.models.moe.exchange._plan).
         # At most 256: a step's collectives repeat a few dozen signatures.
         self._plans: dict[tuple, tuple] = {}
+        # This mesh's compiled redistributions (spmdsim.runtime.compiled.keep_move): they hold the mesh, so they
+        # live on it and go with it.
+        self._moves: dict[tuple, tuple] = {}
         self._scratch: dict[str, np.ndarray] = {}  # see scratch()
         # (role, shape, dtype) -> the view scratch() returned last time: one lookup instead of
         # three numpy views, which cost ~7 us per call with cold caches at 4 ranks per core.
@@ -243,6 +246,7 @@ class Mesh(_ForeignNames):
         self._groups.clear()
         self._spelled.clear()
         self._plans.clear()
+        self._moves.clear()
         PROGRAMS.forget(self)
         self._scratch.clear()
         self._scratch_views.clear()
