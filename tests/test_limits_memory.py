@@ -1,6 +1,9 @@
 """Memory before allocation (pure side): budgets, estimates and the one-line refusal."""
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 
 from spmdsim import Layout
@@ -131,6 +134,29 @@ def test_ranks_agree_on_the_budget_and_its_words(monkeypatch):
     monkeypatch.setattr(budget, "budget_per_rank", read)
     got = simulate(4, body)
     assert got == [Budget(21 * GIB // 4, "MemAvailable 21 GiB over 4 ranks")] * 4
+
+
+def test_an_agreed_budget_goes_with_its_communicator(monkeypatch):
+    """The budget agreed on a communicator is kept while it lives, not beyond: a program run again and again on
+    simulated ranks (a notebook's cell) leaves no rank's communicator behind (the table held each one, and
+    through it its run's whole world, about 300 objects a run of 4 ranks)."""
+    import spmdsim
+    from spmdsim.runtime import budget
+    from spmdsim.runtime.sim import simulate
+
+    monkeypatch.delenv("SPMDSIM_MEMORY", raising=False)
+    held = []
+
+    def body():
+        comm = spmdsim.world()
+        agreed = budget.agreed_budget(comm)
+        held.append(weakref.ref(comm))
+        return agreed is budget.agreed_budget(comm)  # kept while the communicator lives
+
+    for _ in range(5):
+        assert simulate(4, body) == [True] * 4
+    gc.collect()
+    assert len(held) == 5 * 4 and [ref for ref in held if ref() is not None] == []
 
 
 def test_a_dry_run_is_not_refused_by_this_machines_memory(monkeypatch):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import weakref
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -23,7 +24,9 @@ from ..base.tables import put
 __all__ = ["agreed_budget", "check_memory", "check_seeded"]
 
 _UNKNOWN = 1 << 62  # a rank that cannot tell leaves the decision to those that can
-_AGREED: dict[tuple, tuple[Any, Optional[Budget]]] = {}  # (id(comm), setting) -> (comm, budget)
+# id(comm) -> (a weak reference to comm, {setting: budget}): the entry goes with its communicator (a simulation's
+# every rank's and mesh group's; holding them kept each finished simulation's whole world alive)
+_AGREED: dict[int, tuple[Any, dict]] = {}
 
 
 def _ranks_on_node(comm: Any) -> int:
@@ -41,12 +44,12 @@ def agreed_budget(comm: Any) -> Optional[Budget]:
     holds is the estimate's to judge (`spmdsim estimate --machine`).
     A bad SPMDSIM_MEMORY raises the same SpmdsimError on every rank, before any collective.
     """
-    key = (id(comm), os.environ.get(ENV_VAR, ""))  # a changed setting is read again
-    entry = _AGREED.get(key)
-    if entry is not None and entry[0] is comm:
-        return entry[1]
+    setting = os.environ.get(ENV_VAR, "")  # a changed setting is read again
+    entry = _AGREED.get(id(comm))
+    if entry is not None and entry[0]() is comm and setting in entry[1]:
+        return entry[1][setting]
     if engine_of(comm).dry:
-        if key[1].strip():
+        if setting.strip():
             budget_per_rank(1)  # a bad SPMDSIM_MEMORY is refused here too
         return None
     mine = budget_per_rank(1)  # validates SPMDSIM_MEMORY first, on every rank alike
@@ -58,8 +61,25 @@ def agreed_budget(comm: Any) -> Optional[Budget]:
         # differs, and a refusal must be one line on every rank.
         low = door.all_reduce_object(comm, (_UNKNOWN, "") if mine is None else (mine.bytes, mine.source), "min")
         mine = None if low[0] == _UNKNOWN else Budget(low[0], low[1])
-    _AGREED[key] = (comm, mine)
+    _agreed_of(comm)[setting] = mine
     return mine
+
+
+def _agreed_of(comm: Any) -> dict:
+    """The budgets `comm`'s ranks agreed on, by setting (a new empty table the first time, or when a new
+    communicator took a dead one's id), dropped when `comm` goes (its weak reference's callback)."""
+    key = id(comm)
+    entry = _AGREED.get(key)
+    if entry is not None and entry[0]() is comm:
+        return entry[1]
+    agreed = _AGREED
+
+    def dropped(ref: Any) -> None:  # the communicator is gone: its entry too (unless a new one took its id)
+        if agreed.get(key, (None,))[0] is ref:
+            agreed.pop(key, None)
+
+    entry = _AGREED[key] = (weakref.ref(comm, dropped), {})
+    return entry[1]
 
 
 def check_memory(comm: Any, what: str, need_of: Callable[[tuple], Need], shape: Sequence[int],
