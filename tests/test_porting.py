@@ -259,6 +259,37 @@ def test_zeros_ones_full_make_only_each_ranks_block():
                     "fill value nan must be a number that dtype 'bool' holds"]
 
 
+def test_full_takes_a_complex_value_for_a_complex_dtype():
+    """DTensor.full(..., 1j, "complex128") was refused as a value "dtype 'complex128'" cannot hold, and a huge
+    integer for a complex dtype ended in numpy's OverflowError; now a complex dtype takes a complex value (each part
+    within its float's range), and a real dtype refuses one naming "a real number"."""
+    import numpy as np
+
+    import spmdsim
+    from spmdsim import DTensor, DTypeError, Layout, Mesh
+
+    def body():
+        mesh = Mesh(Layout((2,), ("a",)))
+        made = [DTensor.full(mesh, mesh.layout("a"), (4,), value, dtype).gather()
+                for value, dtype in ((1j, "complex128"), (np.complex64(2 - 3j), "complex64"))]
+        said = []
+        for value, dtype in ((1j, "float64"), (1e39 + 0j, "complex64"), (10 ** 400, "complex128")):
+            try:
+                DTensor.full(mesh, mesh.layout("a"), (4,), value, dtype)
+            except DTypeError as e:
+                said.append(str(e))
+        return made, said
+
+    made, said = spmdsim.simulate(2, body)[0]
+    assert made[0].dtype == np.complex128 and made[0].tolist() == [1j] * 4
+    assert made[1].dtype == np.complex64 and made[1].tolist() == [2 - 3j] * 4
+    assert said == ["fill value 1j must be a number that dtype 'float64' holds (a real number)",
+                    "fill value (1e+39+0j) must be a number that dtype 'complex64' holds "
+                    "(at most 3.40282e+38 in magnitude in each part)",
+                    "fill value of 401 digits must be a number that dtype 'complex128' holds "
+                    "(at most 1.79769e+308 in magnitude in each part)"]
+
+
 def test_full_called_on_a_tensor_names_gather():
     """``y.full()`` (a SeededTensor's whole tensor) on a DTensor called the class's constructor: a TypeError
     "missing 4 required positional arguments". Without arguments it names gather; with them it still makes one."""

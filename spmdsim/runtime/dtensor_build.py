@@ -205,10 +205,10 @@ def _check_same(comm: Any, array: np.ndarray) -> None:
 
 
 def _check_fill(value: Any, kind: np.dtype, name: str) -> None:
-    """Refuse a fill `value` that dtype `kind` (named `name`) cannot hold: no number; for a bool or an integer
-    dtype a fraction, NaN or an infinity, or an integer past its range; a finite number past a float dtype's
-    largest (it would be stored as an infinity)."""
-    held = isinstance(value, (int, float, bool))
+    """Refuse a fill `value` that dtype `kind` (named `name`) cannot hold: no number (a complex one unless `kind` is
+    complex); for a bool or an integer dtype a fraction, NaN or an infinity, or an integer past its range; a finite
+    number (a complex one's parts) past a float dtype's largest (it would be stored as an infinity)."""
+    held = isinstance(value, (int, float, bool)) or (isinstance(value, complex) and kind.kind == "c")
     span = ""
     if held and isinstance(value, float) and kind.kind in "iub":
         held = math.isfinite(value) and value == int(value)
@@ -216,10 +216,13 @@ def _check_fill(value: Any, kind: np.dtype, name: str) -> None:
         info = np.iinfo(kind)
         span = f" (an integer in {info.min}..{info.max})"
         held = held and info.min <= value <= info.max
-    elif held and kind.kind in "fV" and not (isinstance(value, float) and not math.isfinite(value)):
+    elif held and kind.kind in "fVc":
         top = float_max(kind)
-        span = f" (at most {top:g} in magnitude)"
-        held = abs(value) <= top
+        span = f" (at most {top:g} in magnitude{' in each part' if kind.kind == 'c' else ''})"
+        held = all(abs(part) <= top or (isinstance(part, float) and not math.isfinite(part))
+                   for part in (value.real, value.imag))
+    elif isinstance(value, complex):
+        span = " (a real number)"
     if not held:
         shown = repr(value) if type(value) is not int or len(str(value)) <= 24 else f"of {len(str(abs(value)))} digits"
         raise DTypeError(f"fill value {shown} must be a number that dtype {name!r} holds{span}")
