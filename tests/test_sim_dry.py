@@ -605,3 +605,23 @@ def test_a_notebook_shows_a_reports_table_and_a_traces_summary():
     trace = spmdsim.simulate(2, rank)[0]
     assert pretty(trace) == trace.summary() and pretty(trace).splitlines()[1].split()[:4] == ["alltoall", "x", "2", "1"]
     assert repr(trace) == "<Trace of 1 calls {'alltoall': 1}: .summary() for the table>"
+
+
+def test_a_dry_allgather_of_empty_blocks_is_empty_as_the_real_one(capsys):
+    """A tensor with a dim of size 0 gathered over a split dim (``--shape 0,0``): the dry engine tiled each
+    member's block with ``reshape(-1, 0)``, which numpy refuses, so the dry run ended in a traceback ("cannot
+    reshape array of size 0 into shape (0)") where the real run passes; now both give empty blocks."""
+    from spmdsim.runtime import DTensor, Mesh
+
+    def body():
+        mesh = Mesh(spmdsim.Layout((4,), ("x",)))
+        x = DTensor.zeros(mesh, mesh.layout("x", None), (0, 3))
+        gathered = np.zeros(0)
+        spmdsim.world().Allgather(np.zeros(0), gathered)  # an mpi4py call on the dry communicator, alike
+        return x.redistribute(mesh.layout(None, None)).local.shape, gathered.shape
+
+    assert spmdsim.simulate(4, body, dry_run=True) == spmdsim.simulate(4, body) == [((0, 3), (0,))] * 4
+    code = main(["run", "redistribute", "--device-matrix", "2,2", "--alias", "x,y", "--from", "x,y", "--to", "y,x",
+                 "--shape", "0,0", "--ranks", "4", "--dry-run"])
+    out = capsys.readouterr()
+    assert code == 0 and "allgather x1, alltoall x1" in out.out and "Traceback" not in out.err

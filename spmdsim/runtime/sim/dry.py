@@ -388,7 +388,8 @@ def _same(src: np.ndarray, dst: np.ndarray) -> None:
 
 
 def _tiled(src: np.ndarray, dst: np.ndarray) -> None:
-    dst.reshape(-1, src.size)[...] = src
+    if src.size:  # an empty block (a dim of size 0) tiles nothing: numpy cannot reshape to (-1, 0)
+        dst.reshape(-1, src.size)[...] = src
 
 
 def _first(src: np.ndarray, dst: np.ndarray) -> None:
