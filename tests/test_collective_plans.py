@@ -69,3 +69,25 @@ def test_a_repeated_collective_gets_what_its_first_call_got():
         assert rows1 == rows2 == [("allgather", ("tp",), 2, 48, 48, "again", 0, 0),  # as main's first calls
                                   ("reduce_scatter", ("tp",), 2, 24, 24, None, 0, 0)]
         assert seq2 - seq1 == 12  # each call numbered as a first one is
+
+
+def test_a_collective_of_a_0d_value_keeps_it_0d():
+    """``allreduce(mesh, np.float64(loss), "dp")`` (or a Python float) copied its value with np.ascontiguousarray,
+    which makes a 0-d value 1-d: the sum came back of shape (1,), not (), and a gather along dim 0 took the scalar
+    for a 1-d block (shape (2,)) where a 0-d array gets a ShapeError (a 0-d value has no dim 0)."""
+    from spmdsim.errors import ShapeError
+    from spmdsim.runtime import prepare_allreduce
+
+    def body():
+        mesh = Mesh(Layout((2,), ("x",)))
+        sums = [C.allreduce(mesh, np.float64(1.5 + mesh.rank), "x"), C.allreduce(mesh, 2.0 + mesh.rank, "x", op="max"),
+                prepare_allreduce(mesh, np.float32(1.0), "x").run(), C.bcast(mesh, np.float64(7.0 - mesh.rank), "x")]
+        said = None
+        try:
+            C.allgather(mesh, np.float64(1.0), "x", 0)
+        except ShapeError as e:
+            said = str(e)
+        return [(s.shape, s.item()) for s in sums], said
+
+    assert spmdsim.simulate(2, body) == [([((), 4.0), ((), 3.0), ((), 2.0), ((), 7.0)],
+                                          "tensor_dim 0 is out of range for an array with 0 dims")] * 2

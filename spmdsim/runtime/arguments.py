@@ -18,10 +18,11 @@ _ndarray = np.ndarray
 
 
 def _contig(local: Any) -> np.ndarray:
-    # Copy only when MPI could not read the buffer as is.
+    # Copy only when MPI could not read the buffer as is. Not np.ascontiguousarray: it makes a 0-d value
+    # (np.float64(2.0), a Python float) 1-d, and a collective's result would be of shape (1,), not ().
     if type(local) is _ndarray and local.flags.c_contiguous:
         return local
-    return np.ascontiguousarray(local)
+    return np.asarray(local, order="C")
 
 
 def _dim(tensor_dim: int, ndim: int, what: str) -> int:
