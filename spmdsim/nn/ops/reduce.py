@@ -208,6 +208,8 @@ def var(x: Any, dims: Any = None, keepdims: bool = False, correction: int = 0) -
     if count - c <= 0:
         raise OperatorError(f"var: correction {c} leaves no degrees of freedom over {count} entries")
     centred = P.sub(x, mean(x, axes, keepdims=True))
+    if centred.dtype.kind == "c":  # numpy's and PyTorch's: the mean of |x - mean|**2, real (not of (x - mean)**2)
+        centred = P.abs(centred)
     return P.mul(sum(P.mul(centred, centred), axes, keepdims), 1.0 / (count - c))
 
 
