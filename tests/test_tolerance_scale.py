@@ -166,6 +166,24 @@ def test_the_verdict_says_whether_the_reference_holds_the_non_finite_values():
     assert str(out).startswith("check FAILED on ranks [4]: 1 non-finite values (NaN/Inf; none in the reference); ")
 
 
+def test_integers_past_2_53_are_compared_exactly():
+    """Integers compare exactly (atol and rtol 0), but the check compared float64 copies: an int64 result of 2**62
+    against a reference of 2**62 + 1 (one float64) passed with "max abs err 0". Now it fails, with the exact error;
+    equal integers, a signed beside an unsigned one too, still pass."""
+    got = np.array([2 ** 62, 1, -2 ** 62, 2 ** 63 - 1], dtype=np.int64)
+    ref = np.array([2 ** 62 + 1, 1, -2 ** 62 - 1, 2 ** 63 - 1], dtype=np.int64)
+    record = local_stats(got, ref, 0.0, 0.0)
+    assert record[0] == 0.0 and record[1] == 1.0 and 0 < record[2] < 1e-18
+    assert local_stats(np.array([2 ** 64 - 1], np.uint64), np.array([2 ** 64 - 2], np.uint64), 0.0, 0.0)[0] == 0.0
+    assert local_stats(got[3:], got[3:].astype(np.uint64), 0.0, 0.0)[0] == 1.0
+
+    def body():
+        mesh = Mesh(Layout((2,), ("x",)))
+        return str(spmdsim.runtime.DTensor.from_global(mesh, got, mesh.layout("x")).check(ref))
+
+    assert spmdsim.simulate(2, body)[0].startswith("check FAILED on ranks [0, 1]: max abs err 1, max rel err 2.17e-19")
+
+
 def test_a_complex_scale_is_refused():
     def body():
         mesh = Mesh(Layout((2,), ("mp",)))

@@ -136,7 +136,8 @@ def local_stats(actual: np.ndarray, expected: Any, rtol: float, atol: float, sca
     scale_finite = True if scale is None else bool(np.isfinite(scale).all())
     fast = _finite_stats(a, b, rtol, atol, scale) if scale_finite else None
     if fast is not None:
-        return fast
+        exact = fast[0] and not (atol or rtol) and actual.dtype.kind in "biu" and expected.dtype.kind in "biu"
+        return _exactly(fast, actual, expected) if exact else fast
     finite = np.isfinite(a) & np.isfinite(b)
     if not scale_finite:  # an element whose magnitudes overflowed fails as non-finite, whatever its values
         finite &= np.isfinite(scale)
@@ -181,6 +182,18 @@ def _finite_stats(a: np.ndarray, b: np.ndarray, rtol: float, atol: float, scale:
     mag += atol
     ok = bool(np.less_equal(err, mag).all())
     return np.array([float(ok), max_abs, max_rel, 0.0, float(a.size), 1.0, 0.0])
+
+
+def _exactly(record: np.ndarray, actual: np.ndarray, expected: np.ndarray) -> np.ndarray:
+    """`record`, passed with every float64 difference 0, of integer (or bool) blocks compared exactly (atol and
+    rtol 0): failed where two integers differ that float64 holds as one (past 2**53: 2**62 + 1 is 2**62 there),
+    with those elements' exact errors (Python integers)."""
+    differ = actual != expected  # numpy compares integers exactly, signed beside unsigned too
+    if not differ.any():
+        return record
+    want = expected[differ].astype(object)
+    err = np.abs(actual[differ].astype(object) - want)
+    return np.array([0.0, float(err.max()), float((err / np.abs(want)).max()), 0.0, record[4], 1.0, 0.0])
 
 
 def agree(comm: Any, stats: np.ndarray, rtol: float, atol: float, polite: bool = False,
