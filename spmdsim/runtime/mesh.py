@@ -17,6 +17,7 @@ from .axes import normalize_axes
 from .engines import engine_of, launcher, ways_out, world
 from .engines.wait import resolve_wait_mode
 from .compiled import PROGRAMS  # Mesh.close drops its meshes of other layouts
+from .shared_groups import GROUPS  # under MPI, the meshes over a communicator share their groups
 from ..programs.algorithms import check_choices
 from ..base.validate import as_int, describe
 from . import debug, debug_calls
@@ -225,8 +226,12 @@ class Mesh(_ForeignNames):
         return info
 
     def _split(self, axes: tuple[str, ...]) -> tuple[Any, int, int]:
-        # Validates the names on every rank before the collective build (engine.group).
+        # Validates the names on every rank before the collective build (engine.group); under MPI a group
+        # another mesh over the same communicator built of the same ranks is shared (runtime.shared_groups).
         self.layout.split_color_key(self.rank, axes)
+        return GROUPS.take(self, axes, partial(self._build, axes))
+
+    def _build(self, axes: tuple[str, ...]) -> tuple[Any, int, int]:
         _before_split(self, axes)
         return self.engine.group(self, axes)
 
@@ -240,9 +245,9 @@ class Mesh(_ForeignNames):
         return foreign(self, other)
 
     def close(self) -> None:
-        """Free the cached sub-communicators (collective over the mesh)."""
-        for sub, _, _ in self._groups.values():
-            self.engine.free(sub)
+        """Free the cached sub-communicators (collective over the mesh; under MPI those no other mesh uses)."""
+        for axes, info in self._groups.items():
+            GROUPS.give_back(self, axes, info)
         self._groups.clear()
         self._spelled.clear()
         self._plans.clear()

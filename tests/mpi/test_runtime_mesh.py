@@ -67,3 +67,29 @@ def test_mesh_over_comm_self_short_circuits():
     assert C.allgather(mesh, x, "x", 1) is x
     assert C.allreduce(mesh, x, "x") is x
     assert mesh.wait_mode == "busy"
+
+
+def test_meshes_over_one_communicator_share_their_groups_and_the_last_close_frees_them():
+    """Two meshes of the same ranks build a group once (runtime.shared_groups); the first close leaves it to the
+    other, which still runs collectives on it; the last close frees it. (Over a communicator of their own: a mesh
+    an earlier test left unclosed over the world would share the group too.)"""
+    comm = WORLD.Dup()
+    first, second = (Mesh(Layout((WORLD.size,), ("x",)), comm) for _ in range(2))
+    other = Mesh(Layout((WORLD.size, 1), ("a", "b")), comm)  # another layout, the same ranks in the same order
+    group = first.group("x")
+    assert second.group("x") is group and other.group("a") is group and group != MPI.COMM_NULL
+    first.close()
+    assert second.group("x").allreduce(1) == WORLD.size  # still the other meshes'
+    second.close()
+    other.close()
+    assert group == MPI.COMM_NULL  # freed by the last
+    comm.Free()
+
+
+def test_a_mesh_made_in_a_loop_and_never_closed_does_not_run_out_of_communicators():
+    """MPICH gives a process 2,048 communicators: a mesh made per iteration and left unclosed (each building its
+    group) ended after about 2,000 in MPICH's "Too many communicators"; they share one group now."""
+    for _ in range(2100):
+        mesh = Mesh(Layout((WORLD.size,), ("x",)))
+        assert mesh.group("x").Get_size() == WORLD.size
+    mesh.close()
