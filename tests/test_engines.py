@@ -382,6 +382,34 @@ def test_every_engine_refuses_the_dtypes_mpi_refuses_with_mpis_message():
                 assert flags == [True, False] and sums_ == [2 * pair + 1, 2 * pair + 3]
 
 
+def _object_refusals() -> list[str]:
+    from spmdsim.errors import DTypeError
+    from spmdsim.runtime import Mesh, allgather, alltoall, reduce_scatter
+
+    mesh = Mesh(spmdsim.Layout((2,), ("x",)))
+    said = []
+    for call in (lambda a: allgather(mesh, a, "x", -1), lambda a: allgather(mesh, a, "x", 1),
+                 lambda a: alltoall(mesh, a, "x", 0, 1), lambda a: alltoall(mesh, a, "x", 1, 0),
+                 lambda a: reduce_scatter(mesh, a, "x", 1)):
+        try:
+            call(np.zeros((4, 4), dtype=object))
+        except DTypeError as exc:
+            said.append(str(exc))
+    return said
+
+
+def test_an_object_array_is_refused_along_any_dim_in_one_line():
+    """Along a dim other than 0 the blocks are packed in the mesh's kept buffers, viewed as the array's dtype:
+    an object array's raised numpy's "TypeError: Cannot change data-type for array of references" there,
+    before the door's check. The dtype is checked first now, the same line as along dim 0."""
+    sends = "MPI cannot send dtype '|O' (object); expected a numeric dtype: bool, int8..int64, uint8..uint64, " \
+            "float16..float64, complex64, complex128"
+    want = [f"allgather: {sends}; or text (numpy's S or U dtypes)"] * 2 + [
+        f"alltoall: {sends}; or text (numpy's S or U dtypes)"] * 2 + [f"reduce_scatter: {sends}"]
+    for results in (spmdsim.simulate(2, _object_refusals), spmdsim.simulate(2, _object_refusals, dry_run=True)):
+        assert [list(r) for r in results] == [want, want]
+
+
 _KEPT_GRAPH = """
 import numpy as np
 from mpi4py import MPI

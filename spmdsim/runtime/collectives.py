@@ -1,16 +1,13 @@
 """Collectives over mesh axes with mpi4py's buffer methods on contiguous numpy arrays (docs/explanation/runtime.md).
 
-Each function takes the mesh, this rank's array and the mesh axes of the group
-(one sub-communicator, ranks in mixed-radix order of the axes, first major) and
-returns a new array, or fills ``out=``; a group of one rank returns the input
-itself. Each checks its arguments and lays out the buffers (packing blocks
-along a dim with data before it), then hands the engine's transfer to runtime.door.issue.
-The common case (C-contiguous arrays, blocks along dim 0) makes no helper call
-but the result check before MPI: with 8 ranks sharing 2 cores, each rank runs
-its pre-MPI Python on cold caches, in turn, while the group waits. A call the
-mesh made before with the same group (`axes` as spelled), shape, dtype and dims,
-which packed and unpacked nothing, is repeated from what that call worked out
-(kept per mesh, door.keep): no check it passed runs again (door.repeat).
+Each function takes the mesh, this rank's array and the mesh axes of the group (one sub-communicator, ranks in
+mixed-radix order of the axes, first major) and returns a new array, or fills ``out=``; a group of one rank
+returns the input itself. Each checks its arguments and lays out the buffers (packing blocks along a dim with
+data before it), then hands the engine's transfer to runtime.door.issue. The common case (C-contiguous arrays,
+blocks along dim 0) makes no helper call but the result check before MPI: with 8 ranks sharing 2 cores, each
+rank runs its pre-MPI Python on cold caches, in turn, while the group waits. A call the mesh made before with
+the same group (`axes` as spelled), shape, dtype and dims, which packed and unpacked nothing, is repeated from
+what that call worked out (kept per mesh, door.keep): no check it passed runs again (door.repeat).
 """
 from __future__ import annotations
 
@@ -26,7 +23,7 @@ from ..base.context import _THREAD
 from ..base.precision import is_low
 from ..base.validate import as_int
 from ..programs.plan.steps import moved_bytes  # each step kind owns its byte formula
-from .arguments import _contig, _copy_into, _dim, _divisible, _empty, _result, _take_order
+from .arguments import _contig, _copy_into, _dim, _divisible, _empty, _result, _take, _take_order
 from .door import _alone, issue, keep, repeat
 from .engines.base import DRY_VALUES_BYTES
 from .replay import CAPTURES, capturing
@@ -109,6 +106,7 @@ def allgather(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim: int
             return issue(mesh, comm, g, "allgather", axes, label, mesh.engine.all_gather, (x, dst), dst, x, (d,),
                          x.nbytes, x.nbytes * g)
         if math.prod(shape[:d]) != 1:  # received side by side, then one copy along tensor_dim
+            _take("allgather", x.dtype)  # before a kept buffer is viewed as it (an object array's cannot be)
             t0 = perf_counter()
             dst = None if out is None else _result(out, out_shape, x.dtype, "allgather")
             recv, unpack = _unpacker(mesh, dst, out_shape, shape, x.dtype, d, g)
@@ -156,6 +154,7 @@ def alltoall(mesh: Mesh, local: Any, axes: str | Iterable[str], split_dim: int, 
         if key is not None:
             keep(mesh, key, comm, g, shape, "alltoall", mesh.engine.all_to_all, (s, c), x.nbytes)
         return result
+    _take("alltoall", x.dtype)  # before a kept buffer is viewed as it (an object array's cannot be)
     t0 = perf_counter()
     block_shape = shape[:s] + (shape[s] // g,) + shape[s + 1:]
     send = _send_blocks(mesh, x, s, g)
@@ -273,6 +272,7 @@ def reduce_scatter(mesh: Mesh, local: Any, axes: str | Iterable[str], tensor_dim
         send, t0, copied = x, None, 0
         out_shape = (shape[0] // g,) + shape[1:]
     else:
+        _take("reduce_scatter", x.dtype)  # before a kept buffer is viewed as it (an object array's cannot be)
         t0 = perf_counter()
         send = _send_blocks(mesh, x, d, g)
         copied = 0 if send is x else x.nbytes
