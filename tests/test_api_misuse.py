@@ -111,3 +111,23 @@ def test_one_layout_over_two_orders_of_the_ranks_is_refused_not_combined():
             "coordinates; build both on one communicator")
     assert spmdsim.simulate(4, main) == [[f"add: {line.format(r, 3 - r)}", line.format(r, 3 - r),
                                           line.format(r, 3 - r)] for r in range(4)]
+
+
+_MASKED = ("{} is a numpy masked array of shape {} with 1 masked element: a tensor has no mask; expected a plain "
+           "array: pass its .filled(value) (masked elements set to value) or its .data (the numbers under the mask)")
+
+
+@pytest.mark.parametrize("call, said", [
+    (lambda mesh, m: DTensor.from_global(mesh, m, mesh.layout("tp")), _MASKED.format("array", "(4,)")),
+    (lambda mesh, m: DTensor.from_global(mesh, m), _MASKED.format("array", "(4,)")),
+    (lambda mesh, m: DTensor.from_local(mesh, m[:2], mesh.layout("tp")), _MASKED.format("local shard", "(2,)")),
+    (lambda mesh, m: DTensor(mesh, m[:2], mesh.layout("tp"), (4,)), _MASKED.format("local shard", "(2,)")),
+    (lambda mesh, m: DTensor.from_global(mesh, m.data, mesh.layout("tp")).check(m),
+     _MASKED.format("check: reference", "(4,)")),
+    (lambda mesh, m: DTensor.from_global(mesh, m.data, mesh.layout("tp")).check(m.data, scale=m),
+     _MASKED.format("check: scale", "(4,)"))])
+def test_a_masked_array_is_refused_not_read_without_its_mask(call, said):
+    """np.asarray keeps a masked array's data and drops its mask: from_global of [0, --, 2, 3] gathered
+    [0, 1, 2, 3], and a check against it compared the masked element's number."""
+    masked = np.ma.masked_array(np.arange(4.0), mask=[0, 1, 0, 0])
+    assert _said(lambda: call(Mesh(Layout((2,), ("tp",))), masked), n=2) == [said] * 2

@@ -21,7 +21,7 @@ np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
 __all__ = ["loads_json", "MAX_JSON_DEPTH", "read_bounded", "MAX_JSON_TEXT", "as_int", "int_arg", "shape_arg",
            "dtype_arg", "tolerance_arg", "counted", "dtype_name", "float_max", "SUPPORTED_DTYPES",
-           "describe"]
+           "describe", "plain_array"]
 
 #: What `dtype_arg` accepts, as its messages say it.
 SUPPORTED_DTYPES = "bool, int8..int64, uint8..uint64, float16..float64, complex64, complex128"
@@ -118,6 +118,17 @@ def dtype_arg(dtype: Any, what: str = "dtype", error: type[SpmdsimError] = DType
                "docs/howto/bf16.md), not a tensor's dtype") if out.name.startswith("float8") else ""
         raise error(f"{what} {out.str!r} ({out.name}) is not numeric; expected one of {SUPPORTED_DTYPES}{fp8}")
     return out
+
+
+def plain_array(value: Any, what: str, error: type[SpmdsimError] = DTypeError) -> np.ndarray:
+    """`value` as a numpy array (np.asarray's), unless it is a numpy masked array: np.asarray keeps its data and
+    drops its mask, so the masked elements would enter the results as numbers; refused in one line."""
+    if isinstance(value, np.ma.MaskedArray):
+        masked = int(np.ma.count_masked(value))
+        raise error(f"{what} is a numpy masked array of shape {value.shape!r} with {counted(masked, 'masked element')}"
+                    ": a tensor has no mask; expected a plain array: pass its .filled(value) (masked elements set "
+                    "to value) or its .data (the numbers under the mask)")
+    return np.asarray(value)
 
 
 def tolerance_arg(value: object, what: str, error: type[SpmdsimError] = SpmdsimError) -> float:

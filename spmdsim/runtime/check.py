@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CheckFailed, SpmdsimError
+from ..base.validate import plain_array
 from . import door
 from .engines import engine_of
 from .shared_rows import gather_shared
@@ -102,7 +103,7 @@ def checked_scale(scale: Any, what: str = "check: scale") -> np.ndarray:
     is real and not negative (the check's arithmetic would take a negative one as its absolute value, a complex
     one as its modulus). A NaN or Inf passes here, as a magnitude that overflowed does: `local_stats` fails its
     element as non-finite (an infinite scale would otherwise pass any value)."""
-    scale = np.asarray(scale)
+    scale = plain_array(scale, what, SpmdsimError)
     if np.iscomplexobj(scale) or scale.dtype.kind in "bOSUM":
         raise SpmdsimError(f"{what} of dtype {scale.dtype} must hold real magnitudes (numbers >= 0)")
     wide = np.asarray(scale, np.float64)

@@ -19,7 +19,7 @@ from ..layouts.datagen import SeededTensor
 from ..errors import DTypeError, OperatorError, PlanError, RankError, ShapeError
 from ..layouts.layout import TensorLayout
 from ..base.context import current as _context
-from ..base.validate import as_int, describe, dtype_arg, tolerance_arg
+from ..base.validate import as_int, describe, dtype_arg, plain_array, tolerance_arg
 from . import door
 from .replay import local_of
 from .check import (Verdict, agree, checked_scale, count_once, default_tolerances, local_stats, mismatch_record,
@@ -80,7 +80,7 @@ class DTensor(_Constructors, _Methods):
         except TypeError:  # a list or unhashable sizes: checked without the cache
             shape = layout.check_shape(global_shape)
             expected = layout.local_shape(shape, mesh.rank)
-        local = np.asarray(local)
+        local = local if type(local) is np.ndarray else plain_array(local, "local shard")
         if local.shape != expected:
             raise ShapeError(f"local shard shape {local.shape!r} does not match {expected!r}, the shard of "
                              f"global shape {shape!r} under {layout}")
@@ -295,6 +295,8 @@ def _check_whole_reference(reference: Any, shape: tuple) -> None:
     """Refuse, before any collective, a whole-tensor reference (every rank passes the same) whose shape is not
     `shape`: an array of another shape, or what is no array of it at all (`x.check("y")`, `x.check(None)` would
     otherwise give a verdict 'FAILED ... max abs err inf ... shard shape differs'). A function of the region passes."""
+    if isinstance(reference, np.ndarray):
+        plain_array(reference, "check: reference")
     if isinstance(reference, (SeededTensor, np.ndarray)):
         given, what = tuple(reference.shape), f"reference of shape {tuple(reference.shape)!r}"
     elif isinstance(reference, DTensor):  # (np.shape() of it gave numpy's array refusal, naming no check)

@@ -15,7 +15,7 @@ from ..base.foreign import take_foreign
 from ..layouts.datagen import SeededTensor
 from ..errors import DTypeError, LayoutError, OperatorError, RuntimeMismatchError, ShapeError
 from ..layouts.layout import Layout, TensorLayout
-from ..base.validate import counted, describe, dtype_arg, dtype_name, float_max
+from ..base.validate import counted, describe, dtype_arg, dtype_name, float_max, plain_array
 from . import debug, debug_calls, door
 from .mesh import Mesh
 from .budget import check_seeded
@@ -68,7 +68,7 @@ class _Constructors:
         _check_placement(mesh, layout)  # first: a block passed where the mesh goes is named as such
         if foreign:
             global_shape = _pytorch_from_local(foreign, global_shape)
-        local = np.asarray(local)
+        local = plain_array(local, "local shard")
         if dtype is not None:
             dtype = dtype_arg(dtype)
             if local.dtype != dtype:
@@ -150,7 +150,7 @@ class _Constructors:
         """
         layout = _replicated(mesh, array, layout)
         _check_placement(mesh, layout)
-        array = np.asarray(array)
+        array = plain_array(array, "array")
         dtype_arg(array.dtype, "array dtype")
         if verify and mesh.comm.Get_size() > 1:
             _check_same(mesh.comm, array)
