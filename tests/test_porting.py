@@ -290,6 +290,35 @@ def test_full_takes_a_complex_value_for_a_complex_dtype():
                     "(at most 1.79769e+308 in magnitude in each part)"]
 
 
+def test_full_takes_a_0d_array_as_its_scalar():
+    """DTensor.full(..., np.array(2.0)) was refused ("fill value array(2.) must be a number that dtype 'float64'
+    holds") while np.float64(2.0) was taken: a 0-d array is its scalar now, held to the same limits; an array of
+    one element and more dims is still no fill value."""
+    import numpy as np
+
+    import spmdsim
+    from spmdsim import DTensor, DTypeError, Layout, Mesh
+
+    def body():
+        mesh = Mesh(Layout((2,), ("a",)))
+        made = [DTensor.full(mesh, mesh.layout("a"), (4,), value, dtype).gather()
+                for value, dtype in ((np.array(2.0), "float64"), (np.array(3), "int8"), (np.array(1j), "complex128"))]
+        said = []
+        for value, dtype in ((np.array(300), "int8"), (np.array([2.0]), "float64"), (np.array(1j), "float64")):
+            try:
+                DTensor.full(mesh, mesh.layout("a"), (4,), value, dtype)
+            except DTypeError as e:
+                said.append(str(e))
+        return made, said
+
+    made, said = spmdsim.simulate(2, body)[0]
+    assert [(m.dtype.name, m.tolist()) for m in made] == [("float64", [2.0] * 4), ("int8", [3] * 4),
+                                                          ("complex128", [1j] * 4)]
+    assert said == ["fill value 300 must be a number that dtype 'int8' holds (an integer in -128..127)",
+                    "fill value array([2.]) must be a number that dtype 'float64' holds",
+                    "fill value 1j must be a number that dtype 'float64' holds (a real number)"]
+
+
 def test_full_called_on_a_tensor_names_gather():
     """``y.full()`` (a SeededTensor's whole tensor) on a DTensor called the class's constructor: a TypeError
     "missing 4 required positional arguments". Without arguments it names gather; with them it still makes one."""

@@ -114,7 +114,7 @@ class _Constructors:
         _check_placement(mesh, layout)
         kind = dtype_arg(dtype)
         name = dtype_name(kind)
-        if isinstance(value, np.generic):
+        if isinstance(value, np.generic) or type(value) is np.ndarray and value.ndim == 0:  # np.array(2.0): a scalar
             value = value.item()
         _check_fill(value, kind, name)
         seeded = SeededTensor(tuple(shape), name if name in _SEEDABLE else "float64")
