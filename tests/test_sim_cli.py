@@ -51,6 +51,26 @@ def test_run_and_redistribute_on_simulated_ranks(capsys):
     assert "S(0)->S(1) via Alltoall on ('x',)" in capsys.readouterr().out
 
 
+def test_a_verdict_of_one_element_says_element(capsys):
+    """A scalar's check read "(1 elements)" (and one NaN "1 non-finite values"): one is singular now, in a passed,
+    failed or dry run's verdict alike."""
+    import numpy as np
+
+    assert main(["run", "redistribute", "--device-matrix", "2,2", "--alias", "x,y", "--from", "", "--to", "",
+                 "--shape", "", "--ranks", "4"]) == 0
+    assert "x |ref| (1 element)\n" in capsys.readouterr().out
+
+    def body():
+        mesh = spmdsim.Mesh(spmdsim.Layout((2,), ("x",)))
+        x = spmdsim.DTensor.from_global(mesh, np.float64(2.0))
+        return str(x.check(np.float64(2.0))), str(x.check(np.float64(np.nan)))
+
+    passed, failed = spmdsim.simulate(2, body)[0]
+    assert passed.startswith("check passed: every element within atol ") and "(1 element)\n" in passed
+    assert failed.startswith("check FAILED on ranks [0, 1]: 1 non-finite value (NaN/Inf; 1 in the reference)")
+    assert failed.endswith("; 1 element)")
+    assert str(spmdsim.simulate(2, body, dry_run=True)[0][0]) == "check not made: a dry run has no values (1 element)"
+
 def test_a_closed_pipe_stops_quietly(capsys):
     # `spmdsim demo --ranks 8 | head -1`: the print after head left failed on every rank with a traceback.
     from spmdsim.runtime.sim.launch import run_on_ranks

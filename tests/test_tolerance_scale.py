@@ -139,7 +139,7 @@ def test_a_scale_that_overflowed_fails_its_element_as_non_finite(bad):
 
     for broken, plain in spmdsim.simulate(8, body):
         assert not broken.passed and broken.nonfinite == 1 and broken.failed_ranks == (2,)
-        assert "1 non-finite values (NaN/Inf; none in the reference)" in str(broken)
+        assert "1 non-finite value (NaN/Inf; none in the reference)" in str(broken)
         assert plain.passed
 
 
@@ -163,7 +163,7 @@ def test_the_verdict_says_whether_the_reference_holds_the_non_finite_values():
     assert (ref.nonfinite, ref.nonfinite_reference, out.nonfinite, out.nonfinite_reference) == (2, 2, 1, 0)
     assert (nan.nonfinite, nan.nonfinite_reference, nan.passed) == (64, 64, False)
     assert str(ref).startswith("check FAILED on ranks [0, 2]: 2 non-finite values (NaN/Inf; 2 in the reference); ")
-    assert str(out).startswith("check FAILED on ranks [4]: 1 non-finite values (NaN/Inf; none in the reference); ")
+    assert str(out).startswith("check FAILED on ranks [4]: 1 non-finite value (NaN/Inf; none in the reference); ")
 
 
 def test_integers_past_2_53_are_compared_exactly():

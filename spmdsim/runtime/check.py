@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CheckFailed, SpmdsimError
-from ..base.validate import plain_array
+from ..base.validate import counted, plain_array
 from . import door
 from .engines import engine_of
 from .shared_rows import gather_shared
@@ -67,7 +67,7 @@ class Verdict:
 
     def __str__(self) -> str:
         if self.dry_run:
-            return f"check not made: a dry run has no values ({self.elements} elements)"
+            return f"check not made: a dry run has no values ({counted(self.elements, 'element')})"
         if self.passed and not self.nonfinite and self.max_abs_error != float("inf"):
             # The tolerance first, so that a relative error above rtol cannot read as a failure:
             # every element passed |err| <= atol + rtol x |ref|, and where the relative error is
@@ -76,17 +76,18 @@ class Verdict:
                        else "")
             scale = "the magnitudes that entered it" if self.scaled else "|ref|"
             return (f"check passed: every element within atol {self.atol:g} + rtol {self.rtol:g} x {scale} "
-                    f"({self.elements} elements)\n  max abs err {self.max_abs_error:.3g}, max rel err "
+                    f"({counted(self.elements, 'element')})\n  max abs err {self.max_abs_error:.3g}, max rel err "
                     f"{self.max_rel_error:.3g} (worst rank {self.worst_rank}{covered})")
         head = "check passed" if self.passed else f"check FAILED on ranks {list(self.failed_ranks)!r}"
         # Non-finite values lead: the error figures only cover the finite ones.
         # Where they are: a NaN in the reference is a reference's bug, one in the result the program's.
         where = f"{self.nonfinite_reference or 'none'} in the reference"
-        lead = f"{self.nonfinite} non-finite values (NaN/Inf; {where}); finite values: " if self.nonfinite else ""
+        lead = (f"{counted(self.nonfinite, 'non-finite value')} (NaN/Inf; {where}); finite values: "
+                if self.nonfinite else "")
         text = (f"{head}: {lead}max abs err {self.max_abs_error:.3g}, max rel err "
                 f"{self.max_rel_error:.3g} (worst rank {self.worst_rank}; atol {self.atol:g}, "
                 f"rtol {self.rtol:g}{' x the magnitudes that entered' if self.scaled else ''}; "
-                f"{self.elements} elements)")
+                f"{counted(self.elements, 'element')})")
         if self.max_abs_error == float("inf") and not self.nonfinite:
             text += "; shard shape differs from the reference region"
         return text
