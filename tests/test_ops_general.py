@@ -204,6 +204,32 @@ def test_argmax_refusals_are_one_line():
     assert all(np.array_equal(g, w) for (_, g), w in zip(masks, wants))
 
 
+def test_a_complex_extreme_over_a_split_dim_is_refused_naming_the_op():
+    """argmax, argmin, max and min of a complex tensor over a split dim were refused by the Allreduce inside
+    ("allreduce: cannot take the max of dtype 'complex128'"), naming no op the program called; now by the op,
+    before any collective. Over a dim each rank holds whole they stay numpy's (real part first)."""
+    values = np.array([[1 + 2j, 3 - 1j], [3 + 0j, 0j]])
+
+    def body():
+        from spmdsim import DTensor, Mesh
+
+        mesh = Mesh(Layout((2,), ("m0",)))
+        x = DTensor.from_global(mesh, values, mesh.layout("m0", None))
+        said = []
+        for call in (lambda: ops.argmax(x, 0), lambda: x.argmin(), lambda: ops.max(x, 0), lambda: ops.min(x)):
+            try:
+                call()
+            except DTypeError as e:
+                said.append(str(e))
+        return said, [r.gather().tolist() for r in (ops.argmax(x, 1), ops.argmin(x, 1), ops.max(x, 1))]
+
+    said, whole = spmdsim.simulate(2, body)[0]
+    tail = (" of dtype 'complex128' over a dim split across ranks: ranks compare with MPI's MAX/MIN, which orders no "
+            "complex numbers; expected an integer or real float dtype, or the reduced dims held whole on every rank "
+            "(redistribute first)")
+    assert said == [kind + tail for kind in ("argmax", "argmin", "max", "min")]
+    assert whole == [values.argmax(1).tolist(), values.argmin(1).tolist(), values.max(1).tolist()]
+
 MASK = np.array([[False] * 5 + [True] * 3, [True] * 8, [False] * 8, [True, False] * 4])
 
 

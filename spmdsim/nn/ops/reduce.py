@@ -25,7 +25,7 @@ from ...base.flops import sweep
 from ._common import DRY_ZEROS_BYTES, make_dtensor
 from ._operands import raise_if_not_dtensors
 from ...runtime.executor import execute, pending, redistribute, resolve
-from ...errors import OperatorError
+from ...errors import DTypeError, OperatorError
 from ...base.validate import as_int
 from . import ufuncs as P
 from .local import reshape
@@ -88,10 +88,22 @@ def refuse_empty(kind: str, x: Any, axes: tuple) -> None:
                             f"dim {empty[0]} has size 0")
 
 
+def refuse_unordered(kind: str, x: Any, plan: Any) -> None:
+    """The DTypeError of a max, min, argmax or argmin (`kind`) of complex x whose `plan` compares across ranks
+    (an Allreduce(MAX/MIN): MPI orders no complex numbers), before any collective; within a rank numpy's order
+    (real part first) is taken. It named the Allreduce, not `kind`."""
+    if plan.steps and x.local.dtype.kind == "c":
+        raise DTypeError(f"{kind} of dtype {x.local.dtype.name!r} over a dim split across ranks: ranks compare "
+                         "with MPI's MAX/MIN, which orders no complex numbers; expected an integer or real float "
+                         "dtype, or the reduced dims held whole on every rank (redistribute first)")
+
+
 def _reduce(kind: str, x: Any, axes: tuple, keepdims: bool) -> Any:
     """`reduce` of x by `kind` ("sum", "mean", "max", "min") over the dims `axes`, its arguments checked."""
     layout = x.layout
     plan = infer_reduce(kind, layout, axes, keepdims)
+    if kind == "max" or kind == "min":
+        refuse_unordered(kind, x, plan)
     if layout != plan.target:
         x = redistribute(x, plan.target)
     shape = tuple(1 if d in axes else s for d, s in enumerate(x.global_shape) if keepdims or d not in axes)
@@ -249,6 +261,7 @@ def arg_reduce(kind: str, x: Any, dim: Any, keepdims: bool) -> Any:
     flat_keep, keepdims = dim is None and keepdims, keepdims and dim is not None
     refuse_empty(kind, x, dims)
     plan = infer_reduce("max", layout, dims, keepdims)  # the splits of max: the input resolved, dims gone
+    refuse_unordered(kind, x, plan)
     if layout != plan.target:
         x = redistribute(x, plan.target)
     shape = tuple(1 if k in dims else n for k, n in enumerate(x.global_shape) if keepdims or k not in dims)
