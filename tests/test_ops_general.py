@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -229,6 +230,31 @@ def test_a_complex_extreme_over_a_split_dim_is_refused_naming_the_op():
             "(redistribute first)")
     assert said == [kind + tail for kind in ("argmax", "argmin", "max", "min")]
     assert whole == [values.argmax(1).tolist(), values.argmin(1).tolist(), values.max(1).tolist()]
+
+def test_a_mean_over_no_entries_is_numpys_nan_without_numpys_warning():
+    """ops.mean over a dim of size 0 is NaN, as numpy's; its 0 / 0 printed numpy's "RuntimeWarning: invalid value
+    encountered in divide" from inside spmdsim/nn/ops/reduce.py (numpy's own mean warns "Mean of empty slice")."""
+    def body():
+        from spmdsim import DTensor, Mesh
+
+        mesh = Mesh(Layout((2,), ("m0",)))
+        out = []
+        for dtype in ("float64", "float32", "int32", "complex64"):
+            for spec, dim in (((None, "m0"), 0), (("m0", None), 0), (("m0", None), None)):
+                y = ops.mean(DTensor.zeros(mesh, mesh.layout(*spec), (0, 4), dtype), dim)
+                out.append((dtype, dim, y.redistribute(mesh.layout(*[None] * y.ndim)).gather()))
+        return out
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        means = spmdsim.simulate(2, body)[0]
+    assert [str(w.message) for w in caught] == []
+    for dtype, dim, got in means:
+        with np.errstate(invalid="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            want = np.zeros((0, 4), dtype).mean(dim)
+        assert (got.shape, got.dtype) == (want.shape, want.dtype) and np.isnan(got).all()
+
 
 MASK = np.array([[False] * 5 + [True] * 3, [True] * 8, [False] * 8, [True, False] * 4])
 
