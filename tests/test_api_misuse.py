@@ -131,3 +131,20 @@ def test_a_masked_array_is_refused_not_read_without_its_mask(call, said):
     [0, 1, 2, 3], and a check against it compared the masked element's number."""
     masked = np.ma.masked_array(np.arange(4.0), mask=[0, 1, 0, 0])
     assert _said(lambda: call(Mesh(Layout((2,), ("tp",))), masked), n=2) == [said] * 2
+
+
+@pytest.mark.parametrize("call, what, to", [
+    (lambda mesh: DTensor.from_global(mesh, np.arange(4, dtype=np.longdouble), mesh.layout("tp")), "array dtype",
+     "float64"),
+    (lambda mesh: DTensor.from_local(mesh, np.zeros(2, np.clongdouble), mesh.layout("tp")), "local shard dtype",
+     "complex128"),
+    (lambda mesh: DTensor(mesh, np.zeros(2, np.longdouble), mesh.layout("tp"), (4,)), "local shard dtype", "float64"),
+    (lambda mesh: DTensor.zeros(mesh, mesh.layout("tp"), (4,)).astype(np.longdouble), "dtype", "float64")])
+def test_a_long_double_is_refused_in_one_line(call, what, to):
+    """float128 was taken though the dtype errors list float16..float64: under mpiexec -n 2 from_global of the same
+    array refused it as "different arrays" (its padding bytes differ between processes)."""
+    name = np.dtype(np.clongdouble if to == "complex128" else np.longdouble)
+    said = (f"{what} {name.str!r} ({name.name}) is numpy's long double, whose width and padding bytes differ between "
+            "machines and processes; expected one of bool, int8..int64, uint8..uint64, float16..float64, complex64, "
+            f"complex128: convert it with .astype({to!r})")
+    assert _said(lambda: call(Mesh(Layout((2,), ("tp",)))), n=2) == [said] * 2

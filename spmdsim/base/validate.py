@@ -117,6 +117,10 @@ def dtype_arg(dtype: Any, what: str = "dtype", error: type[SpmdsimError] = DType
         fp8 = ("; FP8 is a cast inside a product with its scale (spmdsim.nn.ops.fp8_linear, --precision fp8: "
                "docs/howto/bf16.md), not a tensor's dtype") if out.name.startswith("float8") else ""
         raise error(f"{what} {out.str!r} ({out.name}) is not numeric; expected one of {SUPPORTED_DTYPES}{fp8}")
+    if out.type is np.longdouble or out.type is np.clongdouble:  # (under mpiexec from_global refused equal arrays)
+        raise error(f"{what} {out.str!r} ({out.name}) is numpy's long double, whose width and padding bytes differ "
+                    f"between machines and processes; expected one of {SUPPORTED_DTYPES}: convert it with "
+                    f".astype({'complex128' if out.kind == 'c' else 'float64'!r})")
     return out
 
 

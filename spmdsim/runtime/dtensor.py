@@ -35,7 +35,8 @@ __all__ = ["DTensor"]
 
 # Dtypes a shard may have without more checks: numeric, not bool, native byte
 # order (a set lookup; the rest goes through _check_dtype).
-_PLAIN_DTYPES = frozenset(np.dtype(c) for c in np.typecodes["AllInteger"] + np.typecodes["AllFloat"])
+_PLAIN_DTYPES = frozenset(np.dtype(c) for c in np.typecodes["AllInteger"] + np.typecodes["AllFloat"]
+                          if c not in "gG")  # long double: refused by dtype_arg
 
 Reference = Union[SeededTensor, np.ndarray, Callable[[tuple], Any]]
 
