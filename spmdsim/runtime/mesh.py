@@ -228,12 +228,11 @@ class Mesh(_ForeignNames):
     def _split(self, axes: tuple[str, ...]) -> tuple[Any, int, int]:
         # Validates the names on every rank before the collective build (engine.group); under MPI a group
         # another mesh over the same communicator built of the same ranks is shared (runtime.shared_groups).
+        # The guard's check of the request (or the watchdog's wait) runs for a shared one too: ranks asking a
+        # new mesh for different groups are told so, as where each mesh built its own.
         self.layout.split_color_key(self.rank, axes)
-        return GROUPS.take(self, axes, partial(self._build, axes))
-
-    def _build(self, axes: tuple[str, ...]) -> tuple[Any, int, int]:
         _before_split(self, axes)
-        return self.engine.group(self, axes)
+        return GROUPS.take(self, axes, partial(self.engine.group, self, axes))
 
     def group_ranks(self, axes: str | Iterable[str]) -> tuple[int, ...]:
         """Mesh ranks of this rank's group over `axes`, in group order (pure, no MPI)."""
