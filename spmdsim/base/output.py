@@ -4,7 +4,8 @@
 `output_error` is the one line for a failed write (a full disk under ``> file``, an I/O error), which
 `note_output_failure` marks where a simulated rank's write failed; `quiet_stdout`
 points stdout at /dev/null after such a failure, or after the reader went away (``| head``), so that the
-interpreter's last flush does not fail again with a traceback.
+interpreter's last flush does not fail again with a traceback. `escape_unencodable` has stdout write what its
+encoding cannot hold as a backslash escape, as Python's stderr does.
 """
 from __future__ import annotations
 
@@ -40,4 +41,19 @@ def quiet_stdout() -> None:
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
     except (OSError, ValueError, AttributeError):  # stdout replaced by something without a descriptor
+        pass
+
+
+def escape_unencodable() -> None:
+    """Have stdout write a character its encoding cannot hold as a backslash escape (``\\xe9``), as Python's stderr
+    does, where it would raise UnicodeEncodeError: a user's own text that the output repeats (a student's file
+    ``José.py``, a checkpoint directory ``ck é``) under an ASCII stdout (PYTHONIOENCODING=ascii, a C locale without
+    UTF-8), or a file name's undecodable bytes. Only a stream whose errors are "strict": an errors handler the user
+    chose (PYTHONIOENCODING=ascii:replace) is kept, and a stream without reconfigure (a notebook's) is left as is."""
+    stream = sys.stdout
+    if getattr(stream, "errors", None) != "strict" or not callable(getattr(stream, "reconfigure", None)):
+        return
+    try:
+        stream.reconfigure(errors="backslashreplace")
+    except (OSError, ValueError):  # closed, or a stream that refuses it: its writes fail as they did
         pass
