@@ -4,8 +4,9 @@
 `output_error` is the one line for a failed write (a full disk under ``> file``, an I/O error), which
 `note_output_failure` marks where a simulated rank's write failed; `quiet_stdout`
 points stdout at /dev/null after such a failure, or after the reader went away (``| head``), so that the
-interpreter's last flush does not fail again with a traceback. `escape_unencodable` has stdout write what its
-encoding cannot hold as a backslash escape, as Python's stderr does.
+interpreter's last flush does not fail again with a traceback. `ready_output`, where a run starts, gives a
+standard stream closed before the start /dev/null in its place (`open_closed_streams`) and has stdout write what
+its encoding cannot hold as a backslash escape, as Python's stderr does (`escape_unencodable`).
 """
 from __future__ import annotations
 
@@ -42,6 +43,30 @@ def quiet_stdout() -> None:
         os.close(devnull)
     except (OSError, ValueError, AttributeError):  # stdout replaced by something without a descriptor
         pass
+
+
+def ready_output() -> None:
+    """The standard streams made fit for a run's output: `open_closed_streams`, then `escape_unencodable`."""
+    open_closed_streams()
+    escape_unencodable()
+
+
+def open_closed_streams() -> None:
+    """Give a standard stream that was closed when the process started (``spmdsim ... >&-``, a launcher that closes
+    them) /dev/null, at its descriptor and as sys.stdout or sys.stderr. Python leaves such a stream None: print
+    drops what it is given, but a flush raised AttributeError with a traceback, and the next file opened took its
+    descriptor (a grade book, a child's output then written into it). The output is dropped, as print drops it."""
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        if getattr(sys, name) is not None:
+            continue
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            setattr(sys, name, open(fd, "w", closefd=False))
+        except OSError:  # no /dev/null: the stream stays None, as Python left it
+            pass
 
 
 def escape_unencodable() -> None:

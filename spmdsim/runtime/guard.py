@@ -33,7 +33,7 @@ from typing import Any, Callable, NoReturn
 
 from ..errors import DivergenceError, SpmdsimError, fold_message, mark_guarded
 from ..base.context import simulated as _simulated
-from ..base.output import escape_unencodable
+from ..base.output import ready_output
 from ..base.sizes import out_of_memory
 from ..base.threads import launched
 from .engines import advised, engine_of, world
@@ -245,7 +245,7 @@ def install_excepthook(comm: Any = None) -> None:
     if context is not None:
         context.guarded = True
         return
-    escape_unencodable()  # a path the program prints (its --save) never raises on an ASCII stdout
+    ready_output()  # a closed stdout drops the output; a path printed never raises on an ASCII stdout
     comm = _world(comm)
     private = _private(comm)
 

@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from ...base.interrupts import keep_ctrl_c
 from ...base.malloc import keep_freed_buffers_unless_set
-from ...base.output import escape_unencodable, is_output_failure, output_error, quiet_stdout
+from ...base.output import is_output_failure, output_error, quiet_stdout, ready_output
 from ...base.ranks import is_ranks_flag
 from ...base.sizes import out_of_memory
 from ...base.threads import after_rank0_says, launched, launcher_rank, launcher_size
@@ -92,7 +92,7 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
         return 2
 
     keep_ctrl_c()  # a Ctrl-C that lands in a weakref callback still stops the run (spmdsim.base.interrupts)
-    escape_unencodable()  # a path the program prints (its --save) never raises on an ASCII stdout
+    ready_output()  # a closed stdout drops the output; a path printed never raises on an ASCII stdout
     try:  # With --json, stdout is the JSON document alone: the banner goes to stderr.
         print(banner(n, dry_run), file=sys.stderr if as_json else sys.stdout, flush=True)
     except BrokenPipeError:  # a reader gone before it (`| true`) ends the run as one gone later (`| head -1`)

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 from ...base.context import MPIRUN, current
 from ...base.once import once
 from ...base.once_parser import OnceParser
-from ...base.output import escape_unencodable, output_error, quiet_stdout
+from ...base.output import output_error, quiet_stdout, ready_output
 from ...base.threads import after_rank0_says, launcher_rank
 from ...errors import SpmdsimError, fold_message
 from .helptext import GROUPS, add_examples, command_list
@@ -65,7 +65,7 @@ def _parser(commands: tuple[str, ...]) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else list(argv)
-    escape_unencodable()  # a file name the output repeats never raises UnicodeEncodeError on an ASCII stdout
+    ready_output()  # a closed stdout drops the output; a file name never raises on an ASCII stdout
     # A command named first loads its own module only: the others' imports (the planner, the cost model)
     # took most of a short `spmdsim mpirun` program's start.
     parser = _parser(tuple(words[:1]) if words[:1] and words[0] in SUBCOMMANDS else SUBCOMMANDS)
