@@ -55,8 +55,8 @@ def test_the_cell_bounds_lie_below_every_configurations_price(exhaustive, cells)
     for c, (seconds, nbytes, _) in exhaustive.items():
         flop_s, states = lower_bounds(SMALL, c, A100, "bf16-mixed", 16)
         assert flop_s <= seconds and states <= nbytes, c
-        sums = comm_bounds(SMALL, c, A100, "bf16-mixed", *stage_elements(SMALL, c))[1]
-        time_bound = cells.time_bound(c, A100, "bf16-mixed", sums)
+        sums = comm_bounds(SMALL, c, A100, "bf16-mixed", *stage_elements(SMALL, c))[1:]
+        time_bound = cells.time_bound(c, A100, "bf16-mixed", *sums)
         assert time_bound <= seconds * (1 + 1e-12), c
         assert cells.memory_bound(c, "bf16-mixed") <= nbytes, c
     assert {c.zero for c in exhaustive} == {0, 1, 2, 3}  # ZeRO-2's and ZeRO-3's bounds below their price too
@@ -114,13 +114,15 @@ def test_the_search_at_3072_devices_prices_few(monkeypatch):
     assert (x.tp, x.sp, x.pp, x.virtual, x.dp, x.microbatches, x.recompute, x.zero) == \
         (8, True, 16, 1, 24, 2, "selective", 1)
     counts = {v: sum(c.verdict == v for c in r.candidates) for v in {c.verdict for c in r.candidates}}
-    assert counts == {"chosen": 1, "slower": 7, "over the memory limit": 8, "cell bound above the best": 30,
-                      "FLOP bound above the best": 102, "memory bound over the limit": 2,
+    assert counts == {"chosen": 1, "over the memory limit": 7, "cell bound above the best": 68,
+                      "FLOP bound above the best": 72, "memory bound over the limit": 2,
                       "model states over the limit": 162}
-    assert r.dry_runs == 16 and r.cell_runs == 72
+    assert r.dry_runs == 8 and r.cell_runs == 84
     assert r.chosen.peak == r.chosen.memory + 3 * 20 * 2048 * 2048 * 2 <= limit
     priced = [c for c in r.candidates if c.step_s is not None]
-    assert {c.config.zero for c in priced} == {1, 2, 3}
+    assert {c.config.zero for c in priced} == {1, 2}  # ZeRO-3's bound, its gathers counted, above the choice
+    sharded = min(c.bound_s for c in r.candidates if c.config.zero == 3)
+    assert 1.11 < sharded / r.chosen.step_s < 1.12  # the page's "11% or more above the choice"
     assert all(c.bound_s <= c.step_s and c.bound_bytes <= c.memory <= c.peak for c in priced)
     faster = sorted((c for c in priced if c.step_s < r.chosen.step_s), key=lambda c: c.config.zero)
     assert [(c.config.recompute, c.config.zero) for c in faster] == [("none", 1), ("none", 2)]
@@ -168,8 +170,8 @@ def test_an_moe_gpts_cells_lie_below_every_configurations_price_and_keep_the_bes
     gain, kept, twins = [], [], {}
     for c, (seconds, nbytes, _) in exhaustive.items():
         flop_s, states = lower_bounds(cfg, c, machine, "bf16-mixed", 2)
-        sums = comm_bounds(cfg, c, machine, "bf16-mixed", *stage_elements(cfg, c))[1]
-        time_bound = cells.time_bound(c, machine, "bf16-mixed", sums)
+        sums = comm_bounds(cfg, c, machine, "bf16-mixed", *stage_elements(cfg, c))[1:]
+        time_bound = cells.time_bound(c, machine, "bf16-mixed", *sums)
         assert time_bound <= seconds * (1 + 1e-12), (c, time_bound, seconds)
         memory = cells.memory_bound(c, "bf16-mixed")
         assert memory <= nbytes, (c, memory, nbytes)
@@ -210,9 +212,9 @@ def test_an_moe_gpts_cells_lie_below_the_price_of_each_configuration_over_cp(moe
     for c in configs:
         seconds, nbytes, _ = price(cfg, c, machine, "bf16-mixed", "megatron")
         flop_s, states = lower_bounds(cfg, c, machine, "bf16-mixed", 2)
-        sums = comm_bounds(cfg, c, machine, "bf16-mixed", *stage_elements(cfg, c))[1]
+        sums = comm_bounds(cfg, c, machine, "bf16-mixed", *stage_elements(cfg, c))[1:]
         assert flop_s <= seconds and states <= nbytes, c
-        assert cells.time_bound(c, machine, "bf16-mixed", sums) <= seconds * (1 + 1e-12), c
+        assert cells.time_bound(c, machine, "bf16-mixed", *sums) <= seconds * (1 + 1e-12), c
         assert cells.memory_bound(c, "bf16-mixed") <= nbytes, c
 
 

@@ -511,6 +511,9 @@ def test_the_head_counts_its_ranks_and_says_what_sp_and_zero_split_nothing():
         "recompute none, dropout 0.1, ZeRO 1 (a data-parallel group of one: nothing sharded), kept graph")
     assert _cli("--zero", "1", "--dp", "2").stdout.splitlines()[2].startswith(
         "recompute none, dropout 0.1, ZeRO 1, kept graph")
+    # (the context-parallel ranks hold the same parameters: ZeRO shards over them too; it said "nothing sharded")
+    assert _cli("--zero", "3", "--cp", "2", "--seq", "64").stdout.splitlines()[2].startswith(
+        "recompute none, dropout 0.1, ZeRO 3, kept graph")
 
 
 def test_the_head_says_the_dropout_it_prices():

@@ -462,7 +462,7 @@ def test_an_moe_gpts_bounds_hold_for_every_configuration_and_the_choice_is_the_f
     # the sequence split over cp too (each rank routing its chunks; with a capacity, each chunk its own)
     assert {c.cp for c in configs} == ({1, 2, 4} if cp is None else {1})
     assert all(c.zero == 0 or c.dp * c.ep * c.cp > 1 for c in configs) and {c.zero for c in configs} == {0, 1, 2, 3}
-    assert all(c.dp * c.ep > 1 for c in configs if c.zero == 3)  # FSDP over dp x ep, the experts' over dp
+    assert all(c.dp * c.ep * c.cp > 1 for c in configs if c.zero == 3)  # FSDP over dp x ep x cp, experts' dp x cp
     prices = {c: price(cfg, c, machine, "bf16-mixed", "megatron") for c in configs}
     for c, (seconds, nbytes, _) in prices.items():
         bound_s, bound_bytes = lower_bounds(cfg, c, machine, "bf16-mixed", 4)
@@ -626,7 +626,7 @@ def test_the_moe_communication_bounds_lie_below_the_dry_runs_transfers_and_meet_
                        for t in transfers_at(stage.transfers, "bf16-mixed")
                        if t.phase in phases and (kinds is None or t.kind in kinds))
 
-        layers, sums = comm_bounds(cfg, c, A100, "bf16-mixed", *_moe_elements(cfg, c.tp, c.ep))
+        layers, sums, _ = comm_bounds(cfg, c, A100, "bf16-mixed", *_moe_elements(cfg, c.tp, c.ep))
         exchanges = seconds(("layers",), ("alltoall",))
         if c.tp == 1:
             assert layers == pytest.approx(exchanges, rel=1e-12) and layers > 0

@@ -25,9 +25,9 @@ def _shown() -> list:
 def test_the_page_shows_the_commands_this_test_runs():
     shown = _shown()
     assert [q.output is not None for q in shown] == [True] + [False] * 4 + [True] * 2 + [False] * 2 + [True] + \
-        [False] + [True] * 7 + [False] * 6
+        [False] + [True] * 8 + [False] * 6
     assert [i for i, q in enumerate(shown) if mpi_long(q)] == [1]  # tests/test_train_docs_mpi.py runs it
-    estimates = shown[18:]  # inline: a subcommand's name in prose, and the 7.5B model's estimate (Prefetching)
+    estimates = shown[19:]  # inline: a subcommand's name in prose, and the 7.5B model's estimate (Prefetching)
     assert all(q.inline and q.command.startswith("spmdsim estimate") for q in estimates)
     assert [q.command for q in estimates if q.command != "spmdsim estimate"] == [_prefetch_estimate().command]
 
@@ -43,7 +43,7 @@ def _run(command: str):
     return _RUNS[command]
 
 
-@pytest.mark.parametrize("index", [0, 5, 6, 9, 11, 12, 15, 16, 17])
+@pytest.mark.parametrize("index", [0, 5, 6, 9, 11, 12, 15, 16, 17, 18])
 def test_a_quoted_command_prints_what_the_page_quotes(index):
     quote = _shown()[index]
     done = _run(quote.command)
@@ -78,6 +78,21 @@ def test_a_hybrid_checkpoint_resumes_fully_sharded_at_the_unstopped_runs_loss(tm
     assert whole.returncode == 0, whole.stderr
     last = [re.search(r"last ([0-9.]+) \(falling\)", out).group(1) for out in (outputs[1], whole.stdout)]
     assert last[0] == last[1] and f"Its last loss, {last[0]}, is the unstopped" in (ROOT / DOC).read_text()
+
+
+def test_fully_sharded_over_cp_holds_zero_1s_optimizer_states():
+    """"With context parallelism": ZeRO-3 on dp 2 x cp 2 shards over both, so its optimizer states are
+    ZeRO-1's on that mesh (which shards them over dp x cp), a quarter of ZeRO-0's, and so are its parameters
+    (ZeRO-0's count a little more beside them)."""
+    quote = _shown()[16]
+    assert "--cp 2" in quote.command and "--zero 3" in quote.command
+    held = {}
+    for zero in (3, 1, 0):
+        done = _run(quote.command.replace("--zero 3", f"--zero {zero}"))
+        assert done.returncode == 0 and "PASS" in done.stdout, done.stderr
+        held[zero] = [int(re.search(rf"{what} ([\d,]+)", done.stdout).group(1).replace(",", ""))
+                      for what in ("parameters", "optimizer states")]
+    assert held[3][1] == held[1][1] and held[0][1] == 4 * held[3][1] and held[3][0] < held[0][0] / 4
 
 
 def test_the_table_of_bytes_is_what_the_commands_send():
@@ -131,7 +146,7 @@ def test_the_prefetch_figures_are_the_estimates():
 def test_the_fp8_figures_are_the_quoted_commands():
     """"Under FP8": the e4m3 copies' bytes (the quoted line's two fp8 kinds), of them the four layers' weights whole
     (a byte each: QKV, the projection, fc1, fc2 at d_model 128), and the bf16 parameter shards rank 0 holds."""
-    quote = _shown()[17]
+    quote = _shown()[18]
     assert "--precision fp8" in quote.command and "--zero 3" in quote.command
     done = _run(quote.command)
     assert done.returncode == 0 and "PASS" in done.stdout, done.stderr

@@ -31,7 +31,7 @@ On a mesh with an "expert" role beside the "data" one (expert parallelism) each 
 data-parallel axes it is replicated over: a dense one over (data, expert), all the ranks that hold a copy of
 it, an expert's (split over the expert axis) over the data axis alone, the ranks that hold the same experts
 (Megatron-Core's and DeepSpeed's expert-data-parallel group); its gradient, a pending sum over those axes, is
-reduce-scattered over them.
+reduce-scattered over them. A "context" axis (each rank sees part of every sequence) is one more, as in FSDP2.
 
 With ``prefetch`` the next unit's gathers run before a unit's forward and the previous unit's before its
 backward (two units gathered at once). On a mesh with a "shard" role beside the "data" one the parameters are
@@ -101,11 +101,12 @@ _SHARDED: dict = {}  # (TensorLayout, axis: a name or a tuple of them) -> `shard
 
 def shard_group(mesh_layout: Any, roles: dict) -> tuple:
     """The axes fully_shard shards over on a mesh of `roles` (role -> axis): its "shard" axis (HSDP), else its
-    "data" axis and, where it has one, its "expert" axis (each parameter over those it is replicated over:
-    `shard_axes`); () where it has neither. Pure."""
+    "data" axis and, where it has them, its "expert" and "context" axes (each parameter over those it is
+    replicated over: `shard_axes`); () where it has none. Pure. (The context-parallel ranks hold the same
+    parameters: FSDP2 shards over PyTorch's dp_shard x cp.)"""
     if roles.get("shard"):
         return (roles["shard"],)
-    return tuple(roles[r] for r in ("data", "expert") if roles.get(r) in mesh_layout.alias_name)
+    return tuple(roles[r] for r in ("data", "expert", "context") if roles.get(r) in mesh_layout.alias_name)
 
 
 def shard_axes(layout: TensorLayout, group: tuple) -> tuple:

@@ -369,7 +369,8 @@ def checkpoint_meta(cfg: GPTConfig, world: int, dp: int, tp: int, *, sp: bool = 
                   {name: TensorLayout(mesh_layout, t.tensor_map, t.partial) if isinstance(t, TensorLayout) else t
                    for name, t in (layouts or {}).items()})
     if zero == 3:  # the shards' layouts (spmdsim.nn.fsdp): a checkpoint of them resumes only fully sharded
-        group = (SHARD,) if hybrid else (DATA, EXPERT) if moe else (DATA,)  # (experts over dp, dense over dp x ep)
+        # (FSDP's shard group, spmdsim.nn.fsdp.shard_group: the experts over dp (x cp), the rest over dp x ep (x cp))
+        group = (SHARD,) if hybrid else (DATA,) + (EXPERT,) * moe + (CONTEXT,) * (cp > 1)
         chosen = {name: sharded_layout(layout, shard_axes(layout, group)) for name, layout in chosen.items()}
     pp = (pipeline or {}).get(PIPELINE)  # (the mesh's, not the pipeline's record)
     if pipeline is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 from ...base.precision import precision as policy_of
+from ..axes import CONTEXT, DATA
 
 __all__ = ["RECOMPUTE", "ZERO", "recompute_problem", "zero_problem", "shard_group_problem", "reshard_problem",
            "memory_line", "sharded_problem", "MemoryReport", "BLOCK_KINDS", "MASKS",
@@ -79,8 +80,9 @@ def memory_line(args: Any, zero: int, alone: bool = False) -> str:
     --reshard-after-forward, --kept) and ZeRO's stage `zero` (a no-op where dp is 1: `alone`)."""
     gathered = ("each layer gathered again for its backward" if args.reshard_after_forward == "true" else
                 "each layer kept gathered until its backward")
-    stage = {1: "; ZeRO-1 (states and master copy sharded over dp", 2: "; ZeRO-2 (states, master copy and "
-             "gradients sharded over dp", 3: f"; ZeRO-3 (all sharded over dp; {gathered}"}.get(zero, "")
+    over = f"{DATA} x {CONTEXT}" if getattr(args, "cp", 1) > 1 else DATA  # (context parallelism's ranks shard too)
+    stage = {1: f"; ZeRO-1 (states and master copy sharded over {over}", 2: "; ZeRO-2 (states, master copy and "
+             f"gradients sharded over {over}", 3: f"; ZeRO-3 (all sharded over {over}; {gathered}"}.get(zero, "")
     stage += (": a no-op, dp 1 shards nothing)" if alone else ")") if zero else ""
     none = " (as none: flash keeps no scores)" if (args.recompute, args.attention) == ("selective", "flash") else ""
     kept = "; Megatron's kept set" if args.kept == "megatron" else ""

@@ -141,7 +141,7 @@ class GPT(_Block):
         # The tensors the forward reads: the parameters, or under FSDP the gathered ones of the units running.
         options = {"reshard_after_forward": fsdp} if isinstance(fsdp, bool) else fsdp  # fully_shard's
         # sharded over fs (HSDP), else dp and ep: each parameter over those it is replicated over (experts over dp)
-        group = shard_group(mesh.layout, {r: axis_of(mesh, r) for r in ("shard", "data", "expert")})
+        group = shard_group(mesh.layout, {r: axis_of(mesh, r) for r in ("shard", "data", "expert", "context")})
         self.fsdp = None if fsdp is None else fully_shard(self.params, mesh, axis=group, **options)
         if self.fsdp is not None:  # the parameters are the shards; `layouts` theirs (every part's, as Megatron's)
             self.params, group = self.fsdp.params, self.fsdp.group  # (with experts: each over the axes it is on)

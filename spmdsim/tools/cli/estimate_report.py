@@ -291,8 +291,10 @@ def _sp(args: argparse.Namespace) -> str:
 
 
 def _alone(args: argparse.Namespace) -> str:
-    """ZeRO-1 over a data-parallel group of one shards nothing: said beside it ("" otherwise)."""
-    return " (a data-parallel group of one: nothing sharded)" if args.zero and args.dp * args.ep == 1 else ""
+    """ZeRO over a data-parallel group of one shards nothing (dp x ep x cp 1: the context-parallel ranks, which
+    hold the same parameters, shard them too): said beside it ("" otherwise)."""
+    return " (a data-parallel group of one: nothing sharded)" if args.zero and args.dp * args.ep * args.cp == 1 \
+        else ""
 
 
 def _as_json(st: Any, mem: Any, timing: Any, precision: str, fused: bool = False) -> dict:

@@ -298,13 +298,14 @@ class Cells:
             self._stages[key] = out
         return self._stages[key]
 
-    def time_bound(self, c: Any, machine: Any, precision: str, sums: float = 0.0) -> float:
+    def time_bound(self, c: Any, machine: Any, precision: str, sums: float = 0.0, gathers: float = 0.0) -> float:
         """Seconds below the priced step time of configuration `c` (module docstring): the largest of its
         stages' layers (and the first and the last stage's ends), each priced by `step_time` as the ledger's
         rows are; with `sums`, seconds the gradient sums take at least
         (spmdsim.tools.estimate.closed_forms.comm_bounds),
         what of them exceeds those rows' products and element-wise kernels (the most the backward can hide
-        them under)."""
+        them under); with `gathers`, seconds ZeRO-3's gathers take at least (comm_bounds'), which the priced
+        step leaves unhidden (no prefetch)."""
         cell = self._of(c)
         m = c.microbatches
         ring = ("context",) if c.cp > 1 and c.cp_method == "ring" else ()  # as the priced step hides them
@@ -330,7 +331,7 @@ class Cells:
             transfers = [replace(t, count=n) for t, n in transfers if _kept_transfer(t)]
             st = step_time(machine, gemms_at(gemms, precision), transfers_at(transfers, precision),
                            pipeline=pipeline, traffic=kernel_bytes(kernels, precision), overlap=ring)
-            best = max(best, st.total_s + max(0.0, sums - (st.compute_s + st.memory_s)))
+            best = max(best, st.total_s + gathers + max(0.0, sums - (st.compute_s + st.memory_s)))
         return best
 
     def memory_bound(self, c: Any, precision: str) -> int:

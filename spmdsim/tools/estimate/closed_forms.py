@@ -51,8 +51,9 @@ def lower_bounds(cfg: Any, c: Config, machine: Any, precision: str, devices: int
 
 
 def bounds_and_sums(cfg: Any, c: Config, machine: Any, precision: str, devices: int,
-                    layer_elements: Optional[int] = None) -> tuple[float, int, float]:
-    """`lower_bounds`, and the seconds of the gradient sums within them (the layer cells' bound adds them)."""
+                    layer_elements: Optional[int] = None) -> tuple[float, int, tuple[float, float]]:
+    """`lower_bounds`, and the seconds of the gradient sums and of ZeRO-3's gathers within them (`comm_bounds`'; the
+    layer cells' bound adds them)."""
     w = PRECISIONS[precision]
     dense, experts = stage_elements(cfg, c, layer_elements)
     states = model_states(c, precision, dense + experts)
@@ -63,8 +64,8 @@ def bounds_and_sums(cfg: Any, c: Config, machine: Any, precision: str, devices: 
     # A step's time is compute + element-wise + communication - what the backward hides of the gradient sums
     # (no more than those sums, nor than the compute) + the bubble: at least the exchanges + the larger of the
     # products' time and the gradient sums' + the bubble of the products (spmdsim.tools.estimate.steptime).
-    exchanges, sums = comm_bounds(cfg, c, machine, precision, dense, experts)
-    return exchanges + max(per_rank, sums) + per_rank * bubble, int(states), sums
+    exchanges, sums, gathers = comm_bounds(cfg, c, machine, precision, dense, experts)
+    return exchanges + max(per_rank, sums) + per_rank * bubble, int(states), (sums, gathers)
 
 
 def model_states(c: Config, precision: str, elements: int) -> int:
@@ -73,13 +74,14 @@ def model_states(c: Config, precision: str, elements: int) -> int:
     ZeRO-1, with its buffer: the summed gradients' dp-th slice; its flat buffer is the gradients'; under
     ZeRO-2 the gradients too are that slice alone, at the gradients' width, and the buckets' shared flat buffer,
     at most one bucket, is left out; ZeRO-1 and ZeRO-2 shard over dp x ep x cp, each rank having summed the
-    gradients of part of every sequence; under ZeRO-3 every one of them is its slice over dp x ep, the gathered
-    layers left out: the experts' are over dp alone, so theirs is at least that), at the precision's widths: a
+    gradients of part of every sequence; under ZeRO-3 every one of them is its slice over dp x ep x cp, the
+    gathered layers left out: the experts' are over dp x cp alone, so theirs is at least that), at the precision's
+    widths: a
     bound of the memory line, so of the peak too
     (which adds the gradients the step measurably holds beyond the line's: ZeRO-2's beyond the slices)."""
     w = PRECISIONS[precision]
-    if c.zero == 3:  # FSDP (spmdsim.nn.fsdp): parameters, gradients, master copy and moments in slices over dp x ep
-        return elements * (w.params + w.grads + (w.master if w.mixed else 0) + 2 * w.states) // (c.dp * c.ep)
+    if c.zero == 3:  # FSDP (spmdsim.nn.fsdp): parameters, gradients, master copy, moments in slices over dp x ep x cp
+        return elements * (w.params + w.grads + (w.master if w.mixed else 0) + 2 * w.states) // (c.dp * c.ep * c.cp)
     sharded = (w.master if (w.mixed or c.zero) else 0) + 2 * w.states + (w.grads if c.zero == 2 else 0)
     shards = c.dp * c.ep * c.cp  # ZeRO shards the dense layers' states over dp x ep x cp
     whole = w.params + (w.grads if c.zero != 2 else 0)
@@ -101,8 +103,8 @@ def stage_elements(cfg: Any, c: Config, layer_elements: Optional[int] = None) ->
 
 
 def comm_bounds(cfg: Any, c: Config, machine: Any, precision: str, dense: int,
-                experts: int) -> tuple[float, float]:
-    """(seconds, seconds) of the GPT's communication the busiest rank of `c` spends at least, by the machine's
+                experts: int) -> tuple[float, float, float]:
+    """(seconds, seconds, seconds) of the GPT's communication the busiest rank of `c` spends at least, by the machine's
     link model of each transfer (spmdsim.tools.estimate.steptime): the layers' and the pipeline's, and the gradient
     sums. The layers': with MoE layers the experts' exchanges (with a capacity, forward and backward, 4
     Alltoalls over the experts' ep a layer and microbatch, of the whole send buffer, k s c / E slots per expert
@@ -110,11 +112,13 @@ def comm_bounds(cfg: Any, c: Config, machine: Any, precision: str, dense: int,
     the sequences; the mean of the stages' MoE layers; dropless none counted: their bytes follow the routing), each
     attention's tensor-parallel collectives, two messages of each microbatch between stages (its activations forward,
     their gradient backward), each on a rank's part of the sequence with cp (context parallelism's own messages left
-    out: the ring's run under the products); under ZeRO-3 each layer's parameters gathered over dp twice a microbatch.
+    out: the ring's run under the products); under ZeRO-3 each layer's parameters gathered over dp x cp twice a
+    microbatch.
     The gradient sums, at the gradient width, of the `dense` parameter elements over dp x ep x cp and the `experts`'
     over dp (an Allreduce each; ZeRO-1 and ZeRO-2 a Reduce_scatter and an Allgather of the updated parameters, at the
-    parameters' width; ZeRO-3 a Reduce_scatter over dp), in one call each
-    (buckets only add latency). Each on the link of its group (`levels`)."""
+    parameters' width; ZeRO-3 a Reduce_scatter over dp x cp), in one call each
+    (buckets only add latency). Each on the link of its group (`levels`). The third: of the first, ZeRO-3's gathers
+    (0 without), which the priced step leaves unhidden (no prefetch): the layer cells' bound adds them."""
     w, m, gpn = PRECISIONS[precision], cfg.moe, machine.gpus_per_node
     models = {level: level_model(machine, level) for level in LEVELS}
 
@@ -161,10 +165,10 @@ def comm_bounds(cfg: Any, c: Config, machine: Any, precision: str, dense: int,
     if c.pp > 1:
         stage = c.tp * c.cp * c.ep * c.dp  # ranks apart from the next stage's
         exchanges += 2 * c.microbatches * cheapest(stage, "send", 2, activations // (c.tp if c.sp else 1))
-    if c.zero == 3:  # FSDP: each layer gathered over dp for each microbatch's forward and again for its backward
-        # (resharded after forward, the search's and a pipeline's way), unhidden (no prefetch)
-        exchanges += 2 * c.microbatches * cheapest(c.tp * c.cp, "allgather", c.dp, dense * w.params)
-        return exchanges, cheapest(c.tp * c.cp, "reduce_scatter", c.dp, dense * w.grads)
+    if c.zero == 3:  # FSDP: each layer gathered over dp x cp (x ep) a microbatch's forward and again for its
+        # backward (resharded after forward, the search's and a pipeline's way), unhidden (no prefetch)
+        gathers = 2 * c.microbatches * cheapest(c.tp, "allgather", c.dp * c.cp, dense * w.params)
+        return exchanges + gathers, cheapest(c.tp, "reduce_scatter", c.dp * c.cp, dense * w.grads), gathers
     sums = 0.0
     for stride, group, elements in ((c.tp, c.dp * c.ep * c.cp, dense), (c.tp * c.cp * c.ep, c.dp, experts)):
         if group > 1 and elements:
@@ -172,7 +176,7 @@ def comm_bounds(cfg: Any, c: Config, machine: Any, precision: str, dense: int,
             sums += (cheapest(stride, "reduce_scatter", group, n)
                      + cheapest(stride, "allgather", group, elements * w.params)
                      if c.zero else cheapest(stride, "allreduce", group, n))
-    return exchanges, sums
+    return exchanges, sums, 0.0
 
 
 def flops_bound(cfg: Any, causal: bool = False) -> float:

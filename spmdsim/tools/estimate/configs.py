@@ -31,7 +31,8 @@ MAX_CONFIGS = 200_000
 
 RECOMPUTE = ("none", "selective", "full")
 #: The ZeRO stages searched (spmdsim.models.gpt.memory.ZERO): 1 and 2 only with more than one rank to shard over
-#: (dp x ep x cp), 3 (the parameters sharded too, over dp: spmdsim.nn.fsdp) only with dp > 1 and no MoE layers.
+#: (dp x ep x cp), 3 (the parameters sharded too, over dp x cp: spmdsim.nn.fsdp) only with dp x cp > 1 and no MoE
+#: layers.
 ZERO = (0, 1, 2, 3)
 
 
@@ -188,7 +189,7 @@ def _scheduled(cfg: Any, mesh: Config, sharded: bool = False) -> list[Config]:
         for sp, recompute, zero in itertools.product((False, True), RECOMPUTE, ZERO):
             if (sp and (tp == 1 or cfg.seq % tp)) or (zero in (1, 2) and data * cp == 1):
                 continue
-            if zero == 3 and (cfg.moe is not None and not sharded or data == 1):
+            if zero == 3 and (cfg.moe is not None and not sharded or data * cp == 1):
                 continue
             if (sp or cfg.moe is not None) and cp > 1 and \
                     context_problem(cfg, cp, tp, sp, Context(mesh.cp_method)) is not None:

@@ -222,8 +222,8 @@ def _check_search(precision: str, kept: str, max_dry_runs: Any, memory_limit: An
 def _bounded(cfg: Any, devices: int, machine: Any, precision: str, fixed: Any, folded: bool,
              sharded: bool = True, contexts: bool = True, between: bool = False) -> tuple[list, dict]:
     """Every configuration `search` considers under its closed-form bounds (`folded`: the experts folded too;
-    `between`: at every experts' tp between 1 and tp too), and the seconds of each one's gradient sums within
-    them (the layer cells' bound adds them)."""
+    `between`: at every experts' tp between 1 and tp too), and the seconds of each one's gradient sums and
+    ZeRO-3 gathers within them (the layer cells' bound adds them)."""
     per_layer = dense_layer_elements(cfg)
     bounded, sums = [], {}
     if cfg.moe is None and "etp" in (fixed or {}):
@@ -300,7 +300,7 @@ def _branch_and_bound(bound: _Bound, heap: list, out: list, max_dry_runs: int) -
             if nbytes > limit:
                 out.append(replace(c, bound_bytes=nbytes, verdict=KEPT))
                 continue
-            seconds = max(least, bound.tight.time_bound(c.config, bound.machine, precision, bound.sums[c.config]))
+            seconds = max(least, bound.tight.time_bound(c.config, bound.machine, precision, *bound.sums[c.config]))
             heapq.heappush(heap, (seconds, 1, order, i, replace(c, bound_s=seconds, bound_bytes=nbytes)))
             continue
         if runs == max_dry_runs:

@@ -123,11 +123,14 @@ def _phase(op: str, label: str, axes: tuple) -> str:
     # (a redistribution's Reduce_scatter over dp: ZeRO-3's gradients onto their shards, spmdsim.nn.fsdp)
     # (a gradient bucket over cp alone, dp 1: each rank saw part of every sequence, its sums are the
     # gradients' too, not context parallelism's messages)
+    # (ZeRO-3's over cp too, with or without dp: FSDP shards over the context-parallel ranks, which hold the same
+    # parameters; by its labels, not context parallelism's own gathers of keys and values over cp)
     summed = (label.startswith(GRADIENT_LABELS) and (DATA in axes or EXPERT in axes or CONTEXT in axes)
               or op == "reduce_scatter" and label.startswith(("redistribute", REDUCE_LABEL))
-              and (DATA in axes or EXPERT in axes or SHARD in axes))
-    gathered = op == "allgather" and label.startswith(("redistribute", GATHER_LABEL)) and (
-        DATA in axes or SHARD in axes)
+              and (DATA in axes or EXPERT in axes or SHARD in axes)
+              or op == "reduce_scatter" and label.startswith(REDUCE_LABEL) and CONTEXT in axes)
+    gathered = op == "allgather" and (label.startswith(("redistribute", GATHER_LABEL)) and (
+        DATA in axes or SHARD in axes) or label.startswith(GATHER_LABEL) and CONTEXT in axes)
     return "pipeline" if PIPELINE in axes else ("gradients" if summed else "parameters" if gathered
                                                 else "context" if CONTEXT in axes else "layers")
 
