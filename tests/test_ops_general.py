@@ -231,6 +231,7 @@ def test_a_complex_extreme_over_a_split_dim_is_refused_naming_the_op():
     assert said == [kind + tail for kind in ("argmax", "argmin", "max", "min")]
     assert whole == [values.argmax(1).tolist(), values.argmin(1).tolist(), values.max(1).tolist()]
 
+
 def test_a_mean_over_no_entries_is_numpys_nan_without_numpys_warning():
     """ops.mean over a dim of size 0 is NaN, as numpy's; its 0 / 0 printed numpy's "RuntimeWarning: invalid value
     encountered in divide" from inside spmdsim/nn/ops/reduce.py (numpy's own mean warns "Mean of empty slice")."""

@@ -259,28 +259,34 @@ def test_zeros_ones_full_make_only_each_ranks_block():
                     "fill value nan must be a number that dtype 'bool' holds"]
 
 
+def _fills(made: tuple, refused: tuple) -> tuple:
+    """On 2 simulated ranks: (the gathered DTensor.full of each (value, dtype) of `made`, the DTypeError lines of
+    each of `refused`)."""
+    import spmdsim
+    from spmdsim import DTensor, DTypeError, Layout, Mesh
+
+    def body():
+        mesh = Mesh(Layout((2,), ("a",)))
+        values = [DTensor.full(mesh, mesh.layout("a"), (4,), value, dtype).gather() for value, dtype in made]
+        said = []
+        for value, dtype in refused:
+            try:
+                DTensor.full(mesh, mesh.layout("a"), (4,), value, dtype)
+            except DTypeError as e:
+                said.append(str(e))
+        return values, said
+
+    return spmdsim.simulate(2, body)[0]
+
+
 def test_full_takes_a_complex_value_for_a_complex_dtype():
     """DTensor.full(..., 1j, "complex128") was refused as a value "dtype 'complex128'" cannot hold, and a huge
     integer for a complex dtype ended in numpy's OverflowError; now a complex dtype takes a complex value (each part
     within its float's range), and a real dtype refuses one naming "a real number"."""
     import numpy as np
 
-    import spmdsim
-    from spmdsim import DTensor, DTypeError, Layout, Mesh
-
-    def body():
-        mesh = Mesh(Layout((2,), ("a",)))
-        made = [DTensor.full(mesh, mesh.layout("a"), (4,), value, dtype).gather()
-                for value, dtype in ((1j, "complex128"), (np.complex64(2 - 3j), "complex64"))]
-        said = []
-        for value, dtype in ((1j, "float64"), (1e39 + 0j, "complex64"), (10 ** 400, "complex128")):
-            try:
-                DTensor.full(mesh, mesh.layout("a"), (4,), value, dtype)
-            except DTypeError as e:
-                said.append(str(e))
-        return made, said
-
-    made, said = spmdsim.simulate(2, body)[0]
+    made, said = _fills(((1j, "complex128"), (np.complex64(2 - 3j), "complex64")),
+                        ((1j, "float64"), (1e39 + 0j, "complex64"), (10 ** 400, "complex128")))
     assert made[0].dtype == np.complex128 and made[0].tolist() == [1j] * 4
     assert made[1].dtype == np.complex64 and made[1].tolist() == [2 - 3j] * 4
     assert said == ["fill value 1j must be a number that dtype 'float64' holds (a real number)",
@@ -296,22 +302,8 @@ def test_full_takes_a_0d_array_as_its_scalar():
     one element and more dims is still no fill value."""
     import numpy as np
 
-    import spmdsim
-    from spmdsim import DTensor, DTypeError, Layout, Mesh
-
-    def body():
-        mesh = Mesh(Layout((2,), ("a",)))
-        made = [DTensor.full(mesh, mesh.layout("a"), (4,), value, dtype).gather()
-                for value, dtype in ((np.array(2.0), "float64"), (np.array(3), "int8"), (np.array(1j), "complex128"))]
-        said = []
-        for value, dtype in ((np.array(300), "int8"), (np.array([2.0]), "float64"), (np.array(1j), "float64")):
-            try:
-                DTensor.full(mesh, mesh.layout("a"), (4,), value, dtype)
-            except DTypeError as e:
-                said.append(str(e))
-        return made, said
-
-    made, said = spmdsim.simulate(2, body)[0]
+    made, said = _fills(((np.array(2.0), "float64"), (np.array(3), "int8"), (np.array(1j), "complex128")),
+                        ((np.array(300), "int8"), (np.array([2.0]), "float64"), (np.array(1j), "float64")))
     assert [(m.dtype.name, m.tolist()) for m in made] == [("float64", [2.0] * 4), ("int8", [3] * 4),
                                                           ("complex128", [1j] * 4)]
     assert said == ["fill value 300 must be a number that dtype 'int8' holds (an integer in -128..127)",

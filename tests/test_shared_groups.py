@@ -59,6 +59,7 @@ def test_running_out_of_communicators_is_one_line():
         SharedGroups().take(_mesh(_Parent(), (0, 1), []), ("x",), build)
     assert str(caught.value) == ("MPI has no communicator left for a group of mesh (4,) (MPICH gives a process 2,048): "
                                  "close each Mesh you are done with (mesh.close(), or `with Mesh(...) as mesh:`)")
+
     def fails():
         raise RuntimeError("another")
 
