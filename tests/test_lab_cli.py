@@ -363,6 +363,27 @@ def test_a_grade_book_whose_write_fails_is_named_in_one_line(tiny, tmp_path, cap
     assert "grading 1 submission of exercise 1, stopped 10 s after its first case starts\n" in said.err, said.err
 
 
+def test_a_grade_book_is_written_aside_and_renamed_into_place(tiny, tmp_path, capsys):
+    """The grade book was written in place (open "w"): a crash, or a second grade finishing at the same moment,
+    left half a file or two interleaved, and a reader of the one before saw it change under it. Now written
+    beside it and renamed onto it: the old one stays whole for its reader, a link to it stays a link, its
+    permissions are kept, and nothing is left beside it."""
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "right.py").write_text(SUBMISSIONS["right.py"])
+    (tmp_path / "out").mkdir()
+    book, link = tmp_path / "out" / "grades.csv", tmp_path / "out" / "latest.csv"
+    book.write_text("the grade book before\n")
+    book.chmod(0o640)
+    link.symlink_to("grades.csv")
+    with open(book, encoding="utf-8") as reader:
+        assert main(["lab", "grade", "1", str(tmp_path / "s"), "--exercises", tiny, "--csv", str(link)]) == 0
+        assert reader.read() == "the grade book before\n"
+    capsys.readouterr()
+    assert os.path.islink(link) and sorted(os.listdir(tmp_path / "out")) == ["grades.csv", "latest.csv"]
+    assert [row[:2] for row in csv.reader(book.read_text().splitlines())][1:] == [["right.py", "PASS"]]
+    assert book.stat().st_mode & 0o777 == 0o640
+
+
 def test_check_shows_what_a_submission_printed(tiny, tmp_path, capsys):
     path = tmp_path / "chatty.py"
     path.write_text("def double(comm, x):\n    print('rank', comm.Get_rank(), 'has', x[0])\n    return 2 * x\n")

@@ -251,17 +251,25 @@ def _grade_folder(args: argparse.Namespace, exercise: Exercise, limits: dict, fo
 
 
 def _write_book(path: str, rows: list) -> None:
-    """Write the grade book; a write that fails after the grade (a full disk, which _writable cannot foresee) is
-    said in one line naming `path`, its part written removed: no grade book short of rows is read as whole."""
+    """Write the grade book beside `path` and rename it onto it: a reader, a crash or a second grade finishing
+    at once never leaves half a grade book or two interleaved (a device or a pipe, /dev/stdout, is written in
+    place). A write that fails after the grade (a full disk, which _writable cannot foresee) is said in one line
+    naming `path`, its part written removed: no grade book short of rows is read as whole."""
     import csv  # (the CSV writer: `spmdsim --help` does not load it)
 
+    target = os.path.realpath(path)  # (a link to the grade book: the file it names replaced, the link kept)
+    aside = target if os.path.exists(target) and not os.path.isfile(target) else f"{target}.{os.getpid()}.partial"
     try:
-        with open(path, "w", newline="", encoding="utf-8") as f:
+        with open(aside, "w", newline="", encoding="utf-8") as f:
             csv.writer(f).writerows(rows)
+        if aside != target:
+            with contextlib.suppress(OSError):  # (a grade book written before keeps who may read it)
+                os.chmod(aside, os.stat(target).st_mode & 0o7777)
+            os.replace(aside, target)
     except OSError as exc:
-        if os.path.isfile(path):
+        if aside != target and os.path.isfile(aside):
             with contextlib.suppress(OSError):
-                os.remove(path)
+                os.remove(aside)
         raise LabError(f"--csv {path!r}: the grade book was not written: {exc.strerror or exc} (its rows are "
                        "the table above; give a path on a disk with room)") from None
 
