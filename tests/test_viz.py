@@ -1,8 +1,10 @@
 """Layout pictures: the picture model's content, exact ASCII for the seed cases, headless PNG/SVG."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -145,6 +147,27 @@ def test_png_with_the_shape_before_the_path_says_the_order(tmp_path):
                                f"(8, 8) and shape {path!r}: expected render_layout_png(layout, {path!r}, (8, 8))")
     with pytest.raises(TypeError, match=r"^picture path 8 is not a file path; expected a str or os.PathLike"):
         render_layout_png(tl, 8, (8, 8))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc: a HOME no folder can be made in")
+def test_a_picture_with_an_unwritable_home_prints_no_matplotlib_warning(tmp_path):
+    """HOME read-only or missing: matplotlib printed two lines of its own (mkdir -p failed ..., Matplotlib
+    created a temporary cache directory ...) on stderr under a picture written. A temporary MPLCONFIGDIR is
+    given where the user set none, removed at exit; a user's MPLCONFIGDIR is kept."""
+    pytest.importorskip("matplotlib")
+    code = ("import os, sys\nfrom spmdsim.tools.cli.main import main\n"
+            "rc = main(['show', '--device-matrix', '2,4', '--alias', 'dp,mp', '--tensor-map', 'mp,None', "
+            "'--shape', '8,6', '--png', sys.argv[1]])\nprint(rc, os.environ.get('MPLCONFIGDIR'))\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("MPLCONFIGDIR", "XDG_CONFIG_HOME", "XDG_CACHE_HOME")}
+    env["HOME"] = "/proc/nonexistent"
+    for mine in (None, str(tmp_path / "mine")):
+        png = tmp_path / f"{mine is None}.png"
+        out = subprocess.run([sys.executable, "-c", code, str(png)], capture_output=True, text=True, timeout=60,
+                             env=env if mine is None else {**env, "MPLCONFIGDIR": mine})
+        assert out.returncode == 0 and out.stderr == "" and png.exists(), (out.stdout, out.stderr)
+        rc, used = out.stdout.splitlines()[-1].split(" ", 1)
+        assert rc == "0" and (used == mine if mine else used.startswith(
+            os.path.join(tempfile.gettempdir(), "spmdsim-matplotlib-")) and not os.path.exists(used)), used
 
 
 def test_viz_imports_no_matplotlib_and_no_mpi4py():

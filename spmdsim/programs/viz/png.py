@@ -5,7 +5,10 @@ drawing works headless and leaves a user's interactive backend alone.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
+import tempfile
 from typing import Any, Optional, Sequence, Union
 
 from ...errors import SpmdsimError
@@ -35,8 +38,55 @@ def check_picture_ranks(ranks: int, flag: str = "", instead: str = "") -> None:
                            + (f": leave it out ({instead})" if instead else ""))
 
 
+#: The temporary config folder given to matplotlib where its default one cannot be written (removed at exit).
+_CONFIG_FOLDERS: list = []
+
+
+def _default_folders_writable() -> bool:
+    """Whether matplotlib's default config and cache folders can be used, by matplotlib's own test (made if
+    missing, then os.access): where they cannot, it warns in two lines on stderr and uses a temporary folder."""
+    home = os.path.expanduser("~")
+    if home == "~":  # no home to resolve
+        return False
+    if sys.platform.startswith(("linux", "freebsd")):
+        bases = (os.environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config"),
+                 os.environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache"))
+        folders = [os.path.join(base, "matplotlib") for base in bases]
+    elif sys.platform == "win32":  # (%LOCALAPPDATA% or an older folder: matplotlib's choice, left to it)
+        return True
+    else:
+        folders = [os.path.join(home, ".matplotlib")]
+    for folder in map(os.path.realpath, folders):
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError:
+            return False
+        if not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
+            return False
+    return True
+
+
+def _config_folder() -> None:
+    """Before matplotlib's first import: a temporary MPLCONFIGDIR where the user set none and matplotlib's
+    default folders cannot be written (a read-only or missing HOME), so that no warning of matplotlib's prints;
+    a user's MPLCONFIGDIR is never replaced. One SpmdsimError line where no temporary folder can be made."""
+    if "matplotlib" in sys.modules or os.environ.get("MPLCONFIGDIR"):
+        return
+    if importlib.util.find_spec("matplotlib") is None or _default_folders_writable():  # (none: no folder made)
+        return
+    try:
+        folder = tempfile.TemporaryDirectory(prefix="spmdsim-matplotlib-")
+    except OSError as exc:
+        raise SpmdsimError(f"pictures need a writable folder for matplotlib's settings and font cache: "
+                           f"{os.path.expanduser('~')!r} cannot be written and a temporary folder could not be "
+                           f"made ({exc.strerror or exc}); expected MPLCONFIGDIR set to a writable folder") from None
+    _CONFIG_FOLDERS.append(folder)
+    os.environ["MPLCONFIGDIR"] = folder.name
+
+
 def _matplotlib() -> Any:
     """matplotlib, or one SpmdsimError line with the README's install command for it."""
+    _config_folder()
     try:
         import matplotlib
     except ImportError:
