@@ -21,7 +21,7 @@ from ..base import buffers
 from .engines.base import DRY_VALUES_BYTES
 from ..errors import DTypeError, RankError, ShapeError
 from ..base.validate import as_int
-from .arguments import _empty, _result
+from .arguments import _empty, _result, _take
 from .door import _alone, issue
 from .exchange_spec import ExchangeSpec
 from .mesh import Mesh
@@ -71,6 +71,7 @@ def alltoallv(mesh: Mesh, sends: Mapping[int, Any], recv_shapes: Mapping[int, tu
             raise ShapeError(f"alltoallv: rank {me} expects {tuple(recv_shapes[me])!r} from itself "
                              f"but sends {None if mine is None else mine.shape!r}")
     scounts[me] = rcounts[me] = 0
+    _take("alltoallv", dtype)  # before a kept buffer is viewed as it (an object array's cannot be)
     t0 = perf_counter()
     sdispls = [0, *accumulate(scounts[:-1])]
     rdispls = [0, *accumulate(rcounts[:-1])]
