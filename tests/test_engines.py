@@ -410,6 +410,47 @@ def test_an_object_array_is_refused_along_any_dim_in_one_line():
         assert [list(r) for r in results] == [want, want]
 
 
+def _long_double_refusals(groups: tuple) -> list:
+    """On a rank: what each raw collective says of numpy's long doubles, on meshes whose groups are of `groups`
+    ranks (a group of one checks alike)."""
+    from spmdsim.errors import DTypeError
+    from spmdsim.runtime import Mesh, allgather, allreduce, alltoall, alltoallv, bcast, prepare_allreduce
+    from spmdsim.runtime import reduce_scatter
+
+    said = []
+    for g in groups:
+        mesh = Mesh(spmdsim.Layout((2 // g, g), ("dp", "mp")))
+        for dtype in (np.longdouble, np.clongdouble):
+            for call in (lambda a: allreduce(mesh, a, "mp"), lambda a: allreduce(mesh, a.real, "mp", op="max"),
+                         lambda a: reduce_scatter(mesh, a, "mp", 0), lambda a: allgather(mesh, a, "mp", 1),
+                         lambda a: alltoall(mesh, a, "mp", 0, 1), lambda a: bcast(mesh, a, "mp", 0),
+                         lambda a: prepare_allreduce(mesh, a, "mp").run(),
+                         lambda a: alltoallv(mesh, {1 - mesh.rank: a}, {1 - mesh.rank: a.shape}, a.dtype)):
+                try:
+                    call(np.zeros((2, 2), dtype=dtype))
+                except DTypeError as exc:
+                    said.append(str(exc))
+                else:
+                    said.append("taken")
+    return said
+
+
+def test_the_raw_collectives_refuse_a_long_double_as_a_tensor_does():
+    """Tensors refused float128 and complex256 (spmdsim.base.validate.dtype_arg: their width and padding bytes
+    differ between processes), the raw collectives took them. They say the same line now, on every engine."""
+    line = ("dtype '{}' ({}) is numpy's long double, whose width and padding bytes differ between machines and "
+            "processes; expected one of bool, int8..int64, uint8..uint64, float16..float64, complex64, complex128: "
+            "convert it with .astype('{}')")
+    real, whole = np.dtype(np.longdouble), np.dtype(np.clongdouble)
+    ops = ("allreduce", "allreduce", "reduce_scatter", "allgather", "alltoall", "bcast", "allreduce", "alltoallv")
+    want = [f"{op}: {line.format(real.str, real.name, 'float64')}" for op in ops]
+    want += [f"{op}: {line.format(whole.str, whole.name, 'complex128')}" for op in ops]
+    want[len(ops) + 1] = want[1]  # (the max of its real part)
+    for results in (spmdsim.simulate(2, _long_double_refusals, (2, 1)),
+                    spmdsim.simulate(2, _long_double_refusals, (2, 1), dry_run=True)):
+        assert [list(r) for r in results] == [want * 2] * 2
+
+
 _KEPT_GRAPH = """
 import numpy as np
 from mpi4py import MPI

@@ -21,7 +21,7 @@ np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
 __all__ = ["loads_json", "MAX_JSON_DEPTH", "read_bounded", "MAX_JSON_TEXT", "as_int", "int_arg", "shape_arg",
            "dtype_arg", "tolerance_arg", "counted", "dtype_name", "float_max", "SUPPORTED_DTYPES",
-           "describe", "plain_array"]
+           "describe", "plain_array", "long_double"]
 
 #: What `dtype_arg` accepts, as its messages say it.
 SUPPORTED_DTYPES = "bool, int8..int64, uint8..uint64, float16..float64, complex64, complex128"
@@ -118,10 +118,16 @@ def dtype_arg(dtype: Any, what: str = "dtype", error: type[SpmdsimError] = DType
                "docs/howto/bf16.md), not a tensor's dtype") if out.name.startswith("float8") else ""
         raise error(f"{what} {out.str!r} ({out.name}) is not numeric; expected one of {SUPPORTED_DTYPES}{fp8}")
     if out.type is np.longdouble or out.type is np.clongdouble:  # (under mpiexec from_global refused equal arrays)
-        raise error(f"{what} {out.str!r} ({out.name}) is numpy's long double, whose width and padding bytes differ "
-                    f"between machines and processes; expected one of {SUPPORTED_DTYPES}: convert it with "
-                    f".astype({'complex128' if out.kind == 'c' else 'float64'!r})")
+        raise error(long_double(out, what))
     return out
+
+
+def long_double(dtype: np.dtype, what: str = "dtype") -> str:
+    """Why numpy's long double `dtype` (float128, complex256) is refused, `what` naming it: tensors (`dtype_arg`)
+    and the raw collectives (spmdsim.runtime.arguments) say it alike."""
+    return (f"{what} {dtype.str!r} ({dtype.name}) is numpy's long double, whose width and padding bytes differ "
+            f"between machines and processes; expected one of {SUPPORTED_DTYPES}: convert it with "
+            f".astype({'complex128' if dtype.kind == 'c' else 'float64'!r})")
 
 
 def plain_array(value: Any, what: str, error: type[SpmdsimError] = DTypeError) -> np.ndarray:

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..base import buffers
 from ..base.precision import is_low
-from ..base.validate import SUPPORTED_DTYPES, counted
+from ..base.validate import SUPPORTED_DTYPES, counted, long_double
 from ..errors import DTypeError, ShapeError
 
 _empty = buffers.empty  # placed in the page for MPI's copies (spmdsim.base.buffers)
@@ -95,6 +95,8 @@ def _check_dtype(op: str, dtype: np.dtype, reduction: str = "sum") -> None:
     """Raise the DTypeError every member raises alike when MPI cannot move (or reduce by `reduction`: "sum",
     "max" or "min") `dtype`, on every engine (the thread and dry engines would move it, and take numpy's
     maximum of complex numbers). Callers on a collective's path go through `_take`'s cache."""
+    if dtype.type is np.longdouble or dtype.type is np.clongdouble:  # a tensor's dtype refuses it alike
+        raise DTypeError(f"{op}: {long_double(dtype)}")
     sums = op in ("allreduce", "reduce_scatter")
     if sums and reduction != "sum":  # MPI's MAX and MIN take integers and real floats only
         if dtype.kind in _ORDERED and dtype.isnative or is_low(dtype):  # bfloat16's: float32's
