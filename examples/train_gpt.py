@@ -233,7 +233,7 @@ def options_problem(args, cfg, zero, dp):
     if not problem and pipe and pipelined(args):  # a pipeline's chunks reshard after forward, over all of dp
         problem = f"{pipe[0]} with a pipeline: its chunks are fully sharded over dp and resharded after forward"
     if not problem and args.shard_group is not None:
-        problem = shard_group_problem(args.shard_group, zero, dp, args.cp)
+        problem = shard_group_problem(args.shard_group, zero, dp)
     problem = problem or policy_problem(args.precision, args.replay)  # FP8's options too, before the header
     if not problem and args.trace_out and not pipelined(args):
         problem = "--trace-out writes a pipeline's last step; give --pp (or --microbatches) with it"
@@ -257,8 +257,8 @@ def print_header(args, run):
     sp = " with sequence parallelism" + (" (a no-op: tp 1 splits nothing)" if tp == 1 else "") if args.sp else ""
     print(f"mesh {mesh}{sp}; AdamW lr {cfg.lr}{clipped}")
     if args.shard_group is not None and args.shard_group < dp:
-        print(f"hybrid sharding: parameters sharded over groups of {args.shard_group} dp ranks, replicated "
-              f"over {dp // args.shard_group}")
+        print(f"hybrid sharding: parameters sharded over groups of {args.shard_group} dp ranks"
+              f"{f' and the {args.cp} cp ranks' if args.cp > 1 else ''}, replicated over {dp // args.shard_group}")
     if padding_line(cfg, tp):
         print(padding_line(cfg, tp))
     if context_line(args):
@@ -305,9 +305,9 @@ def train_steps(args, run, resumed):
                                zero=run.zero, memory=args.memory, kept=args.kept, replay=args.replay,
                                precision=args.precision, save=args.save, save_every=args.save_every,
                                resume=args.resume, cp=args.cp, context=context_of(args))
-    mesh, layouts = None, run.layouts
-    if args.shard_group is not None and args.shard_group < dp:  # HSDP: (dp / N, N, tp), the batch over both
-        shape, names = model_layout(tp, dp // args.shard_group, fs=args.shard_group)
+    mesh, layouts, cp = None, run.layouts, args.cp if args.cp > 1 else None
+    if args.shard_group is not None and args.shard_group < dp:  # HSDP: (dp / N, N, [cp,] tp), the batch over dp, N
+        shape, names = model_layout(tp, dp // args.shard_group, cp=cp, fs=args.shard_group)
         mesh = spmdsim.Mesh(spmdsim.Layout(shape, names, zero_cut(run.zero)), comm, roles=roles_of(names))
         layouts = dialect_layouts(cfg, mesh.layout, args.dialect, args.sp)  # Megatron's, on that mesh
     return train(cfg, comm, dp, tp, args.steps, run.ids, sp=args.sp, check=run.check, on_step=report, mesh=mesh,

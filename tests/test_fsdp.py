@@ -349,15 +349,25 @@ def test_a_shard_group_is_refused_in_one_line_unless_it_divides_dp_under_zero3()
     assert shard_group_problem(2, 1, 8) == "--shard-group 2 shards parameters: give --zero 3 with it"
 
 
-def test_train_gpt_refuses_a_shard_group_over_context_ranks_in_one_line():
-    # hybrid sharding's mesh (dp, shard, tp) has no cp axis: refused before the mesh is made
-    from testkit import run_train_gpt, unfold
+def test_hybrid_sharding_with_context_parallelism_shards_over_fs_and_cp():
+    """HSDP beside cp: the mesh (dp, fs, cp, tp), each parameter sharded over fs x cp (the cp ranks hold the same
+    parameters) and replicated over dp; its gathers and Reduce_scatters over (fs, cp), the sum across the groups
+    over dp; every step matches one numpy process. It was refused ("hybrid sharding's mesh has no
+    context-parallel axis")."""
+    from spmdsim.models.axes import model_layout, roles_of
 
-    out = run_train_gpt(["--ranks", "8", "--tp", "1", "--cp", "2", "--zero", "3", "--shard-group", "2", "--steps", "1"])
-    assert out.returncode == 2 and " step" not in out.stdout, out.stdout
-    assert unfold(out.stderr).strip().splitlines()[-1] == (
-        "spmdsim: error: --shard-group 2 with --cp 2: hybrid sharding's mesh has no context-parallel axis; "
-        "leave out --shard-group (ZeRO-3 over all 4 dp ranks) or --cp")
+    def body():
+        shape, names = model_layout(1, 2, fs=2, cp=2)
+        mesh = spmdsim.Mesh(Layout(shape, names), spmdsim.world(), roles=roles_of(names))
+        with collect_trace() as trace:
+            model, steps = train(CFG, spmdsim.world(), 4, 1, 2, TEXT, zero=3, mesh=mesh, cp=2)
+        shard = {name: t.local.shape for name, t in model.params.items()}
+        return steps, shard, {(e.op, e.axes) for e in trace.entries if "fs" in e.axes}
+
+    steps, shard, kinds = spmdsim.simulate(8, body)[0]
+    assert all(r.passed and max(r.errors) <= TOLERANCE for r in steps), steps
+    assert shard["wpe"] == (CFG.seq // 4, CFG.d_model)  # a quarter of its rows: over fs 2 x cp 2
+    assert {("allgather", ("fs", "cp")), ("reduce_scatter", ("fs", "cp"))} <= kinds
 
 
 def test_prefetching_holds_two_layers_gathered_and_the_ledger_says_so():

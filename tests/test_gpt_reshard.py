@@ -98,15 +98,16 @@ def test_fsdp_and_cp_resumed_on_another_mesh_step_as_the_run_that_never_stopped(
 
 
 def _fsdp_run(mesh, steps, **kw):
-    """Each rank's StepResults of a ZeRO-3 `train` on `mesh` (ranks, dp, tp, fs) of simulated ranks: HSDP's
-    (dp / fs, fs, tp) mesh where 0 < fs < dp (examples/train_gpt.py's --shard-group), else over all of dp."""
-    ranks, dp, tp, fs = mesh
-    shape, names = model_layout(tp, dp // fs, fs=fs) if 0 < fs < dp else (None, None)
+    """Each rank's StepResults of a ZeRO-3 `train` on `mesh` (ranks, dp, tp, fs[, cp]) of simulated ranks: HSDP's
+    (dp / fs, fs, [cp,] tp) mesh where 0 < fs < dp (examples/train_gpt.py's --shard-group), else over all of dp."""
+    ranks, dp, tp, fs, *rest = mesh
+    cp = rest[0] if rest else 1
+    shape, names = model_layout(tp, dp // fs, fs=fs, cp=cp if cp > 1 else None) if 0 < fs < dp else (None, None)
 
     def body():
         hsdp = None if shape is None else spmdsim.Mesh(spmdsim.Layout(shape, names, zero_cut(3)), spmdsim.world(),
                                                        roles=roles_of(names))
-        return train(TINY, spmdsim.world(), dp, tp, steps, TEXT, zero=3, mesh=hsdp, **kw)[1]
+        return train(TINY, spmdsim.world(), dp, tp, steps, TEXT, zero=3, mesh=hsdp, cp=cp, **kw)[1]
     return spmdsim.simulate(ranks, body)
 
 
@@ -115,6 +116,8 @@ def _fsdp_run(mesh, steps, **kw):
     ((4, 4, 1, 2), (4, 4, 1, 0)),  # HSDP -> ZeRO-3 over all of dp
     ((4, 4, 1, 0), (4, 4, 1, 2)),  # ZeRO-3 -> HSDP
     ((8, 4, 2, 2), (4, 4, 1, 1)),  # shard groups of 2 on tp 2 -> of 1 (replicated) on 4 ranks
+    ((8, 2, 1, 1, 4), (8, 2, 1, 0, 4)),  # HSDP beside cp 4 (over fs x cp) -> ZeRO-3 over dp x cp
+    ((8, 2, 2, 0, 2), (8, 4, 1, 0, 2)),  # ZeRO-3 over dp x cp -> another dp and tp (cp 2 kept: the same masks)
 ])
 def test_hybrid_sharding_resumed_steps_as_the_run_that_never_stopped(tmp_path, saved_on, resumed_on):
     steps_as_whole(_fsdp_run, tmp_path, saved_on, resumed_on)

@@ -100,13 +100,12 @@ _SHARDED: dict = {}  # (TensorLayout, axis: a name or a tuple of them) -> `shard
 
 
 def shard_group(mesh_layout: Any, roles: dict) -> tuple:
-    """The axes fully_shard shards over on a mesh of `roles` (role -> axis): its "shard" axis (HSDP), else its
-    "data" axis and, where it has them, its "expert" and "context" axes (each parameter over those it is
-    replicated over: `shard_axes`); () where it has none. Pure. (The context-parallel ranks hold the same
-    parameters: FSDP2 shards over PyTorch's dp_shard x cp.)"""
-    if roles.get("shard"):
-        return (roles["shard"],)
-    return tuple(roles[r] for r in ("data", "expert", "context") if roles.get(r) in mesh_layout.alias_name)
+    """The axes fully_shard shards over on a mesh of `roles` (role -> axis): its "shard" axis (HSDP) and its
+    "context" axis where it has one, else its "data" axis and, where it has them, its "expert" and "context" axes
+    (each parameter over those it is replicated over: `shard_axes`); () where it has none. Pure. (The
+    context-parallel ranks hold the same parameters: FSDP2 shards over PyTorch's dp_shard x cp.)"""
+    kinds = ("shard", "context") if roles.get("shard") else ("data", "expert", "context")
+    return tuple(roles[r] for r in kinds if roles.get(r) in mesh_layout.alias_name)
 
 
 def shard_axes(layout: TensorLayout, group: tuple) -> tuple:

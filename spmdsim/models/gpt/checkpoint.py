@@ -361,8 +361,8 @@ def checkpoint_meta(cfg: GPTConfig, world: int, dp: int, tp: int, *, sp: bool = 
     (dp / fs, fs, tp)); 0, or all of dp, shards over dp."""
     moe = cfg.moe is not None or ep > 1
     hybrid = zero == 3 and 0 < fs < dp
-    inner = model_layout(tp, dp // fs if hybrid else dp, ep if moe else None, fs=fs if hybrid else None,
-                         etp=cfg.expert_tp)
+    inner = model_layout(tp, dp // fs if hybrid else dp, ep if moe else None, cp=cp if cp > 1 else None,
+                         fs=fs if hybrid else None, etp=cfg.expert_tp)  # (with cp: ZeRO-3 shards over it)
     mesh_layout = Layout(*inner, zero_cut(zero))  # (ZeRO-3's shards cut as FSDP2's)
     chosen = megatron_layouts(cfg, mesh_layout, sp)
     chosen.update(on_mesh(layouts or {}, mesh_layout) if not hybrid else  # (given on a (dp, tp) mesh: its maps)
@@ -370,14 +370,15 @@ def checkpoint_meta(cfg: GPTConfig, world: int, dp: int, tp: int, *, sp: bool = 
                    for name, t in (layouts or {}).items()})
     if zero == 3:  # the shards' layouts (spmdsim.nn.fsdp): a checkpoint of them resumes only fully sharded
         # (FSDP's shard group, spmdsim.nn.fsdp.shard_group: the experts over dp (x cp), the rest over dp x ep (x cp))
-        group = (SHARD,) if hybrid else (DATA,) + (EXPERT,) * moe + (CONTEXT,) * (cp > 1)
+        group = ((SHARD,) if hybrid else (DATA,) + (EXPERT,) * moe) + (CONTEXT,) * (cp > 1)
         chosen = {name: sharded_layout(layout, shard_axes(layout, group)) for name, layout in chosen.items()}
     pp = (pipeline or {}).get(PIPELINE)  # (the mesh's, not the pipeline's record)
     if pipeline is not None:
         pipeline = {k: v for k, v in pipeline.items() if k != PIPELINE}
         pipeline["split"] = None if pipeline.get("split") is None else [int(n) for n in pipeline["split"]]
     if pp is not None or cp > 1:  # the mesh as recorded: a resume that leaves out --cp is told cp, not dp
-        mesh_layout = Layout(*model_layout(tp, dp, ep if moe else None, pp, cp if cp > 1 else None, etp=cfg.expert_tp))
+        mesh_layout = Layout(*model_layout(tp, dp // fs if hybrid else dp, ep if moe else None, pp,
+                                           cp if cp > 1 else None, fs if hybrid else None, etp=cfg.expert_tp))
     meta = run_meta(cfg, world, mesh_layout, sp, chosen, get_precision(precision).name,
                     ZERO_ADAMW if zero in (1, 2) else ADAMW)
     meta["pipeline"] = pipeline

@@ -51,16 +51,13 @@ def zero_problem(value: Any, said: str = "zero") -> Optional[str]:
             "ZeRO-2: gradients too; ZeRO-3: parameters too)")
 
 
-def shard_group_problem(value: Any, zero: Any, dp: int, cp: int = 1) -> Optional[str]:
-    """Why `value` is not a shard group (HSDP: the dp ranks each parameter is sharded over) of a run with ZeRO
-    stage `zero` on `dp` data-parallel ranks and `cp` context-parallel ranks, or None: one line."""
+def shard_group_problem(value: Any, zero: Any, dp: int) -> Optional[str]:
+    """Why `value` is not a shard group (HSDP: the dp ranks each parameter is sharded over, with the cp ranks
+    beside them) of a run with ZeRO stage `zero` on `dp` data-parallel ranks, or None: one line."""
     if zero != 3:
         return f"--shard-group {value} shards parameters: give --zero 3 with it"
     if type(value) is not int or value < 1 or dp % value:
         return f"--shard-group {value!r} must be a positive divisor of the dp ranks ({dp})"
-    if cp > 1 and value < dp:  # (a group of all dp ranks is plain ZeRO-3, which runs over cp)
-        return (f"--shard-group {value} with --cp {cp}: hybrid sharding's mesh has no context-parallel axis; "
-                f"leave out --shard-group (ZeRO-3 over all {dp} dp ranks) or --cp")
     return None
 
 

@@ -42,11 +42,12 @@ def mesh_checked(cfg: GPTConfig, mesh: Any, sp: bool, context: Optional[Context]
     """The mesh's cp (1 without the axis), once its axes, their roles and their sizes are ones the GPT runs on;
     else the one-line SpmdsimError naming them."""
     names, L = tuple(mesh.layout.alias_name), mesh.layout
-    if names not in MESHES and not (names == (DATA, SHARD, TENSOR) and fsdp is not None):
+    hybrid = ((DATA, SHARD, TENSOR), (DATA, SHARD, CONTEXT, TENSOR))  # fully sharded over fs (and cp): HSDP
+    if names not in MESHES and not (names in hybrid and fsdp is not None):
         raise SpmdsimError(f"the GPT runs on a mesh with axes {(DATA, TENSOR)!r}, with {EXPERT!r} and {CONTEXT!r} "
                            f"between them where used ({(DATA, EXPERT, CONTEXT, TENSOR)!r}, {EXPERT_TENSOR!r} "
-                           f"after {TENSOR!r} for the experts' own tp; fully sharded, {(DATA, SHARD, TENSOR)!r}), "
-                           f"got {names!r}")
+                           f"after {TENSOR!r} for the experts' own tp; fully sharded, {(DATA, SHARD, TENSOR)!r}, "
+                           f"{CONTEXT!r} before {TENSOR!r} where used), got {names!r}")
     if any(axis_of(mesh, role) != axis for role, axis in roles_of(names).items()):
         raise SpmdsimError(f"the GPT's mesh axes play the roles {roles_of(names)!r}, but the mesh was given "
                            f"the roles {mesh.roles!r}")
