@@ -590,8 +590,8 @@ def test_the_json_config_is_the_commands_options_not_every_attribute_of_its_argu
     assert config == {"command": "estimate", "network": "gpt", "layers": 1, "hidden": 16, "heads": 2, "seq": 8,
                       "vocab": 16, "micro_batch": 1, "global_batch": 2, "tp": 1, "pp": 1, "dp": 1,
                       "virtual_stages": 1, "pad_vocab_to": 32, "schedule": None, "sp": False, "recompute": "none",
-                      "zero": 0, "prefetch": False, "kept": "graph", "experts": 0, "ep": 1, "etp": None, "top_k": 2,
-                      "moe_every": 2,
+                      "zero": 0, "prefetch": False, "shard_group": None, "kept": "graph", "experts": 0, "ep": 1,
+                      "etp": None, "top_k": 2, "moe_every": 2,
                       "capacity_factor": 1.0, "dropless": False, "routing": "balanced", "precision": "bf16-mixed",
                       "machine": "a100-dgx", "ffn": None, "kv_heads": None, "norm": "layer", "mlp": "gelu",
                       "untied": False, "rope": False, "no_bias": False, "dropout": 0.1,
@@ -762,3 +762,27 @@ def test_a_65b_gpt_at_tp_8_pp_2_with_full_recomputation_fits_an_a100():
     first = out["stages"][0]
     assert first["bytes"]["buffers"] == 2 * 4 * (1 << 16)
     assert out["fits"] is True and out["to_fit"] is None and max(s["peak_bytes"] for s in out["stages"]) < 70 << 30
+
+
+def test_hybrid_sharding_is_priced_from_its_own_dry_run():
+    """`--shard-group N` (HSDP) with --zero 3: the dry run steps the hybrid mesh (dp / N, N, tp), so each rank
+    holds dp / N times the parameters of ZeRO-3 over all dp, its gathers and Reduce_scatters run within a group
+    (one node here, nodes of 2) and the groups' shard gradients are summed across nodes by an Allreduce, priced as
+    the gradients' sums; on another pipeline or with several microbatches it is refused in one line."""
+    from spmdsim.tools.estimate.ledger import gpt_ledger
+
+    cfg = GPTConfig(layers=2, d_model=64, heads=4, seq=32, vocab=128, batch=8)
+    (full,) = gpt_ledger(cfg, 1, 8, 1, zero=3, gpus_per_node=2)
+    (hybrid,) = gpt_ledger(cfg, 1, 8, 1, zero=3, shard_group=2, gpus_per_node=2)
+    assert hybrid.memory.params == 4 * full.memory.params
+    rows = {(t.kind, t.group, t.phase, t.level) for t in hybrid.transfers}
+    assert {("allgather", 2, "parameters", "node"), ("reduce_scatter", 2, "gradients", "node"),
+            ("allreduce", 4, "gradients", "cluster")} <= rows
+    assert ("allgather", 8, "parameters", "cluster") in {(t.kind, t.group, t.phase, t.level) for t in full.transfers}
+    small = ("--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "32", "--vocab", "128", "--zero", "3",
+             "--dp", "4", "--micro-batch", "1", "--shard-group", "2")
+    assert _cli(*small, "--global-batch", "4").stdout.splitlines()[2].startswith(
+        "recompute none, dropout 0.1, ZeRO 3 (hybrid: sharded over groups of 2 dp ranks, replicated over 2)")
+    refused = _cli(*small, "--global-batch", "8")  # two microbatches a step
+    assert refused.returncode == 2 and " ".join(refused.stderr.split()).endswith(
+        "--shard-group prices hybrid sharding on one stage, one microbatch a step, without --ep or --cp")

@@ -25,11 +25,12 @@ def _shown() -> list:
 def test_the_page_shows_the_commands_this_test_runs():
     shown = _shown()
     assert [q.output is not None for q in shown] == [True] + [False] * 4 + [True] * 2 + [False] * 2 + [True] + \
-        [False] + [True] * 8 + [False] * 6
+        [False] + [True] * 8 + [False] * 8
     assert [i for i, q in enumerate(shown) if mpi_long(q)] == [1]  # tests/test_train_docs_mpi.py runs it
-    estimates = shown[19:]  # inline: a subcommand's name in prose, and the 7.5B model's estimate (Prefetching)
+    estimates = shown[19:]  # inline: a subcommand's name in prose, the 7.5B model's estimates (Prefetching, HSDP)
     assert all(q.inline and q.command.startswith("spmdsim estimate") for q in estimates)
-    assert [q.command for q in estimates if q.command != "spmdsim estimate"] == [_prefetch_estimate().command]
+    assert [q.command for q in estimates if q.command != "spmdsim estimate"] == [_prefetch_estimate().command,
+                                                                                  _hybrid_estimate().command]
 
 
 #: {command: its run}: "Under FP8"'s command runs once for its quoted lines and for the figures the prose gives
@@ -122,6 +123,29 @@ def _prefetch_estimate():
     """The estimate of the 7.5B model with --prefetch that "Prefetching" names, as the page spells it."""
     (quote,) = [q for q in _shown() if q.inline and "--prefetch" in q.command]
     return quote
+
+
+def _hybrid_estimate():
+    """The estimate of the 7.5B model with --shard-group that "Hybrid sharding (HSDP)" names."""
+    (quote,) = [q for q in _shown() if q.inline and "--shard-group" in q.command]
+    return quote
+
+
+def test_the_hybrid_sharding_figures_are_the_estimates():
+    """"Hybrid sharding (HSDP)": the step time and peak of the 7.5B model on 64 ranks in groups of 8, and over all
+    64, as the page's command prints them (the second without --shard-group)."""
+    argv = shlex.split(_hybrid_estimate().command)[1:]
+    assert argv[-2:] == ["--shard-group", "8"], argv
+    said = []
+    for args in (argv, argv[:-2]):
+        code, out, err = run_here("main", args)
+        assert code == 0, err
+        said += [re.search(r"predicted step time: ([\d.]+) ms", out).group(1),
+                 re.search(r"peak \(transient included\) ([\d.]+) GiB", out).group(1)]
+    text = " ".join((ROOT / DOC).read_text().split())
+    ms = [f"{float(s):.1f}" for s in said[::2]]
+    assert (f"Allreduce a unit: {ms[0]} ms a step and {said[1]} GiB at its peak, against {ms[1]} ms "
+            f"and {said[3]} GiB sharded over all 64 ranks") in text
 
 
 def test_the_prefetch_figures_are_the_estimates():

@@ -10,8 +10,12 @@ from typing import Any
 import numpy as np
 
 from ...errors import SpmdsimError
+from ...layouts.layout import Layout
+from ...runtime.mesh import Mesh
 from ...runtime.trace import collect_trace
+from ..axes import model_layout, roles_of
 from .memory import sharded_problem
+from .mesh import zero_cut
 from .train import train
 
 __all__ = ["ShardedRun", "train_sharded"]
@@ -37,15 +41,20 @@ def train_sharded(cfg: Any, comm: Any, pp: int, dp: int, tp: int, steps: int, te
                   recompute: str = "none", zero: int = 3, kept: str = "graph", memory: bool = False,
                   check: bool = True, ep: int = 1, split: Any = None,
                   reshard_after_forward: bool = True, prefetch: bool = False,
-                  precision: Any = "fp64") -> tuple[ShardedRun, list]:
+                  precision: Any = "fp64", shard_group: int = 0) -> tuple[ShardedRun, list]:
     """`train(..., zero=3)` on a (dp, tp) mesh over `comm`, its steps traced: (the runner, one StepResult a step).
     `schedule` and `split` have nothing to choose on one stage; the other pipeline arguments are refused where
-    they ask for more than one stage, microbatch or expert rank (`sharded_problem`)."""
+    they ask for more than one stage, microbatch or expert rank (`sharded_problem`). `shard_group` N between 1
+    and dp: hybrid sharding (HSDP) on the mesh (dp / N, N, tp), as examples/train_gpt.py's --shard-group."""
     problem = sharded_problem(pp, microbatches, ep, virtual)
     if problem:  # every rank alike, before any collective
         raise SpmdsimError(problem)
+    mesh = None
+    if 0 < shard_group < dp:
+        shape, names = model_layout(tp, dp // shard_group, fs=shard_group)
+        mesh = Mesh(Layout(shape, names, zero_cut(zero)), comm, roles=roles_of(names))
     with collect_trace() as trace:
-        model, results = train(cfg, comm, dp, tp, steps, text_ids, sp=sp, check=check, recompute=recompute,
+        model, results = train(cfg, comm, dp, tp, steps, text_ids, sp=sp, check=check, recompute=recompute, mesh=mesh,
                                zero=zero, memory=memory, kept=kept, reshard_after_forward=reshard_after_forward,
                                prefetch=prefetch, ep=ep, precision=precision)
     return ShardedRun(model.params, trace, model.mesh, models={0: model}), results

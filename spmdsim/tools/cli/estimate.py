@@ -16,7 +16,7 @@ from typing import Any
 from ...errors import SpmdsimError
 from ...base.typed_numbers import add_noted, flag_float, given_flags, said_fields, typed
 from ...models.gpt.config import GPTConfig, said_as
-from ...models.gpt.memory import sharded_problem
+from ...models.gpt.memory import shard_group_problem, sharded_problem
 from ...models.gpt.options import capacity_problem
 from ...models.gpt.flags import (ARCHITECTURE_SAID, LLAMA_FLAGS, MAX_SIZE, architecture_arguments,
                                  architecture_fields, architecture_problem, size_problem)
@@ -104,6 +104,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--prefetch", action="store_true",
                         help="with --zero 3 on one stage, one microbatch a step: each layer's parameters gathered "
                              "before the layer ahead of it runs (FSDP's prefetch: two layers' gathered at once)")
+    parser.add_argument("--shard-group", type=int, default=None, metavar="N",
+                        help="with --zero 3 on one stage, one microbatch a step: hybrid sharding (HSDP), each "
+                             "parameter sharded over groups of N of the dp ranks, replicated across the dp / N")
     parser.add_argument("--kept", default="graph", choices=("graph", "megatron"),
                         help="what each block keeps for backward: spmdsim's graph (default), or Megatron's set "
                              "(docs/howto/memory.md, \"Megatron's kept set\"; `autoshard --machine` searches with "
@@ -161,7 +164,7 @@ NETWORK_NOTES = {
 #: defaults): named here, so that an attribute argparse or main() adds (func, ...) stays out.
 CONFIG_FIELDS = ("network", "layers", "hidden", "heads", "seq", "vocab", "micro_batch", "global_batch", TENSOR,
                  PIPELINE, DATA, "virtual_stages", "pad_vocab_to", "schedule", "sp", "recompute", "zero",
-                 "prefetch", "kept", "experts",
+                 "prefetch", "shard_group", "kept", "experts",
                  EXPERT, "etp", "top_k", "moe_every", "capacity_factor", "dropless", "routing", "precision", "machine",
                  "ffn", "kv_heads", "norm", "mlp", "untied", "rope", "no_bias", "dropout", "overlap", "attention",
                  "first_stage_layers", "last_stage_layers", "stage_layers", "cp", "cp_method",
@@ -324,6 +327,12 @@ def _fsdp(args: argparse.Namespace) -> None:
         by = "--micro-batch x --dp" + (" x --ep" if args.ep > 1 else "")
         raise SpmdsimError(f"--prefetch with {microbatches} microbatches a step: a prefetching step runs one; give "
                            f"--global-batch {sequences} ({by}) or leave out --prefetch")
+    if args.shard_group is not None:
+        hybrid = shard_group_problem(args.shard_group, args.zero, args.dp) or (
+            sharded_problem(args.pp, microbatches, args.ep, args.virtual_stages) or args.ep > 1 or args.cp > 1) and \
+            "--shard-group prices hybrid sharding on one stage, one microbatch a step, without --ep or --cp"
+        if hybrid:
+            raise SpmdsimError(hybrid)
 
 
 def _split(args: argparse.Namespace) -> Any:
