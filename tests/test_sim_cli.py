@@ -71,6 +71,7 @@ def test_a_verdict_of_one_element_says_element(capsys):
     assert failed.endswith("; 1 element)")
     assert str(spmdsim.simulate(2, body, dry_run=True)[0][0]) == "check not made: a dry run has no values (1 element)"
 
+
 def test_a_closed_pipe_stops_quietly(capsys):
     # `spmdsim demo --ranks 8 | head -1`: the print after head left failed on every rank with a traceback.
     from spmdsim.runtime.sim.launch import run_on_ranks
