@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import weakref
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -19,7 +18,7 @@ from ..errors import ShapeError
 from ..programs.memory import ENV_VAR, Budget, Need, budget_per_rank, check_need, seeded_need
 from .engines import engine_of
 from . import door
-from ..base.tables import put
+from ..base.tables import found_table, owned_table, put
 
 __all__ = ["agreed_budget", "check_memory", "check_seeded"]
 
@@ -45,9 +44,9 @@ def agreed_budget(comm: Any) -> Optional[Budget]:
     A bad SPMDSIM_MEMORY raises the same SpmdsimError on every rank, before any collective.
     """
     setting = os.environ.get(ENV_VAR, "")  # a changed setting is read again
-    entry = _AGREED.get(id(comm))
-    if entry is not None and entry[0]() is comm and setting in entry[1]:
-        return entry[1][setting]
+    agreed = found_table(_AGREED, comm)
+    if agreed is not None and setting in agreed:
+        return agreed[setting]
     if engine_of(comm).dry:
         if setting.strip():
             budget_per_rank(1)  # a bad SPMDSIM_MEMORY is refused here too
@@ -61,25 +60,8 @@ def agreed_budget(comm: Any) -> Optional[Budget]:
         # differs, and a refusal must be one line on every rank.
         low = door.all_reduce_object(comm, (_UNKNOWN, "") if mine is None else (mine.bytes, mine.source), "min")
         mine = None if low[0] == _UNKNOWN else Budget(low[0], low[1])
-    _agreed_of(comm)[setting] = mine
+    owned_table(_AGREED, comm)[setting] = mine
     return mine
-
-
-def _agreed_of(comm: Any) -> dict:
-    """The budgets `comm`'s ranks agreed on, by setting (a new empty table the first time, or when a new
-    communicator took a dead one's id), dropped when `comm` goes (its weak reference's callback)."""
-    key = id(comm)
-    entry = _AGREED.get(key)
-    if entry is not None and entry[0]() is comm:
-        return entry[1]
-    agreed = _AGREED
-
-    def dropped(ref: Any) -> None:  # the communicator is gone: its entry too (unless a new one took its id)
-        if agreed.get(key, (None,))[0] is ref:
-            agreed.pop(key, None)
-
-    entry = _AGREED[key] = (weakref.ref(comm, dropped), {})
-    return entry[1]
 
 
 def check_memory(comm: Any, what: str, need_of: Callable[[tuple], Need], shape: Sequence[int],

@@ -4,9 +4,9 @@ runtime.executor's compiled moves in the mesh's own table (`Mesh._moves`), so th
 the executor and the mesh: a mesh forgets its programs here."""
 from __future__ import annotations
 
-import weakref
 from typing import Any
-from ..base.tables import put
+
+from ..base.tables import found_table, owned_table, put
 
 __all__ = ["ProgramCache", "PROGRAMS", "keep_move"]
 
@@ -26,25 +26,11 @@ class ProgramCache:
 
     def of(self, mesh: Any) -> dict:
         """The programs of `mesh` (a new empty table the first time)."""
-        key = id(mesh)
-        seen = self._by_id.get(key)
-        if seen is not None and seen[0]() is mesh:
-            return seen[1]
-        table: dict = {}
-        by_id = self._by_id
-
-        def dropped(ref: Any) -> None:  # the mesh is gone: its entry too (unless a new mesh took its id)
-            entry = by_id.get(key)
-            if entry is not None and entry[0] is ref:
-                by_id.pop(key, None)
-
-        by_id[key] = (weakref.ref(mesh, dropped), table)
-        return table
+        return owned_table(self._by_id, mesh)
 
     def forget(self, mesh: Any) -> None:
         """Drop `mesh`'s programs (Mesh.close: its communicators are freed)."""
-        seen = self._by_id.get(id(mesh))
-        if seen is not None and seen[0]() is mesh:
+        if found_table(self._by_id, mesh) is not None:
             self._by_id.pop(id(mesh), None)
 
 

@@ -14,9 +14,9 @@ no such limit). Below the mesh: a mesh asks `GROUPS` for its groups and gives th
 """
 from __future__ import annotations
 
-import weakref
 from typing import Any, Callable
 
+from ..base.tables import found_table, owned_table
 from ..errors import SpmdsimError
 
 __all__ = ["SharedGroups", "GROUPS"]
@@ -35,7 +35,7 @@ class SharedGroups:
         the same order, else `build()`'s (collective over its members)."""
         if mesh.engine.name != "mpi":
             return build()
-        table = self._table(mesh.comm)
+        table = owned_table(self._by_parent, mesh.comm)
         members = mesh.group_ranks(axes)
         entry = table.get(members)
         if entry is None:
@@ -46,8 +46,7 @@ class SharedGroups:
     def give_back(self, mesh: Any, axes: tuple, info: tuple) -> None:
         """`mesh` no longer uses its group `info` over `axes`: freed where no other mesh does (collective over the
         group, as its build was)."""
-        found = self._by_parent.get(id(mesh.comm)) if mesh.engine.name == "mpi" else None
-        table = found[1] if found is not None and found[0]() is mesh.comm else {}
+        table = (found_table(self._by_parent, mesh.comm) if mesh.engine.name == "mpi" else None) or {}
         members = mesh.group_ranks(axes)
         entry = table.get(members)
         if entry is None or entry[0] is not info:  # (a group built for this mesh alone)
@@ -57,20 +56,6 @@ class SharedGroups:
         if entry[1] == 0:
             del table[members]
             mesh.engine.free(info[0])
-
-    def _table(self, comm: Any) -> dict:
-        key = id(comm)
-        found = self._by_parent.get(key)
-        if found is not None and found[0]() is comm:
-            return found[1]
-        by_parent = self._by_parent
-
-        def dropped(ref: Any) -> None:  # the parent is gone: its table too (unless a new one took its id)
-            if by_parent.get(key, (None,))[0] is ref:
-                by_parent.pop(key, None)
-
-        found = self._by_parent[key] = (weakref.ref(comm, dropped), {})
-        return found[1]
 
 
 def _built(build: Callable[[], tuple], mesh: Any) -> tuple:
