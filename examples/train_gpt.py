@@ -47,7 +47,7 @@ from spmdsim.nn.autograd.kept import kept_problem
 from spmdsim.base.precision import precision
 from spmdsim.models.gpt import GPTConfig, encode, load_text
 from spmdsim.models.gpt.data import show_sample, text_problem
-from spmdsim.models.gpt.mesh import zero_cut
+from spmdsim.models.gpt.mesh import model_mesh
 from spmdsim.models.gpt.parallel import DIALECTS, dialect_layouts
 from spmdsim.models.gpt.pipeline import gathered_stages, train_pipelined
 from spmdsim.models.gpt.pipeline_problems import stage_problem
@@ -61,7 +61,7 @@ from spmdsim.models.gpt.checkpoint import checkpoint_problem, first_loss, resume
 from spmdsim.models.gpt.reference import generate
 from spmdsim.models.gpt.train import reference_sample, replay_problem, train
 from spmdsim.models.gpt.tolerances import failed_steps
-from spmdsim.models.axes import model_layout, roles_of
+from spmdsim.models.axes import model_layout
 from spmdsim.models.gpt.fp8_block import policy_problem
 from spmdsim.models.nets.train import loss_trend, run_main
 from spmdsim.programs.pipeline.options import (layer_split, microbatches, pipeline_arguments,
@@ -305,10 +305,9 @@ def train_steps(args, run, resumed):
                                zero=run.zero, memory=args.memory, kept=args.kept, replay=args.replay,
                                precision=args.precision, save=args.save, save_every=args.save_every,
                                resume=args.resume, cp=args.cp, context=context_of(args))
-    mesh, layouts, cp = None, run.layouts, args.cp if args.cp > 1 else None
+    mesh, layouts = None, run.layouts
     if args.shard_group is not None and args.shard_group < dp:  # HSDP: (dp / N, N, [cp,] tp), the batch over dp, N
-        shape, names = model_layout(tp, dp // args.shard_group, cp=cp, fs=args.shard_group)
-        mesh = spmdsim.Mesh(spmdsim.Layout(shape, names, zero_cut(run.zero)), comm, roles=roles_of(names))
+        mesh = model_mesh(cfg, comm, dp, tp, cp=args.cp, context=context_of(args), zero=run.zero, fs=args.shard_group)
         layouts = dialect_layouts(cfg, mesh.layout, args.dialect, args.sp)  # Megatron's, on that mesh
     return train(cfg, comm, dp, tp, args.steps, run.ids, sp=args.sp, check=run.check, on_step=report, mesh=mesh,
                  layouts=layouts, replay=args.replay, recompute=args.recompute, zero=run.zero,

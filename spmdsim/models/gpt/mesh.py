@@ -29,11 +29,13 @@ def zero_cut(zero: Any) -> str:
 
 
 def model_mesh(cfg: GPTConfig, comm: Any, dp: int, tp: int, ep: int = 1, cp: int = 1,
-               context: Optional[Context] = None, zero: int = 0) -> Any:
+               context: Optional[Context] = None, zero: int = 0, fs: Optional[int] = None) -> Any:
     """The model's mesh over `comm`: (dp, [ep,] [cp,] tp), ep with MoE layers, cp where given or a context is;
-    tp as ("tp", "etp") where the experts' etp is between 1 and tp; cut as ZeRO stage `zero` needs (`zero_cut`)."""
-    shape, names = model_layout(tp, dp, ep if cfg.moe is not None or ep > 1 else None,
-                                cp=cp if cp > 1 or context is not None else None,
+    tp as ("tp", "etp") where the experts' etp is between 1 and tp; cut as ZeRO stage `zero` needs (`zero_cut`).
+    `fs` N between 1 and dp: hybrid sharding's (dp / N, N, [cp,] tp), N the shard group (--shard-group)."""
+    hybrid = fs is not None and 0 < fs < dp
+    shape, names = model_layout(tp, dp // fs if hybrid else dp, ep if cfg.moe is not None or ep > 1 else None,
+                                cp=cp if cp > 1 or context is not None else None, fs=fs if hybrid else None,
                                 etp=cfg.expert_tp)
     return Mesh(Layout(shape, names, zero_cut(zero)), comm, roles=roles_of(names))
 

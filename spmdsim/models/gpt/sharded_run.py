@@ -10,12 +10,9 @@ from typing import Any
 import numpy as np
 
 from ...errors import SpmdsimError
-from ...layouts.layout import Layout
-from ...runtime.mesh import Mesh
 from ...runtime.trace import collect_trace
-from ..axes import model_layout, roles_of
 from .memory import sharded_problem
-from .mesh import zero_cut
+from .mesh import model_mesh
 from .train import train
 
 __all__ = ["ShardedRun", "train_sharded"]
@@ -49,10 +46,7 @@ def train_sharded(cfg: Any, comm: Any, pp: int, dp: int, tp: int, steps: int, te
     problem = sharded_problem(pp, microbatches, ep, virtual)
     if problem:  # every rank alike, before any collective
         raise SpmdsimError(problem)
-    mesh = None
-    if 0 < shard_group < dp:
-        shape, names = model_layout(tp, dp // shard_group, fs=shard_group)
-        mesh = Mesh(Layout(shape, names, zero_cut(zero)), comm, roles=roles_of(names))
+    mesh = model_mesh(cfg, comm, dp, tp, zero=zero, fs=shard_group) if 0 < shard_group < dp else None
     with collect_trace() as trace:
         model, results = train(cfg, comm, dp, tp, steps, text_ids, sp=sp, check=check, recompute=recompute, mesh=mesh,
                                zero=zero, memory=memory, kept=kept, reshard_after_forward=reshard_after_forward,
