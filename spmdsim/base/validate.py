@@ -117,14 +117,17 @@ def dtype_arg(dtype: Any, what: str = "dtype", error: type[SpmdsimError] = DType
         fp8 = ("; FP8 is a cast inside a product with its scale (spmdsim.nn.ops.fp8_linear, --precision fp8: "
                "docs/howto/bf16.md), not a tensor's dtype") if out.name.startswith("float8") else ""
         raise error(f"{what} {out.str!r} ({out.name}) is not numeric; expected one of {SUPPORTED_DTYPES}{fp8}")
-    if out.type is np.longdouble or out.type is np.clongdouble:  # (under mpiexec from_global refused equal arrays)
-        raise error(long_double(out, what))
+    problem = long_double(out, what)  # (under mpiexec from_global refused equal arrays)
+    if problem:
+        raise error(problem)
     return out
 
 
-def long_double(dtype: np.dtype, what: str = "dtype") -> str:
-    """Why numpy's long double `dtype` (float128, complex256) is refused, `what` naming it: tensors (`dtype_arg`)
-    and the raw collectives (spmdsim.runtime.arguments) say it alike."""
+def long_double(dtype: np.dtype, what: str = "dtype") -> Optional[str]:
+    """Why `dtype` is refused where it is numpy's long double (float128, complex256), `what` naming it, else None:
+    tensors (`dtype_arg`) and the raw collectives (spmdsim.runtime.arguments) say it alike."""
+    if dtype.type is not np.longdouble and dtype.type is not np.clongdouble:
+        return None
     return (f"{what} {dtype.str!r} ({dtype.name}) is numpy's long double, whose width and padding bytes differ "
             f"between machines and processes; expected one of {SUPPORTED_DTYPES}: convert it with "
             f".astype({'complex128' if dtype.kind == 'c' else 'float64'!r})")

@@ -95,8 +95,9 @@ def _check_dtype(op: str, dtype: np.dtype, reduction: str = "sum") -> None:
     """Raise the DTypeError every member raises alike when MPI cannot move (or reduce by `reduction`: "sum",
     "max" or "min") `dtype`, on every engine (the thread and dry engines would move it, and take numpy's
     maximum of complex numbers). Callers on a collective's path go through `_take`'s cache."""
-    if dtype.type is np.longdouble or dtype.type is np.clongdouble:  # a tensor's dtype refuses it alike
-        raise DTypeError(f"{op}: {long_double(dtype)}")
+    wide = long_double(dtype)  # a tensor's dtype refuses it alike
+    if wide:
+        raise DTypeError(f"{op}: {wide}")
     sums = op in ("allreduce", "reduce_scatter")
     if sums and reduction != "sum":  # MPI's MAX and MIN take integers and real floats only
         if dtype.kind in _ORDERED and dtype.isnative or is_low(dtype):  # bfloat16's: float32's

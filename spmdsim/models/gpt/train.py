@@ -206,7 +206,8 @@ def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.
     collective, when it does not fit this run. With `check`, a resumed run's reference starts from the
     checkpoint's parameters and the run's moments (gathered).
     """
-    fs = 0 if mesh is None or axis_of(mesh, "shard") is None else mesh.layout.axis_size(axis_of(mesh, "shard"))
+    shard = None if mesh is None else axis_of(mesh, "shard")  # (HSDP's shard group: its checkpoints' mesh)
+    fs = 0 if shard is None else mesh.layout.axis_size(shard)
     meta = _refuse(cfg, comm if mesh is None else mesh.comm, dp, tp, steps, text_ids, sp, check, layouts, replay,
                    recompute, zero, kept, ep, precision, save, save_every, resume, cp, fs)
     if mesh is None:

@@ -12,6 +12,7 @@ derivative and JAX do).
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from functools import partial
 from typing import Any
 
@@ -110,10 +111,8 @@ def _reduce(kind: str, x: Any, axes: tuple, keepdims: bool) -> Any:
     block = _reduced(x, kind, axes, keepdims)
     sweep(kind, (x.local,), (block,))
     count = math.prod(x.global_shape[d] for d in axes)
-    if kind == "mean" and count:
-        block = block / np.asarray(count, block.dtype) if block.dtype.kind == "f" else block / count
-    elif kind == "mean":  # no entries: 0 / 0, NaN as numpy's, without numpy's warning from this line
-        with np.errstate(invalid="ignore"):
+    if kind == "mean":  # (no entries: 0 / 0, NaN as numpy's, without numpy's warning from this line)
+        with np.errstate(invalid="ignore") if not count else nullcontext():
             block = block / np.asarray(count, block.dtype) if block.dtype.kind == "f" else block / count
     if plan.steps:  # collectives take at least one dim: a 0-d result travels as one element
         local_shape = block.shape
