@@ -15,6 +15,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ...errors import SpmdsimError
+from ...base.files import reason, write_aside as base_write_aside
 from ...base.precision import bfloat16
 
 __all__ = ["META", "FORMAT", "VERSION", "Arrays", "rank_file", "pending_file", "saved_file", "put_in_place",
@@ -104,11 +105,6 @@ def remove_past(directory: str, world: int) -> None:
                 pass
 
 
-def reason(e: BaseException) -> str:
-    """An exception as a refusal says it: an OSError's strerror, else its text, else its type's name."""
-    return e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
-
-
 def encode(value: Any, arrays: dict) -> Any:
     """`value` (an optimizer's state_dict) as JSON holds it, each array put into `arrays` and named there."""
     if isinstance(value, np.ndarray):
@@ -145,18 +141,10 @@ def decode(value: Any, arrays: Any) -> Any:
 
 
 def write_aside(path: str, write: Any) -> Optional[str]:
-    """`write(file)` into a file beside `path`, renamed onto it: a reader never sees half a file. None, or why
-    not (the file beside it then removed)."""
-    aside = f"{path}.{os.getpid()}.partial"
-    try:
-        with open(aside, "wb") as f:
-            write(f)
-        os.replace(aside, path)
-    except OSError as e:
-        if os.path.isfile(aside):
-            os.remove(aside)
-        return f"cannot write {path}: {reason(e)}"
-    return None
+    """`write(file)` into a file beside `path`, renamed onto it (spmdsim.base.files.write_aside: a link kept, its
+    mode too): a reader never sees half a file. None, or why not (the file beside it then removed)."""
+    why = base_write_aside(path, write)
+    return why and f"cannot write {path}: {why}"
 
 
 def header_problem(path: str, rank: int, header: dict, step: int, world: int) -> Optional[str]:

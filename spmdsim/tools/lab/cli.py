@@ -18,6 +18,7 @@ import textwrap
 import threading
 from typing import Any, Optional
 
+from ...base.files import write_aside
 from ...base.typed_numbers import flag_float
 from ...base.validate import counted
 from ...errors import fold_message
@@ -257,21 +258,10 @@ def _write_book(path: str, rows: list) -> None:
     naming `path`, its part written removed: no grade book short of rows is read as whole."""
     import csv  # (the CSV writer: `spmdsim --help` does not load it)
 
-    target = os.path.realpath(path)  # (a link to the grade book: the file it names replaced, the link kept)
-    aside = target if os.path.exists(target) and not os.path.isfile(target) else f"{target}.{os.getpid()}.partial"
-    try:
-        with open(aside, "w", newline="", encoding="utf-8") as f:
-            csv.writer(f).writerows(rows)
-        if aside != target:
-            with contextlib.suppress(OSError):  # (a grade book written before keeps who may read it)
-                os.chmod(aside, os.stat(target).st_mode & 0o7777)
-            os.replace(aside, target)
-    except OSError as exc:
-        if aside != target and os.path.isfile(aside):
-            with contextlib.suppress(OSError):
-                os.remove(aside)
-        raise LabError(f"--csv {path!r}: the grade book was not written: {exc.strerror or exc} (its rows are "
-                       "the table above; give a path on a disk with room)") from None
+    why = write_aside(path, lambda f: csv.writer(f).writerows(rows), text=True)  # (spmdsim.base.files)
+    if why:
+        raise LabError(f"--csv {path!r}: the grade book was not written: {why} (its rows are the table above; give "
+                       "a path on a disk with room)")
 
 
 #: A value of --ranks that is rank counts ("4", "4,8").
