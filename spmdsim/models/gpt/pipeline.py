@@ -73,6 +73,7 @@ from .buckets import _zero_axes, dp_bucket, zero_options
 from .step_looks import _expert_bytes
 from .stage_check import _PipelineChecker, _stage_regions, _table
 from .pipeline_problems import refuse_pipelined
+from .checkpoint_lock import releases_save_lock
 from .context import Context
 from .mesh import zero_cut
 from ...runtime import debug_calls
@@ -84,6 +85,7 @@ from .stage_program import _largest, _on_mesh
 __all__ = ["train_pipelined"]
 
 
+@releases_save_lock
 def train_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps: int, text_ids: np.ndarray,
                     sp: bool = False, schedule: str = "1f1b", microbatches: int = 1, virtual: int = 1,
                     split: Optional[Sequence[int]] = None, check: bool = True,

@@ -62,6 +62,7 @@ from ...runtime.sim import dry_run_active
 from ...runtime.trace import collect_trace
 from .checkpoint import (_checkpoint_problem, checkpoint_meta, checkpoint_problem, load, save as save_checkpoint,
                          with_first_loss)
+from .checkpoint_lock import releases_save_lock, take_save_lock
 from .mixed import architecture_problem
 from . import parallel
 from .mesh import model_mesh
@@ -178,6 +179,7 @@ def replay_problem(cfg: GPTConfig) -> Optional[str]:
     return None
 
 
+@releases_save_lock
 def train(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: np.ndarray, sp: bool = False,
           check: bool = True, on_step: Optional[Callable[[StepResult], Any]] = None,
           mesh: Any = None, layouts: Optional[dict] = None, replay: bool = False,
@@ -282,7 +284,8 @@ def refuse_run(cfg: GPTConfig, comm: Any, check: bool, precision: Any, saving: t
                memory_args: dict) -> Optional[dict]:
     """The refusals `train` and train_pipelined share once their arguments passed, each one line alike on every
     rank before any block is made: the checkpoints (`saving`: steps, save, save_every, resume; `meta_args`:
-    checkpoint_meta's), the step's memory (`memory_args`: step_memory_problem's, a collective) and, checked under
+    checkpoint_meta's), the --save directory's lock for the run (checkpoint_lock.take_save_lock: another run's
+    refused; a collective), the step's memory (`memory_args`: step_memory_problem's, a collective) and, checked under
     a low-precision policy, the architecture its reference writes. The checkpoints' metadata, or None."""
     steps, save, save_every, resume = saving
     meta = None
@@ -291,6 +294,8 @@ def refuse_run(cfg: GPTConfig, comm: Any, check: bool, precision: Any, saving: t
         problem = _checkpoint_problem(meta, steps, save, save_every, resume)
         if problem:  # every rank alike (each reads the same metadata file), before any collective
             raise SpmdsimError(problem)
+    if save is not None:  # rank 0 locks the directory for the run; the ranks agree (a collective)
+        take_save_lock(save, comm)
     problem = step_memory_problem(cfg, comm, **memory_args)
     if problem:  # every rank alike (a collective decided it), before any block is made
         raise SpmdsimError(problem)
