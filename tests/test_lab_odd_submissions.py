@@ -270,7 +270,8 @@ def test_a_folder_graded_under_another_exercises_number_says_which(course, capsy
 def test_under_mpiexec_a_time_limit_run_out_stops_the_check(course):
     """Each rank count's job ran to the time limit in turn: a deadlock at every count took 5 limits (50 s, where
     simulated ranks take 10), and the reason said "at 1 ranks"."""
-    (course / "spin.py").write_text(SUBMISSIONS["hanging.py"])
+    # an endless loop that sleeps, as a deadlocked rank waits: SUBMISSIONS' hanging.py spun a core for the 3 s
+    (course / "spin.py").write_text("import time\ndef double(comm, x):\n    while True:\n        time.sleep(0.01)\n")
     verdict = check_mpiexec(find_exercise(1, "course"), "spin.py", time_limit=3)
     assert [(r.ranks, r.status, r.reason) for r in verdict.results] == [
         (1, "timeout", "ran past the time limit of 3 s at 1 rank under mpiexec: a deadlock (MPI ranks wait forever) "
