@@ -410,15 +410,21 @@ def test_ctrl_c_stops_a_grade_at_once_and_says_what_it_did_not_write(tiny, tmp_p
     time limits (a folder of endless loops: a minute) before the grade stopped, and then wrote nothing."""
     folder = tmp_path / "loops"
     folder.mkdir()
+    started = tmp_path / "started"  # each loop's check marks here that its loop runs (SUBMISSIONS' hanging.py)
+    started.mkdir()
     for k in range(4):
-        (folder / f"loop{k}.py").write_text(SUBMISSIONS["hanging.py"])
+        (folder / f"loop{k}.py").write_text(SUBMISSIONS["hanging.py"].replace(
+            "\n    while", f"\n    open({str(started / str(k))!r}, 'w').close()\n    while"))
     proc = subprocess.Popen([sys.executable, "-m", "spmdsim", "lab", "grade", "1", str(folder), "--csv", "g.csv",
                              "--exercises", tiny, "--time-limit", "15"], stderr=subprocess.PIPE, text=True,
                             preexec_fn=as_a_shell_starts_it)
     try:
         while "grading 4 submissions" not in proc.stderr.readline():
             pass
-        time.sleep(2)  # both checks' children run their endless loops
+        deadline = time.monotonic() + 50
+        while len(os.listdir(started)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)  # both checks' children run their endless loops (it slept 2 s: ~4 CPU-s of spinning)
+        assert len(os.listdir(started)) == 2, os.listdir(started)
         began = time.monotonic()
         proc.send_signal(signal.SIGINT)
         err = proc.communicate(timeout=50)[1]
@@ -490,8 +496,8 @@ def test_a_time_limit_run_out_on_a_busy_machine_says_the_load(tiny, tmp_path, ca
     time limit run out there said only "an endless loop"; above twice the cores it names the load and the way out."""
     monkeypatch.setattr("spmdsim.tools.lab.sandbox.os.getloadavg", lambda: (load, load, load))
     monkeypatch.setattr("spmdsim.tools.lab.ending.cores_available", lambda: 2)
-    path = tmp_path / "hanging.py"
-    path.write_text(SUBMISSIONS["hanging.py"])
+    path = tmp_path / "hanging.py"  # an endless loop that sleeps: the load is the one set above, not its own spin
+    path.write_text("import time\ndef double(comm, x):\n    while True:\n        time.sleep(0.01)\n")
     assert main(["lab", "check", "1", str(path), "--exercises", tiny, "--time-limit", "1"]) == 1
     out = " ".join(capsys.readouterr().out.split())
     assert "ran past the time limit of 1 s at 1 rank (seed 0): an endless loop" in out, out
