@@ -246,17 +246,18 @@ def test_a_v_collectives_counts_given_as_a_tuple_send_its_whole_buffer(tmp_path,
 
 
 @pytest.mark.parametrize("extra, words", [
-    ("_case = case\n\n\ndef case(seed, n):\n    while True:\n        pass\n",
+    ("import time\n_case = case\n\n\ndef case(seed, n):\n    while True:\n        time.sleep(0.01)\n",
      "the grader stopped at 1 rank (seed 0): exercise 1's case(0, 1) ran past the time limit of 1 s before the "
      "submission ran: an endless loop in the exercise file, not in the submission"),
-    ("def optimal_bytes(case, n):\n    while True:\n        pass\n",
+    ("import time\n\n\ndef optimal_bytes(case, n):\n    while True:\n        time.sleep(0.01)\n",
      "the grader stopped at 1 rank (seed 0): exercise 1's judging of the results (its explain, sends, partners or "
      "optimal_bytes) ran past the time limit of 1 s after the submission returned: an endless loop in the "
      "exercise file, not in the submission"),
 ], ids=["case", "optimal-bytes"])
 def test_an_exercise_function_that_never_returns_is_said_as_the_exercises_fault(tmp_path, capsys, extra, words):
     """A case() with an endless loop was said as the submission's: "ran past the time limit of 1 s at 1 rank
-    (seed 0): an endless loop, or a rank waiting for a message no rank sends"."""
+    (seed 0): an endless loop, or a rank waiting for a message no rank sends". (The loops sleep: which side ran
+    on is read from the child's events, not its CPU, and a spinning one took a core for the whole limit.)"""
     course = _course(tmp_path, "TIME_LIMIT = 1\n" + extra)
     path = tmp_path / "right.py"
     path.write_text("def double(comm, x):\n    return 2 * x\n")
@@ -266,7 +267,8 @@ def test_an_exercise_function_that_never_returns_is_said_as_the_exercises_fault(
 
 
 def test_under_mpiexec_a_case_that_never_returns_is_said_as_the_exercises_fault(tmp_path, capsys):
-    course = _course(tmp_path, "TIME_LIMIT = 2\n\n\ndef case(seed, n):\n    while True:\n        pass\n")
+    course = _course(tmp_path, "TIME_LIMIT = 2\nimport time\n\n\ndef case(seed, n):\n    while True:\n"
+                               "        time.sleep(0.01)\n")
     path = tmp_path / "right.py"
     path.write_text("def double(comm, x):\n    return 2 * x\n")
     assert main(["lab", "check", "1", str(path), "--exercises", course, "--ranks", "1", "--mpiexec"]) == 1
