@@ -55,53 +55,65 @@ def test_example_prints_what_mpiexec_prints(name, mpich_out, capsys, monkeypatch
     assert _lines(name, sim.out) == _lines(name, mpich_out[name]) and sim.out.strip()
 
 
-def test_mpirun_loads_no_planner(tmp_path):
+#: One `spmdsim mpirun -n 3` launch shared by the three tests below (a launch each, ~0.5 CPU-s apiece, before),
+#: run with no mpiexec on PATH: rank 0 names the heavy modules loaded at the program's start, every rank then reads
+#: the process manager's attributes, and last imports numpy (late: after mpi4py) and draws from its generator.
+SHARED = ("import sys\nfrom mpi4py import MPI\nc = MPI.COMM_WORLD\nif c.rank == 0:\n"
+          "    heavy = ('spmdsim.tools.autoshard', 'spmdsim.programs.cost', 'spmdsim.programs.pipeline', "
+          "'spmdsim.programs.plan', 'spmdsim.runtime.door', 'spmdsim.runtime.guard')\n"
+          "    print('heavy', sorted(m for m in sys.modules if m.startswith(heavy)))\n"
+          "print('attrs', c.Get_attr(MPI.UNIVERSE_SIZE), c.Get_attr(MPI.APPNUM), c.Get_attr(MPI.TAG_UB) > 0)\n"
+          "import numpy as np\nrank = MPI.COMM_WORLD.rank\nnp.random.seed(rank)\n"
+          "print('late', rank, np.random.rand())\n")
+
+
+@pytest.fixture(scope="module")
+def shared_run(tmp_path_factory) -> dict:
+    """{'heavy' | 'attrs' | 'late': the lines SHARED's launch printed so, the word cut off}; it exits 0."""
+    folder = tmp_path_factory.mktemp("shared")
+    (folder / "prog.py").write_text(SHARED)
+    env = dict(os.environ, PATH=os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
+                                                 if not os.path.exists(os.path.join(p, "mpiexec"))))
+    run = subprocess.run([sys.executable, "-m", "spmdsim", "mpirun", "-n", "3", "python", "prog.py"],
+                         capture_output=True, text=True, timeout=120, cwd=folder, env=env)
+    assert run.returncode == 0, run.stderr
+    said: dict = {"heavy": [], "attrs": [], "late": []}
+    for line in run.stdout.splitlines():
+        word, _, rest = line.partition(" ")
+        assert word in said, run.stdout  # nothing printed but the program's lines
+        said[word].append(rest)
+    return said
+
+
+def test_mpirun_loads_no_planner(shared_run):
     """`spmdsim mpirun` loads the emulator and what it needs, not every command's modules: the planner,
     the cost model, the pipeline parser and the MPI door took about half of a short program's start."""
-    prog = tmp_path / "prog.py"
-    prog.write_text("import sys\nfrom mpi4py import MPI\nif MPI.COMM_WORLD.rank == 0:\n"
-                    "    heavy = ('spmdsim.tools.autoshard', 'spmdsim.programs.cost', 'spmdsim.programs.pipeline', "
-                    "'spmdsim.programs.plan', 'spmdsim.runtime.door', 'spmdsim.runtime.guard')\n"
-                    "    print(sorted(m for m in sys.modules if m.startswith(heavy)))\n")
-    run = subprocess.run([sys.executable, "-m", "spmdsim", "mpirun", "-n", "2", "python", str(prog)],
-                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert run.returncode == 0, run.stderr
-    assert run.stdout == "[]\n"
+    assert shared_run["heavy"] == ["[]"]
 
 
-def test_mpirun_of_a_program_without_numpy_loads_no_numpy(tmp_path):
+def test_mpirun_of_a_program_without_numpy_loads_no_numpy(tmp_path, shared_run):
     """numpy was half of hello world's start under `spmdsim mpirun` (which then took longer than mpiexec):
-    a program that never imports numpy runs without it; one that imports it late still gets each rank's
+    a program that never imports numpy runs without it; one that imports it late (SHARED) still gets each rank's
     own numpy.random generator (spmdsim.emulator.rank_random swaps its functions when it loads)."""
     plain = tmp_path / "plain.py"
     plain.write_text("import atexit, sys\nfrom mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"
                      "comm.Barrier()\nprint(comm.allreduce(comm.rank), comm.bcast('hi'))\n"
                      "if comm.rank == 0:\n    atexit.register(lambda: print('numpy' in sys.modules))\n")
-    late = tmp_path / "late.py"
-    late.write_text("from mpi4py import MPI\nimport numpy as np\nrank = MPI.COMM_WORLD.rank\n"
-                    "np.random.seed(rank)\nprint(rank, np.random.rand())\n")
-    runs = [subprocess.run([sys.executable, "-m", "spmdsim", "mpirun", "-n", "3", "python", str(prog)],
-                           capture_output=True, text=True, timeout=120, cwd=tmp_path) for prog in (plain, late)]
-    assert [run.returncode for run in runs] == [0, 0], [run.stderr for run in runs]
-    assert runs[0].stdout.splitlines() == ["3 hi"] * 3 + ["False"]
+    run = subprocess.run([sys.executable, "-m", "spmdsim", "mpirun", "-n", "3", "python", str(plain)],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == ["3 hi"] * 3 + ["False"]
     import numpy as np
 
-    assert sorted(runs[1].stdout.splitlines()) == [f"{r} {np.random.RandomState(r).rand()}" for r in range(3)]
+    assert sorted(shared_run["late"]) == [f"{r} {np.random.RandomState(r).rand()}" for r in range(3)]
 
 
-def test_the_process_managers_attributes_need_no_mpiexec_on_path(tmp_path):
+def test_the_process_managers_attributes_need_no_mpiexec_on_path(shared_run):
     """MPI.UNIVERSE_SIZE and MPI.APPNUM read as MPICH's `mpiexec -n N` ranks read them (None and 0). Asked of
     this process's MPICH (a singleton), UNIVERSE_SIZE forked an mpiexec and, with none on PATH (a venv's
-    spmdsim run without activating it), waited for it forever (mpi4py's test_environ under the suite)."""
-    prog = tmp_path / "universe.py"
-    prog.write_text("from mpi4py import MPI\nc = MPI.COMM_WORLD\n"
-                    "print(c.Get_attr(MPI.UNIVERSE_SIZE), c.Get_attr(MPI.APPNUM), c.Get_attr(MPI.TAG_UB) > 0)\n")
-    env = dict(os.environ, PATH=os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
-                                                 if not os.path.exists(os.path.join(p, "mpiexec"))))
-    run = subprocess.run([sys.executable, "-m", "spmdsim", "mpirun", "-n", "2", "python", str(prog)],
-                         capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
-    assert run.returncode == 0, run.stderr
-    assert run.stdout.splitlines() == ["None 0 True"] * 2
+    spmdsim run without activating it), waited for it forever (mpi4py's test_environ under the suite).
+    SHARED's launch has no mpiexec on PATH."""
+    assert shared_run["attrs"] == ["None 0 True"] * 3
 
 
 @pytest.mark.skipif(not MPIEXEC, reason="no mpiexec beside this Python (pip install -e '.[mpi]')")
