@@ -441,9 +441,10 @@ def test_a_right_but_slow_submission_is_called_slow_not_an_endless_loop(tiny, tm
     path.write_text("import time\ndef double(comm, x):\n    time.sleep(2.5)\n    return 2 * x\n")
     assert main(["lab", "check", "1", str(path), "--exercises", tiny, "--time-limit", "4"]) == 1
     out = " ".join(capsys.readouterr().out.split())
-    assert "1 rank : pass (1 case)" in out and "2 ranks: FAIL ran past the time limit of 4 s at 2 ranks (seed 0), " \
-        "a limit for all cases together: the 1 case before it took 2." in out, out
-    assert "s of it: too slow, or an endless loop in this case" in out and "no rank sends" not in out, out
+    assert "1 rank : pass (1 case)" in out and re.search(  # (2.5 s; more on a loaded machine: not what is checked)
+        r"2 ranks: FAIL ran past the time limit of 4 s at 2 ranks \(seed 0\), a limit for all cases together: the 1 "
+        r"case before it took \d+\.\d s of it: too slow, or an endless loop in this case", out), out
+    assert "no rank sends" not in out, out
 
 
 #: A sitecustomize making this process's MPI slow to start: the first import of mpi4py.MPI waits 4 s.
