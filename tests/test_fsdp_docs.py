@@ -84,12 +84,16 @@ def test_a_hybrid_checkpoint_resumes_fully_sharded_at_the_unstopped_runs_loss(tm
 def test_fully_sharded_over_cp_holds_zero_1s_optimizer_states():
     """"With context parallelism": ZeRO-3 on dp 2 x cp 2 shards over both, so its optimizer states are
     ZeRO-1's on that mesh (which shards them over dp x cp), a quarter of ZeRO-0's, and so are its parameters
-    (ZeRO-0's count a little more beside them)."""
+    (ZeRO-0's count a little more beside them). The quoted ZeRO-3 run (its 3 steps) is the one
+    test_a_quoted_command_prints_what_the_page_quotes[16] made; ZeRO-1's and ZeRO-0's run one step: what a rank
+    holds is the same after each step (1.6 CPU-s a run less)."""
     quote = _shown()[16]
-    assert "--cp 2" in quote.command and "--zero 3" in quote.command
+    assert "--cp 2" in quote.command and "--zero 3" in quote.command and " --steps 3 " in quote.command
     held = {}
     for zero in (3, 1, 0):
-        done = _run(quote.command.replace("--zero 3", f"--zero {zero}"))
+        command = quote.command if zero == 3 else quote.command.replace("--zero 3", f"--zero {zero}").replace(
+            " --steps 3 ", " --steps 1 ")
+        done = _run(command)
         assert done.returncode == 0 and "PASS" in done.stdout, done.stderr
         held[zero] = [int(re.search(rf"{what} ([\d,]+)", done.stdout).group(1).replace(",", ""))
                       for what in ("parameters", "optimizer states")]
