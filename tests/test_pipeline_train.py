@@ -306,8 +306,9 @@ def test_recomputation_and_zero1_compose_with_the_pipeline_and_a_dry_run_measure
     with one numpy process; a dry run (one representative per stage, later cells repeated) keeps the same
     bytes for backward at the moment the schedule holds the most, the same optimizer bytes, calls and
     bytes sent, on every rank. A real run's parameters and gradients are placed in page-rounded buffers
-    for MPI (spmdsim.base.buffers), a dry run's are their exact sizes: those differ by less than a page each."""
-    cfg = GPTConfig(layers=4)
+    for MPI (spmdsim.base.buffers), a dry run's are their exact sizes: those differ by less than a page each.
+    SMALL's sizes (d_model 32, seq 16): what is kept and where does not depend on them."""
+    cfg = SMALL
 
     def main():
         run, steps = train_pipelined(cfg, spmdsim.world(), 2, 2, 2, 2, IDS, sp=True, schedule=schedule, virtual=v,
