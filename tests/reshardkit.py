@@ -29,15 +29,31 @@ def train_on(mesh, steps, cfg=TINY, **kw):
     return spmdsim.simulate(ranks, lambda: train(cfg, spmdsim.world(), dp, tp, steps, TEXT, sp=sp, **kw)[1])
 
 
-def steps_as_whole(run, tmp_path, saved_on, resumed_on, saved_kw=None, resumed_kw=None, slack=1):
+#: {(share, saved_on, saved_kw): (the whole run's first rank's StepResults, its 2-step checkpoint's directory)}:
+#: the runs on `saved_on` that steps_as_whole made for an earlier case of the same `share` (a resume only reads
+#: the checkpoint; the 4 whole and 2 saved steps are 3/4 of a case's steps). The directories are the first case's
+#: tmp_path's, kept for the session.
+_SAVED: dict = {}
+
+
+def steps_as_whole(run, tmp_path, saved_on, resumed_on, saved_kw=None, resumed_kw=None, slack=1, share=None):
     """4 steps whole on `saved_on`, and 2 saved there then resumed on `resumed_on` to 4 (`run(mesh, steps, **kw)`:
     the ranks' StepResults, each rank's list): every resumed rank's steps 2 and 3 pass the check, each loss within
     the check's tolerance of the whole run's (the sums run in another order: not bit for bit; step 3's within
-    `slack` times it: one update on the other mesh), and trained on (not the first step's loss)."""
+    `slack` times it: one update on the other mesh), and trained on (not the first step's loss). `share` names
+    what `run` trains (the same for every case given it): a case saved on the same mesh with the same settings
+    (zero 0, train's default, as none) as an earlier case of that name resumes from that case's runs (_SAVED)."""
     saved_kw, resumed_kw = saved_kw or {}, resumed_kw or {}
-    whole = run(saved_on, 4, **saved_kw)[0]
-    run(saved_on, 2, save=str(tmp_path / "half"), **saved_kw)
-    for resumed in run(resumed_on, 4, resume=str(tmp_path / "half"), **resumed_kw):
+    key = None if share is None else (
+        share, saved_on, repr(sorted((k, v) for k, v in saved_kw.items() if (k, v) != ("zero", 0))))
+    if key in _SAVED:
+        whole, half = _SAVED[key]
+    else:
+        whole, half = run(saved_on, 4, **saved_kw)[0], str(tmp_path / "half")
+        run(saved_on, 2, save=half, **saved_kw)
+        if key is not None:
+            _SAVED[key] = whole, half
+    for resumed in run(resumed_on, 4, resume=half, **resumed_kw):
         assert [r.step for r in resumed] == [2, 3]
         assert all(r.passed for r in resumed), [(r.errors, r.tolerances) for r in resumed]
         for w, r, k in zip(whole[2:], resumed, (1, slack)):

@@ -36,7 +36,8 @@ def test_a_run_resumed_on_another_mesh_steps_as_the_run_that_never_stopped(tmp_p
                                                                            precision):
     if precision == "bf16-mixed":
         pytest.importorskip("ml_dtypes")
-    steps_as_whole(train_on, tmp_path, saved_on, resumed_on, {"precision": precision}, {"precision": precision})
+    steps_as_whole(train_on, tmp_path, saved_on, resumed_on, {"precision": precision}, {"precision": precision},
+                   share="train_on")
 
 
 @pytest.mark.parametrize("saved_on, saved_zero, resumed_on, resumed_zero, precision", [
@@ -54,7 +55,7 @@ def test_a_zero_run_resumed_on_another_mesh_steps_as_the_run_that_never_stopped(
         pytest.importorskip("ml_dtypes")
     # (the moments read wrong by a tenth move step 3's loss by 1e-3)
     steps_as_whole(train_on, tmp_path, saved_on, resumed_on, {"precision": precision, "zero": saved_zero},
-                   {"precision": precision, "zero": resumed_zero})
+                   {"precision": precision, "zero": resumed_zero}, share="train_on")
 
 
 def test_a_zero_checkpoint_records_each_ranks_slice_of_every_parameter(tmp_path):
@@ -94,7 +95,7 @@ def test_fsdp_and_cp_resumed_on_another_mesh_step_as_the_run_that_never_stopped(
         ranks, dp, tp = mesh
         return spmdsim.simulate(ranks, lambda: train(cfg, spmdsim.world(), dp, tp, steps, TEXT, **kw)[1])
 
-    steps_as_whole(run, tmp_path, saved_on, resumed_on, saved_kw, resumed_kw)
+    steps_as_whole(run, tmp_path, saved_on, resumed_on, saved_kw, resumed_kw, share="fsdp and cp")
 
 
 def _fsdp_run(mesh, steps, **kw):
@@ -120,7 +121,7 @@ def _fsdp_run(mesh, steps, **kw):
     ((8, 2, 2, 0, 2), (8, 4, 1, 0, 2)),  # ZeRO-3 over dp x cp -> another dp and tp (cp 2 kept: the same masks)
 ])
 def test_hybrid_sharding_resumed_steps_as_the_run_that_never_stopped(tmp_path, saved_on, resumed_on):
-    steps_as_whole(_fsdp_run, tmp_path, saved_on, resumed_on)
+    steps_as_whole(_fsdp_run, tmp_path, saved_on, resumed_on, share="_fsdp_run")
 
 
 def test_a_hybrid_sharding_checkpoint_records_its_shard_group_and_says_it_on_resume(tmp_path):
@@ -185,7 +186,7 @@ def test_an_moe_gpt_resumed_on_another_mesh_steps_as_the_run_that_never_stopped(
         cfg = dataclasses.replace(MOE, moe=MoEConfig(experts=4, top_k=2, every=1, etp=etp))
         return spmdsim.simulate(ranks, lambda: train(cfg, spmdsim.world(), dp, tp, steps, TEXT, ep=ep, **kw)[1])
 
-    steps_as_whole(run, tmp_path, saved_on, resumed_on, saved_kw, resumed_kw)
+    steps_as_whole(run, tmp_path, saved_on, resumed_on, saved_kw, resumed_kw, share="moe")
 
 
 def test_experts_of_another_config_on_another_mesh_are_refused_in_one_line(tmp_path):
