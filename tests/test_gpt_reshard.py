@@ -135,8 +135,8 @@ def test_a_hybrid_sharding_checkpoint_records_its_shard_group_and_says_it_on_res
 
 
 def test_a_resharded_run_saves_a_checkpoint_of_its_own_mesh_and_the_trainings_first_loss(tmp_path):
-    first = train_on((4, 2, 2, False), 2, save=str(tmp_path / "a"))[0]
-    train_on((2, 1, 2, False), 3, resume=str(tmp_path / "a"), save=str(tmp_path / "b"))
+    first = train_on((4, 2, 2, False), 2, save=str(tmp_path / "a"), check=False)[0]  # (the check changes no byte)
+    train_on((2, 1, 2, False), 3, resume=str(tmp_path / "a"), save=str(tmp_path / "b"), check=False)
     meta = read_meta(str(tmp_path / "b"))[0]
     assert (meta["step"], meta["world size"], meta["mesh"], meta["first loss"]) == (3, 2, {"dp": 1, "tp": 2},
                                                                                     first[0].loss)
@@ -148,7 +148,7 @@ def test_a_resharded_run_saves_a_checkpoint_of_its_own_mesh_and_the_trainings_fi
 def test_each_rank_reads_only_the_files_it_needs(tmp_path):
     # dp 2 x tp 2 -> tp 2 on 2 ranks: rank r's block of every parameter is saved rank r's (dp 0's), so the
     # files of ranks 2 and 3 are never opened
-    train_on((4, 2, 2, False), 2, save=str(tmp_path / "ck"))
+    train_on((4, 2, 2, False), 2, save=str(tmp_path / "ck"), check=False)
     for r in (2, 3):
         os.remove(rank_file(str(tmp_path / "ck"), r))
     resumed = train_on((2, 1, 2, False), 3, resume=str(tmp_path / "ck"))
@@ -281,7 +281,7 @@ def test_simulated_ranks_read_their_checkpoint_arrays_one_at_a_time(tmp_path, mo
             with lock:
                 inside[0] -= 1
 
-    train_on((4, 2, 2, False), 1, save=str(tmp_path / "ck"))
+    train_on((4, 2, 2, False), 1, save=str(tmp_path / "ck"), check=False)
     monkeypatch.setattr(npy_format, "_read_array_header", slow)
     interval = sys.getswitchinterval()
     sys.setswitchinterval(0.0002)

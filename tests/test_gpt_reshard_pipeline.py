@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -138,16 +139,25 @@ def _a_key_of_no_layer(header, arrays):
         keys[0][0] = "head:x"
 
 
+@pytest.fixture(scope="module")
+def fp8_pipeline_checkpoint(tmp_path_factory) -> str:
+    """pp 2's FP8 checkpoint at step 2, saved once for the module: each case rewrites its own copy."""
+    pytest.importorskip("ml_dtypes")
+    where = str(tmp_path_factory.mktemp("fp8_pipeline") / "ck")
+    _staged((4, 2, 1, 2), 2, save=where, microbatches=2, precision="fp8", check=False)
+    return where
+
+
 @pytest.mark.parametrize("change, said", [
     (_no_layer_3, "rank 2's file holds no FP8 scales of layer 3 (keys h3.*), which this run's table needs"),
     (_short_histories, "rank 0's file holds FP8 amax histories of shape ({n}, 8), this run's recipe keeps 1024 "
                        "steps of each key's"),
     (_a_key_of_no_layer, "rank 0's file holds the FP8 key 'head:x', which names no layer (h<n>.)"),
 ])
-def test_fp8_rows_a_resharded_run_cannot_take_stop_every_rank_with_one_line(tmp_path, change, said):
-    pytest.importorskip("ml_dtypes")
+def test_fp8_rows_a_resharded_run_cannot_take_stop_every_rank_with_one_line(tmp_path, change, said,
+                                                                           fp8_pipeline_checkpoint):
     where = str(tmp_path / "ck")  # pp 2: ranks 0, 1 hold layers 0, 1 and their keys, ranks 2, 3 layers 2, 3
-    _staged((4, 2, 1, 2), 2, save=where, microbatches=2, precision="fp8", check=False)
+    shutil.copytree(fp8_pipeline_checkpoint, where)
     for r in range(4):
         _rewritten(rank_file(where, r), change)
     with np.load(rank_file(where, 0)) as f:
