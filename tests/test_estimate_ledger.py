@@ -783,6 +783,9 @@ def test_hybrid_sharding_is_priced_from_its_own_dry_run():
              "--dp", "4", "--micro-batch", "1", "--shard-group", "2")
     assert _cli(*small, "--global-batch", "4").stdout.splitlines()[2].startswith(
         "recompute none, dropout 0.1, ZeRO 3 (hybrid: sharded over groups of 2 dp ranks, replicated over 2)")
-    refused = _cli(*small, "--global-batch", "8")  # two microbatches a step
-    assert refused.returncode == 2 and " ".join(refused.stderr.split()).endswith(
-        "--shard-group prices hybrid sharding on one stage, one microbatch a step, without --ep or --cp")
+    for given, said in (("--global-batch 8", "2 microbatches a step"), ("--global-batch 4 --pp 2", "--pp 2"),
+                        ("--global-batch 4 --cp 2", "--cp 2")):
+        refused = _cli(*small, *given.split())
+        assert refused.returncode == 2 and " ".join(refused.stderr.split()) == (
+            f"spmdsim: error: --shard-group 2 with {said}: the estimate prices hybrid sharding on one stage, one "
+            "microbatch a step, without --ep or --cp"), refused.stderr

@@ -310,9 +310,8 @@ def _mesh_size(args: argparse.Namespace) -> None:
 
 
 def _fsdp(args: argparse.Namespace) -> None:
-    """--cp-method typed without --cp 2 or more (the trainers' refusal: it priced the step as if not typed); --zero
-    3's refusals: --prefetch without it, or over a pipeline or several microbatches (those run
-    spmdsim.models.gpt.pipeline's trainer, which does not prefetch)."""
+    """--cp-method without --cp 2 or more (the trainers' refusal); --prefetch without --zero 3 or where the step runs
+    train_pipelined (no prefetch); --shard-group beyond one stage, one microbatch, no --ep or --cp (the first named)."""
     if args.cp == 1 and given_flags(args, "--cp-method"):
         raise SpmdsimError(f"--cp-method {args.cp_method} is for a sequence split over context-parallel ranks: give "
                            "--cp 2 or more with it")
@@ -324,15 +323,17 @@ def _fsdp(args: argparse.Namespace) -> None:
         if args.pp > 1 or args.virtual_stages > 1:
             raise SpmdsimError(f"--prefetch with --pp {args.pp}: a pipeline's chunks do not prefetch; leave out "
                                "--prefetch")
-        by = "--micro-batch x --dp" + (" x --ep" if args.ep > 1 else "")
         raise SpmdsimError(f"--prefetch with {microbatches} microbatches a step: a prefetching step runs one; give "
-                           f"--global-batch {sequences} ({by}) or leave out --prefetch")
+                           f"--global-batch {sequences} (--micro-batch x --dp{' x --ep' * (args.ep > 1)}) or leave "
+                           "out --prefetch")
     if args.shard_group is not None:
-        hybrid = shard_group_problem(args.shard_group, args.zero, args.dp) or (
-            sharded_problem(args.pp, microbatches, args.ep, args.virtual_stages) or args.ep > 1 or args.cp > 1) and \
-            "--shard-group prices hybrid sharding on one stage, one microbatch a step, without --ep or --cp"
-        if hybrid:
-            raise SpmdsimError(hybrid)
+        beside = [f"--{flag} {n}" for flag, n in (("pp", args.pp), ("virtual-stages", args.virtual_stages),
+                                                  ("ep", args.ep), ("cp", args.cp)) if n > 1]
+        beside += [f"{microbatches} microbatches a step"] * (microbatches > 1)
+        problem = shard_group_problem(args.shard_group, args.zero, args.dp)
+        if problem or beside:
+            raise SpmdsimError(problem or f"--shard-group {args.shard_group} with {beside[0]}: the estimate prices "
+                               "hybrid sharding on one stage, one microbatch a step, without --ep or --cp")
 
 
 def _split(args: argparse.Namespace) -> Any:
