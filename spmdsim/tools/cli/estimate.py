@@ -327,8 +327,8 @@ def _fsdp(args: argparse.Namespace) -> None:
                            f"--global-batch {sequences} (--micro-batch x --dp{' x --ep' * (args.ep > 1)}) or leave "
                            "out --prefetch")
     if args.shard_group is not None:
-        beside = [f"--{flag} {n}" for flag, n in (("pp", args.pp), ("virtual-stages", args.virtual_stages),
-                                                  ("ep", args.ep), ("cp", args.cp)) if n > 1]
+        beside = [f"{flag} {n}" for flag, n in (("--pp", args.pp), ("--virtual-stages", args.virtual_stages),
+                                                ("--ep", args.ep), ("--cp", args.cp)) if n > 1]
         beside += [f"{microbatches} microbatches a step"] * (microbatches > 1)
         problem = shard_group_problem(args.shard_group, args.zero, args.dp)
         if problem or beside:
