@@ -59,7 +59,7 @@ from .checkpoint_files import (FORMAT as _FORMAT, META, VERSION as _VERSION, Arr
                                pending_file, put_in_place, rank_file, read_meta, remove_past, reason as _reason,
                                saved_file, write_aside)
 
-__all__ = ["META", "rank_file", "run_meta", "resume_problem", "save_problem", "save", "load", "read_meta",
+__all__ = ["META", "agreed", "rank_file", "run_meta", "resume_problem", "save_problem", "save", "load", "read_meta",
            "checkpoint_problem", "checkpoint_meta", "first_loss", "with_first_loss", "resume_line"]
 
 
@@ -246,22 +246,22 @@ def save(directory: str, meta: dict, step: int, mesh: Any, params: dict, optimiz
     # each rank's region of every parameter too, for a resume on another mesh (a pipeline's gathered: collective)
     where = regions(params, mesh.size, optimizer) if meta.get("pipeline") is None else \
         stage_regions(params, mesh, optimizer)
-    _agreed(mesh, problem and f"--save {directory}: {problem}")  # every rank's file written: then the metadata
+    agreed(mesh.comm, problem and f"--save {directory}: {problem}")  # every rank's file written: then the metadata
     if rank == 0:
         text = json.dumps({"format": _FORMAT, "version": _VERSION, "step": step, **meta, "regions": where},
                           indent=1) + "\n"
         problem = write_aside(os.path.join(directory, META), lambda f: f.write(text.encode("utf-8")))
-    _agreed(mesh, problem and f"--save {directory}: {problem}")  # (rank 0's) the new checkpoint is the one
+    agreed(mesh.comm, problem and f"--save {directory}: {problem}")  # (rank 0's) the new checkpoint is the one
     problem = put_in_place(directory, rank, step)
     if rank == 0 and not problem:  # an earlier checkpoint's files of more ranks, replaced: not left beside it
         remove_past(directory, meta["world size"])
-    _agreed(mesh, problem and f"--save {directory}: {problem}")
+    agreed(mesh.comm, problem and f"--save {directory}: {problem}")
 
 
-def _agreed(mesh: Any, problem: Optional[str]) -> None:
-    """Raise on every rank of `mesh` the first of the ranks' problems (this rank's `problem`), if any: one
+def agreed(comm: Any, problem: Optional[str]) -> None:
+    """Raise on every rank of `comm` the first of the ranks' problems (this rank's `problem`), if any: one
     Allgather (collective), so that no rank goes on, or waits, alone."""
-    problems = all_gather_object(mesh.comm, problem) if mesh.size > 1 else [problem]
+    problems = all_gather_object(comm, problem) if comm.Get_size() > 1 else [problem]
     first = next((p for p in problems if p), None)
     if first:
         raise SpmdsimError(first)
@@ -329,7 +329,7 @@ def load(directory: str, mesh: Any, params: dict, optimizer: Any, scales: tuple 
             if meta is not None and resharded(saved, meta) else \
             _read_own(directory, step, mesh.rank, mesh.size, params, optimizer, scales)
         problem = problem and f"--resume {directory}: {problem}"
-    _agreed(mesh, problem)
+    agreed(mesh.comm, problem)
     return step
 
 

@@ -19,8 +19,7 @@ import threading
 from typing import Any, Callable, Optional
 
 from ...base.files import reason
-from ...errors import SpmdsimError
-from ...runtime.door import all_gather_object
+from .checkpoint import agreed
 
 try:  # (optional: flock is POSIX's)
     import fcntl
@@ -47,10 +46,7 @@ def take_save_lock(directory: str, comm: Any) -> None:
             locks = getattr(_HELD, "locks", None)
             if locks is not None:  # (else held until this process ends)
                 locks.append(held)
-    problems = all_gather_object(comm, problem) if comm.Get_size() > 1 else [problem]
-    first = next((p for p in problems if p), None)
-    if first:  # (rank 0's: it took nothing)
-        raise SpmdsimError(first)
+    agreed(comm, problem)  # (rank 0's, if any: it took nothing)
 
 
 def releases_save_lock(run: Callable) -> Callable:
