@@ -150,7 +150,7 @@ def rank_builtins() -> dict:
     that runs the importing rank's copy of each of the program's own modules the statement names, there, as
     the statement runs in an MPI process (`_importing`). The program's import statements alone pay for it;
     numpy's, mpi4py's and spmdsim's run Python's own."""
-    return _Builtins(__import__=_importing)
+    return _Builtins(__import__=_importing, open=_open)
 
 
 class _Builtins(dict):
@@ -161,6 +161,14 @@ class _Builtins(dict):
     # looked up here, and a Python method with an import statement made each such lookup ~15x slower. A
     # name it lacks raises KeyError, which the interpreter reports as Python does (NameError).
     __missing__ = staticmethod(builtins.__dict__.__getitem__)
+
+
+def _open(*args: Any, **kwargs: Any) -> Any:
+    """The builtins module's ``open`` as it is when called (a program's mock of it too). C code reads "open" from
+    its caller's builtins with a plain dict lookup, which `_Builtins.__missing__` does not answer: numpy's
+    ``tofile`` and ``fromfile`` of a path failed with "SystemError: ... returned NULL without setting an
+    exception"."""
+    return builtins.open(*args, **kwargs)
 
 
 _IMPORT = __import__
