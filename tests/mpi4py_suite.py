@@ -31,7 +31,7 @@ from pathlib import Path
 
 #: The test files run: every file of mpi4py's suite whose subject a simulated rank has (communicators, point to
 #: point (partitioned too), collectives, one-sided communication, groups, requests, statuses, errors, attributes,
-#: topologies, pkl5, threads, buffers, datatypes and packing); the files left out, and why, are NOT_RUN.
+#: topologies, pkl5, threads, buffers, datatypes and packing, MPI I/O); the files left out, and why, are NOT_RUN.
 FILES = ("test_cco_buf", "test_cco_nb_buf", "test_cco_obj", "test_cco_vec", "test_cco_nb_vec", "test_comm",
          "test_p2p_buf", "test_p2p_obj",
          "test_p2p_buf_matched", "test_p2p_obj_matched", "test_cco_ngh_buf", "test_cco_ngh_obj", "test_comm_topo",
@@ -39,12 +39,11 @@ FILES = ("test_cco_buf", "test_cco_nb_buf", "test_cco_obj", "test_cco_vec", "tes
          "test_util_pkl5", "test_threads", "test_environ", "test_msgspec", "test_msgzero", "test_op", "test_pickle",
          "test_buffer", "test_address", "test_errorcode", "test_info", "test_mpimem", "test_grequest",
          "test_cco_pr_buf", "test_cco_pr_vec", "test_cco_pr_ngh_buf", "test_win", "test_rma", "test_rma_nb",
-         "test_util_sync", "test_p2p_buf_part", "test_datatype", "test_util_dtlib", "test_pack")
+         "test_util_sync", "test_p2p_buf_part", "test_datatype", "test_util_dtlib", "test_pack", "test_file", "test_io")
 
 #: mpi4py's test files not run, and why (docs/howto/simulate.md's table).
 NOT_RUN = {
     "intercommunicators": ("test_cco_buf_inter", "test_cco_obj_inter", "test_cco_vec_inter", "test_comm_inter"),
-    "MPI I/O": ("test_file", "test_io"),
     "dynamic processes": ("test_dynproc", "test_spawn", "test_util_pool"),
     "sessions and fault tolerance": ("test_session", "test_ulfm"),
     "mpi4py's packaging, C API, ABI and docs": ("test_cffi", "test_ctypes", "test_mpiabi", "test_mpiapi",
@@ -62,7 +61,8 @@ OUT_OF_SCOPE = {
                                                                 "is its MPI main thread (MPI.Is_thread_main()), "
                                                                 "named 'spmdsim rank N', where the test takes "
                                                                 "'MainThread' alone for the main thread",
-    r"ErrhandlerFile": "MPI I/O (MPI.File over a simulated communicator)",
+    r"test_io\.TestDatarep\.testRegister$": "MPI's process-wide table of data representations (MPI.Register_datarep: "
+                                          "the simulated ranks register one name into one table)",
     r"ErrhandlerSession": "MPI sessions (MPI.Session's error handlers: a process-wide table of 32)",
     r"test_util_pkl5\.\w+\.(test\w+Inter|testBigMPI)$": "intercommunicators (Intracomm.Create_intercomm)",
     r"DLPackGPUBuf": "device (GPU) memory: only host memory is simulated",

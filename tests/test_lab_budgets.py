@@ -170,6 +170,20 @@ OTHER_ALGORITHMS = [
             comm.send(part, dest=0)
         return part + sum(comm.recv(source=k) for k in range(1, n)) if r == 0 else None
     """),
+    (3, ["line 7: fh.Write_at_all is not one of the calls this exercise allows (Reduce)"], """
+    import numpy as np
+    from mpi4py import MPI
+    def pi_reduce(comm, intervals):
+        r, n = comm.Get_rank(), comm.Get_size()
+        part = sum(4.0 / (1.0 + ((i + 0.5) / intervals) ** 2) for i in range(r, intervals, n)) / intervals
+        fh = MPI.File.Open(comm, "parts.bin", MPI.MODE_CREATE | MPI.MODE_RDWR | MPI.MODE_DELETE_ON_CLOSE)
+        fh.Write_at_all(8 * r, np.array([part]))
+        comm.reduce(0.0, root=0)
+        got = np.empty(n)
+        fh.Read_at_all(0, got)
+        fh.Close()
+        return float(got.sum()) if r == 0 else None
+    """),
     (4, ["rank 0 sent 1,480 B at 3 ranks (A 36x5); the algorithm needs 1,256 B", "comm.bcast at line 4"], """
     import numpy as np
     def matvec(comm, A, x):

@@ -276,10 +276,10 @@ def test_rc_errors_picks_the_starting_handlers(tmp_path, errors):
         assert mpich.stdout == run.stdout, mpich.stderr[-2000:]
 
 
-def test_files_are_refused_windows_made_sessions_follow_rc_errors(tmp_path):
-    """Files: NotImplementedError in one line (what mpi4py raises where MPI lacks a call), not a TypeError
-    about the simulated communicator; windows are made on simulated communicators (MPI.WIN_NULL is a
-    window too); a session gets the handler of the rank's rc.errors."""
+def test_files_windows_and_sessions_are_made_with_rc_errors_handler(tmp_path):
+    """Files and windows are made on simulated communicators (MPI.WIN_NULL is a window too), a file with the
+    handler of the rank's rc.errors (MPI.FILE_NULL's stays ERRORS_RETURN), as mpi4py sets it; a session gets the
+    handler of the rank's rc.errors."""
     run = _run(tmp_path, """
         import os
         import mpi4py
@@ -289,16 +289,15 @@ def test_files_are_refused_windows_made_sessions_follow_rc_errors(tmp_path):
                     MPI.Win.Allocate(8, 1, MPI.INFO_NULL, MPI.COMM_WORLD)):
             print(win.flavor in (MPI.WIN_FLAVOR_CREATE, MPI.WIN_FLAVOR_ALLOCATE), win.attrs[1])
             win.Free()
-        try:
-            MPI.File.Open(MPI.COMM_SELF, os.devnull, MPI.MODE_WRONLY)
-        except NotImplementedError as exc:
-            print(str(exc).split(": not simulated; spmdsim mpirun runs communicators")[0])
+        f = MPI.File.Open(MPI.COMM_SELF, os.devnull, MPI.MODE_WRONLY)
+        print(f.Get_errhandler() == MPI.ERRORS_ARE_FATAL, MPI.FILE_NULL.Get_errhandler() == MPI.ERRORS_RETURN)
+        f.Close()
         print(isinstance(MPI.WIN_NULL, MPI.Win), MPI.Win.__name__)
         session = MPI.Session.Init()
         print(session.Get_errhandler() == MPI.ERRORS_ARE_FATAL, isinstance(session, MPI.Session))
         session.Finalize()
         """, "", simulated=True, n=1)
-    assert run.stdout.splitlines() == ["True 0", "True 8", "MPI I/O (MPI.File)",
+    assert run.stdout.splitlines() == ["True 0", "True 8", "True True",
                                                                                 "True Win", "True True"], run.stderr
 
 

@@ -41,7 +41,8 @@ SUBSET = (r"test_cco_buf\.TestCCOBufWorld\.test(Bcast|Allreduce|Scan|Scatter|Gat
 #: the windows, mpi4py.util.sync's World classes and one-sided communication's World tests but the accumulates'
 #: loops over every typecode and op (~2 s each); partitioned point to point's ring of Pready_range and Pready_list;
 #: the datatypes' own tests but their constructors' and pickles' loops (test_pack's loops over every pair of
-#: typecodes and test_util_dtlib run in the full run: 3.5 and 18 s at 2 ranks).
+#: typecodes and test_util_dtlib run in the full run: 3.5 and 18 s at 2 ranks); MPI I/O's files but the loops of
+#: test_io's views over every typecode, three of its ten views kept (subarray, struct, contiguous).
 SUBSET_MORE = (r"test_(group|request|status|exceptions|errhandler|attributes|comm_topo|threads|environ|msgzero|op|"
                r"pickle|buffer|address|errorcode|info|mpimem|grequest|cco_ngh_obj|p2p_obj_matched)\."
                r"|test_util_pkl5\.Test(MPI|PKL5)World\.|test_p2p_buf_matched\.(TestMessage|\w+World)\.testIMProbe"
@@ -50,7 +51,9 @@ SUBSET_MORE = (r"test_(group|request|status|exceptions|errhandler|attributes|com
                r"|test_cco_pr_(buf|vec)\."
                r"|test_win\.|test_util_sync\.\w+World\.|test_rma(_nb)?\.TestRMAWorld\.test(?!GetAccumulate|Accumulate)"
                r"|test_p2p_buf_part\.TestP2PBufPartWorld\.testRingRangeList$"
-               r"|test_datatype\.TestDatatype(Null)?\.")
+               r"|test_datatype\.TestDatatype(Null)?\."
+               r"|test_file\.|test_io\.TestIOBasicWorld\.test(?!ReadWrite$|IReadIWrite$)"
+               r"|test_io\.TestIOViewWorld\.test(Subarray|Struct|Contiguous)$")
 
 
 def _test_files() -> Path:
@@ -100,3 +103,5 @@ def test_more_mpi4py_test_files_at_two_ranks(tmp_path):
     persistent = [t for t, v in results["2"].items() if t.split(".")[0] in ("test_cco_pr_buf", "test_cco_pr_vec")
                   and v[0] == "pass"]
     assert len(persistent) >= 132, len(persistent)  # both files whole: 70 + 62 tests in scope
+    files = [t for t, v in results["2"].items() if t.split(".")[0] in ("test_file", "test_io") and v[0] == "pass"]
+    assert len(files) >= 34 + 15, len(files)  # test_file whole, test_io's World tests but its typecode loops

@@ -31,7 +31,7 @@ def _lines(name: str, out: str) -> list:
     return out.splitlines()
 
 
-SAME_AS_MPICH = ["helloworld.py", "cpi.py", "ring.py", "matvec.py", "psort.py", "onesided.py"]
+SAME_AS_MPICH = ["helloworld.py", "cpi.py", "ring.py", "matvec.py", "psort.py", "onesided.py", "parallel_io.py"]
 
 
 @pytest.fixture(scope="module")
@@ -681,7 +681,8 @@ def test_a_thread_left_running_by_a_failed_run_never_meets_the_real_mpi(tmp_path
     run = _launched(prog, 2, cwd=tmp_path)
     assert run.returncode == 1, run
     assert run.stdout == "the late thread sees 2 ranks\n", run
-    assert run.stderr.startswith("spmdsim mpirun: error on simulated rank 0: NotImplementedError: dynamic processes"), run
+    assert run.stderr.startswith("spmdsim mpirun: error on simulated rank 0: NotImplementedError: dynamic "
+                                 "processes"), run
 
 
 def test_ranks_a_failed_run_left_computing_print_whole_lines_until_the_process_exits(tmp_path):
@@ -698,7 +699,8 @@ def test_ranks_a_failed_run_left_computing_print_whole_lines_until_the_process_e
                     "    pause = time.monotonic()\n    while time.monotonic() - pause < 0.0002:\n        pass\n")
     run = _launched(prog, 4, cwd=tmp_path)
     assert run.returncode == 1, run.stderr
-    assert run.stderr.startswith("spmdsim mpirun: error on simulated rank 0: NotImplementedError: dynamic processes"), run.stderr
+    assert run.stderr.startswith("spmdsim mpirun: error on simulated rank 0: NotImplementedError: dynamic "
+                                 "processes"), run.stderr
     lines = run.stdout.splitlines()
     assert lines and [line for line in lines if not re.fullmatch(r"rank [123] says hello", line)] == [], lines[:5]
 

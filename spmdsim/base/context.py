@@ -29,7 +29,7 @@ class RankContext:
 
     __slots__ = ("rank", "size", "comm", "engine", "traces", "seq", "hooks", "meter", "shared",
                  "self_comm", "world_comm", "dry_run", "launcher", "guarded", "flops", "phase",
-                 "streams", "__weakref__")
+                 "streams", "file_null", "__weakref__")
 
     def __init__(self, rank: Optional[int] = None, size: Optional[int] = None, comm: Any = None,
                  engine: Any = None, dry_run: bool = False, shared: Optional[dict] = None,
@@ -58,6 +58,7 @@ class RankContext:
         # "backward", a recomputed forward inside it "recompute"
         self.phase = "forward"
         self.streams: Optional[dict] = None  # "stdout"/"stderr" -> the stream the rank set (emulator.rank_streams)
+        self.file_null: Any = None  # its MPI.FILE_NULL (spmdsim.emulator.file: new files' error handler), likewise
 
 
 #: The context of code that no simulation runs: an MPI rank's (or a plain process's).

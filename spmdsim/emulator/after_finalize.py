@@ -9,7 +9,7 @@ The rank's Finalize calls `refuse_from_now`, which sets a profile hook on the ra
 thread had, the lab's call watcher's, which it calls first). The thread ends with the rank, and the hook with it:
 nothing is changed for another rank or a later run, and no call pays anything before its rank finalizes. The
 hook knows an MPI call by its code: the public methods and properties of the emulator's communicators, windows,
-requests, groups and messages, and the rank's own module functions (MPI.Finalize, MPI.Query_thread, ...). Only
+files, requests, groups and messages, and the rank's own module functions (MPI.Finalize, MPI.Query_thread, ...). Only
 a call from outside spmdsim is the program's: spmdsim's own (a Send's Isend, the end of the rank) run on.
 mpi4py's own functions (MPI.Wtime, MPI.Get_processor_name, MPI.DOUBLE.Get_size) are compiled code, which a
 profile hook does not see: they answer, where MPICH ends the job.
@@ -34,7 +34,9 @@ __all__ = ["refuse_from_now"]
 
 _SPMDSIM = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # spmdsim's own code
 _HANDLE_CONVERSIONS = frozenset(("toint", "fromint", "py2f", "f2py"))
-_FOUND: dict = {}  # whether spmdsim.emulator.window is loaded -> _calls' answer (the classes are fixed)
+#: The emulator's modules a program loads when it first opens a window or a file, and the class each holds.
+_LAZY = (("window", "SimWin"), ("file", "SimFile"))
+_FOUND: dict = {}  # which of _LAZY are loaded -> _calls' answer (the classes are fixed)
 
 
 def refuse_from_now(frame: Any, own: dict) -> None:
@@ -42,10 +44,11 @@ def refuse_from_now(frame: Any, own: dict) -> None:
     methods, or a code in `own`: code -> the name a program calls it by) ends the run (see the module
     docstring)."""
     state = _local.simulated()
-    window = sys.modules.get(__name__.rpartition(".")[0] + ".window")  # (loaded once a program opens a window)
-    found = _FOUND.get(window is not None)
+    package = __name__.rpartition(".")[0]
+    lazy = tuple(getattr(sys.modules.get(f"{package}.{module}"), name, None) for module, name in _LAZY)
+    found = _FOUND.get(tuple(c is not None for c in lazy))
     if found is None:
-        found = _FOUND[window is not None] = _calls(window)
+        found = _FOUND[tuple(c is not None for c in lazy)] = _calls([c for c in lazy if c is not None])
     calls = {**found, **own}
     where = _program_line(frame) or "its program"
     before = sys.getprofile()
@@ -77,11 +80,11 @@ def _used_after_finalize(state: Any, call: str, frame: Any, where: str) -> NoRet
     end_every_rank(error)
 
 
-def _calls(window: Any) -> dict:
+def _calls(lazy: list) -> dict:
     """code -> the name a program calls it by, of the public methods and properties of the emulator's
-    communicators, requests, groups, messages and windows (with the module `window`, else None), and their
+    communicators, requests, groups, messages and the `lazy` classes loaded (windows, files), and their
     subclasses; not the handle conversions (toint, fromint), which MPICH answers after MPI_Finalize."""
-    classes = [SimComm, Request, SimGroup, SimMessage] + ([window.SimWin] if window is not None else [])
+    classes = [SimComm, Request, SimGroup, SimMessage] + lazy
     calls: dict = {}
     seen: set = set()
     while classes:

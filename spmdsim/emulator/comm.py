@@ -9,7 +9,8 @@ point-to-point calls in spmdsim.runtime.sim.p2p, persistent requests in spmdsim.
 ones in spmdsim.emulator.partitioned, Cartesian
 grids in spmdsim.emulator.topology, graphs and distributed graphs in spmdsim.emulator.graphs, their neighbour
 collectives in spmdsim.emulator.neighbours; windows (one-sided communication) over
-a communicator in spmdsim.emulator.window. I/O and intercommunicators are not simulated (docs/howto/simulate.md).
+a communicator in spmdsim.emulator.window, files (MPI I/O) in spmdsim.emulator.file. Intercommunicators are not
+simulated (docs/howto/simulate.md).
 """
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ from ..runtime.sim.engine import SimulationError
 from .comm_errors import SimErrhandler, handled_from_now, new_errhandler, run_user_handler
 from .job_end import end_every_rank
 
-__all__ = ["CommHandles", "initial_errhandler"]
+__all__ = ["CommHandles", "SharedHandle", "initial_errhandler"]
 
 _LOCK = threading.Lock()
 _IDS = itertools.count(0x5E000001)  # handles no real MPI object has
@@ -93,17 +93,16 @@ def initial_errhandler(parent: Any = None) -> Any:
     return None
 
 
-class CommHandles:
-    """Error handlers, attributes and identity of a SimComm or a SimWin (a mixin; `self._h`: the handle copies
-    share)."""
-
-    # -- identity: copies share one handle, as mpi4py's copies share one MPI handle ---------------------------
+class SharedHandle:
+    """Identity of a simulated MPI object whose copies share one handle (`self._h`), as mpi4py's copies share one
+    MPI handle: equal when the handle is, and a null one equal to mpi4py's null object of its kind (a mixin of
+    SimComm, SimWin and SimFile)."""
 
     #: mpi4py's class and null object this kind compares with (a SimWin's: "Win", "WIN_NULL")
     _MPI_CLASS, _MPI_NULL = "Comm", "COMM_NULL"
 
     def __eq__(self, other: Any) -> bool:
-        if type.__instancecheck__(CommHandles, other) and other._MPI_CLASS == self._MPI_CLASS:
+        if type.__instancecheck__(SharedHandle, other) and other._MPI_CLASS == self._MPI_CLASS:
             return (self._h is other._h) or (not self and not other)
         mpi = mpi_module()
         if mpi is not None and isinstance(other, mpi.__dict__[self._MPI_CLASS]):  # the class itself, also swapped
@@ -116,6 +115,11 @@ class CommHandles:
 
     def __hash__(self) -> int:
         return id(self._h)
+
+
+class CommHandles(SharedHandle):
+    """Error handlers, attributes and identity of a SimComm or a SimWin (a mixin; `self._h`: the handle copies
+    share)."""
 
     # -- error handlers ----------------------------------------------------------------------------
 

@@ -49,7 +49,7 @@ __all__ = ["swapped", "SWAPPED"]
 SWAPPED = ("COMM_WORLD", "COMM_SELF", "Comm", "Intracomm", "Topocomm", "Cartcomm", "Graphcomm", "Distgraphcomm",
            "Request", "Prequest", "Group", "Message", "REQUEST_NULL", "MESSAGE_NULL", "MESSAGE_NO_PROC", "Init",
            "Init_thread", "Finalize", "Is_initialized", "Is_finalized", "Query_thread", "Is_thread_main",
-           "Attach_buffer", "Detach_buffer", "Flush_buffer", "Iflush_buffer", "Win", "File", "Session")
+           "Attach_buffer", "Detach_buffer", "Flush_buffer", "Iflush_buffer", "Win", "File", "FILE_NULL", "Session")
 
 _BSEND_BUFFERS: dict = {}  # thread -> the buffer a simulated rank attached (its Bsend copies anyway)
 
@@ -74,7 +74,11 @@ def _simulated(name: str, state: Any) -> Any:
         from .window import SimWin  # (numpy, at its import: a program that opens no window runs without it)
 
         return SimWin
-    if name in ("File", "Session"):
+    if name in ("File", "FILE_NULL"):
+        from . import file  # (numpy, at its import, as the windows')
+
+        return file.SimFile if name == "File" else file.file_null(state)
+    if name == "Session":
         return refusing(name)
     if name == "Prequest":
         return Prequest

@@ -1,10 +1,9 @@
-"""What a simulated rank's ``mpi4py.MPI`` refuses: MPI I/O files over simulated ranks (docs/reference/emulator.md,
-"Limits"). ``MPI.File`` is, on a simulated rank, a subclass of mpi4py's whose constructor raises
-NotImplementedError in one line (what mpi4py raises where the MPI
-library lacks a call, so a program that checks for it goes on), instead of a TypeError about a
-communicator of the wrong class. ``MPI.Session.Init`` makes a session of this process's MPI (its
-groups are the process's, not the simulated world's) with the error handler the rank's
-``mpi4py.rc.errors`` gives, as mpi4py sets it when a process starts one.
+"""What a simulated rank's ``mpi4py.MPI`` refuses, and how (docs/reference/emulator.md, "Limits"): `not_simulated`
+is the one wording of a call spmdsim mpirun does not simulate (dynamic processes, intercommunicators), a
+NotImplementedError, what mpi4py raises where the MPI library lacks a call, so a program that checks for it goes
+on. ``MPI.Session.Init`` makes a session of this process's MPI (its groups are the process's, not the simulated
+world's) with the error handler the rank's ``mpi4py.rc.errors`` gives, as mpi4py sets it when a process starts
+one.
 """
 from __future__ import annotations
 
@@ -22,21 +21,21 @@ def not_simulated(what: str) -> NotImplementedError:
     (mpi4py.futures' pool waits for its manager thread's Spawn): `spmdsim_ends_run`, read by
     spmdsim.emulator.rank_threads and spmdsim.runtime.sim.engine.World.fail."""
     exc = NotImplementedError(f"{what}: not simulated; spmdsim mpirun runs communicators, point to point, "
-                              "collectives and one-sided communication (docs/howto/simulate.md); run this program "
-                              "under mpiexec")
+                              "collectives, one-sided communication and MPI I/O (docs/howto/simulate.md); run this "
+                              "program under mpiexec")
     exc.spmdsim_ends_run = True  # type: ignore[attr-defined]
     return exc
 
 
-#: mpi4py's class -> (what it is, its constructors).
-_REFUSED = {"File": ("MPI I/O (MPI.File)", ("Open",)),
-            "Session": ("", ())}
+#: mpi4py's class -> (what it is, its constructors refused).
+_REFUSED = {"Session": ("", ())}
 
 _MADE: dict = {}
 
 
 def refusing(name: str) -> Any:
-    """mpi4py.MPI's class `name` (File, Session) with its constructors refused on simulated ranks."""
+    """mpi4py.MPI's class `name` (Session) with its constructors refused on simulated ranks (Init: this process's
+    session)."""
     found = _MADE.get(name)
     if found is None:
         from mpi4py import MPI
@@ -66,7 +65,7 @@ def _session_init(cls: type, *args: Any, **kwargs: Any) -> Any:
 
 
 class _Refusing(type):
-    """The metaclass of the refusing classes: mpi4py's own objects (MPI.FILE_NULL) are instances too."""
+    """The metaclass of the refusing classes: mpi4py's own objects (MPI.SESSION_NULL) are instances too."""
 
     def __instancecheck__(cls, obj: Any) -> bool:
         return isinstance(obj, cls._real)

@@ -1,4 +1,4 @@
-"""One-sided communication on simulated ranks: mpi4py's ``MPI.Win`` (docs/howto/simulate.md, "One-sided").
+"""One-sided communication on simulated ranks: mpi4py's ``MPI.Win`` (docs/reference/emulator-windows-files.md).
 
     win = MPI.Win.Create(memory, disp_unit, MPI.INFO_NULL, comm)   # or Allocate, Allocate_shared, Create_dynamic
     win.Fence(); win.Put(data, target_rank); win.Fence()            # or Lock/Unlock, Start/Complete + Post/Wait

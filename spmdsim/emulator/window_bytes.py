@@ -226,6 +226,9 @@ def _positions(datatype: Any, count: int) -> tuple:
             packed |= out[:end].astype(np.int64) << (8 * k)
     finally:
         one.Free()
+    step = basic.Get_size()
+    if step > 1 and basic != _mpi().BYTE:  # each element's bytes from its first: MPI packs a long double's 10
+        packed = (packed[::step, None] + np.arange(step)).ravel()  # bytes of value, not its padding
     return packed, count * size, basic
 
 

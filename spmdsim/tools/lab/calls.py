@@ -26,14 +26,15 @@ import numpy as np
 from ...emulator import comm as _comm
 from ...emulator.comm_errors import GUARD_CODE
 from ...emulator.persistent import Prequest
+from ...emulator.file import SimFile
 from ...emulator.window import SimWin
 from ...runtime.sim import p2p as _p2p
 from .contents import payload
 from .exercise import LabError
 from .sent_bytes import collective_sent, message_bytes, object_bytes, persistent_collective_sent
 
-__all__ = ["COLLECTIVES", "BARRIERS", "POINT_TO_POINT", "ONE_SIDED", "Notes", "base_call", "family", "watching",
-           "violation", "strangers", "missing", "too_many"]
+__all__ = ["COLLECTIVES", "BARRIERS", "POINT_TO_POINT", "ONE_SIDED", "FILE_IO", "Notes", "base_call", "family",
+           "watching", "violation", "strangers", "missing", "too_many"]
 
 _UPPER_COLLECTIVES = ("Allreduce", "Reduce", "Bcast", "Scatter", "Scatterv", "Gather", "Gatherv", "Allgather",
                       "Allgatherv", "Alltoall", "Alltoallv", "Alltoallw", "Reduce_scatter", "Reduce_scatter_block",
@@ -69,6 +70,8 @@ _ONE_SIDED = {"Put": ("origin",), "Rput": ("origin",), "Get": ("origin",), "Rget
               "Compare_and_swap": ("origin", "result")}
 #: Every one-sided operation of a window (MPI.Win), a communication call as a send is.
 ONE_SIDED = frozenset(_ONE_SIDED)
+#: MPI I/O's data calls (MPI.File's reads and writes): data between ranks through a file, communication calls too.
+FILE_IO = frozenset(n for n in dir(SimFile) if n.startswith(("Read", "Write", "Iread", "Iwrite")))
 #: The one-sided operations that only read their target: a partner's rule (`strangers`) counts writes.
 _READS = ("Get", "Rget")
 
@@ -124,9 +127,10 @@ def ranks_text(n: int) -> str:
 
 
 def _said(name: str) -> str:
-    """Call `name` as a program writes it: win.Put for a window's, request.Start for a request's, else comm.Bcast."""
+    """Call `name` as a program writes it: win.Put for a window's, request.Start for a request's, fh.Write_at for
+    a file's, else comm.Bcast."""
     return f"win.{name}" if name in ONE_SIDED else f"request.{name}" if name in ("Start", "Startall") else \
-        f"comm.{name}"
+        f"fh.{name}" if name in FILE_IO else f"comm.{name}"
 
 
 def base_call(name: str) -> str:
@@ -298,7 +302,7 @@ def watching(filename: str, notes: Notes) -> Iterator[Notes]:
 
 def violation(notes: list, forbidden: tuple, allowed: Optional[tuple]) -> Optional[str]:
     """The first call in `notes` (one Notes per rank) that the rules forbid, with its line, or None: a
-    forbidden call, or a communication call (collective, point-to-point or one-sided) outside `allowed`
+    forbidden call, or a communication call (collective, point-to-point, one-sided or a file's) outside `allowed`
     (Barrier, which moves no data, is always allowed unless `forbidden` names it: COLLECTIVES does not)."""
     banned, kept = _families(forbidden), None if allowed is None else _families(allowed) | {"Barrier"}
     for note in notes:
@@ -307,7 +311,7 @@ def violation(notes: list, forbidden: tuple, allowed: Optional[tuple]) -> Option
             if family(name) in banned:
                 return f"line {line}: {_said(name)} is not allowed in this exercise"
             if kept is not None and family(name) not in kept and (call in _EVERY_COLLECTIVE or call in POINT_TO_POINT
-                                                                  or call in ONE_SIDED):
+                                                                  or call in ONE_SIDED or call in FILE_IO):
                 return (f"line {line}: {_said(name)} is not one of the calls this exercise allows "
                         f"({', '.join(allowed)})")
     return None
@@ -372,8 +376,9 @@ def too_many(notes: list, most: dict) -> Optional[str]:
 
 @functools.lru_cache(maxsize=1)
 def _known() -> frozenset:
-    """The calls a rule may name: a communicator's (a topology's too), a window's and a persistent request's."""
-    names = set(_EVERY_COLLECTIVE | POINT_TO_POINT | ONE_SIDED)
+    """The calls a rule may name: a communicator's (a topology's too), a window's, a file's and a persistent
+    request's."""
+    names = set(_EVERY_COLLECTIVE | POINT_TO_POINT | ONE_SIDED | FILE_IO)
     for kind in (_comm.SimCartComm, _comm.SimGraphComm, _comm.SimDistGraphComm, Prequest):
         names.update(name for name in dir(kind) if not name.startswith("_"))
     names.update(name for name in set(dir(SimWin)) - set(dir(np.ndarray)) if not name.startswith("_"))  # (not an

@@ -1,0 +1,99 @@
+"""A file view of MPI I/O on simulated ranks (spmdsim.emulator.file): which bytes of the file a rank's data
+stream reaches.
+
+A view is MPI's triple: a displacement in bytes, an elementary type (offsets count in it) and a filetype
+tiled from the displacement on, each tile one filetype extent long, the data at the filetype's own byte
+positions (found as one-sided operations find a derived type's: spmdsim.emulator.window_bytes._positions,
+MPI's own packing). Byte j of the stream is at ``disp + (j // size) * extent + positions[j % size]`` of the
+file; a view of a type without holes is one run of bytes from its displacement.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..runtime.sim._mpi import mpi_error
+from .._lazy import numpy_on_first_use
+from .window_bytes import _positions
+from .window_state import _mpi
+
+np = numpy_on_first_use(globals())
+
+__all__ = ["View"]
+
+
+class View:
+    """One rank's view of an open file (`MPI.File.Set_view`'s arguments, checked)."""
+
+    __slots__ = ("disp", "etype", "filetype", "datarep", "esize", "size", "extent", "positions")
+
+    def __init__(self, disp: int, etype: Any, filetype: Any, datarep: str) -> None:
+        mpi = _mpi()
+        self.disp, self.etype, self.filetype, self.datarep = disp, etype, filetype, datarep
+        self.esize = etype.Get_size()
+        self.size = filetype.Get_size()
+        lb, self.extent = filetype.Get_extent()
+        if disp < 0:
+            raise mpi_error(mpi, mpi.ERR_ARG, f"Set_view: displacement {disp} is negative")
+        if self.esize <= 0 or self.size <= 0 or self.size % self.esize:
+            raise mpi_error(mpi, mpi.ERR_TYPE, f"Set_view: the filetype's {self.size} bytes are not a whole "
+                                               f"number of etypes of {self.esize} bytes")
+        if lb < 0 or self.extent < self.size:
+            raise mpi_error(mpi, mpi.ERR_TYPE, "Set_view: a filetype whose data lie before its start or overlap "
+                                               "their next copy (a negative lower bound or extent below its size)")
+        positions, _, _ = _positions(filetype, 1)
+        if type(positions) is not int:
+            if len(positions) > 1 and (np.diff(positions) <= 0).any():
+                raise mpi_error(mpi, mpi.ERR_TYPE, "Set_view: the filetype's displacements must increase (MPI "
+                                                   "requires a file view's typemap monotonic and without overlaps)")
+            if int(positions[-1]) + 1 == self.size and self.extent == self.size:
+                positions = self.size  # its data in a row after all
+        self.positions = positions if type(positions) is int and self.extent == self.size else \
+            (np.arange(self.size, dtype=np.int64) if type(positions) is int else positions)
+
+    @classmethod
+    def default(cls) -> "View":
+        """The view a file is opened with: bytes from byte 0."""
+        byte = _mpi().BYTE
+        return cls(0, byte, byte, "native")
+
+    def contiguous(self) -> bool:
+        return type(self.positions) is int
+
+    def offsets(self, start: int, nbytes: int) -> Any:
+        """The file's byte offsets of stream bytes `start` to `start + nbytes` (an int64 array), or the first
+        of them where they lie in a row (an int)."""
+        if self.contiguous():
+            return self.disp + start
+        j = np.arange(start, start + nbytes, dtype=np.int64)
+        tile, within = np.divmod(j, self.size)
+        return self.disp + tile * self.extent + self.positions[within]
+
+    def stream_end(self, file_size: int) -> int:
+        """The stream bytes the view reaches below byte `file_size` of the file (its end, in stream bytes)."""
+        past = file_size - self.disp
+        if past <= 0:
+            return 0
+        if self.contiguous():
+            return past
+        tiles, rest = divmod(past, self.extent)
+        return tiles * self.size + int(np.searchsorted(self.positions, rest))
+
+    def byte_offset(self, offset: int) -> int:
+        """The file's byte offset of etype `offset` of the view (MPI.File.Get_byte_offset)."""
+        start = offset * self.esize
+        if self.contiguous():
+            return self.disp + start
+        tile, within = divmod(start, self.size)
+        return self.disp + tile * self.extent + int(self.positions[within])
+
+
+def runs(offsets: Any, nbytes: int) -> list:
+    """`View.offsets`' answer as [(file offset, stream index, length)]: the runs of bytes in a row."""
+    if type(offsets) is int:
+        return [(offsets, 0, nbytes)] if nbytes else []
+    if not len(offsets):
+        return []
+    breaks = np.flatnonzero(np.diff(offsets) != 1) + 1
+    starts = np.concatenate(([0], breaks))
+    ends = np.concatenate((breaks, [len(offsets)]))
+    return [(int(offsets[s]), int(s), int(e - s)) for s, e in zip(starts, ends)]
