@@ -17,6 +17,12 @@ from spmdsim.runtime.sim.unmatched import MISMATCH
 
 EXERCISES = load_exercises()
 
+
+@pytest.fixture(autouse=True)
+def _own_folder(tmp_path, monkeypatch):
+    """Each test in a folder of its own, as each check runs: exercise 23's ranks write their file there."""
+    monkeypatch.chdir(tmp_path)
+
 #: The wrong solutions' own overflow (exp of 800 without the maximum subtracted) warns, as it would for a student.
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning",
                                         "ignore:invalid value encountered:RuntimeWarning")
@@ -1265,6 +1271,71 @@ WRONG = [
             comm.Reduce_scatter_block(partial, out)
             return out
         """),
+    (23, 4, 0, "wrong", ["the file holds the blocks one after another"], """
+    import numpy as np
+    from mpi4py import MPI
+    def blocks_to_rows(comm, block, path):
+        n, r = comm.Get_size(), comm.Get_rank()
+        rows, cols = MPI.Compute_dims(n, 2)
+        (h, w), (H, W) = block.shape, (rows * block.shape[0], cols * block.shape[1])
+        fh = MPI.File.Open(comm, path, MPI.MODE_CREATE | MPI.MODE_RDWR | MPI.MODE_DELETE_ON_CLOSE)
+        fh.Set_view(0, MPI.DOUBLE)
+        fh.Write_at_all(r * h * w, block)
+        fh.Sync()
+        comm.Barrier()
+        fh.Sync()
+        mine = np.empty(((r + 1) * H // n - r * H // n, W))
+        fh.Read_at_all(r * H // n * W, mine)
+        fh.Close()
+        return mine
+    """),
+    (23, 4, 1, "wrong", ["rank 0 returned shape (3, 2), expected (1, 4)", "this is the rank's own block"], """
+    import numpy as np
+    from mpi4py import MPI
+    def blocks_to_rows(comm, block, path):
+        rows, cols = MPI.Compute_dims(comm.Get_size(), 2)
+        i, j = divmod(comm.Get_rank(), cols)
+        (h, w) = block.shape
+        fh = MPI.File.Open(comm, path, MPI.MODE_CREATE | MPI.MODE_RDWR | MPI.MODE_DELETE_ON_CLOSE)
+        fh.Set_view(0, MPI.DOUBLE, MPI.DOUBLE.Create_subarray([rows * h, cols * w], [h, w], [i * h, j * w]).Commit())
+        fh.Write_all(block)
+        fh.Sync()
+        fh.Close()
+        return block
+    """),
+    (23, 4, 0, "forbidden", ["line 6: comm.allgather is not one of the calls this exercise allows (Write_all, "
+                             "Write_at_all, Read_all, Read_at_all)"], """
+    import numpy as np
+    from mpi4py import MPI
+    def blocks_to_rows(comm, block, path):
+        n, r = comm.Get_size(), comm.Get_rank()
+        rows, cols = MPI.Compute_dims(n, 2)
+        blocks = comm.allgather(block)
+        a = np.block([[blocks[i * cols + j] for j in range(cols)] for i in range(rows)])
+        fh = MPI.File.Open(comm, path, MPI.MODE_CREATE | MPI.MODE_RDWR | MPI.MODE_DELETE_ON_CLOSE)
+        fh.Set_view(0, MPI.DOUBLE)
+        fh.Write_all(a if r == 0 else a[:0])
+        fh.Sync()
+        fh.Close()
+        return a[r * len(a) // n:(r + 1) * len(a) // n]
+    """),
+    (23, 2, 0, "forbidden", ["no rank called fh.Sync: the exercise asks for it"], """
+    import numpy as np
+    from mpi4py import MPI
+    def blocks_to_rows(comm, block, path):
+        n, r = comm.Get_size(), comm.Get_rank()
+        rows, cols = MPI.Compute_dims(n, 2)
+        (h, w), (H, W) = block.shape, (rows * block.shape[0], cols * block.shape[1])
+        i, j = divmod(r, cols)
+        fh = MPI.File.Open(comm, path, MPI.MODE_CREATE | MPI.MODE_RDWR | MPI.MODE_DELETE_ON_CLOSE)
+        fh.Set_view(0, MPI.DOUBLE, MPI.DOUBLE.Create_subarray([H, W], [h, w], [i * h, j * w]).Commit())
+        fh.Write_all(block)
+        fh.Set_view(0, MPI.DOUBLE)
+        mine = np.empty((H // n, W))
+        fh.Read_at_all(r * H // n * W, mine)
+        fh.Close()
+        return mine
+    """),
     (2, 2, 0, "exit", ["rank 0 called comm.Abort(3) at line 2: return the result instead"], """
         def ring_pass(comm, x):
             comm.Abort(3)

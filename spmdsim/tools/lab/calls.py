@@ -72,6 +72,8 @@ _ONE_SIDED = {"Put": ("origin",), "Rput": ("origin",), "Get": ("origin",), "Rget
 ONE_SIDED = frozenset(_ONE_SIDED)
 #: MPI I/O's data calls (MPI.File's reads and writes): data between ranks through a file, communication calls too.
 FILE_IO = frozenset(n for n in dir(SimFile) if n.startswith(("Read", "Write", "Iread", "Iwrite")))
+#: A file's calls, said fh.Sync: those of MPI.File that a communicator does not have.
+_FILE_CALLS = frozenset(n for n in dir(SimFile) if not n.startswith("_")) - frozenset(dir(_comm.SimComm))
 #: The one-sided operations that only read their target: a partner's rule (`strangers`) counts writes.
 _READS = ("Get", "Rget")
 
@@ -127,10 +129,9 @@ def ranks_text(n: int) -> str:
 
 
 def _said(name: str) -> str:
-    """Call `name` as a program writes it: win.Put for a window's, request.Start for a request's, fh.Write_at for
-    a file's, else comm.Bcast."""
+    """Call `name` as a program writes it: win.Put, request.Start, fh.Write_at (a file's) or comm.Bcast."""
     return f"win.{name}" if name in ONE_SIDED else f"request.{name}" if name in ("Start", "Startall") else \
-        f"fh.{name}" if name in FILE_IO else f"comm.{name}"
+        f"fh.{name}" if name in _FILE_CALLS else f"comm.{name}"
 
 
 def base_call(name: str) -> str:
@@ -160,10 +161,10 @@ def family(name: str) -> str:
 
 
 def _with_forms(name: str) -> str:
-    """comm.`name` said with the other forms a rule on it counts: "comm.Allreduce (or Iallreduce, allreduce)"."""
+    """`name` said with the other forms a rule on it counts: "comm.Allreduce (or Iallreduce, allreduce)"."""
     forms = sorted((c for c in _EVERY_COLLECTIVE if family(c) == family(name) and c != name),
                    key=lambda c: (c[0].islower(), c[0] == "I" and c[1].islower(), len(c), c))
-    return f"comm.{name} (or {', '.join(forms)})" if forms else f"comm.{name}"
+    return f"{_said(name)} (or {', '.join(forms)})" if forms else _said(name)
 
 
 def _families(rule: Any) -> set:
@@ -369,16 +370,15 @@ def too_many(notes: list, most: dict) -> Optional[str]:
             lines = [line for name, line in note.calls if family(name) in counted]
             if len(lines) > limit:
                 name = next(name for name, _ in note.calls if family(name) in counted)
-                return (f"rank {rank} called comm.{name} {len(lines)} times, again at line {lines[limit]}; the "
+                return (f"rank {rank} called {_said(name)} {len(lines)} times, again at line {lines[limit]}; the "
                         f"exercise allows {limit}")
     return None
 
 
 @functools.lru_cache(maxsize=1)
 def _known() -> frozenset:
-    """The calls a rule may name: a communicator's (a topology's too), a window's, a file's and a persistent
-    request's."""
-    names = set(_EVERY_COLLECTIVE | POINT_TO_POINT | ONE_SIDED | FILE_IO)
+    """The calls a rule may name: a communicator's (a topology's too), a window's, a file's, a persistent request's."""
+    names = set(_EVERY_COLLECTIVE | POINT_TO_POINT | ONE_SIDED | _FILE_CALLS)
     for kind in (_comm.SimCartComm, _comm.SimGraphComm, _comm.SimDistGraphComm, Prequest):
         names.update(name for name in dir(kind) if not name.startswith("_"))
     names.update(name for name in set(dir(SimWin)) - set(dir(np.ndarray)) if not name.startswith("_"))  # (not an
