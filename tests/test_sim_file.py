@@ -146,3 +146,31 @@ def test_a_rank_that_skips_a_collective_file_call_is_named_not_a_hang(tmp_path):
         _on_ranks(2, _skips, str(tmp_path / "skip.bin"))
     assert ("on the file 'skip.bin' opened on the world" in str(raised.value) and "rank 0 calls File.Write_at_all but "
             "rank 1 calls File.Close" in str(raised.value)), raised.value
+
+
+def _spread(path: str, gap: int) -> list:
+    """2 ranks, each 3 doubles a tile `gap` bytes long, rank r's at byte 8r of each: written, then read back."""
+    comm = MPI.COMM_WORLD
+    tile = MPI.DOUBLE.Create_resized(0, gap).Commit()
+    fh = MPI.File.Open(comm, path, MPI.MODE_CREATE | MPI.MODE_RDWR)
+    fh.Set_view(8 * comm.rank, MPI.DOUBLE, tile)
+    fh.Write_all(np.arange(3.0) + 10 * comm.rank)
+    back = np.full(4, -1.0)
+    status = MPI.Status()
+    fh.Read_at_all(0, back, status)
+    fh.Close()
+    tile.Free()
+    return back.tolist() + [status.Get_count(MPI.DOUBLE)]
+
+
+@pytest.mark.parametrize("gap", [32, 3 << 20], ids=["one-span", "a-call-a-run"])
+def test_scattered_bytes_land_alike_read_and_written_by_span_or_by_run(tmp_path, gap):
+    """A scattered view's bytes go by one access of their span (data sieving) or, where the span is over 4 times
+    them and 1 MiB, by one call a run: the file and the reads are the same."""
+    path = str(tmp_path / "spread.bin")
+    got = _on_ranks(2, _spread, path, gap)
+    assert got == [[0.0, 1.0, 2.0, -1.0, 3], [10.0, 11.0, 12.0, -1.0, 3]]
+    held = np.fromfile(path)
+    assert held.size == (2 * gap + 16) // 8
+    assert held[[0, 1, gap // 8, gap // 8 + 1, gap // 4, gap // 4 + 1]].tolist() == [0, 10, 1, 11, 2, 12]
+    assert np.count_nonzero(held) == 5  # (the holes read as zeros)

@@ -14,15 +14,12 @@ from typing import Any, NoReturn
 from ..runtime.sim._mpi import mpi_error, special
 from ..runtime.sim.engine import SimulationError
 from ..runtime.sim.requests import completed, fill_status
-from .._lazy import numpy_on_first_use
-from .file_view import View, runs
+from .file_view import View, read_bytes, write_bytes
 from .comm_errors import SimErrhandler, run_user_handler
 from .job_end import end_every_rank
 from .derived import committed
 from .window_bytes import _Side
 from .window_state import _mpi
-
-np = numpy_on_first_use(globals())
 
 __all__ = ["FileAccess", "raise_as_handled"]
 
@@ -150,16 +147,10 @@ class FileAccess:
         view, fd = self._h.view, self._open.fd
         first, n = start * view.esize, side.nbytes
         if write:
-            data = side.read()
-            for at, i, length in runs(view.offsets(first, n), n):
-                chunk, done = memoryview(data[i:i + length]), 0
-                while done < length:
-                    done += os.pwrite(fd, chunk[done:], at + done)
+            write_bytes(fd, view.offsets(first, n), side.read())
             return n
         n = max(0, min(n, view.stream_end(os.fstat(fd).st_size) - first))
-        data = np.empty(n, np.uint8)
-        for at, i, length in runs(view.offsets(first, n), n):
-            data[i:i + length] = np.frombuffer(os.pread(fd, length, at), np.uint8)
+        data = read_bytes(fd, view.offsets(first, n), n)
         if type(side.positions) is int:
             side.memory[side.start:side.start + n] = data
         else:

@@ -9,6 +9,7 @@ file; a view of a type without holes is one run of bytes from its displacement.
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ..runtime.sim._mpi import mpi_error
@@ -18,7 +19,11 @@ from .window_state import _mpi
 
 np = numpy_on_first_use(globals())
 
-__all__ = ["View"]
+__all__ = ["View", "write_bytes", "read_bytes"]
+
+#: A scattered access reads (and a write writes back) the whole span its bytes lie in, as ROMIO's data sieving
+#: does, where that span is at most SIEVE times its bytes (plus 1 MiB); else it makes one call a run of bytes.
+SIEVE = 4
 
 
 class View:
@@ -97,3 +102,56 @@ def runs(offsets: Any, nbytes: int) -> list:
     starts = np.concatenate(([0], breaks))
     ends = np.concatenate((breaks, [len(offsets)]))
     return [(int(offsets[s]), int(s), int(e - s)) for s, e in zip(starts, ends)]
+
+
+def _sieved(offsets: Any, nbytes: int) -> Any:
+    """(first, last + 1) of the bytes `offsets` reach, where one access of that span is cheaper, else None."""
+    if type(offsets) is int or not nbytes:
+        return None
+    lo, hi = int(offsets[0]), int(offsets[-1]) + 1
+    return (lo, hi) if hi - lo <= SIEVE * nbytes + (1 << 20) else None
+
+
+def _pread(fd: int, length: int, at: int) -> bytes:
+    """Up to `length` bytes of the file from byte `at` (fewer where it ends)."""
+    parts, got = [], 0
+    while got < length:
+        part = os.pread(fd, length - got, at + got)
+        if not part:
+            break
+        parts.append(part)
+        got += len(part)
+    return b"".join(parts)
+
+
+def _pwrite(fd: int, data: Any, at: int) -> None:
+    chunk, done = memoryview(data), 0
+    while done < len(chunk):
+        done += os.pwrite(fd, chunk[done:], at + done)
+
+
+def write_bytes(fd: int, offsets: Any, data: Any) -> None:
+    """Write `data` (uint8) at the file's byte `offsets` (`View.offsets`' answer)."""
+    span = _sieved(offsets, len(data))
+    if span is not None:  # read the span, put the bytes in, write it back (the file's mutex is held)
+        lo, hi = span
+        block = np.zeros(hi - lo, np.uint8)  # (past the file's end the holes stay zero, as a hole reads)
+        old = _pread(fd, hi - lo, lo)
+        block[:len(old)] = np.frombuffer(old, np.uint8)
+        block[offsets - lo] = data
+        _pwrite(fd, block, lo)
+        return
+    for at, i, length in runs(offsets, len(data)):
+        _pwrite(fd, data[i:i + length], at)
+
+
+def read_bytes(fd: int, offsets: Any, nbytes: int) -> Any:
+    """The `nbytes` bytes (uint8) at the file's byte `offsets`, all below its end."""
+    span = _sieved(offsets, nbytes)
+    if span is not None:
+        lo, hi = span
+        return np.frombuffer(_pread(fd, hi - lo, lo), np.uint8)[offsets - lo]
+    data = np.empty(nbytes, np.uint8)
+    for at, i, length in runs(offsets, nbytes):
+        data[i:i + length] = np.frombuffer(_pread(fd, length, at), np.uint8)
+    return data
