@@ -168,10 +168,12 @@ class FileAccess:
         return n
 
     def _here(self, call: str, write: bool, buf: Any, status: Any, together: bool = False) -> int:
+        """At the rank's own pointer, which moves past the bytes moved, or, for a nonblocking call, past those
+        asked for (set as the call starts, as MPI does and MPICH's reads past the end show)."""
         side = self._side(call, write, buf)
         with self._open.mutex:
             n = self._io(side, write, self._h.pos)
-        self._h.pos += n // self._h.view.esize
+        self._h.pos += (side.nbytes if call.startswith("I") else n) // self._h.view.esize
         if together:
             self._comm._enter(f"File.{call}", (f"File.{call}",))
         _status(status, n)
@@ -212,13 +214,13 @@ class FileAccess:
         """A split collective's _begin: `run()` (the collective) now, its bytes kept for the _end's status."""
         self._live()
         if self._h.split is not None:
-            self._fail(_mpi().ERR_OTHER, f"{call}_begin: {self._h.split[0]}_begin is still active on this file "
-                                         "(one split collective at a time)")
+            self._fail(_mpi().ERR_IO, f"{call}_begin: {self._h.split[0]}_begin is still active on this file "
+                                      "(one split collective at a time)")
         self._h.split = (call, run())
 
     def _end(self, call: str, status: Any) -> None:
         self._live()
         if self._h.split is None or self._h.split[0] != call:
-            self._fail(_mpi().ERR_OTHER, f"{call}_end: no {call}_begin before it")
+            self._fail(_mpi().ERR_IO, f"{call}_end: no {call}_begin before it")
         _status(status, self._h.split[1])
         self._h.split = None
