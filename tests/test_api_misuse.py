@@ -148,3 +148,14 @@ def test_a_long_double_is_refused_in_one_line(call, what, to):
             "machines and processes; expected one of bool, int8..int64, uint8..uint64, float16..float64, complex64, "
             f"complex128: convert it with .astype({to!r})")
     assert _said(lambda: call(Mesh(Layout((2,), ("tp",)))), n=2) == [said] * 2
+
+
+@pytest.mark.parametrize("call, what", [
+    (lambda mesh, rows: DTensor.from_global(mesh, rows, mesh.layout("tp", None)), "array"),
+    (lambda mesh, rows: DTensor.from_global(mesh, rows), "array"),
+    (lambda mesh, rows: DTensor.from_local(mesh, rows), "local shard")])
+def test_a_ragged_nested_list_is_refused_in_one_line(call, what):
+    """Rows of unequal lengths: numpy's "inhomogeneous shape" ValueError came out as a traceback on every rank."""
+    said = (f"{what} list [[1.0, 2.0], [3.0]] is not rectangular: its nested sequences differ in length; expected "
+            "one length per dim, as an ndarray has")
+    assert _said(lambda: call(Mesh(Layout((2,), ("tp",))), [[1.0, 2.0], [3.0]]), n=2) == [said] * 2

@@ -135,13 +135,18 @@ def long_double(dtype: np.dtype, what: str = "dtype") -> Optional[str]:
 
 def plain_array(value: Any, what: str, error: type[SpmdsimError] = DTypeError) -> np.ndarray:
     """`value` as a numpy array (np.asarray's), unless it is a numpy masked array: np.asarray keeps its data and
-    drops its mask, so the masked elements would enter the results as numbers; refused in one line."""
+    drops its mask, so the masked elements would enter the results as numbers; refused in one line, as are nested
+    lists of unequal lengths."""
     if isinstance(value, np.ma.MaskedArray):
         masked = int(np.ma.count_masked(value))
         raise error(f"{what} is a numpy masked array of shape {value.shape!r} with {counted(masked, 'masked element')}"
                     ": a tensor has no mask; expected a plain array: pass its .filled(value) (masked elements set "
                     "to value) or its .data (the numbers under the mask)")
-    return np.asarray(value)
+    try:
+        return np.asarray(value)
+    except ValueError:  # nested lists of unequal lengths: numpy's "inhomogeneous shape", a traceback
+        raise ShapeError(f"{what} {describe(value)} is not rectangular: its nested sequences differ in length; "
+                         "expected one length per dim, as an ndarray has") from None
 
 
 def tolerance_arg(value: object, what: str, error: type[SpmdsimError] = SpmdsimError) -> float:

@@ -64,7 +64,7 @@ class _Constructors:
         PyTorch's keywords: ``shape=`` is `global_shape`; ``run_check=False`` and ``stride=None`` are taken
         (spmdsim.base.foreign), other values refused in one line.
         """
-        layout = _replicated(mesh, local, layout)
+        layout = _replicated(mesh, local, layout, "local shard")
         _check_placement(mesh, layout)  # first: a block passed where the mesh goes is named as such
         if foreign:
             global_shape = _pytorch_from_local(foreign, global_shape)
@@ -148,7 +148,7 @@ class _Constructors:
         reductions of a 63-bit digest of the array's shape, dtype and bytes; `verify=False` skips them, for
         an array built alike on every rank by the program itself.
         """
-        layout = _replicated(mesh, array, layout)
+        layout = _replicated(mesh, array, layout, "array")
         _check_placement(mesh, layout)
         array = plain_array(array, "array")
         dtype_arg(array.dtype, "array dtype")
@@ -228,11 +228,11 @@ def _check_fill(value: Any, kind: np.dtype, name: str) -> None:
         raise DTypeError(f"fill value {shown} must be a number that dtype {name!r} holds{span}")
 
 
-def _replicated(mesh: Any, block: Any, layout: Any) -> Any:
-    """`layout`, or where it is left out (None) on a Mesh, `block` replicated over every mesh axis (PyTorch's
-    default placements); a mesh that is no Mesh is left to `_check_placement` to name."""
+def _replicated(mesh: Any, block: Any, layout: Any, what: str) -> Any:
+    """`layout`, or where it is left out (None) on a Mesh, `block` (named `what`) replicated over every mesh axis
+    (PyTorch's default placements); a mesh that is no Mesh is left to `_check_placement` to name."""
     if layout is None and isinstance(mesh, Mesh):
-        return mesh.layout(*[None] * np.ndim(block))
+        return mesh.layout(*[None] * plain_array(block, what).ndim)
     return layout
 
 
