@@ -159,3 +159,13 @@ def test_a_ragged_nested_list_is_refused_in_one_line(call, what):
     said = (f"{what} list [[1.0, 2.0], [3.0]] is not rectangular: its nested sequences differ in length; expected "
             "one length per dim, as an ndarray has")
     assert _said(lambda: call(Mesh(Layout((2,), ("tp",))), [[1.0, 2.0], [3.0]]), n=2) == [said] * 2
+
+
+@pytest.mark.parametrize("call, said", [
+    (lambda mesh: DTensor.zeros(mesh, mesh.layout("tp"), 8), "shape 8 must be a sequence of integers"),
+    (lambda mesh: DTensor.ones(mesh, mesh.layout("tp"), None), "shape None must be a sequence of integers"),
+    (lambda mesh: DTensor.full(mesh, mesh.layout("tp"), "8", 1.0), "shape '8' must be a sequence of integers")])
+def test_full_zeros_ones_refuse_a_shape_that_is_no_sequence(call, said):
+    """torch.zeros(8)'s one int: tuple(shape) raised "'int' object is not iterable", a traceback on every rank
+    (a string was cut into its characters: "shape ('8',) must hold integers")."""
+    assert _said(lambda: call(Mesh(Layout((2,), ("tp",)))), n=2) == [said] * 2

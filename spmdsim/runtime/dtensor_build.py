@@ -15,7 +15,7 @@ from ..base.foreign import take_foreign
 from ..layouts.datagen import SeededTensor
 from ..errors import DTypeError, LayoutError, OperatorError, RuntimeMismatchError, ShapeError
 from ..layouts.layout import Layout, TensorLayout
-from ..base.validate import counted, describe, dtype_arg, dtype_name, float_max, plain_array
+from ..base.validate import counted, describe, dtype_arg, dtype_name, float_max, plain_array, shape_arg
 from . import debug, debug_calls, door
 from .mesh import Mesh
 from .budget import check_seeded
@@ -117,7 +117,7 @@ class _Constructors:
         if isinstance(value, np.generic) or type(value) is np.ndarray and value.ndim == 0:  # np.array(2.0): a scalar
             value = value.item()
         _check_fill(value, kind, name)
-        seeded = SeededTensor(tuple(shape), name if name in _SEEDABLE else "float64")
+        seeded = SeededTensor(shape_arg(shape), name if name in _SEEDABLE else "float64")
         shape = _cuttable_shape(layout, seeded.shape)
         check_seeded(mesh.comm, layout, seeded)  # the same limits as a generated tensor, on every rank alike
         local = buffers.zeros(layout.local_shape(shape, mesh.rank), kind)
