@@ -214,6 +214,9 @@ def _refusals():
          "stack: operand 1 of shape (4, 8) differs from operand 0 of shape (3, 8)"),
         (lambda: ops.stack([w, w], 3), OperatorError, "stack: dim 3 is out of range for a result of 3 dims"),
         (lambda: w[::2], OperatorError, "index slice(None, None, 2): slice slice(None, None, 2) has step 2"),
+        (lambda: w[::0], OperatorError, "index slice(None, None, 0): slice slice(None, None, 0) is not one DTensor "
+         "slices take: integer bounds (or None) and step 1"),
+        (lambda: w[:, 1.5:], OperatorError, "slice slice(1.5, None, None) is not one DTensor slices take"),
         (lambda: w[w > 0], OperatorError, "x[mask] of a DTensor: a bool mask picks a number of elements"),
         (lambda: w[[0, 1]], OperatorError, "is not an int, a slice, '...' or None (DTensors take no fancy"),
         (lambda: w[0, 0, 0], OperatorError, "index (0, 0, 0) has 3 entries for a tensor of 2 dims"),

@@ -196,7 +196,11 @@ def getitem(x: Any, index: Any) -> Any:
             continue
         size = shape[d]
         if isinstance(item, slice):
-            start, stop, step = item.indices(size)
+            try:
+                start, stop, step = item.indices(size)
+            except (TypeError, ValueError):  # a step of 0, a bound no integer: Python's words, a traceback
+                raise OperatorError(f"index {index!r}: slice {item!r} is not one DTensor slices take: integer "
+                                    "bounds (or None) and step 1") from None
             if step != 1:
                 raise OperatorError(f"index {index!r}: slice {item!r} has step {step!r}; DTensor slices take "
                                     "step 1 only")
