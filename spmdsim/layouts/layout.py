@@ -253,7 +253,11 @@ class TensorLayout(TensorShards):
             by_name = numbered_map_by_name(self.tensor_map, self.layout.alias_name)
             raise (LayoutError(f"{error}{by_name}") if by_name else error) from None
         # A bare string is one axis name, never a sequence of one-letter axes.
-        partial = (self.partial,) if isinstance(self.partial, str) else tuple(self.partial)
+        partial = (self.partial,) if isinstance(self.partial, str) else self.partial
+        partial = tuple(partial) if hasattr(partial, "__iter__") and not isinstance(partial, bytes) else (None,)
+        if not all(isinstance(alias, str) for alias in partial):  # partial=1, None, (0,): a TypeError deeper down
+            raise LayoutError(f"partial {self.partial!r} must be a mesh axis name or a tuple of them (() for none), "
+                              f"from {self.layout.alias_name!r}")
         seen: set[str] = set()
         for axes in entries + (partial,):
             for alias in axes:
