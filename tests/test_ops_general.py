@@ -696,6 +696,8 @@ def test_bad_operands_get_one_line():
             (lambda: ops.einsum("ij,jk->ik", x, x), ShapeError, "letter 'j' has size 8 in operand 0 but 4"),
             (lambda: ops.sum(x, 2), OperatorError, "sum: dim 2 is out of range for a tensor of 2 dims"),
             (lambda: ops.max(x, (1, -1)), OperatorError, "max: dim -1 is given twice"),
+            (lambda: ops.softmax(x, None), OperatorError, "softmax: dim None is out of range for a tensor of 2 dims "
+             "(expected an integer from -2 to 1)"),
             (lambda: ops.dropout(x, 1.0, seed=1), OperatorError, "dropout: p 1.0 must be a number with 0 <= p < 1"),
             (lambda: ops.dropout(x, 0.1, seed="a"), OperatorError, "dropout: seed 'a' must be an integer"),
             (lambda: ops.dropout(x, 0.1), OperatorError, "dropout: a seed is required (an integer, different per "

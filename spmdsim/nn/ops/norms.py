@@ -81,7 +81,8 @@ def _dim(x: Any, dim: Any, op: str) -> int:
         raise
     d = as_int(dim)
     if d is None or not -ndim <= d < ndim:
-        raise OperatorError(f"{op}: dim {dim!r} is out of range for a tensor of {ndim} dims")
+        raise OperatorError(f"{op}: dim {dim!r} is out of range for a tensor of {ndim} dims "
+                            f"(expected an integer from {-ndim} to {ndim - 1})")
     require_float(op, x._local)  # (its dtype alone: the block's, captured or not)
     return d % ndim
 
