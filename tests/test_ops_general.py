@@ -704,6 +704,8 @@ def test_bad_operands_get_one_line():
                                                           "layer and step"),
             (lambda: ops.layer_norm(x, eps=-1), OperatorError, "layer_norm: eps -1 must be a non-negative"),
             (lambda: ops.where(x, x, x), OperatorError, "where: condition must be a bool DTensor"),
+            (lambda: x.masked_fill(x > 0, "-inf"), OperatorError, "masked_fill: value str '-inf' must be a real "
+             "number (float('-inf') for minus infinity) or a DTensor"),
             (lambda: ops.causal_mask(mesh, (4,)), OperatorError, "causal_mask shape (4,) needs at least 2 dims"),
             (lambda: x.backward(), OperatorError, "backward() needs a scalar loss"),
             (lambda: ops.attention(x, x, x), ShapeError, "attention: q of global shape (4, 8) has 2 dims; expected "

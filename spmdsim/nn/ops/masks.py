@@ -23,7 +23,7 @@ from ...base.flops import any_open, sweep
 from ...base.precision import is_low, rounded, wide
 from ...base.validate import shape_arg
 from . import ufuncs as P
-from ._common import MASKS, dry_zeros, make_dtensor, shaped_as, seed_arg
+from ._common import MASKS, describe, dry_zeros, make_dtensor, shaped_as, seed_arg
 from ._operands import flag, raise_if_not_dtensors, require_float
 from ...base.tables import put
 
@@ -66,6 +66,9 @@ def masked_fill(x: Any, mask: Any, value: float) -> Any:
     if mask.local.dtype != np.dtype(bool):
         raise OperatorError(f"masked_fill: mask must be a bool DTensor, got dtype {mask.local.dtype.name!r}; "
                             "compare first (ids == 0, x < 0) or use ops.causal_mask")
+    if not isinstance(value, (Real, np.generic, np.ndarray)) and not hasattr(value, "global_shape"):
+        raise OperatorError(f"masked_fill: value {describe(value)} must be a real number (float('-inf') for minus "
+                            "infinity) or a DTensor")
     return P.where(mask, value, x)
 
 
