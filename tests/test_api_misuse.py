@@ -169,3 +169,15 @@ def test_full_zeros_ones_refuse_a_shape_that_is_no_sequence(call, said):
     """torch.zeros(8)'s one int: tuple(shape) raised "'int' object is not iterable", a traceback on every rank
     (a string was cut into its characters: "shape ('8',) must hold integers")."""
     assert _said(lambda: call(Mesh(Layout((2,), ("tp",)))), n=2) == [said] * 2
+
+
+def test_a_trace_name_read_off_collect_trace_says_to_use_with():
+    """``trace = collect_trace(); ...; trace.counts()`` ended in "'_Collector' object has no attribute 'counts'"."""
+    collector = spmdsim.collect_trace()
+    with pytest.raises(SpmdsimError) as caught:
+        collector.counts()
+    assert str(caught.value) == ("collect_trace().counts: collect_trace() is a context manager, which records only "
+                                 "inside a with block: with collect_trace() as trace: ..., then trace.counts")
+    assert not hasattr(collector, "no_such_name")
+    with collector as trace:
+        assert trace.counts() == {}

@@ -10,6 +10,7 @@ from time import perf_counter
 from typing import Any
 
 from ..base.context import current as _context
+from ..errors import SpmdsimError
 from .engines.trace import Trace, TraceEntry
 
 __all__ = ["TraceEntry", "Trace", "collect_trace", "record", "record_to", "fold_to", "open_traces"]
@@ -34,6 +35,14 @@ class _Collector:
 
     def __exit__(self, *exc: object) -> None:
         self.traces.remove(self.trace)
+
+    def __getattr__(self, name: str) -> Any:
+        """A Trace's name read off the collector itself (``t = collect_trace(); ...; t.counts()``), which records
+        nothing outside a ``with``: one line saying so, not "'_Collector' object has no attribute 'counts'"."""
+        if name.startswith("__") or name in _Collector.__slots__ or not hasattr(Trace, name):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        raise SpmdsimError(f"collect_trace().{name}: collect_trace() is a context manager, which records only inside "
+                           f"a with block: with collect_trace() as trace: ..., then trace.{name}")
 
 
 def collect_trace() -> _Collector:
