@@ -368,7 +368,8 @@ def test_pytorch_and_numpy_method_spellings():
     assert np.array_equal(grad, np.sign(a))
     assert bad_dim == "OperatorError: swapaxes: dim 3 is out of range for a tensor of 3 dims (expected an integer " \
                       "from -3 to 2)"
-    assert bad_len == "TypeError: len() of a 0-d DTensor"
+    assert bad_len == ("_Unsized: len() of a 0-d DTensor: it has no dims (global shape ()), as numpy's 0-d array; "
+                       "x.size counts its elements")  # an OperatorError (one line) and a TypeError, as numpy's
     assert torch_swap == ('OperatorError: transpose perm (0, 2) must be a permutation of 0..2 (one entry per dim of '
                           '("dp", None, "tp")) (PyTorch\'s transpose(a, b), two dims swapped, is x.swapaxes(a, b))')
     assert ambiguous == ("OperatorError: x.transpose(0, 1) of a 2-d DTensor: numpy keeps it as it is, PyTorch swaps "

@@ -302,10 +302,15 @@ def _positive(x: Any) -> Any:
     return _copy(x)
 
 
+class _Unsized(OperatorError, TypeError):
+    """len() of a 0-d DTensor: a TypeError too, as numpy's len() of a 0-d array is."""
+
+
 def _len(x: Any) -> int:
     """The global size of dim 0, as numpy's and PyTorch's ``len``."""
     if not x.global_shape:
-        raise TypeError("len() of a 0-d DTensor")
+        raise _Unsized("len() of a 0-d DTensor: it has no dims (global shape ()), as numpy's 0-d array; x.size "
+                       "counts its elements")
     return x.global_shape[0]
 
 
