@@ -209,6 +209,8 @@ def _refusals():
          "narrow: length 1 does not fit dim 0 of size 3 from start 3 (expected an integer from 0 to 0)"),
         (lambda: ops.narrow(w, 0, 1, 3), OperatorError,
          "narrow: length 3 does not fit dim 0 of size 3 from start 1 (expected an integer from 0 to 2)"),
+        (lambda: ops.narrow(w, 1, -2, 4), OperatorError,
+         "narrow: length 4 does not fit dim 1 of size 8 from start -2 (6) (expected an integer from 0 to 2)"),
         (lambda: ops.narrow(w, 2, 0, 1), OperatorError, "narrow: dim 2 is out of range for a tensor of 2 dims"),
         (lambda: ops.stack([w, x], 0), OperatorError,
          "stack: operand 1 of shape (4, 8) differs from operand 0 of shape (3, 8)"),

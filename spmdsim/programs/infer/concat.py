@@ -68,7 +68,8 @@ def infer_narrow(x: TensorLayout, shape: Sequence[int], dim: object, start: obje
     if s < 0:
         s += size
     if n is None or isinstance(length, bool) or not 0 <= n <= size - s:
-        raise OperatorError(f"narrow: length {length!r} does not fit dim {d} of size {size} from start {s} "
+        at = f"{start!r} ({s})" if s != start else f"{s}"  # a negative start: as given, then as counted
+        raise OperatorError(f"narrow: length {length!r} does not fit dim {d} of size {size} from start {at} "
                             f"(expected an integer from 0 to {size - s})")
     entry = x.tensor_map[d]
     keep = _dividing(x.layout, entry, n)
