@@ -181,3 +181,16 @@ def test_a_trace_name_read_off_collect_trace_says_to_use_with():
     assert not hasattr(collector, "no_such_name")
     with collector as trace:
         assert trace.counts() == {}
+
+
+@pytest.mark.parametrize("call", [lambda mesh, x: DTensor.from_global(mesh, x, mesh.layout("tp", None)),
+                                  lambda mesh, x: DTensor.from_local(mesh, x)])
+def test_a_dtensor_passed_as_the_array_says_to_gather_it(call):
+    """The ragged-list refusal must not take over a DTensor's own (a ValueError too)."""
+    def body():
+        mesh = Mesh(Layout((2,), ("tp",)))
+        call(mesh, DTensor.from_global(mesh, np.ones((2, 2)), mesh.layout("tp", None)))
+
+    assert _said(body, n=2) == ["numpy array of a DTensor of global shape (2, 2): its values are spread over the "
+                                "ranks; x.gather() makes the whole array on every rank (a collective: every rank "
+                                "calls it), x.local is this rank's block"] * 2

@@ -144,6 +144,8 @@ def plain_array(value: Any, what: str, error: type[SpmdsimError] = DTypeError) -
                     "to value) or its .data (the numbers under the mask)")
     try:
         return np.asarray(value)
+    except SpmdsimError:
+        raise  # an object's own refusal (a DTensor's __array__: it says to gather)
     except ValueError:  # nested lists of unequal lengths: numpy's "inhomogeneous shape", a traceback
         raise ShapeError(f"{what} {describe(value)} is not rectangular: its nested sequences differ in length; "
                          "expected one length per dim, as an ndarray has") from None
