@@ -855,6 +855,8 @@ def test_another_frameworks_tensor_attribute_names_spmdsims_in_one_line(tmp_path
     assert said["full_tensor()"][2] == ("x.full_tensor() is PyTorch DTensor's; spmdsim's is x.gather(), the whole "
                                         "tensor on every rank, a collective every rank calls "
                                         "(docs/tutorials/porting.md)")
+    assert said["long()"][2] == "x.long() is PyTorch's; spmdsim's is x.astype('int64') (docs/tutorials/porting.md)"
+    assert {"float()", "double()", "half()", "int()", "to()", "cuda()", "cpu()"} <= set(said)
     assert np.array_equal(whole, np.arange(8.0).reshape(4, 2)) and np.array_equal(block, whole[2:])
     program = tmp_path / "ported.py"
     program.write_text("import numpy as np\nimport spmdsim\nfrom spmdsim import DTensor, Layout, Mesh\n"
