@@ -194,3 +194,17 @@ def test_a_dtensor_passed_as_the_array_says_to_gather_it(call):
     assert _said(body, n=2) == ["numpy array of a DTensor of global shape (2, 2): its values are spread over the "
                                 "ranks; x.gather() makes the whole array on every rank (a collective: every rank "
                                 "calls it), x.local is this rank's block"] * 2
+
+
+def test_item_assignment_says_how_to_make_a_new_tensor():
+    """PyTorch's ``x[:, 0] = 0.0`` was "'DTensor' object does not support item assignment", a traceback."""
+    def assign():
+        mesh = Mesh(Layout((2,), ("tp",)))
+        x = DTensor.from_global(mesh, np.ones((2, 4)), mesh.layout(None, "tp"))
+        with pytest.raises(TypeError):  # still Python's kind of error
+            x[0] = 1.0
+        x[:, 0] = 0.0
+
+    assert _said(assign, n=2) == ["x[(slice(None, None, None), 0)] = float: a DTensor is not assigned in place; "
+                                  "make a new one: x.masked_fill(mask, value) or ops.where(mask, value, x) with a "
+                                  "bool DTensor mask, or ops.concatenate of the pieces"] * 2

@@ -75,6 +75,10 @@ def _spelling(name: str) -> Callable[..., Any]:
     return method
 
 
+class _Immutable(OperatorError, TypeError):
+    """``x[i] = v``: a TypeError too, as Python's for an object without item assignment."""
+
+
 #: Other frameworks' names for what a DTensor has (docs/tutorials/porting.md): name -> (whose, spmdsim's). A
 #: program ported as it was written meets them first; each is a ForeignAttribute of DTensor's (spmdsim.base.foreign),
 #: naming spmdsim's in one line.
@@ -315,6 +319,11 @@ class _Methods(_Spellings):
         """``x[..., a:b]``: ints, step-1 slices, ``...`` and None (`spmdsim.nn.ops.narrow` on each cut dim; a
         split one moves the rows each rank's new block lacks)."""
         return _OPERATORS.getitem(self, index)
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        raise _Immutable(f"x[{index!r}] = {type(value).__name__}: a DTensor is not assigned in place; make a new "
+                         "one: x.masked_fill(mask, value) or ops.where(mask, value, x) with a bool DTensor mask, or "
+                         "ops.concatenate of the pieces")
 
     def reshape(self: _T, *shape: Any) -> _T:
         """`spmdsim.nn.ops.reshape`: ``x.reshape(T, H, D)`` or ``x.reshape((T, H, D))``; no communication."""
