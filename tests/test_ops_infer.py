@@ -114,8 +114,14 @@ def test_matmul_errors_mesh_partial_shape():
     # A pending x times a weight replicated over its axes stays pending.
     plan = infer_matmul(L2("dp", None, partial=("mp",)), L2(None, None))
     assert plan.local.partial == ("mp",) and plan.collective == "allreduce"
-    with pytest.raises(ShapeError, match="contraction sizes differ"):
+    with pytest.raises(ShapeError) as caught:
         matmul_shape((4, 6), (5, 3))
+    assert str(caught.value) == "contraction sizes differ: x of shape (4, 6) gives K=6, w of shape (5, 3) gives K=5"
+    with pytest.raises(ShapeError) as caught:  # nn.Linear's (out, in) weight, ported as it is
+        matmul_shape((8, 16), (32, 16))
+    assert str(caught.value) == ("contraction sizes differ: x of shape (8, 16) gives K=16, w of shape (32, 16) gives "
+                                 "K=32; w looks stored (out, in) = (32, 16), as nn.Linear's weight is: spmdsim's is "
+                                 "(in, out), x @ w: pass w.T (or ops.matmul(x, w, transpose_b=True))")
 
 
 def test_linear_column_and_row():

@@ -96,6 +96,14 @@ def _stored_k(transpose_a: bool, transpose_b: bool) -> str:
     return f" ({'; '.join(notes)})" if notes else ""
 
 
+def _out_in(ws: tuple, k: int, transpose_b: bool) -> str:
+    """A hint where w's last dim is x's K: w stored (out, in), as PyTorch's nn.Linear weight is."""
+    if transpose_b or ws[-1] != k:
+        return ""
+    return (f"; w looks stored (out, in) = {ws[-2:]!r}, as nn.Linear's weight is: spmdsim's is (in, out), "
+            "x @ w: pass w.T (or ops.matmul(x, w, transpose_b=True))")
+
+
 def _matmul_dims(ndim: int, transpose: bool) -> tuple[int, int]:
     """(row-ish dim, contraction-or-col dim) positions for the last two dims."""
     return (ndim - 1, ndim - 2) if transpose else (ndim - 2, ndim - 1)
@@ -164,7 +172,7 @@ def matmul_shape(x_shape: Sequence[int], w_shape: Sequence[int], transpose_a: bo
     n, k_w = (ws[-2], ws[-1]) if transpose_b else (ws[-1], ws[-2])
     if k != k_w:
         raise ShapeError(f"contraction sizes differ: x of shape {xs!r} gives K={k!r}, w of shape {ws!r} "
-                         f"gives K={k_w!r}" + _stored_k(transpose_a, transpose_b))
+                         f"gives K={k_w!r}" + (_stored_k(transpose_a, transpose_b) or _out_in(ws, k, transpose_b)))
     if len(ws) > 2 and ws[:-2] != xs[:-2]:
         raise ShapeError(f"batch dims of x {xs[:-2]!r} and w {ws[:-2]!r} differ")
     return xs[:-2] + (m, n)
