@@ -694,6 +694,8 @@ def test_bad_operands_get_one_line():
             (lambda: x * DTensor.from_global(mesh, np.ones((3, 8)), mesh.layout(None, "tp")), ShapeError,
              "mul: shapes (4, 8), (3, 8) do not broadcast"),
             (lambda: ops.einsum("ij,jk->ik", x, x), ShapeError, "letter 'j' has size 8 in operand 0 but 4"),
+            (lambda: ops.einsum(x, x), OperatorError, "einsum spec DTensor DTensor(shape=(4, 8), layout=(None, "
+             "\"tp\"), dtype=float64,... must be a string like 'ij,jk->ik', given first: einsum(spec, *operands)"),
             (lambda: ops.sum(x, 2), OperatorError, "sum: dim 2 is out of range for a tensor of 2 dims"),
             (lambda: ops.max(x, (1, -1)), OperatorError, "max: dim -1 is given twice"),
             (lambda: ops.softmax(x, None), OperatorError, "softmax: dim None is out of range for a tensor of 2 dims "

@@ -19,6 +19,7 @@ from functools import lru_cache
 from typing import Sequence
 
 from ...errors import OperatorError, ShapeError
+from ...base.validate import describe
 from ...layouts.layout import TensorLayout
 from ...layouts.notation import format_entry
 from .assign import Choice, choose_splits, redistribution_bytes
@@ -54,7 +55,8 @@ def _split_ellipsis(term: str, ndim: int, fresh: str, spec: str) -> str:
 def parse_einsum(spec: str, ndims: tuple[int, ...]) -> EinsumSpec:
     """`spec` for operands of `ndims` dims; OperatorError naming what is wrong."""
     if not isinstance(spec, str):
-        raise OperatorError(f"einsum spec {spec!r} must be a string like 'ij,jk->ik'")
+        raise OperatorError(f"einsum spec {describe(spec)} must be a string like 'ij,jk->ik', given first: "
+                            "einsum(spec, *operands)")
     text = spec.replace(" ", "")
     arrows = text.count("->")
     if arrows > 1:
