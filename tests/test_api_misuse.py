@@ -208,3 +208,15 @@ def test_item_assignment_says_how_to_make_a_new_tensor():
     assert _said(assign, n=2) == ["x[(slice(None, None, None), 0)] = float: a DTensor is not assigned in place; "
                                   "make a new one: x.masked_fill(mask, value) or ops.where(mask, value, x) with a "
                                   "bool DTensor mask, or ops.concatenate of the pieces"] * 2
+
+
+def test_a_dtensor_where_a_number_goes_is_quoted_alike_on_every_rank():
+    """ops.scale(x, norm) with norm a 0-d DTensor: the refusal quoted repr(norm), whose rank=... differed, so it
+    ended as rank 0's text and "ranks differ: rank 1: ...; 2 more texts on ranks 2-3"."""
+    def scale_by_a_tensor():
+        mesh = Mesh(Layout((2, 2), ("dp", "tp")))
+        x = DTensor.from_seeded(mesh, mesh.layout("dp", "tp"), SeededTensor((4, 4), "float64", seed=0))
+        ops.scale(x, ops.resolved(ops.sum(x)))
+
+    assert _said(scale_by_a_tensor) == ["scale factor DTensor(shape=(), layout=(), dtype=float64, local_shape=()) "
+                                        "must be a real number (int or float, not NaN)"] * 4

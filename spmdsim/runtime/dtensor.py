@@ -141,8 +141,10 @@ class DTensor(_Constructors, _Methods):
         return layout_to_partition_spec(self._layout)
 
     def __repr__(self) -> str:
+        # No rank: a refusal that quotes a DTensor passed where a number goes (ops.scale(x, norm)) reads alike on
+        # every rank, one line, not one rank's text and "ranks differ: ..."; x.mesh.rank says which rank holds it.
         return (f"DTensor(shape={self._shape!r}, layout={self._layout}, dtype={self.dtype.name}, "
-                f"rank={self._mesh.rank}, local_shape={self._local.shape!r})")
+                f"local_shape={self._local.shape!r})")
 
     def redistribute(self, target: TensorLayout | None = None, *placements: Any, **foreign: Any) -> "DTensor":
         """This tensor re-laid out as `target` by the least-communication plan (`spmdsim.redistribute`).
