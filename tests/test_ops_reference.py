@@ -29,8 +29,13 @@ def test_batched_matmul_region_with_shared_and_batched_weight():
         np.testing.assert_allclose(ref.matmul_region(x, w)(region), whole[region], rtol=1e-12)
     with pytest.raises(ShapeError, match="batch dims"):
         ref.matmul_region(x, SeededTensor((2, 10, 5), "float64"))
-    with pytest.raises(ShapeError, match="contraction sizes differ"):
+    with pytest.raises(ShapeError) as caught:
         ref.matmul_region(x, SeededTensor((9, 5), "float64"))
+    assert str(caught.value) == ("contraction sizes differ: x of shape (3, 6, 10) gives K=10, w of shape (9, 5) "
+                                 "gives K=9")
+    with pytest.raises(ShapeError) as caught:
+        ref.matmul(np.ones((2, 3)), np.ones((4, 2)))
+    assert str(caught.value) == "contraction sizes differ: x of shape (2, 3) gives K=3, w of shape (4, 2) gives K=4"
 
 
 def test_linear_and_mlp_regions():

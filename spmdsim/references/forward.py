@@ -147,7 +147,8 @@ def matmul(x: np.ndarray, w: np.ndarray, transpose_a: bool = False, transpose_b:
     a = np.swapaxes(x, -1, -2) if transpose_a else x
     b = np.swapaxes(w, -1, -2) if transpose_b else w
     if a.shape[-1] != b.shape[-2]:
-        raise ShapeError(f"contraction sizes differ: x gives {a.shape[-1]!r}, w gives {b.shape[-2]!r}")
+        raise ShapeError(f"contraction sizes differ: x of shape {x.shape!r} gives K={a.shape[-1]!r}, w of shape "
+                         f"{w.shape!r} gives K={b.shape[-2]!r}")
     return np.matmul(a.astype(np.float64), b.astype(np.float64)).astype(product_dtype(x.dtype, w.dtype))
 
 
@@ -234,7 +235,8 @@ def matmul_region(x: Source, w: Source, transpose_a: bool = False, transpose_b: 
     k_x = xs[-2] if transpose_a else xs[-1]
     k_w = ws[-1] if transpose_b else ws[-2]
     if k_x != k_w:
-        raise ShapeError(f"contraction sizes differ: x gives {k_x!r}, w gives {k_w!r}")
+        raise ShapeError(f"contraction sizes differ: x of shape {xs!r} gives K={k_x!r}, w of shape {ws!r} gives "
+                         f"K={k_w!r}")
     out = (*xs[:-2], xs[-1] if transpose_a else xs[-2], ws[-2] if transpose_b else ws[-1])
 
     def region_fn(region: Region) -> np.ndarray:
