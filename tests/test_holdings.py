@@ -36,6 +36,10 @@ def test_refuses_what_it_cannot_list():
         holdings({"x": np.zeros(4)})
     with pytest.raises(ShapeError):
         holdings({"x": (MESH("mp", None), (6, 4))})  # 6 rows do not divide over 4
+    with pytest.raises(LayoutError) as caught:  # a list of tensors: an AttributeError of list.items before
+        holdings([(MESH("dp", None), (4, 4))])
+    assert str(caught.value) == ("holdings takes a dict name -> tensor, got list; e.g. holdings({'x': x, 'w': w}), "
+                                 "the names its lines print")
 
 
 def test_a_note_follows_the_block_it_qualifies():

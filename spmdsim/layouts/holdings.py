@@ -61,6 +61,9 @@ def _blocks(pairs: Mapping[str, _Held], rank: int) -> str:
 
 def _checked(tensors: Mapping[str, Any]) -> dict[str, _Held]:
     """name -> (layout, shape, note), all on one device matrix, shapes checked against layouts."""
+    if not hasattr(tensors, "items"):  # holdings([x, w]): the names are the dict's keys
+        raise LayoutError(f"holdings takes a dict name -> tensor, got {type(tensors).__name__}; e.g. "
+                          "holdings({'x': x, 'w': w}), the names its lines print")
     pairs = {name: _layout_and_shape(name, t) for name, t in tensors.items()}
     if not pairs:
         raise LayoutError("holdings needs at least one tensor")
