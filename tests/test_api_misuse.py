@@ -220,3 +220,17 @@ def test_a_dtensor_where_a_number_goes_is_quoted_alike_on_every_rank():
 
     assert _said(scale_by_a_tensor) == ["scale factor DTensor(shape=(), layout=(), dtype=float64, local_shape=()) "
                                         "must be a real number (int or float, not NaN)"] * 4
+
+
+@pytest.mark.parametrize("call, said", [
+    (lambda s: ops.softmax(s, 0), "softmax: dim 0 is out of range for a tensor of 0 dims (it has no dim to name)"),
+    (lambda s: ops.mean(s, 0), "mean: dim 0 is out of range for a tensor of 0 dims (it has no dim to name)"),
+    (lambda s: s.size(0), "dim 0 is out of range for a tensor of 0 dims (it has no dim to name)"),
+    (lambda s: s[0], "index 0 has 1 entry for a tensor of 0 dims")])
+def test_a_dim_of_a_0d_tensor_is_refused_without_an_empty_range(call, said):
+    """A 0-d tensor's dim refusal said "(expected an integer from 0 to -1)"; x.size(0) raised an IndexError."""
+    def body():
+        mesh = Mesh(Layout((2,), ("tp",)))
+        call(DTensor.from_global(mesh, np.float64(2.0)))
+
+    assert _said(body, n=2) == [said] * 2

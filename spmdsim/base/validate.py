@@ -21,7 +21,7 @@ np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
 __all__ = ["loads_json", "MAX_JSON_DEPTH", "read_bounded", "MAX_JSON_TEXT", "as_int", "int_arg", "shape_arg",
            "dtype_arg", "tolerance_arg", "counted", "dtype_name", "float_max", "SUPPORTED_DTYPES",
-           "describe", "plain_array", "long_double"]
+           "describe", "plain_array", "long_double", "dims_expected"]
 
 #: What `dtype_arg` accepts, as its messages say it.
 SUPPORTED_DTYPES = "bool, int8..int64, uint8..uint64, float16..float64, complex64, complex128"
@@ -80,6 +80,12 @@ def int_arg(value: object, what: str, low: Optional[int] = None,
         bound = {None: "", 0: " >= 0", 1: " >= 1"}.get(low, f" >= {low}")
         raise error(f"{what} {value!r} must be an integer{bound}")
     return out
+
+
+def dims_expected(ndim: int) -> str:
+    """What a dim argument of a tensor of `ndim` dims may be, for the refusals: "(expected an integer from -2 to
+    1)", or for a 0-d tensor that it has none (not "from 0 to -1")."""
+    return f"(expected an integer from {-ndim} to {ndim - 1})" if ndim > 0 else "(it has no dim to name)"
 
 
 def shape_arg(shape: object, what: str = "shape", error: type[SpmdsimError] = ShapeError) -> tuple[int, ...]:

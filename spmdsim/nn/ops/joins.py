@@ -24,7 +24,7 @@ from ...errors import DTypeError, OperatorError
 from ...programs.infer.concat import infer_broadcast_to, infer_concatenate, infer_narrow
 from ...programs.infer.reshape import infer_reshape
 from ...programs.plan.shift import Shift
-from ...base.validate import as_int, dtype_name
+from ...base.validate import as_int, counted, dims_expected, dtype_name
 from .local import reshape as _reshape
 from ._common import describe, dry_zeros, make_dtensor
 from ._operands import check_dtensor, raise_if_not_dtensors, result_dtype, same_mesh
@@ -75,7 +75,7 @@ def chunk(x: Any, chunks: int, dim: int = 0) -> tuple:
     d = as_int(dim)
     if d is None or isinstance(dim, bool) or not -ndim <= d < ndim:
         raise OperatorError(f"chunk: dim {dim!r} is out of range for a tensor of {ndim} dims "
-                            f"(expected an integer from {-ndim} to {ndim - 1})")
+                            + dims_expected(ndim))
     size = x.global_shape[d % ndim]
     step = -(-size // n) if size else 0
     if step == 0:
@@ -147,7 +147,7 @@ def stack(xs: Sequence[Any], dim: int = 0) -> Any:
     d = as_int(dim)
     if d is None or isinstance(dim, bool) or not -ndim <= d < ndim:
         raise OperatorError(f"stack: dim {dim!r} is out of range for a result of {ndim} dims "
-                            f"(expected an integer from {-ndim} to {ndim - 1})")
+                            + dims_expected(ndim))
     d %= ndim
     try:
         result_dtype(*[x.local.dtype for x in xs])
@@ -184,7 +184,8 @@ def getitem(x: Any, index: Any) -> Any:
     if sum(1 for item in items if item is Ellipsis) > 1:
         raise OperatorError(f"index {index!r} has more than one '...'")
     if used > len(shape):
-        raise OperatorError(f"index {index!r} has {used} entries for a tensor of {len(shape)} dims")
+        raise OperatorError(f"index {index!r} has {counted(used, 'entry')} for a tensor of "
+                            f"{counted(len(shape), 'dim')}")
     at = next((k for k, item in enumerate(items) if item is Ellipsis), len(items))  # the dims '...' stands for
     items = items[:at] + (slice(None),) * (len(shape) - used) + items[at + 1:]
     out_shape: list[int] = []

@@ -21,6 +21,7 @@ from ..autograd.engine import backward
 from ..autograd.graph import requires_grad_, set_grad
 from ...base.foreign import CallableInt
 from ...errors import OperatorError
+from ...base.validate import dims_expected
 from ...runtime.dtensor import DTensor
 from ...runtime.dtensor_methods import _reduce_args, install_operators
 from .einsum import einsum
@@ -49,13 +50,18 @@ def _dims(x: Any, dim: Any, extra: int = 0) -> int:
     ndim = len(x.global_shape) + extra
     if type(dim) is not int or not -ndim <= dim < max(ndim, 1):
         raise OperatorError(f"dim {dim!r} is out of range for a tensor of {ndim - extra} dims "
-                            f"(expected an integer from {-ndim} to {ndim - 1})")
+                            + dims_expected(ndim))
     return dim % max(ndim, 1)
 
 
 def _size(x: Any, dim: Any = None) -> Any:
     """PyTorch's ``x.size()``: the global shape, or one dim's size."""
-    return tuple(x.global_shape) if dim is None else x.global_shape[_dims(x, dim)]
+    if dim is None:
+        return tuple(x.global_shape)
+    d = _dims(x, dim)
+    if not x.global_shape:  # _dims lets dim 0 of a 0-d tensor through (flatten's, squeeze's): it has no size
+        raise OperatorError(f"dim {dim!r} is out of range for a tensor of 0 dims " + dims_expected(0))
+    return x.global_shape[d]
 
 
 def _size_of(x: Any) -> CallableInt:
@@ -328,7 +334,7 @@ def _swapaxes(x: Any, a: int, b: int) -> Any:
     for d in (a, b):
         if type(d) is not int or not -ndim <= d < ndim:
             raise OperatorError(f"swapaxes: dim {d!r} is out of range for a tensor of {ndim} dims "
-                                f"(expected an integer from {-ndim} to {ndim - 1})")
+                                + dims_expected(ndim))
     perm = list(range(ndim))
     perm[a], perm[b] = perm[b], perm[a]
     return transpose(x, tuple(perm))

@@ -33,7 +33,7 @@ from ...errors import DTypeError, OperatorError, ShapeError
 from ...base.flops import any_open, sweep
 from ...programs.infer.norms import infer_norm
 from ...base.precision import is_low, rounded, wide
-from ...base.validate import as_int
+from ...base.validate import as_int, dims_expected
 from ...layouts.layout import TensorLayout
 from . import local as _whole, reduce as R, ufuncs as P
 from .norm_affine import norm_affine
@@ -82,7 +82,7 @@ def _dim(x: Any, dim: Any, op: str) -> int:
     d = as_int(dim)
     if d is None or not -ndim <= d < ndim:
         raise OperatorError(f"{op}: dim {dim!r} is out of range for a tensor of {ndim} dims "
-                            f"(expected an integer from {-ndim} to {ndim - 1})")
+                            + dims_expected(ndim))
     require_float(op, x._local)  # (its dtype alone: the block's, captured or not)
     return d % ndim
 

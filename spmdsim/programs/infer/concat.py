@@ -23,7 +23,7 @@ from typing import Any, Sequence
 from ...errors import OperatorError, ShapeError
 from ...layouts.layout import TensorLayout
 from ...layouts.notation import format_entry
-from ...base.validate import as_int
+from ...base.validate import as_int, dims_expected
 from .assign import Choice, choose_splits
 
 __all__ = ["ConcatPlan", "infer_narrow", "infer_concatenate", "infer_broadcast_to"]
@@ -33,7 +33,7 @@ def _tensor_dim(dim: object, ndim: int, op: str) -> int:
     d = as_int(dim)
     if d is None or isinstance(dim, bool) or not -ndim <= d < ndim:
         raise OperatorError(f"{op}: dim {dim!r} is out of range for a tensor of {ndim} dims "
-                            f"(expected an integer from {-ndim} to {ndim - 1})")
+                            + dims_expected(ndim))
     return d % ndim
 
 

@@ -29,7 +29,7 @@ from ...errors import OperatorError, ShapeError
 from ...layouts.layout import TensorLayout
 from ...layouts.notation import format_entry
 from ..plan.steps import Allreduce, Step
-from ...base.validate import as_int
+from ...base.validate import as_int, dims_expected
 from .assign import Choice, choose_splits, redistribution_bytes
 
 __all__ = ["PointwisePlan", "ReducePlan", "infer_pointwise", "infer_reduce", "LINEARITY", "broadcast_shape",
@@ -218,7 +218,7 @@ def reduce_dims(dims: object, ndim: int, kind: str) -> tuple[int, ...]:
         d = as_int(item)
         if d is None or not -ndim <= d < ndim:
             raise OperatorError(f"{kind}: dim {item!r} is out of range for a tensor of {ndim} dims "
-                                f"(expected an integer from {-ndim} to {ndim - 1})")
+                                + dims_expected(ndim))
         d %= ndim
         if d in out:
             raise OperatorError(f"{kind}: dim {item!r} is given twice in {dims!r}")
