@@ -234,3 +234,22 @@ def test_a_dim_of_a_0d_tensor_is_refused_without_an_empty_range(call, said):
         call(DTensor.from_global(mesh, np.float64(2.0)))
 
     assert _said(body, n=2) == [said] * 2
+
+
+@pytest.mark.parametrize("call, said", [
+    (lambda x: ops.astype(x.gather(), "float32"), "astype: x must be a DTensor, got ndarray of shape (4, 4); build "
+     "one with DTensor.from_local/from_seeded"),
+    (lambda x: ops.resolved(1.5), "resolved: x must be a DTensor, got float 1.5; build one with "
+     "DTensor.from_local/from_seeded"),
+    (lambda x: ops.causal_mask(x, (4, 4)), "causal_mask: mesh must be a spmdsim Mesh, got DTensor DTensor(shape=(4, "
+     "4), layout=(None, \"tp\"), dtype=float64,...; e.g. ops.causal_mask(x.mesh, (T, T))"),
+    (lambda x: ops.einsum(x.gather(), x), "einsum spec ndarray of shape (4, 4) must be a string like 'ij,jk->ik', "
+     "given first: einsum(spec, *operands)")])
+def test_ops_given_no_dtensor_or_no_mesh_say_so_in_one_line(call, said):
+    """AttributeErrors ('numpy.ndarray' object has no attribute 'local', 'float' ... 'layout'), "'TensorLayout'
+    object is not callable" and einsum's "unhashable type: 'numpy.ndarray'": tracebacks on every rank."""
+    def body():
+        mesh = Mesh(Layout((2,), ("tp",)))
+        call(DTensor.from_seeded(mesh, mesh.layout(None, "tp"), SeededTensor((4, 4), "float64", seed=0)))
+
+    assert _said(body, n=2) == [said] * 2

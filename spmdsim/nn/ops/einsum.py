@@ -121,6 +121,7 @@ def first_call(spec: str, xs: tuple, key: Any) -> Any:
             check_dtensor(x, f"einsum: operand {k}")
     if not xs:
         raise OperatorError("einsum needs at least one operand")
+    parse_einsum(spec, tuple(len(x.global_shape) for x in xs))  # its refusals, before the cached plan hashes spec
     _refuse_bool_sum(spec, xs)
     return prepare(_PREPARED, 4096, partial(_Prepared, spec), xs, key)
 

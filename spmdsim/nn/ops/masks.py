@@ -35,6 +35,9 @@ def causal_mask(mesh: Any, shape: Any, layout: Any = None) -> Any:
 
     `layout`: its TensorLayout (default replicated); only this rank's block is built.
     """
+    if not hasattr(mesh, "engine"):  # causal_mask(scores, shape): the mesh comes first
+        raise OperatorError(f"causal_mask: mesh must be a spmdsim Mesh, got {describe(mesh)}; e.g. "
+                            "ops.causal_mask(x.mesh, (T, T))")
     shape = shape_arg(shape, "causal_mask shape")
     if len(shape) < 2:
         raise OperatorError(f"causal_mask shape {shape!r} needs at least 2 dims (queries, keys)")

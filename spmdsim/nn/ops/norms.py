@@ -67,8 +67,12 @@ _WHOLE: dict = {}  # (norm kind, id(layout), global shape) -> (that layout, whet
 
 def resolved(x: Any) -> Any:
     """`x` with its pending sums added up (Allreduce; the same tensor when nothing is pending)."""
-    if not x.layout.partial:
-        return x
+    try:
+        if not x.layout.partial:
+            return x
+    except AttributeError:
+        raise_if_not_dtensors("resolved", ("x",), x)
+        raise
 
     return redistribute(x, x.layout.with_partial(()))
 

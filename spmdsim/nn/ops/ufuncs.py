@@ -16,7 +16,7 @@ from ...errors import DTypeError, OperatorError
 from ...base.precision import is_low
 from ...base.validate import dtype_arg
 from ._common import describe, dry_zeros, make_dtensor
-from ._operands import ufunc_dtype
+from ._operands import raise_if_not_dtensors, ufunc_dtype
 from .pointwise import pointwise
 from .powers import _negative_power
 from .scalars import _beside_low, _number, _ufunc_dtype
@@ -32,8 +32,12 @@ def astype(x: Any, dtype: Any) -> Any:
     The gradient goes back in x's own gradient dtype; the same layout, pending sums kept (a cast of a
     pending sum to a narrower float rounds each addend: round after resolving it)."""
     want = dtype_arg(dtype)
-    if x.local.dtype == want:
-        return x
+    try:
+        if x.local.dtype == want:
+            return x
+    except AttributeError:
+        raise_if_not_dtensors("astype", ("x",), x)
+        raise
     dry = dry_zeros(x.mesh, x.local.shape, want, converted, x.local, want)  # a dry run's: not converted
     out = make_dtensor(x.mesh, x.local.astype(want) if dry is None else dry, x.layout, x.global_shape)
     if x._ag is None:

@@ -51,12 +51,16 @@ def _split_ellipsis(term: str, ndim: int, fresh: str, spec: str) -> str:
     return head + fresh[len(fresh) - count:] + tail
 
 
-@lru_cache(maxsize=512)
 def parse_einsum(spec: str, ndims: tuple[int, ...]) -> EinsumSpec:
     """`spec` for operands of `ndims` dims; OperatorError naming what is wrong."""
-    if not isinstance(spec, str):
+    if not isinstance(spec, str):  # before the cache, which hashes it: an ndarray's "unhashable type", a traceback
         raise OperatorError(f"einsum spec {describe(spec)} must be a string like 'ij,jk->ik', given first: "
                             "einsum(spec, *operands)")
+    return _parse_einsum(spec, ndims)
+
+
+@lru_cache(maxsize=512)
+def _parse_einsum(spec: str, ndims: tuple[int, ...]) -> EinsumSpec:
     text = spec.replace(" ", "")
     arrows = text.count("->")
     if arrows > 1:
