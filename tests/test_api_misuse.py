@@ -253,3 +253,13 @@ def test_ops_given_no_dtensor_or_no_mesh_say_so_in_one_line(call, said):
         call(DTensor.from_seeded(mesh, mesh.layout(None, "tp"), SeededTensor((4, 4), "float64", seed=0)))
 
     assert _said(body, n=2) == [said] * 2
+
+
+def test_a_reshape_to_sizes_that_do_not_hash_is_refused_in_one_line():
+    """x.view([4], [4]) (a list where a size goes): the reshape cache's key raised "unhashable type: 'list'"."""
+    def body():
+        mesh = Mesh(Layout((2,), ("tp",)))
+        x = DTensor.from_seeded(mesh, mesh.layout(None, "tp"), SeededTensor((4, 4), "float64", seed=0))
+        x.view([4], [4])
+
+    assert _said(body, n=2) == ["reshape shape ([4], [4]) must hold non-negative integers and at most one -1"] * 2

@@ -54,7 +54,10 @@ def reshape(x: Any, shape: Any) -> Any:
     # again): the entry holds the layout, so its id is not reused; a model reshapes the same few ways.
     # The sizes' types in the key (in C, cheaper than a call to _ints): 16.0 finds no entry of 16.
     key = (id(source), old_shape, shape, rank, tuple(map(type, shape))) if type(shape) is tuple else None
-    seen = _RESHAPED.get(key) if key is not None else None
+    try:
+        seen = _RESHAPED.get(key) if key is not None else None
+    except TypeError:  # a size that does not hash (x.reshape([4], 4)): refused by infer_reshape below, not kept
+        key = seen = None
     if seen is not None and seen[0] is source:
         layout, new_shape, block_shape = seen[1]
         if not CAPTURE.on:
