@@ -263,3 +263,19 @@ def test_a_reshape_to_sizes_that_do_not_hash_is_refused_in_one_line():
         x.view([4], [4])
 
     assert _said(body, n=2) == ["reshape shape ([4], [4]) must hold non-negative integers and at most one -1"] * 2
+
+
+@pytest.mark.parametrize("call, said", [
+    (lambda mesh, x: mesh.group(0), "axes 0 must be a mesh axis name or a tuple of them, e.g. 'tp' or ('dp', 'tp')"),
+    (lambda mesh, x: spmdsim.runtime.allreduce(mesh, x.local, None),
+     "axes None must be a mesh axis name or a tuple of them, e.g. 'tp' or ('dp', 'tp')"),
+    (lambda mesh, x: x.check(x.gather(), scale=[1.0, [2.0]]), "check: scale list [1.0, [2.0]] is not rectangular: its "
+     "nested sequences differ in length; expected one length per dim, as an ndarray has")])
+def test_axes_and_a_checks_scale_of_the_wrong_kind_are_refused_in_one_line(call, said):
+    """mesh.group(0) (PyTorch's get_group(0)) raised "'int' object is not iterable"; a ragged scale numpy's
+    "inhomogeneous shape" from np.shape: tracebacks on every rank."""
+    def body():
+        mesh = Mesh(Layout((2,), ("tp",)))
+        call(mesh, DTensor.from_seeded(mesh, mesh.layout(None, "tp"), SeededTensor((4, 4), "float64", seed=0)))
+
+    assert _said(body, n=2) == [said] * 2

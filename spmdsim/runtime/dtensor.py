@@ -16,7 +16,7 @@ import numpy as np
 from ..base import buffers
 from ..base.foreign import take_foreign
 from ..layouts.datagen import SeededTensor
-from ..errors import DTypeError, OperatorError, PlanError, RankError, ShapeError
+from ..errors import DTypeError, OperatorError, PlanError, RankError, ShapeError, SpmdsimError
 from ..layouts.layout import TensorLayout
 from ..base.context import current as _context
 from ..base.validate import as_int, describe, dtype_arg, plain_array, tolerance_arg
@@ -248,10 +248,11 @@ class DTensor(_Constructors, _Methods):
         rtol = None if rtol is None else tolerance_arg(rtol, "rtol")
         atol = None if atol is None else tolerance_arg(atol, "atol")
         _check_whole_reference(reference, self._shape)
-        if scale is not None and not callable(scale) and np.shape(scale) != self._shape:
-            raise ShapeError(f"check: scale of shape {np.shape(scale)!r} does not match the tensor's "
-                             f"global shape {self._shape!r}")
         if scale is not None and not callable(scale):  # every rank's alike: refused before any collective
+            scale = plain_array(scale, "check: scale", SpmdsimError)  # (a ragged list: one line, no traceback)
+            if scale.shape != self._shape:
+                raise ShapeError(f"check: scale of shape {scale.shape!r} does not match the tensor's "
+                                 f"global shape {self._shape!r}")
             scale = checked_scale(scale)
         actual = self.resolved_local(label="check")
         region = self.slices
