@@ -279,3 +279,23 @@ def test_axes_and_a_checks_scale_of_the_wrong_kind_are_refused_in_one_line(call,
         call(mesh, DTensor.from_seeded(mesh, mesh.layout(None, "tp"), SeededTensor((4, 4), "float64", seed=0)))
 
     assert _said(body, n=2) == [said] * 2
+
+
+def test_ops_reductions_take_numpys_and_pytorchs_dim_keywords():
+    """ops.sum(x, axis=1), as jnp.sum is written, was Python's "unexpected keyword argument 'axis'" (a
+    traceback), while x.sum(axis=1) took it; the ops now read the methods' keywords alike."""
+    a = np.arange(16.0).reshape(4, 4)
+
+    def body():
+        mesh = Mesh(Layout((2,), ("tp",)))
+        x = DTensor.from_global(mesh, a, mesh.layout(None, "tp"))
+        got = [ops.resolved(ops.sum(x, axis=1)).gather(), ops.mean(x, dim=0, keepdim=True).gather(),
+               ops.max(x, axis=(0, 1)).gather(), ops.min(x, dim=1).gather()]
+        with pytest.raises(SpmdsimError) as caught:
+            ops.sum(x, 0, axis=1)
+        return got, str(caught.value)
+
+    (total, mean, biggest, least), said = spmdsim.simulate(2, body)[1]
+    assert np.array_equal(total, a.sum(axis=1)) and np.array_equal(mean, a.mean(axis=0, keepdims=True))
+    assert biggest == a.max() and np.array_equal(least, a.min(axis=1))
+    assert said == "sum: dims given twice (dims 0 and axis=1)"

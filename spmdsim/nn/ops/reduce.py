@@ -25,6 +25,7 @@ from ...base.buffers import as_array, broadcast_zero, contiguous
 from ...base.flops import sweep
 from ._common import DRY_ZEROS_BYTES, make_dtensor
 from ._operands import raise_if_not_dtensors
+from ...runtime.dtensor_methods import _reduce_args
 from ...runtime.executor import execute, pending, redistribute, resolve
 from ...errors import DTypeError, OperatorError
 from ...base.validate import as_int
@@ -149,23 +150,31 @@ def _checked(kind: str, x: Any, keepdims: Any) -> Any:
     return layout
 
 
-def sum(x: Any, dims: Any = None, keepdims: bool = False) -> Any:  # noqa: A001 - numpy's name
+def sum(x: Any, dims: Any = None, keepdims: bool = False, **aliases: Any) -> Any:  # noqa: A001 - numpy's name
     """Sum over `dims`; over a split dim the result is a pending sum over its axes."""
+    if aliases:  # numpy's axis=, PyTorch's dim= and keepdim=, as the DTensor methods take them
+        dims, keepdims = _reduce_args("sum", dims, keepdims, aliases)
     return reduce("sum", x, dims, keepdims)
 
 
-def mean(x: Any, dims: Any = None, keepdims: bool = False) -> Any:
+def mean(x: Any, dims: Any = None, keepdims: bool = False, **aliases: Any) -> Any:
     """Mean over `dims` (divided by the global count); over a split dim a pending sum, as for sum."""
+    if aliases:  # numpy's axis=, PyTorch's dim= and keepdim=, as the DTensor methods take them
+        dims, keepdims = _reduce_args("mean", dims, keepdims, aliases)
     return reduce("mean", x, dims, keepdims)
 
 
-def max(x: Any, dims: Any = None, keepdims: bool = False) -> Any:  # noqa: A001 - numpy's name
+def max(x: Any, dims: Any = None, keepdims: bool = False, **aliases: Any) -> Any:  # noqa: A001 - numpy's name
     """Maximum over `dims`; over a split dim one Allreduce(MAX)."""
+    if aliases:  # numpy's axis=, PyTorch's dim= and keepdim=, as the DTensor methods take them
+        dims, keepdims = _reduce_args("max", dims, keepdims, aliases)
     return reduce("max", x, dims, keepdims)
 
 
-def min(x: Any, dims: Any = None, keepdims: bool = False) -> Any:  # noqa: A001 - numpy's name
+def min(x: Any, dims: Any = None, keepdims: bool = False, **aliases: Any) -> Any:  # noqa: A001 - numpy's name
     """Minimum over `dims`; over a split dim one Allreduce(MIN)."""
+    if aliases:  # numpy's axis=, PyTorch's dim= and keepdim=, as the DTensor methods take them
+        dims, keepdims = _reduce_args("min", dims, keepdims, aliases)
     return reduce("min", x, dims, keepdims)
 
 
