@@ -148,13 +148,18 @@ def test_a_rank_that_skips_a_collective_file_call_is_named_not_a_hang(tmp_path):
             "rank 1 calls File.Close" in str(raised.value)), raised.value
 
 
-def _spread(path: str, gap: int) -> list:
-    """2 ranks, each 3 doubles a tile `gap` bytes long, rank r's at byte 8r of each: written, then read back."""
+def _spread(path: str, gap: int, mode: str) -> list:
+    """2 ranks, each 3 doubles a tile `gap` bytes long, rank r's at byte 8r of each: written (in a file opened
+    write-only, or read-write), then read back."""
     comm = MPI.COMM_WORLD
     tile = MPI.DOUBLE.Create_resized(0, gap).Commit()
-    fh = MPI.File.Open(comm, path, MPI.MODE_CREATE | MPI.MODE_RDWR)
+    fh = MPI.File.Open(comm, path, MPI.MODE_CREATE | getattr(MPI, mode))
     fh.Set_view(8 * comm.rank, MPI.DOUBLE, tile)
     fh.Write_all(np.arange(3.0) + 10 * comm.rank)
+    if mode == "MODE_WRONLY":
+        fh.Close()
+        fh = MPI.File.Open(comm, path, MPI.MODE_RDONLY)
+        fh.Set_view(8 * comm.rank, MPI.DOUBLE, tile)
     back = np.full(4, -1.0)
     status = MPI.Status()
     fh.Read_at_all(0, back, status)
@@ -163,12 +168,14 @@ def _spread(path: str, gap: int) -> list:
     return back.tolist() + [status.Get_count(MPI.DOUBLE)]
 
 
-@pytest.mark.parametrize("gap", [32, 3 << 20], ids=["one-span", "a-call-a-run"])
-def test_scattered_bytes_land_alike_read_and_written_by_span_or_by_run(tmp_path, gap):
+@pytest.mark.parametrize("gap, mode", [(32, "MODE_RDWR"), (3 << 20, "MODE_RDWR"), (32, "MODE_WRONLY")],
+                         ids=["one-span", "a-call-a-run", "write-only"])
+def test_scattered_bytes_land_alike_read_and_written_by_span_or_by_run(tmp_path, gap, mode):
     """A scattered view's bytes go by one access of their span (data sieving) or, where the span is over 4 times
-    them and 1 MiB, by one call a run: the file and the reads are the same."""
+    them and 1 MiB or the file was opened write-only (no reading the span), by one call a run: the file and the
+    reads are the same."""
     path = str(tmp_path / "spread.bin")
-    got = _on_ranks(2, _spread, path, gap)
+    got = _on_ranks(2, _spread, path, gap, mode)
     assert got == [[0.0, 1.0, 2.0, -1.0, 3], [10.0, 11.0, 12.0, -1.0, 3]]
     held = np.fromfile(path)
     assert held.size == (2 * gap + 16) // 8

@@ -147,7 +147,7 @@ class FileAccess:
         view, fd = self._h.view, self._open.fd
         first, n = start * view.esize, side.nbytes
         if write:
-            write_bytes(fd, view.offsets(first, n), side.read())
+            write_bytes(fd, view.offsets(first, n), side.read(), not self._open.amode & _mpi().MODE_WRONLY)
             return n
         n = max(0, min(n, view.stream_end(os.fstat(fd).st_size) - first))
         data = read_bytes(fd, view.offsets(first, n), n)

@@ -130,9 +130,10 @@ def _pwrite(fd: int, data: Any, at: int) -> None:
         done += os.pwrite(fd, chunk[done:], at + done)
 
 
-def write_bytes(fd: int, offsets: Any, data: Any) -> None:
-    """Write `data` (uint8) at the file's byte `offsets` (`View.offsets`' answer)."""
-    span = _sieved(offsets, len(data))
+def write_bytes(fd: int, offsets: Any, data: Any, readable: bool) -> None:
+    """Write `data` (uint8) at the file's byte `offsets` (`View.offsets`' answer); through its span only where the
+    file is `readable` (a file opened MPI.MODE_WRONLY goes a run at a time)."""
+    span = _sieved(offsets, len(data)) if readable else None
     if span is not None:  # read the span, put the bytes in, write it back (the file's mutex is held)
         lo, hi = span
         block = np.zeros(hi - lo, np.uint8)  # (past the file's end the holes stay zero, as a hole reads)
