@@ -31,7 +31,8 @@ from pathlib import Path
 
 #: The test files run: every file of mpi4py's suite whose subject a simulated rank has (communicators, point to
 #: point (partitioned too), collectives, one-sided communication, groups, requests, statuses, errors, attributes,
-#: topologies, pkl5, threads, buffers, datatypes and packing, MPI I/O); the files left out, and why, are NOT_RUN.
+#: topologies, pkl5, threads, buffers, datatypes and packing, MPI I/O, intercommunicators); the files left out, and
+#: why, are NOT_RUN.
 FILES = ("test_cco_buf", "test_cco_nb_buf", "test_cco_obj", "test_cco_vec", "test_cco_nb_vec", "test_comm",
          "test_p2p_buf", "test_p2p_obj",
          "test_p2p_buf_matched", "test_p2p_obj_matched", "test_cco_ngh_buf", "test_cco_ngh_obj", "test_comm_topo",
@@ -39,11 +40,11 @@ FILES = ("test_cco_buf", "test_cco_nb_buf", "test_cco_obj", "test_cco_vec", "tes
          "test_util_pkl5", "test_threads", "test_environ", "test_msgspec", "test_msgzero", "test_op", "test_pickle",
          "test_buffer", "test_address", "test_errorcode", "test_info", "test_mpimem", "test_grequest",
          "test_cco_pr_buf", "test_cco_pr_vec", "test_cco_pr_ngh_buf", "test_win", "test_rma", "test_rma_nb",
-         "test_util_sync", "test_p2p_buf_part", "test_datatype", "test_util_dtlib", "test_pack", "test_file", "test_io")
+         "test_util_sync", "test_p2p_buf_part", "test_datatype", "test_util_dtlib", "test_pack", "test_file", "test_io",
+         "test_comm_inter", "test_cco_buf_inter", "test_cco_obj_inter", "test_cco_vec_inter")
 
 #: mpi4py's test files not run, and why (docs/howto/simulate.md's table).
 NOT_RUN = {
-    "intercommunicators": ("test_cco_buf_inter", "test_cco_obj_inter", "test_cco_vec_inter", "test_comm_inter"),
     "dynamic processes": ("test_dynproc", "test_spawn", "test_util_pool"),
     "sessions and fault tolerance": ("test_session", "test_ulfm"),
     "mpi4py's packaging, C API, ABI and docs": ("test_cffi", "test_ctypes", "test_mpiabi", "test_mpiapi",
@@ -64,7 +65,6 @@ OUT_OF_SCOPE = {
     r"test_io\.TestDatarep\.testRegister$": "MPI's process-wide table of data representations (MPI.Register_datarep: "
                                           "the simulated ranks register one name into one table)",
     r"ErrhandlerSession": "MPI sessions (MPI.Session's error handlers: a process-wide table of 32)",
-    r"test_util_pkl5\.\w+\.(test\w+Inter|testBigMPI)$": "intercommunicators (Intracomm.Create_intercomm)",
     r"DLPackGPUBuf": "device (GPU) memory: only host memory is simulated",
     r"test_msgspec\.TestMessage(CAIBuf|DLPackCPUBuf)\.test(DataValue|Descr\w+|Mask|ShapeValue|Typestr\w+|Dtype\w+)$":
         "mpi4py's checks of malformed __cuda_array_interface__ and DLPack descriptors (well-formed host ones are read)",
@@ -170,6 +170,8 @@ def load(test_dir: Path, files=FILES) -> dict:
             if not (isinstance(cls, type) and issubclass(cls, unittest.TestCase)):
                 continue
             for klass in cls.__mro__:
+                if vars(klass).get("__unittest_skip_why__") == _TWO_RANKS:  # decided at import, by 1 process
+                    klass.__unittest_skip__, klass.spmdsim_needs_two = False, True
                 for attr, value in list(vars(klass).items()):
                     found = per_rank.get(id(value))
                     if found is not None and not attr.startswith("__") and found[0].__dict__[found[1]] is value:
@@ -179,7 +181,17 @@ def load(test_dir: Path, files=FILES) -> dict:
     return cases
 
 
+#: The reason of mpi4py's skip of a class at import in a world of one process (MPI.COMM_WORLD.Get_size() < 2):
+#: decided again on each simulated rank, by the simulated world's size.
+_TWO_RANKS = "mpi-world-size<2"
+
+
 def _rank_body(cls: type, method: str) -> tuple[str, str]:
+    if getattr(cls, "spmdsim_needs_two", False):
+        from mpi4py import MPI
+
+        if MPI.COMM_WORLD.Get_size() < 2:
+            return "skip", _TWO_RANKS
     result = unittest.TestResult()
     cls(method).run(result)
     problems = result.errors + result.failures

@@ -43,7 +43,7 @@ SAME_AS_MPICH = ["hello.py", "ring_objects.py", "ring_buffers.py", "sendrecv.py"
                  "inplace_derived.py", "tag_bounds.py", "int_arguments.py",
                  "test_loop_all_late.py", "aliased.py",
                  "none_buffers.py", "win_puts_feed.py", "post_then_recv.py", "file_io.py",
-                 "file_io_edges.py"]
+                 "file_io_edges.py", "intercomm.py"]
 
 
 #: Programs whose output under MPICH before 5 (4.2 checked) is not the standard's, and how; the emulator prints

@@ -301,16 +301,14 @@ def test_files_windows_and_sessions_are_made_with_rc_errors_handler(tmp_path):
                                                                                 "True Win", "True True"], run.stderr
 
 
-def test_intercommunicators_and_dynamic_processes_are_refused_in_one_line(tmp_path):
-    """Create_intercomm and Comm.f2py were AttributeErrors of the simulated communicator's class; they, Spawn,
-    Accept and Connect raise NotImplementedError now (what mpi4py raises where MPI lacks a call), naming the
-    call (a simulated communicator has no MPI handle: its py2f is -1)."""
+def test_dynamic_processes_are_refused_in_one_line(tmp_path):
+    """Comm.f2py was an AttributeError of the simulated communicator's class; it, Spawn, Accept and Connect raise
+    NotImplementedError (what mpi4py raises where MPI lacks a call), naming the call (a simulated communicator
+    has no MPI handle: its py2f is -1)."""
     run = _run(tmp_path, """
         from mpi4py import MPI
         comm = MPI.COMM_WORLD
-        local = comm.Split(comm.rank % 2, comm.rank)
-        calls = [lambda: local.Create_intercomm(0, comm, 1 - comm.rank % 2, tag=5),
-                 lambda: comm.Spawn("python", ["x.py"], maxprocs=1), lambda: comm.Spawn_multiple(["a"]),
+        calls = [lambda: comm.Spawn("python", ["x.py"], maxprocs=1), lambda: comm.Spawn_multiple(["a"]),
                  lambda: comm.Accept("port"), lambda: comm.Connect("port"), lambda: MPI.Comm.f2py(comm.py2f())]
         for call in calls:
             try:
@@ -320,10 +318,39 @@ def test_intercommunicators_and_dynamic_processes_are_refused_in_one_line(tmp_pa
                     print(str(exc).split(":")[0])
         """, "", simulated=True, n=2)
     assert run.stdout.splitlines() == [
-        "intercommunicators (Intracomm.Create_intercomm)", "dynamic processes (Intracomm.Spawn)",
-        "dynamic processes (Intracomm.Spawn_multiple)", "client-server connections (Intracomm.Accept)",
-        "client-server connections (Intracomm.Connect)",
+        "dynamic processes (Intracomm.Spawn)", "dynamic processes (Intracomm.Spawn_multiple)",
+        "client-server connections (Intracomm.Accept)", "client-server connections (Intracomm.Connect)",
         "a communicator from an MPI handle (Comm.fromint, Comm.f2py, Comm.fromhandle)"], run.stderr
+
+
+def test_an_intercommunicators_bad_ranks_are_mpis_errors(tmp_path):
+    """An intercommunicator's ranks name its remote group: a destination, source or root outside it is MPI's
+    error (ERR_RANK, ERR_ROOT) naming the value; groups that overlap are ERR_GROUP; an intracommunicator's
+    calls that are not simulated on one (Scan) are refused in one line."""
+    run = _run(tmp_path, """
+        from mpi4py import MPI
+        world = MPI.COMM_WORLD
+        color = world.rank % 2
+        local = world.Split(color, world.rank)
+        inter = local.Create_intercomm(0, world, 1 - color, tag=5)
+        calls = [lambda: inter.send(1, dest=2), lambda: inter.recv(source=3), lambda: inter.bcast(1, root=2),
+                 lambda: world.Create_intercomm(0, world, 0, 6), lambda: inter.Scan(None, None)]
+        for call in calls:
+            try:
+                call()
+            except (MPI.Exception, NotImplementedError) as exc:
+                if world.rank == 0:
+                    print(str(exc).split(";")[0])
+        inter.Free()
+        """, "", simulated=True, n=4)
+    assert run.stdout.splitlines() == [
+        "Invalid rank: destination rank 2 is outside the remote group of 2 ranks (0 to 1, or MPI.PROC_NULL)",
+        "Invalid rank: source rank 3 is outside the remote group of 2 ranks (0 to 1, MPI.ANY_SOURCE or "
+        "MPI.PROC_NULL)",
+        "Invalid root: bcast: root 2 is not MPI.ROOT, MPI.PROC_NULL or a rank of the remote group (0 to 1)",
+        "Invalid group: Create_intercomm: world ranks [0, 1, 2, 3] are in both the local group [0, 1, 2, 3] and "
+        "the remote group [0, 1, 2, 3]: an intercommunicator's groups are disjoint",
+        "Intercomm.Scan: not simulated"], run.stderr
 
 
 def test_an_error_class_this_mpi_lacks_is_err_arg():

@@ -657,9 +657,9 @@ def test_a_call_not_simulated_ends_the_run_from_any_thread_of_a_rank(tmp_path):
                     "    with MPIPoolExecutor() as ex:\n        print(list(ex.map(abs, [-1, -2])))\n")
     stuck = tmp_path / "stuck.py"
     stuck.write_text("import threading\nfrom mpi4py import MPI\ncomm = MPI.COMM_WORLD\nif comm.rank == 0:\n"
-                     "    comm.Create_intercomm(0, comm, 0, 7)\nthreading.Event().wait()\n")
+                     "    comm.Accept('port')\nthreading.Event().wait()\n")
     for program, ranks, refused in ((pool, "ranks 0,1", "dynamic processes (Intracomm.Spawn)"),
-                                    (stuck, "rank 0", "intercommunicators (Intracomm.Create_intercomm)")):
+                                    (stuck, "rank 0", "client-server connections (Intracomm.Accept)")):
         done = subprocess.run([sys.executable, "-m", "spmdsim", "mpirun", "-n", "2", "python", str(program)],
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 1 and done.stdout == "", done.stderr

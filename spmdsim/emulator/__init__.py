@@ -13,7 +13,7 @@ their nonblocking forms in nonblocking.py), objects.py, p2p.py; groups,
 Cartesian grids, matched-probe messages, error handlers and attributes in
 group.py, topology.py (graphs in graphs.py, their neighbour collectives in
 neighbours.py), message.py, handles.py; windows for one-sided
-communication in window.py) reads mpi4py's buffer
+communication in window.py; intercommunicators in intercomm.py) reads mpi4py's buffer
 specifications and arguments, raises mpi4py's errors, and runs each call on
 the thread engine's primitives (spmdsim.runtime.sim.thread_engine's one body per
 transfer, spmdsim.runtime.sim.p2p's message matching, spmdsim.runtime.sim.engine's

@@ -9,8 +9,8 @@ point-to-point calls in spmdsim.runtime.sim.p2p, persistent requests in spmdsim.
 ones in spmdsim.emulator.partitioned, Cartesian
 grids in spmdsim.emulator.topology, graphs and distributed graphs in spmdsim.emulator.graphs, their neighbour
 collectives in spmdsim.emulator.neighbours; windows (one-sided communication) over
-a communicator in spmdsim.emulator.window, files (MPI I/O) in spmdsim.emulator.file. Intercommunicators are not
-simulated (docs/howto/simulate.md).
+a communicator in spmdsim.emulator.window, files (MPI I/O) in spmdsim.emulator.file, intercommunicators in
+spmdsim.emulator.intercomm.
 """
 from __future__ import annotations
 
@@ -59,6 +59,8 @@ class SimComm(CommIdentity, CommLifetime, Member, PointToPoint, BufferCollective
 
     def __init__(self, group: Any = None, me: int = 0, name: str = "") -> None:
         if isinstance(group, SimComm):
+            if group.Is_inter() and not self.Is_inter():
+                raise TypeError("expecting an intracommunicator")  # mpi4py's words
             self._group, self._me, self._h = group._group, group._me, group._h
             return
         if group is not None and not isinstance(group, Group):

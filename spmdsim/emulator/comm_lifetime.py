@@ -1,7 +1,8 @@
 """A simulated communicator's end (Free, free, Abort), its attached buffer, and the calls not simulated.
 
 `CommLifetime` is SimComm's mixin of them: MPI handles (toint is -1; fromint
-refused), intercommunicators and dynamic processes refused in one line
+refused), an intercommunicator made by the simulated MPI.Intercomm, dynamic processes and
+client-server connections refused in one line
 (docs/reference/emulator.md, "Limits").
 """
 from __future__ import annotations
@@ -39,11 +40,17 @@ class CommLifetime:
         mpi = mpi_module()
         return mpi.Intercomm() if mpi is not None else None
 
-    # Intercommunicators and dynamic processes are not simulated (docs/reference/emulator.md, "Limits"): refused in one
-    # line, NotImplementedError as mpi4py raises where the MPI library lacks a call, not an AttributeError.
-    def Create_intercomm(self, *args: Any, **kwargs: Any) -> Any:
-        _not_simulated("intercommunicators (Intracomm.Create_intercomm)")
+    def Create_intercomm(self, local_leader: int, peer_comm: Any, remote_leader: int, tag: int = 0) -> Any:
+        """An intercommunicator of this group and the remote leader's: the simulated MPI.Intercomm's
+        (spmdsim.emulator.intercomm), as a simulated rank's mpi4py.MPI gives it (spmdsim.emulator.mpi4py_world)."""
+        mpi = mpi_module()
+        create = getattr(getattr(mpi, "Intercomm", None), "_create", None)
+        if create is None:
+            _not_simulated("intercommunicators outside a simulated rank's mpi4py (Intracomm.Create_intercomm)")
+        return create(self, local_leader, peer_comm, remote_leader, tag)
 
+    # Dynamic processes are not simulated (docs/reference/emulator.md, "Limits"): refused in one
+    # line, NotImplementedError as mpi4py raises where the MPI library lacks a call, not an AttributeError.
     def Spawn(self, *args: Any, **kwargs: Any) -> Any:
         _not_simulated("dynamic processes (Intracomm.Spawn)")
 

@@ -5,8 +5,8 @@
 
 While `swapped()` is active, the threads of simulated ranks see, on the
 ``mpi4py.MPI`` module, COMM_WORLD and COMM_SELF as their own SimComms and
-Comm, Intracomm, Topocomm, Cartcomm, Graphcomm, Distgraphcomm, Request, Prequest, Group and Win as the simulated
-classes (File and Session refusing to be made: spmdsim.emulator.unsupported) (so
+Comm, Intracomm, Intercomm, Topocomm, Cartcomm, Graphcomm, Distgraphcomm, Request, Prequest, Group and Win as the
+simulated classes (File and Session refusing to be made: spmdsim.emulator.unsupported) (so
 ``MPI.Request.Waitall(reqs)`` and ``MPI.Comm.Compare(a, b)`` take simulated
 objects); Init, Init_thread, Finalize, Is_initialized, Is_finalized and Query_thread are the
 rank's own, as under mpiexec (`_Lifetime`: the real MPI stays initialized for the
@@ -29,6 +29,7 @@ from typing import Any, Iterator
 from ..base import context as _local
 from ._nesting import Nesting
 from .real import real, real_module
+from .intercomm import SimIntercomm
 from .comm import SimCartComm, SimComm, SimDistGraphComm, SimGraphComm, SimTopoComm, self_comm, world_of
 from ..runtime.sim.requests import completed, Request, REQUEST_NULL
 from .unsupported import refusing
@@ -46,10 +47,11 @@ from .rank_threads import is_rank_thread, threads_of_ranks
 __all__ = ["swapped", "SWAPPED"]
 
 #: The names of mpi4py.MPI that a simulated rank sees as its own.
-SWAPPED = ("COMM_WORLD", "COMM_SELF", "Comm", "Intracomm", "Topocomm", "Cartcomm", "Graphcomm", "Distgraphcomm",
-           "Request", "Prequest", "Group", "Message", "REQUEST_NULL", "MESSAGE_NULL", "MESSAGE_NO_PROC", "Init",
-           "Init_thread", "Finalize", "Is_initialized", "Is_finalized", "Query_thread", "Is_thread_main",
-           "Attach_buffer", "Detach_buffer", "Flush_buffer", "Iflush_buffer", "Win", "File", "FILE_NULL", "Session")
+SWAPPED = ("COMM_WORLD", "COMM_SELF", "Comm", "Intracomm", "Intercomm", "Topocomm", "Cartcomm", "Graphcomm",
+           "Distgraphcomm", "Request", "Prequest", "Group", "Message", "REQUEST_NULL", "MESSAGE_NULL",
+           "MESSAGE_NO_PROC", "Init", "Init_thread", "Finalize", "Is_initialized", "Is_finalized", "Query_thread",
+           "Is_thread_main", "Attach_buffer", "Detach_buffer", "Flush_buffer", "Iflush_buffer", "Win", "File",
+           "FILE_NULL", "Session")
 
 _BSEND_BUFFERS: dict = {}  # thread -> the buffer a simulated rank attached (its Bsend copies anyway)
 
@@ -65,6 +67,8 @@ def _simulated(name: str, state: Any) -> Any:
         return self_comm(state)
     if name in ("Comm", "Intracomm"):
         return SimComm
+    if name == "Intercomm":
+        return SimIntercomm
     if name in ("Topocomm", "Cartcomm", "Graphcomm", "Distgraphcomm"):
         return {"Topocomm": SimTopoComm, "Cartcomm": SimCartComm, "Graphcomm": SimGraphComm,
                 "Distgraphcomm": SimDistGraphComm}[name]
@@ -200,9 +204,10 @@ _RANK_CALLS = {_Lifetime.Finalize.__code__: "Finalize", _Lifetime.Query_thread._
 
 
 #: The swapped names whose simulated value is the same for every rank (a class, a constant): found once.
-_SAME_FOR_EVERY_RANK = frozenset(("Comm", "Intracomm", "Topocomm", "Cartcomm", "Graphcomm", "Distgraphcomm", "Request",
-                                  "Prequest", "Group", "Message", "REQUEST_NULL", "MESSAGE_NULL", "MESSAGE_NO_PROC",
-                                  "Attach_buffer", "Iflush_buffer", "Is_thread_main"))
+_SAME_FOR_EVERY_RANK = frozenset(("Comm", "Intracomm", "Intercomm", "Topocomm", "Cartcomm", "Graphcomm",
+                                  "Distgraphcomm", "Request", "Prequest", "Group", "Message", "REQUEST_NULL",
+                                  "MESSAGE_NULL", "MESSAGE_NO_PROC", "Attach_buffer", "Iflush_buffer",
+                                  "Is_thread_main"))
 
 
 def _property(name: str) -> property:

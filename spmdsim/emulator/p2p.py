@@ -47,6 +47,15 @@ _BLOCKING = {"standard": "Send", "buffered": "Bsend", "synchronous": "Ssend"}
 class PointToPoint:
     """Point-to-point methods of SimComm (a mixin; `self._group`, `self._me`)."""
 
+    def _to(self, dest: Any) -> tuple:
+        """(the engine's group, this member, the destination) of a message to rank `dest`: an intercommunicator's
+        are its own (spmdsim.emulator.intercomm)."""
+        return self._group, self._me, dest
+
+    def _from(self, source: Any) -> tuple:
+        """(the engine's group, this member, the source) of a receive or probe of a message from `source`."""
+        return self._group, self._me, source
+
     # The program's nonblocking calls note their requests until completed (a warning names one never completed:
     # spmdsim.runtime.sim.requests.noted); the blocking calls, which complete theirs at once, post through
     # _isend, _irecv.
@@ -67,14 +76,14 @@ class PointToPoint:
         """A send; with `watch` (the program's nonblocking send) its completion checks that the program did not
         write into the buffer since (spmdsim.runtime.sim.p2p.rewritten)."""
         if _predefined(buf):  # nothing to refuse here, nothing to pack
-            return post_send(self._group, self._me, dest, tag, buf, mode=mode, watch=watch or None)
+            return post_send(*self._to(dest), tag, buf, mode=mode, watch=watch or None)
         if dest != special("PROC_NULL"):  # None is an empty message only to MPI.PROC_NULL
             _send_buffer(buf, _BLOCKING[mode])
         if may_be_derived(buf):
             given, buf = buf, packed(buf)
             if watch and buf is not given:  # a derived datatype's: compared packed again
                 watch = lambda: packed(given)[0]  # noqa: E731
-        return post_send(self._group, self._me, dest, tag, buf, mode=mode, watch=watch or None)
+        return post_send(*self._to(dest), tag, buf, mode=mode, watch=watch or None)
 
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         """The message lands in `buf` when the request completes (Wait, Test, ...): read before, `buf` holds what
@@ -85,13 +94,13 @@ class PointToPoint:
         """Irecv; without `defer` (the blocking calls, which wait for it at once) the message lands as it arrives."""
         if type(source) is int and type(tag) is int and -_C_INT <= source < _C_INT and -_C_INT <= tag < _C_INT:
             if _predefined(buf):  # a rank and tag as mpi4py takes them, a message with its datatype: nothing to check
-                return post_recv(self._group, self._me, source, tag, buf, None, defer=defer)
+                return post_recv(*self._from(source), tag, buf, None, defer=defer)
         else:
             source, tag = _any(source, "source"), _any(tag, "tag")  # first, as mpi4py converts its arguments
         if source != special("PROC_NULL"):  # None is an empty message only to MPI.PROC_NULL
             _send_buffer(buf, "Recv")
         into, unpack = unpacking(buf) if may_be_derived(buf) else (buf, None)  # a derived type: unpacked on arrival
-        return post_recv(self._group, self._me, source, tag, into, unpack, defer=defer)
+        return post_recv(*self._from(source), tag, into, unpack, defer=defer)
 
     def Send(self, buf: Any, dest: int, tag: int = 0) -> None:
         self._isend(buf, dest, tag, "standard").Wait()
@@ -140,7 +149,7 @@ class PointToPoint:
         both = Request(None, self._me, "sendrecv")
         sent = packed(buf) if may_be_derived(buf) else buf
         if sent is not buf:  # a derived datatype's message: sent packed now (a copy), unpacked into `buf` on arrival
-            send = post_send(self._group, self._me, dest, sendtag, sent, mode="standard")
+            send = post_send(*self._to(dest), sendtag, sent, mode="standard")
             both.null, both.parts = False, (send, self._irecv(buf, source, recvtag, defer))
             return both
         data, count, _ = message(buf, "Sendrecv_replace buffer", readonly=False)
@@ -153,7 +162,7 @@ class PointToPoint:
         self._isendrecv_replace(buf, dest, sendtag, source, recvtag, False).Wait(status)
 
     def Probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None) -> bool:
-        return probe(self._group, self._me, _any(source, "source"), _any(tag, "tag"), status, True)
+        return probe(*self._from(_any(source, "source")), _any(tag, "tag"), status, True)
 
     def Iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None) -> bool:
         return self._iprobe(source, tag, status, "Iprobe")
@@ -163,13 +172,13 @@ class PointToPoint:
 
     def _iprobe(self, source: Any, tag: Any, status: Any, call: str) -> bool:
         """Iprobe; `call`: the program's call, which a report of a loop polling in vain names."""
-        return probe(self._group, self._me, _any(source, "source"), _any(tag, "tag"), status, False, call=call)
+        return probe(*self._from(_any(source, "source")), _any(tag, "tag"), status, False, call=call)
 
     probe = Probe
 
     def Mprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None) -> Any:
         """A matched probe: the message, taken for the returned MPI.Message to receive (SimMessage)."""
-        return SimMessage._taken(probe(self._group, self._me, _any(source, "source"), _any(tag, "tag"),
+        return SimMessage._taken(probe(*self._from(_any(source, "source")), _any(tag, "tag"),
                                        status, True, take=True))
 
     def Improbe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Any = None) -> Any:
@@ -181,7 +190,7 @@ class PointToPoint:
 
     def _improbe(self, source: Any, tag: Any, status: Any, call: str) -> Any:
         """Improbe; `call` as _iprobe's (MPI.Message.Iprobe's too)."""
-        found = probe(self._group, self._me, _any(source, "source"), _any(tag, "tag"), status, False,
+        found = probe(*self._from(_any(source, "source")), _any(tag, "tag"), status, False,
                       take=True, call=call)
         return None if found is None else SimMessage._taken(found)
 
@@ -190,13 +199,13 @@ class PointToPoint:
     # -- objects (pickled) -------------------------------------------------------------------------
 
     def isend(self, obj: Any, dest: int, tag: int = 0) -> Request:
-        return noted(post_send(self._group, self._me, dest, tag, None, obj), "isend")
+        return noted(post_send(*self._to(dest), tag, None, obj), "isend")
 
     def ibsend(self, obj: Any, dest: int, tag: int = 0) -> Request:
-        return noted(post_send(self._group, self._me, dest, tag, None, obj, mode="buffered"), "ibsend")
+        return noted(post_send(*self._to(dest), tag, None, obj, mode="buffered"), "ibsend")
 
     def issend(self, obj: Any, dest: int, tag: int = 0) -> Request:
-        return noted(post_send(self._group, self._me, dest, tag, None, obj, mode="synchronous"), "issend")
+        return noted(post_send(*self._to(dest), tag, None, obj, mode="synchronous"), "issend")
 
     def irecv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         """An object's receive into `buf`, into a buffer of its own of `buf` bytes when `buf` is an integer (as
@@ -221,27 +230,27 @@ class PointToPoint:
                 raise BufferError("irecv: the buffer is not one contiguous block")
             given = view.cast("B") if view.ndim != 1 or view.format != "B" else view
             room = given.nbytes
-        return noted(post_recv(self._group, self._me, source, tag, None, room=room, given=given, defer=True), "irecv")
+        return noted(post_recv(*self._from(source), tag, None, room=room, given=given, defer=True), "irecv")
 
     def send(self, obj: Any, dest: int, tag: int = 0) -> None:
-        post_send(self._group, self._me, dest, tag, None, obj).wait()
+        post_send(*self._to(dest), tag, None, obj).wait()
 
     def bsend(self, obj: Any, dest: int, tag: int = 0) -> None:
-        post_send(self._group, self._me, dest, tag, None, obj, mode="buffered").wait()
+        post_send(*self._to(dest), tag, None, obj, mode="buffered").wait()
 
     def ssend(self, obj: Any, dest: int, tag: int = 0) -> None:
-        post_send(self._group, self._me, dest, tag, None, obj, mode="synchronous").wait()
+        post_send(*self._to(dest), tag, None, obj, mode="synchronous").wait()
 
     def recv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG,
              status: Any = None) -> Any:
         if buf is not None:  # as mpi4py warns; the message is unpickled from its own bytes
             warnings.warn("the 'buf' argument is deprecated", UserWarning, stacklevel=2)
-        return post_recv(self._group, self._me, _any(source, "source"), _any(tag, "tag"), None).wait(status)
+        return post_recv(*self._from(_any(source, "source")), _any(tag, "tag"), None).wait(status)
 
     def sendrecv(self, sendobj: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
                  source: int = ANY_SOURCE, recvtag: int = ANY_TAG, status: Any = None) -> Any:
         source, recvtag = _any(source, "source"), _any(recvtag, "recv tag")  # before the send is posted
-        send = post_send(self._group, self._me, dest, sendtag, None, sendobj)
-        got = post_recv(self._group, self._me, source, recvtag, None).wait(status)  # any size, as mpi4py's
+        send = post_send(*self._to(dest), sendtag, None, sendobj)
+        got = post_recv(*self._from(source), recvtag, None).wait(status)  # any size, as mpi4py's
         send.wait()
         return got

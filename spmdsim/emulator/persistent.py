@@ -91,7 +91,8 @@ def _persistent_send(call: str, mode: str) -> Callable:
 
     def init(self: Any, buf: Any, dest: int, tag: int = 0) -> Prequest:
         dest, tag = c_int(dest, "dest"), c_int(tag, "send tag")
-        _check_peer(self._group, dest, "dest")
+        group, _, peer = self._to(dest)  # an intercommunicator's: its remote group's rank
+        _check_peer(group, peer, "dest")
         _check_tag(tag, "send tag")
         if dest != special("PROC_NULL"):
             mapped(buf, f"{name} buffer")  # read when made, as mpi4py reads it
@@ -131,7 +132,8 @@ class PersistentCalls:
         mpi4py's TypeError; a rank outside the communicator MPI's invalid rank)."""
         source, tag = _any(source, "source"), _any(tag, "tag")
         if source != special("ANY_SOURCE"):
-            _check_peer(self._group, source, "source")
+            group, _, peer = self._from(source)
+            _check_peer(group, peer, "source")
         _check_tag(tag, "receive tag", any_tag=True)
         if source != special("PROC_NULL"):
             mapped(buf, "Recv_init buffer")  # read when made, as mpi4py reads it

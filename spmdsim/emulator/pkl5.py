@@ -10,7 +10,8 @@ simulated communicator, and what a rank sets on the module (``pkl5.pickle = ...`
 is its own, as in an MPI process. Two private helpers of mpi4py that pkl5 takes from
 MPI's C layer have simulated twins here: ``_comm_lock`` (a lock per communicator and
 purpose) and ``_commctx_intra`` (a duplicate of the communicator, made once, and a
-new tag per collective call, as every rank calls them in the same order). Every
+new tag per collective call, as every rank calls them in the same order), with ``_commctx_inter``, its twin
+for intercommunicators. Every
 other thread sees pkl5 as it is.
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any, Iterator
 from ..base import context as _local
 from ._nesting import Nesting
 from .comm import SimComm
+from .intercomm import SimIntercomm
 from ..runtime.sim.thread_engine import THREADS
 
 __all__ = ["swapped_pkl5"]
@@ -60,6 +62,20 @@ def _commctx_intra(comm: Any) -> tuple:
     return ctx[0], ctx[1]
 
 
+def _commctx_inter(comm: Any) -> tuple:
+    """(the intercommunicator's private duplicate, a new tag, a private duplicate of its local group, whether
+    its group is the low one): pkl5's collectives on an intercommunicator send on them."""
+    if not isinstance(comm, SimIntercomm):
+        from mpi4py import MPI
+
+        return MPI._commctx_inter(comm)
+    ctx = comm._h.private.get("commctx")
+    if ctx is None:
+        ctx = comm._h.private["commctx"] = [SimIntercomm.Dup(comm), 0, SimComm.Dup(comm._local)]
+    ctx[1] = ctx[1] % 32767 + 1
+    return ctx[0], ctx[1], ctx[2], comm._low
+
+
 def _rank_copy(state: Any) -> types.ModuleType:
     """The calling rank's own pkl5, made on first use in its thread (its classes derive from SimComm)."""
     module = _COPIES.get(state)
@@ -71,7 +87,7 @@ def _rank_copy(state: Any) -> types.ModuleType:
         module = types.ModuleType(real.__name__, real.__doc__)
         module.__dict__.update(__package__=real.__package__, __file__=real.__file__, __spec__=real.__spec__)
         exec(_CODE[0], module.__dict__)
-        module._comm_lock, module._commctx_intra = _comm_lock, _commctx_intra
+        module._comm_lock, module._commctx_intra, module._commctx_inter = _comm_lock, _commctx_intra, _commctx_inter
         _COPIES[state] = module
     return module
 
