@@ -98,7 +98,8 @@ OUT_OF_SCOPE = {
     "dynamic processes (Spawn, ports)": ("compute-pi/cpi-dpm.py", "nxtval/nxtval-dynproc.py",
                                          "spawning/cpi-master.py", "spawning/cpi-worker.py",
                                          "mandelbrot/mandelbrot-master.py"),
-    "mpi4py.futures (its pools spawn workers or split the world into an intercommunicator)": (
+    "mpi4py.futures (without `-m mpi4py.futures` its pools spawn workers; under it they run, but not launched "
+    "here)": (
         "futures/*.py",),
     "a compiler (C, C++, Fortran, Cython, SWIG, pybind11, nanobind, f2py, cffi, ctypes over a built library)": (
         "embedding/", "cython/", "libmpi-cffi/", "wrap-*/"),

@@ -371,3 +371,31 @@ def test_an_error_class_this_mpi_lacks_is_err_arg():
     assert str(made).endswith(": the error handler is MPI.ERRHANDLER_NULL")
     if MPI.ERR_ERRHANDLER != MPI.ERR_LASTCODE:  # this MPI has the class (MPICH): it stays
         assert mpi_error(MPI, MPI.ERR_ERRHANDLER, "x").Get_error_class() == MPI.ERR_ERRHANDLER
+
+
+def test_an_objects_own_error_as_it_is_unpickled_is_raised_as_it_is(tmp_path):
+    """recv of an object whose rebuilding raises (its __reduce__ calls divmod(1, 0)) raises that error, as mpi4py
+    does (mpi4py.futures' test_exc_unpickle): only bytes that are no pickle are the UnpicklingError that asks
+    whether a buffer was sent."""
+    run = _run(tmp_path, """
+        from mpi4py import MPI
+        import numpy as np
+
+
+        class Bad:
+            def __reduce__(self):
+                return divmod, (1, 0)
+
+
+        comm = MPI.COMM_WORLD
+        if comm.rank == 0:
+            comm.send(Bad(), dest=1)
+            comm.Send(np.arange(4.0), dest=1)
+        else:
+            for _ in range(2):
+                try:
+                    comm.recv(source=0)
+                except Exception as exc:
+                    print(type(exc).__name__)
+        """, "", simulated=True, n=2)
+    assert run.stdout.splitlines() == ["ZeroDivisionError", "UnpicklingError"], run.stderr

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 import warnings
 from pathlib import Path
 
@@ -666,6 +667,40 @@ def test_a_call_not_simulated_ends_the_run_from_any_thread_of_a_rank(tmp_path):
         assert done.stderr.startswith(f"spmdsim mpirun: error on simulated {ranks}: NotImplementedError: {refused}: "
                                       "not simulated;"), done.stderr
         assert "spmdsim/emulator" not in done.stderr and done.stderr.count("Traceback") == 1, done.stderr
+
+
+def test_mpi4py_futures_pool_runs_under_its_runner(tmp_path):
+    """`python -m mpi4py.futures prog.py`: rank 0 runs the program, the other ranks serve its MPIPoolExecutor
+    over an intercommunicator of the world's two parts. Each rank has its own mpi4py.futures (its pool is a
+    module global) and its own __main__ (a worker imports the program as __worker__), so a function or class
+    of the program pickles by name to the worker's copy, and a task's exception comes back as itself; the
+    lines are MPICH's (`mpiexec -n 4 python -m mpi4py.futures prog.py`)."""
+    prog = tmp_path / "pool.py"
+    prog.write_text(textwrap.dedent("""
+        from mpi4py import MPI
+        from mpi4py.futures import MPIPoolExecutor
+
+
+        class Point:
+            def __init__(self, x):
+                self.x = x
+
+
+        def where(p):
+            return abs(p.x), MPI.COMM_WORLD.Get_rank(), __name__
+
+
+        if __name__ == "__main__":
+            with MPIPoolExecutor() as ex:
+                got = list(ex.map(where, [Point(-x) for x in range(8)]))
+                print([x for x, _, _ in got], {r for _, r, _ in got} <= {1, 2, 3}, {n for _, _, n in got})
+                print(repr(ex.submit(divmod, 1, 0).exception()), ex.num_workers)
+        """))
+    done = subprocess.run([sys.executable, "-m", "spmdsim", "mpirun", "-n", "4", "python", "-m", "mpi4py.futures",
+                           str(prog)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.splitlines() == ["[0, 1, 2, 3, 4, 5, 6, 7] True {'__worker__'}",
+                                        "ZeroDivisionError('integer division or modulo by zero') 3"]
 
 
 def test_a_thread_left_running_by_a_failed_run_never_meets_the_real_mpi(tmp_path):

@@ -10,7 +10,9 @@ reads from it gets its own copy, run in that rank's thread the first time it
 does (threads that are no rank share one more copy). Objects of the module's
 classes pickle by name, so a receiving rank gets instances of its own copy's
 class, as under MPI. Modules imported before (spmdsim, numpy, site-packages)
-are shared as they are.
+are shared as they are, but for the packages of `PER_RANK_PACKAGES` (mpi4py.futures),
+which each rank imports as its own; a script runpy runs as __main__ on a rank
+(``python -m mpi4py.futures prog.py``) is that rank's own __main__ (`own_main`).
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import contextlib
 import functools
 import importlib.util
 import os
+import runpy
 import sys
 import sysconfig
 import threading
@@ -28,6 +31,10 @@ from typing import Any, Iterator, Optional
 from ..runtime.sim.run import current_rank
 
 __all__ = ["own_modules", "own_main", "rank_main", "rank_builtins"]
+
+#: Installed packages each rank imports its own copy of, as the program's own modules: mpi4py.futures keeps
+#: its pool in module globals (``_core.SharedPool``), one per MPI process.
+PER_RANK_PACKAGES = ("mpi4py.futures.", "mpi4py.futures")
 
 
 class _RankModule(types.ModuleType):
@@ -79,7 +86,27 @@ def _copy(standin: _RankModule) -> types.ModuleType:
                 except BaseException:
                     del copies[rank]
                     raise
+                if spec.name == "mpi4py.futures._core":
+                    module.import_main = _import_main
     return module
+
+
+def _import_main(mod_name: Any, mod_path: Any, init_globals: Any, run_name: str) -> None:
+    """mpi4py.futures' worker's import of the pool's main script or module (`run_name` "__worker__", so its
+    ``if __name__ == "__main__"`` block does not run), as the rank's own __main__: mpi4py's own sets
+    sys.modules["__main__"], every rank's, where a rank's pickles of the script's functions then found another
+    rank's (`own_main`)."""
+    module = types.ModuleType(run_name)
+    module.__dict__.update(init_globals or {}, __name__=run_name, __builtins__=rank_builtins())
+    standin = sys.modules.get("__main__")
+    if isinstance(standin, _RankMain):
+        object.__getattribute__(standin, "__dict__")["__spmdsim_mains__"][current_rank()] = module
+    if mod_name:
+        module.__dict__.update(runpy.run_module(mod_name, dict(module.__dict__), run_name))
+    elif mod_path:
+        module.__file__ = mod_path
+        with open(mod_path, "rb") as f:
+            exec(compile(f.read(), mod_path, "exec"), module.__dict__)
 
 
 class _Finder:
@@ -95,7 +122,8 @@ class _Finder:
         self._busy = threading.local()
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Optional[Any]:
-        if fullname.partition(".")[0] in self._shared or getattr(self._busy, "on", False):
+        own = fullname.startswith(PER_RANK_PACKAGES)
+        if not own and fullname.partition(".")[0] in self._shared or getattr(self._busy, "on", False):
             return None
         self._busy.on = True  # the other finders answer where the module is
         try:
@@ -105,8 +133,9 @@ class _Finder:
         finally:
             self._busy.on = False
         origin = getattr(spec, "origin", None)
-        if (spec is None or not origin or not origin.endswith(".py") or not origin.startswith(self._root)
-                or origin.startswith(self._skip) or spec.loader is None):
+        if spec is None or not origin or not origin.endswith(".py") or spec.loader is None:
+            return None
+        if not own and (not origin.startswith(self._root) or origin.startswith(self._skip)):
             return None
         standin = importlib.util.spec_from_loader(fullname, self, origin=origin,
                                                   is_package=spec.submodule_search_locations is not None)
@@ -253,11 +282,37 @@ def own_main() -> Iterator[None]:
     state = object.__getattribute__(standin, "__dict__")
     state.update(__spmdsim_mains__={}, __spmdsim_process_main__=before)
     sys.modules["__main__"] = standin
+    runpy_own, runpy._TempModule = runpy._TempModule, _RankTempModule
     try:
         yield
     finally:
+        runpy._TempModule = runpy_own
         if sys.modules.get("__main__") is standin:
             sys.modules["__main__"] = before
+
+
+class _RankTempModule(runpy._TempModule):
+    """runpy's module of a script it runs as __main__ (``runpy.run_path(path, run_name="__main__")``, as
+    mpi4py's runner under ``python -m mpi4py.futures script.py`` calls it): on a rank, within `own_main`,
+    the rank's own __main__ while it runs, not every rank's (sys.modules's)."""
+
+    def __enter__(self) -> Any:
+        standin, rank = sys.modules.get("__main__"), current_rank()
+        if self.mod_name != "__main__" or rank is None or not isinstance(standin, _RankMain):
+            return super().__enter__()
+        mains = object.__getattribute__(standin, "__dict__")["__spmdsim_mains__"]
+        self._saved_module = [(mains, rank, mains.get(rank))]
+        mains[rank] = self.module
+        return self
+
+    def __exit__(self, *args: Any) -> None:
+        if not self._saved_module or type(self._saved_module[0]) is not tuple:
+            return super().__exit__(*args)
+        mains, rank, before = self._saved_module.pop()
+        if before is None:
+            mains.pop(rank, None)
+        else:
+            mains[rank] = before
 
 
 def rank_main() -> types.ModuleType:

@@ -25,6 +25,9 @@ np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
 __all__ = ["Request", "REQUEST_NULL", "completed", "fill_status", "rank_name", "noted"]
 
+#: How a pickle of protocol 2 to 5 starts (mpi4py's object messages).
+_PICKLES = frozenset(bytes([0x80, v]) for v in range(2, 6))
+
 
 class Request(ManyRequests):
     """A pending operation of one simulated rank, with mpi4py's Request API
@@ -210,6 +213,8 @@ class Request(ManyRequests):
             try:
                 return pickle.loads(recv.payload)
             except Exception as exc:  # noqa: BLE001 - a buffer's bytes: say so, as the same type
+                if bytes(recv.payload[:2]) in _PICKLES and not isinstance(exc, pickle.UnpicklingError):
+                    raise  # a pickle's object's own error as it is rebuilt (a __reduce__'s), as mpi4py raises it
                 raise pickle.UnpicklingError(
                     f"recv: the message from {rank_name(recv.group, recv.source)} (tag {recv.got_tag}, "
                     f"{recv.nbytes} bytes) is not a pickled object ({exc}); was it sent with Send, a "
