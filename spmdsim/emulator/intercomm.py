@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..base import context as _local_context
-from ..runtime.sim._mpi import mpi_error, mpi_module, special
+from ..runtime.sim._mpi import c_int, mpi_error, mpi_module, special
 from ..runtime.sim.engine import SimulationError
 from ..runtime.sim.waiting import ranks_text
 from .comm import SimComm, world_of
@@ -109,7 +109,9 @@ class SimIntercomm(IntercommCollectives, SimComm):
         if self._h is None:
             self._live_handle()  # MPI.Exception (ERR_COMM): a null or freed one
         out = self._out
-        if type(dest) is int and 0 <= dest < len(self._remote):
+        if type(dest) is not int:
+            dest = c_int(dest, "dest")  # as mpi4py converts it (a numpy integer, a float truncated)
+        if 0 <= dest < len(self._remote):
             return out._group, out._me, dest + self._group.size
         if dest == special("PROC_NULL"):
             return out._group, out._me, dest
@@ -121,8 +123,9 @@ class SimIntercomm(IntercommCollectives, SimComm):
         members, where the remote ranks are their own."""
         if self._h is None:
             self._live_handle()
-        if source in (special("ANY_SOURCE"), special("PROC_NULL")) or type(source) is int and \
-                0 <= source < len(self._remote):
+        if type(source) is not int:
+            source = c_int(source, "source")
+        if source in (special("ANY_SOURCE"), special("PROC_NULL")) or 0 <= source < len(self._remote):
             return self._in._group, self._in._me, source
         raise _error("ERR_RANK", f"source rank {source!r} is outside the remote group of {len(self._remote)} "
                                  f"ranks (0 to {len(self._remote) - 1}, MPI.ANY_SOURCE or MPI.PROC_NULL)")
