@@ -667,6 +667,7 @@ def test_a_call_not_simulated_ends_the_run_from_any_thread_of_a_rank(tmp_path):
         assert done.stderr.startswith(f"spmdsim mpirun: error on simulated {ranks}: NotImplementedError: {refused}: "
                                       "not simulated;"), done.stderr
         assert "spmdsim/emulator" not in done.stderr and done.stderr.count("Traceback") == 1, done.stderr
+        assert ("spmdsim mpirun -n 4 python -m mpi4py.futures prog.py" in done.stderr) == (program == pool), done
 
 
 def test_mpi4py_futures_pool_runs_under_its_runner(tmp_path):

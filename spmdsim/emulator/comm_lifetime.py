@@ -52,7 +52,7 @@ class CommLifetime:
     # Dynamic processes are not simulated (docs/reference/emulator.md, "Limits"): refused in one
     # line, NotImplementedError as mpi4py raises where the MPI library lacks a call, not an AttributeError.
     def Spawn(self, *args: Any, **kwargs: Any) -> Any:
-        _not_simulated("dynamic processes (Intracomm.Spawn)")
+        raise not_simulated("dynamic processes (Intracomm.Spawn)", _POOL)
 
     def Spawn_multiple(self, *args: Any, **kwargs: Any) -> Any:
         _not_simulated("dynamic processes (Intracomm.Spawn_multiple)")
@@ -108,6 +108,11 @@ class CommLifetime:
 
     def Iflush_buffer(self) -> Any:
         return completed()
+
+
+#: What to do instead of a Spawn: most are an MPIPoolExecutor's, which runs on simulated ranks under its runner.
+_POOL = ("an MPIPoolExecutor runs on simulated ranks under mpi4py's runner, its workers the other ranks: spmdsim "
+         "mpirun -n 4 python -m mpi4py.futures prog.py; else run this program under mpiexec")
 
 
 def _not_simulated(what: str) -> None:

@@ -14,15 +14,16 @@ from .handles import initial_errhandler
 __all__ = ["refusing", "not_simulated"]
 
 
-def not_simulated(what: str) -> NotImplementedError:
-    """The refusal of `what` (a call spmdsim mpirun does not simulate), in one line: NotImplementedError, as
+def not_simulated(what: str, instead: str = "run this program under mpiexec") -> NotImplementedError:
+    """The refusal of `what` (a call spmdsim mpirun does not simulate; `instead`: what to do), in one line:
+    NotImplementedError, as
     mpi4py raises where the MPI library lacks a call (a program may catch it and go on). Raised and not caught,
     it ends the run even from a thread the rank started, whose rank may wait for it outside MPI
     (mpi4py.futures' pool waits for its manager thread's Spawn): `spmdsim_ends_run`, read by
     spmdsim.emulator.rank_threads and spmdsim.runtime.sim.engine.World.fail."""
-    exc = NotImplementedError(f"{what}: not simulated; spmdsim mpirun runs communicators, point to point, "
-                              "collectives, one-sided communication and MPI I/O (docs/howto/simulate.md); run this "
-                              "program under mpiexec")
+    exc = NotImplementedError(f"{what}: not simulated; spmdsim mpirun runs communicators (intercommunicators "
+                              "too), point to point, collectives, one-sided communication and MPI I/O "
+                              f"(docs/howto/simulate.md); {instead}")
     exc.spmdsim_ends_run = True  # type: ignore[attr-defined]
     return exc
 
