@@ -299,3 +299,28 @@ def test_ops_reductions_take_numpys_and_pytorchs_dim_keywords():
     assert np.array_equal(total, a.sum(axis=1)) and np.array_equal(mean, a.mean(axis=0, keepdims=True))
     assert biggest == a.max() and np.array_equal(least, a.min(axis=1))
     assert said == "sum: dims given twice (dims 0 and axis=1)"
+
+
+def test_softmax_argmax_and_joins_take_numpys_and_jaxs_axis():
+    """jax.nn.softmax(x, axis=-1), np.argmax(x, axis=1) and np.concatenate(xs, axis=1) ported to ops: Python's
+    "unexpected keyword argument 'axis'" with a traceback; now the dim, and both given one line."""
+    a = np.arange(16.0).reshape(4, 4) / 7.0
+
+    def body():
+        mesh = Mesh(Layout((2,), ("tp",)))
+        x = DTensor.from_global(mesh, a, mesh.layout(None, "tp"))
+        got = [ops.softmax(x, axis=1).gather(), ops.log_softmax(x, axis=0).gather(),
+               ops.argmax(x, axis=1).gather(), ops.argmin(x, axis=0, keepdim=True).gather(),
+               ops.concatenate([x, x], axis=1).gather(), ops.stack([x, x], axis=0).gather()]
+        with pytest.raises(SpmdsimError) as caught:
+            ops.softmax(x, 0, axis=1)
+        return got, str(caught.value)
+
+    (soft, logsoft, top, least, joined, stacked), said = spmdsim.simulate(2, body)[1]
+    e = np.exp(a - a.max(axis=1, keepdims=True))
+    assert np.allclose(soft, e / e.sum(axis=1, keepdims=True), rtol=1e-12, atol=0)
+    z = a - a.max(axis=0, keepdims=True)
+    assert np.allclose(logsoft, z - np.log(np.exp(z).sum(axis=0, keepdims=True)), rtol=1e-12, atol=1e-15)
+    assert np.array_equal(top, a.argmax(axis=1)) and np.array_equal(least, a.argmin(axis=0)[None, :])
+    assert np.array_equal(joined, np.concatenate([a, a], axis=1)) and np.array_equal(stacked, np.stack([a, a]))
+    assert said == "softmax: dim 0 and axis=1 both given; give one of them"

@@ -37,6 +37,15 @@ BLOCK = attrgetter("_local")
 DTYPE = attrgetter("_local.dtype")
 
 
+def dim_or_axis(op: str, dim: Any, axis: Any, default: int) -> Any:
+    """`dim`, or numpy's and JAX's ``axis=`` given in its place (``softmax(x, axis=-1)``); both given: one line."""
+    if axis is None:
+        return dim
+    if dim != default:
+        raise OperatorError(f"{op}: dim {dim!r} and axis={axis!r} both given; give one of them")
+    return axis
+
+
 def make_dtensor(mesh: Any, local: np.ndarray, layout: TensorLayout, shape: Sequence[int]) -> Any:
     """A DTensor from this rank's block (the one place that builds result tensors)."""
     cls = _DTENSOR or _dtensor_class()

@@ -26,7 +26,7 @@ from ...programs.infer.reshape import infer_reshape
 from ...programs.plan.shift import Shift
 from ...base.validate import as_int, counted, dims_expected, dtype_name
 from .local import reshape as _reshape
-from ._common import describe, dry_zeros, make_dtensor
+from ._common import describe, dim_or_axis, dry_zeros, make_dtensor
 from ._operands import check_dtensor, raise_if_not_dtensors, result_dtype, same_mesh
 from ...runtime.exchange import shifted, shifted_many
 from ...runtime.executor import redistribute
@@ -83,13 +83,15 @@ def chunk(x: Any, chunks: int, dim: int = 0) -> tuple:
     return tuple(narrow(x, d, start, min(step, size - start)) for start in range(0, size, step))
 
 
-def concatenate(xs: Sequence[Any], dim: int = 0) -> Any:
+def concatenate(xs: Sequence[Any], dim: int = 0, *, axis: Any = None) -> Any:
     """The DTensors `xs` joined along `dim` (numpy.concatenate).
 
     Operands that disagree on the other dims' splits move by the least-bytes rule (as for ``add``);
     one pending sum over the same axes in every operand stays pending, any other mix is resolved first.
-    Along a split dim each operand's rows move to the ranks whose block of the result holds them.
+    Along a split dim each operand's rows move to the ranks whose block of the result holds them. numpy's
+    ``axis=`` is taken for `dim`.
     """
+    dim = dim_or_axis("concatenate", dim, axis, 0)
     if isinstance(xs, (str, bytes)) or not hasattr(xs, "__iter__") or hasattr(xs, "_ag"):
         raise OperatorError(f"concatenate: xs must be a sequence of DTensors, got {describe(xs)}")
     xs = list(xs)
@@ -131,8 +133,11 @@ def _concatenate_split(mesh: Any, xs: list, plan: Any, dtype: Any) -> Any:
     return out if all(x._ag is None for x in xs) else record_concatenate_split(out, xs, plan, shifted_many)
 
 
-def stack(xs: Sequence[Any], dim: int = 0) -> Any:
-    """`xs` (DTensors of one shape) joined along a new dim `dim`, like numpy.stack (reshape, then concatenate)."""
+def stack(xs: Sequence[Any], dim: int = 0, *, axis: Any = None) -> Any:
+    """`xs` (DTensors of one shape) joined along a new dim `dim`, like numpy.stack (reshape, then concatenate).
+
+    numpy's ``axis=`` is taken for `dim`."""
+    dim = dim_or_axis("stack", dim, axis, 0)
     if isinstance(xs, (str, bytes)) or not hasattr(xs, "__iter__") or hasattr(xs, "_ag"):
         raise OperatorError(f"stack: xs must be a sequence of DTensors, got {describe(xs)}")
     xs = list(xs)

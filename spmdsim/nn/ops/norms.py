@@ -37,7 +37,7 @@ from ...base.validate import as_int, dims_expected
 from ...layouts.layout import TensorLayout
 from . import local as _whole, reduce as R, ufuncs as P
 from .norm_affine import norm_affine
-from ._common import make_dtensor
+from ._common import dim_or_axis, make_dtensor
 from ._operands import raise_if_not_dtensors, require_float, ufunc_dtype
 from ...runtime.executor import redistribute
 from ...base.tables import put
@@ -101,9 +101,11 @@ def _shifted(x: Any, d: int) -> Any:
     return P.sub(x, top)
 
 
-def softmax(x: Any, dim: int = -1) -> Any:
-    """exp(x) / sum(exp(x)) along `dim`, which may be split (then two Allreduces of one number per row)."""
-    d = _dim(x, dim, "softmax")
+def softmax(x: Any, dim: int = -1, *, axis: Any = None) -> Any:
+    """exp(x) / sum(exp(x)) along `dim`, which may be split (then two Allreduces of one number per row).
+
+    JAX's ``axis=`` is taken for `dim`."""
+    d = _dim(x, dim_or_axis("softmax", dim, axis, -1), "softmax")
     x = resolved(x)
     if not x.layout.tensor_map[d]:
         return _whole.softmax(x, d)
@@ -111,9 +113,11 @@ def softmax(x: Any, dim: int = -1) -> Any:
     return P.div(e, resolved(R.sum(e, d, keepdims=True)))
 
 
-def log_softmax(x: Any, dim: int = -1) -> Any:
-    """x - logsumexp(x) along `dim` (split or whole)."""
-    d = _dim(x, dim, "log_softmax")
+def log_softmax(x: Any, dim: int = -1, *, axis: Any = None) -> Any:
+    """x - logsumexp(x) along `dim` (split or whole).
+
+    JAX's ``axis=`` is taken for `dim`."""
+    d = _dim(x, dim_or_axis("log_softmax", dim, axis, -1), "log_softmax")
     z = _shifted(resolved(x), d)
     return P.sub(z, P.log(resolved(R.sum(P.exp(z), d, keepdims=True))))
 

@@ -236,19 +236,26 @@ def var(x: Any, dims: Any = None, keepdims: bool = False, correction: int = 0) -
     return P.mul(sum(P.mul(centred, centred), axes, keepdims), 1.0 / (count - c))
 
 
-def argmax(x: Any, dim: Any = None, keepdims: bool = False) -> Any:
+def argmax(x: Any, dim: Any = None, keepdims: bool = False, **aliases: Any) -> Any:
     """Index of the largest entry along `dim` (the first one on ties, NaN counted largest, as numpy's and
     PyTorch's argmax), an int64 DTensor with no gradient; `dim` None: the index into the flattened tensor.
 
     Over a split dim: each rank's best value and its global index, then one Allreduce(MAX) of the value
-    (and of a NaN flag) and one Allreduce(MIN) of the indices that attain it, over the dim's axes.
+    (and of a NaN flag) and one Allreduce(MIN) of the indices that attain it, over the dim's axes. numpy's
+    ``axis=`` and PyTorch's ``keepdim=`` are taken, as the methods take them.
     """
+    if aliases:
+        dim, keepdims = _reduce_args("argmax", dim, keepdims, aliases)
     return arg_reduce("argmax", x, dim, keepdims)
 
 
-def argmin(x: Any, dim: Any = None, keepdims: bool = False) -> Any:
+def argmin(x: Any, dim: Any = None, keepdims: bool = False, **aliases: Any) -> Any:
     """Index of the smallest entry along `dim` (first on ties, NaN counted smallest, as numpy's argmin);
-    int64, no gradient; over a split dim two Allreduces (MIN of the value, MIN of the index)."""
+    int64, no gradient; over a split dim two Allreduces (MIN of the value, MIN of the index).
+
+    ``axis=`` and ``keepdim=`` as argmax's."""
+    if aliases:
+        dim, keepdims = _reduce_args("argmin", dim, keepdims, aliases)
     return arg_reduce("argmin", x, dim, keepdims)
 
 
