@@ -324,3 +324,16 @@ def test_softmax_argmax_and_joins_take_numpys_and_jaxs_axis():
     assert np.array_equal(top, a.argmax(axis=1)) and np.array_equal(least, a.argmin(axis=0)[None, :])
     assert np.array_equal(joined, np.concatenate([a, a], axis=1)) and np.array_equal(stacked, np.stack([a, a]))
     assert said == "softmax: dim 0 and axis=1 both given; give one of them"
+
+
+def test_a_mesh_where_a_number_goes_is_quoted_alike_on_every_rank():
+    """ops.scale(x, mesh): the refusal quoted repr(mesh), whose rank=... differed, so it ended as rank 0's text
+    and "ranks differ: rank 1: ...; 2 more texts on ranks 2,3", as a DTensor's did."""
+    def scale_by_a_mesh():
+        mesh = Mesh(Layout((2, 2), ("dp", "tp")))
+        x = DTensor.from_seeded(mesh, mesh.layout("dp", "tp"), SeededTensor((4, 4), "float64", seed=0))
+        ops.scale(x, mesh)
+
+    said = _said(scale_by_a_mesh)
+    assert len(set(said)) == 1 and said[0].startswith("scale factor Mesh(Layout(device_matrix=(2, 2), alias_name=("
+                                                      "'dp', 'tp')), size=4, wait="), said

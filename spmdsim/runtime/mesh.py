@@ -192,7 +192,9 @@ class Mesh(_ForeignNames):
         return view
 
     def __repr__(self) -> str:
-        return f"Mesh({self.layout!r}, rank={self.rank}, size={self.size}, wait={self.wait_mode!r})"
+        # No rank, as a DTensor's: a refusal quoting a mesh passed where a number goes reads alike on every rank
+        # (one line, not one rank's text and "ranks differ: ..."); mesh.rank says which rank this is.
+        return f"Mesh({self.layout!r}, size={self.size}, wait={self.wait_mode!r})"
 
     def coord(self, axis: str) -> int:
         """This rank's index along mesh axis `axis` (JAX's ``lax.axis_index``, DTensor's ``get_local_rank``)."""
