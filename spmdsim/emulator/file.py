@@ -30,7 +30,7 @@ from .comm_errors import SimErrhandler, new_errhandler, run_user_handler
 from .file_access import raise_as_handled
 from .file_calls import FileCalls
 from .file_view import View
-from .handles import SharedHandle, _new_reference
+from .handles import SharedHandle, SwappedKind, _new_reference
 from .window_state import _mpi
 
 __all__ = ["SimFile", "file_null"]
@@ -61,16 +61,6 @@ class _Handle:
         self.info: Any = None
         self.split: Any = None  # a split collective's (call, bytes moved) between its _begin and _end
         self.closed = False
-
-
-class _FileType(type):
-    """SimFile's metaclass: mpi4py's own files (the real MPI.FILE_NULL) are instances of the swapped MPI.File."""
-
-    def __instancecheck__(cls, obj: Any) -> bool:
-        if type.__instancecheck__(cls, obj):
-            return True
-        mpi = mpi_module()
-        return mpi is not None and isinstance(obj, mpi.__dict__["File"])
 
 
 def _os_error(call: str, path: str, exc: OSError) -> tuple:
@@ -131,7 +121,7 @@ def _new_file_handler() -> Any:
     return mpi.ERRORS_ARE_FATAL if errors in ("fatal", "abort") else None
 
 
-class SimFile(FileCalls, SharedHandle, metaclass=_FileType):
+class SimFile(FileCalls, SharedHandle, metaclass=SwappedKind):
     """One simulated rank's handle of an open file (mpi4py's File). ``SimFile()`` is null (== MPI.FILE_NULL)."""
 
     _MPI_CLASS, _MPI_NULL = "File", "FILE_NULL"

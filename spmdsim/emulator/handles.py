@@ -34,7 +34,7 @@ from ..runtime.sim.engine import SimulationError
 from .comm_errors import SimErrhandler, handled_from_now, new_errhandler, run_user_handler
 from .job_end import end_every_rank
 
-__all__ = ["CommHandles", "SharedHandle", "initial_errhandler"]
+__all__ = ["CommHandles", "SharedHandle", "SwappedKind", "initial_errhandler"]
 
 _LOCK = threading.Lock()
 _IDS = itertools.count(0x5E000001)  # handles no real MPI object has
@@ -91,6 +91,17 @@ def initial_errhandler(parent: Any = None) -> Any:
         return handled_from_now(mpi.ERRORS_ABORT if mpi.ERRORS_ABORT != mpi.ERRHANDLER_NULL
                                   else mpi.ERRORS_ARE_FATAL)
     return None
+
+
+class SwappedKind(type):
+    """The metaclass of a simulated class a rank's mpi4py.MPI swaps in for its own `_MPI_CLASS` (SimWin for "Win",
+    SimFile for "File"): mpi4py's own objects of that class (MPI.WIN_NULL, MPI.FILE_NULL) are instances too."""
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        if type.__instancecheck__(cls, obj):
+            return True
+        mpi = mpi_module()
+        return mpi is not None and isinstance(obj, mpi.__dict__[cls._MPI_CLASS])
 
 
 class SharedHandle:

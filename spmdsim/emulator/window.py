@@ -29,7 +29,7 @@ from ..runtime.sim._mpi import mpi_error, mpi_module, special
 from .._lazy import numpy_on_first_use
 from .group import SimGroup, speak_mpi4py
 from .comm_errors import end_on_fatal_errors
-from .handles import CommHandles, initial_errhandler
+from .handles import CommHandles, SwappedKind, initial_errhandler
 from .comm import _resolve, self_comm
 from ..base.context import simulated
 from .window_bytes import _address, _memory
@@ -42,17 +42,7 @@ np = numpy_on_first_use(globals())
 __all__ = ["SimWin"]
 
 
-class _WinType(type):
-    """SimWin's metaclass: mpi4py's own windows (MPI.WIN_NULL) are instances of the swapped MPI.Win too."""
-
-    def __instancecheck__(cls, obj: Any) -> bool:
-        if type.__instancecheck__(cls, obj):
-            return True
-        mpi = mpi_module()
-        return mpi is not None and isinstance(obj, mpi.__dict__["Win"])
-
-
-class SimWin(np.ndarray, WindowOperations, WindowSynchronization, CommHandles, metaclass=_WinType):
+class SimWin(np.ndarray, WindowOperations, WindowSynchronization, CommHandles, metaclass=SwappedKind):
     """One simulated rank's view of one window (mpi4py's Win). ``SimWin()`` is null (== MPI.WIN_NULL).
 
     Like mpi4py's Win it exposes this member's window memory through the buffer protocol
