@@ -6,7 +6,7 @@
 While `swapped()` is active, the threads of simulated ranks see, on the
 ``mpi4py.MPI`` module, COMM_WORLD and COMM_SELF as their own SimComms and
 Comm, Intracomm, Intercomm, Topocomm, Cartcomm, Graphcomm, Distgraphcomm, Request, Prequest, Group and Win as the
-simulated classes (File and Session refusing to be made: spmdsim.emulator.unsupported) (so
+simulated classes, and File and Session as spmdsim.emulator.file and spmdsim.emulator.unsupported make them (so
 ``MPI.Request.Waitall(reqs)`` and ``MPI.Comm.Compare(a, b)`` take simulated
 objects); Init, Init_thread, Finalize, Is_initialized, Is_finalized and Query_thread are the
 rank's own, as under mpiexec (`_Lifetime`: the real MPI stays initialized for the
@@ -32,7 +32,7 @@ from .real import real, real_module
 from .intercomm import SimIntercomm
 from .comm import SimCartComm, SimComm, SimDistGraphComm, SimGraphComm, SimTopoComm, self_comm, world_of
 from ..runtime.sim.requests import completed, Request, REQUEST_NULL
-from .unsupported import refusing
+from .unsupported import session_class
 from .persistent import Prequest
 from .group import SimGroup
 from . import message
@@ -83,7 +83,7 @@ def _simulated(name: str, state: Any) -> Any:
 
         return file.SimFile if name == "File" else file.file_null(state)
     if name == "Session":
-        return refusing(name)
+        return session_class()
     if name == "Prequest":
         return Prequest
     if name == "Group":

@@ -11,7 +11,7 @@ from typing import Any
 
 from .handles import initial_errhandler
 
-__all__ = ["refusing", "not_simulated"]
+__all__ = ["session_class", "not_simulated"]
 
 
 def not_simulated(what: str, instead: str = "run this program under mpiexec") -> NotImplementedError:
@@ -28,30 +28,19 @@ def not_simulated(what: str, instead: str = "run this program under mpiexec") ->
     return exc
 
 
-#: mpi4py's class -> (what it is, its constructors refused).
-_REFUSED = {"Session": ("", ())}
-
-_MADE: dict = {}
+_MADE: list = []  # the session class, once made
 
 
-def refusing(name: str) -> Any:
-    """mpi4py.MPI's class `name` (Session) with its constructors refused on simulated ranks (Init: this process's
-    session)."""
-    found = _MADE.get(name)
-    if found is None:
+def session_class() -> Any:
+    """mpi4py.MPI.Session as a simulated rank sees it: Init makes a session of this process's MPI with the handler
+    of the rank's rc.errors (`_session_init`); mpi4py's own sessions (MPI.SESSION_NULL) are instances too."""
+    if not _MADE:
         from mpi4py import MPI
 
-        what, constructors = _REFUSED[name]
-
-        def refuse(cls: type, *args: Any, **kwargs: Any) -> Any:
-            raise not_simulated(what)  # the one wording of every call spmdsim mpirun refuses
-
-        base = MPI.__dict__[name]
-        methods = {c: classmethod(refuse) for c in constructors}
-        if name == "Session":
-            methods["Init"] = classmethod(_session_init)
-        found = _MADE[name] = _Refusing(name, (base,), methods | {"__module__": "mpi4py.MPI", "_real": base})
-    return found
+        base = MPI.__dict__["Session"]
+        _MADE.append(_Sessions("Session", (base,), {"Init": classmethod(_session_init), "__module__": "mpi4py.MPI",
+                                                    "_real": base}))
+    return _MADE[0]
 
 
 def _session_init(cls: type, *args: Any, **kwargs: Any) -> Any:
@@ -65,8 +54,8 @@ def _session_init(cls: type, *args: Any, **kwargs: Any) -> Any:
     return session
 
 
-class _Refusing(type):
-    """The metaclass of the refusing classes: mpi4py's own objects (MPI.SESSION_NULL) are instances too."""
+class _Sessions(type):
+    """The session class's metaclass: mpi4py's own sessions (MPI.SESSION_NULL) are instances too."""
 
     def __instancecheck__(cls, obj: Any) -> bool:
         return isinstance(obj, cls._real)
