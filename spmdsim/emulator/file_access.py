@@ -128,15 +128,15 @@ class FileAccess:
             self._fail(_mpi().ERR_ARG, f"{call}: offset {offset} is negative")
         return offset
 
-    def _side(self, call: str, write: bool, spec: Any, explicit: bool = False) -> _Side:
-        """The buffer `spec` of a read or write, after the file's mode allows it."""
+    def _side(self, call: str, write: bool, spec: Any, shared_pointer: bool) -> _Side:
+        """The buffer `spec` of a read or write, after the file's mode allows it (MODE_SEQUENTIAL: only at the
+        `shared_pointer`)."""
         amode, mpi = self._live().amode, _mpi()
         if write and amode & mpi.MODE_RDONLY:
             self._fail(mpi.ERR_READ_ONLY, f"{call}: the file is open with MPI.MODE_RDONLY")
         if not write and amode & mpi.MODE_WRONLY:
             self._fail(mpi.ERR_ACCESS, f"{call}: the file is open with MPI.MODE_WRONLY")
-        if amode & mpi.MODE_SEQUENTIAL and (explicit or call.lstrip("I").split("_")[0] in ("Read", "Write")
-                                            and "shared" not in call and "ordered" not in call):
+        if amode & mpi.MODE_SEQUENTIAL and not shared_pointer:
             self._fail(mpi.ERR_UNSUPPORTED_OPERATION, f"{call}: a file opened with MPI.MODE_SEQUENTIAL is read and "
                                                       "written at the shared file pointer only")
         return _Side.of(spec, f"File.{call}", readonly=write)
@@ -158,7 +158,7 @@ class FileAccess:
         return n
 
     def _at(self, call: str, write: bool, offset: Any, buf: Any, status: Any, together: bool = False) -> int:
-        side = self._side(call, write, buf, explicit=True)
+        side = self._side(call, write, buf, shared_pointer=False)
         start = self._offset(call, offset)
         with self._open.mutex:
             n = self._io(side, write, start)
@@ -170,7 +170,7 @@ class FileAccess:
     def _here(self, call: str, write: bool, buf: Any, status: Any, together: bool = False) -> int:
         """At the rank's own pointer, which moves past the bytes moved, or, for a nonblocking call, past those
         asked for (set as the call starts, as MPI does and MPICH's reads past the end show)."""
-        side = self._side(call, write, buf)
+        side = self._side(call, write, buf, shared_pointer=False)
         with self._open.mutex:
             n = self._io(side, write, self._h.pos)
         self._h.pos += (side.nbytes if call.startswith("I") else n) // self._h.view.esize
@@ -180,7 +180,7 @@ class FileAccess:
         return n
 
     def _shared(self, call: str, write: bool, buf: Any, status: Any) -> int:
-        side, shared = self._side(call, write, buf), self._open
+        side, shared = self._side(call, write, buf, shared_pointer=True), self._open
         with shared.mutex:
             start = shared.shared_pos
             shared.shared_pos += side.nbytes // self._h.view.esize
@@ -190,7 +190,7 @@ class FileAccess:
 
     def _ordered(self, call: str, write: bool, buf: Any, status: Any) -> int:
         """Collective: the members' data one after the other in rank order from the shared file pointer."""
-        side, shared = self._side(call, write, buf), self._open
+        side, shared = self._side(call, write, buf, shared_pointer=True), self._open
 
         def complete(slot: Any) -> None:
             starts = [shared.shared_pos]
