@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import threading
+import types
 from typing import Any, Callable
 
 from ..base import context as _local
@@ -30,7 +31,7 @@ from .comm_errors import SimErrhandler, new_errhandler, run_user_handler
 from .file_access import raise_as_handled
 from .file_calls import FileCalls
 from .file_view import View
-from .handles import SharedHandle, SwappedKind, _new_reference
+from .handles import SharedHandle, SwappedKind, _new_reference, initial_errhandler
 from .window_state import _mpi
 
 __all__ = ["SimFile", "file_null"]
@@ -109,16 +110,9 @@ def _null_file() -> "SimFile":
 
 
 def _new_file_handler() -> Any:
-    """The error handler a file opened now starts with, as mpi4py sets it by ``mpi4py.rc.errors``: "exception"
-    ERRORS_RETURN (None), "fatal" ERRORS_ARE_FATAL, "abort" ERRORS_ABORT, "default" MPI.FILE_NULL's."""
-    import mpi4py
-
-    errors, mpi = getattr(getattr(mpi4py, "rc", None), "errors", "exception"), _mpi()
-    if errors == "default":
-        return _null_file()._null_handler
-    if errors == "abort" and mpi.ERRORS_ABORT != mpi.ERRHANDLER_NULL:
-        return mpi.ERRORS_ABORT
-    return mpi.ERRORS_ARE_FATAL if errors in ("fatal", "abort") else None
+    """The error handler a file opened now starts with, as mpi4py sets it by ``mpi4py.rc.errors`` (a new
+    communicator's: spmdsim.emulator.handles.initial_errhandler), "default" keeping MPI.FILE_NULL's."""
+    return initial_errhandler(types.SimpleNamespace(errhandler=_null_file()._null_handler))
 
 
 class SimFile(FileCalls, SharedHandle, metaclass=SwappedKind):
