@@ -45,15 +45,15 @@ class View:
         if lb < 0 or self.extent < self.size:
             raise mpi_error(mpi, mpi.ERR_TYPE, "Set_view: a filetype whose data lie before its start or overlap "
                                                "their next copy (a negative lower bound or extent below its size)")
-        positions, _, _ = _positions(filetype, 1)
-        if type(positions) is not int:
-            if len(positions) > 1 and (np.diff(positions) <= 0).any():
-                raise mpi_error(mpi, mpi.ERR_TYPE, "Set_view: the filetype's displacements must increase (MPI "
-                                                   "requires a file view's typemap monotonic and without overlaps)")
-            if int(positions[-1]) + 1 == self.size and self.extent == self.size:
-                positions = self.size  # its data in a row after all
-        self.positions = positions if type(positions) is int and self.extent == self.size else \
-            (np.arange(self.size, dtype=np.int64) if type(positions) is int else positions)
+        positions, _, _ = _positions(filetype, 1)  # (an int: its bytes in a row from its start)
+        if type(positions) is not int and len(positions) > 1 and (np.diff(positions) <= 0).any():
+            raise mpi_error(mpi, mpi.ERR_TYPE, "Set_view: the filetype's displacements must increase (MPI "
+                                               "requires a file view's typemap monotonic and without overlaps)")
+        in_a_row = type(positions) is int or int(positions[-1]) + 1 == self.size  # (increasing: 0 .. size - 1)
+        if in_a_row and self.extent == self.size:  # tiles back to back: the file's bytes from disp on
+            self.positions: Any = self.size
+        else:
+            self.positions = np.arange(self.size, dtype=np.int64) if type(positions) is int else positions
 
     @classmethod
     def default(cls) -> "View":
