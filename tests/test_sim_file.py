@@ -4,21 +4,16 @@ mpi4py's own test_file and test_io run too (tests/test_sim_mpi4py_suite.py), and
 prints what MPICH prints (tests/test_sim_mpirun.py); these check the bytes against numpy and the refusals."""
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
 import pytest
 
-from spmdsim.emulator.mpi4py_world import swapped
-from spmdsim.runtime.sim import simulate
 from spmdsim.runtime.sim.engine import DeadlockError, RuntimeMismatchError
+from testkit import on_simulated_ranks
 
 MPI = pytest.importorskip("mpi4py.MPI")
-
-
-def _on_ranks(n: int, body, *args):
-    with swapped():
-        return simulate(n, body, *args)
 
 
 def _blocks(path: str) -> tuple:
@@ -50,7 +45,7 @@ def _blocks(path: str) -> tuple:
 
 def test_blocks_written_through_subarray_views_make_numpys_file_and_read_back_any_way(tmp_path):
     path = str(tmp_path / "array.bin")
-    got = _on_ranks(4, _blocks, path)
+    got = on_simulated_ranks(4, functools.partial(_blocks, path))
     whole = np.arange(64.0).reshape(8, 8)
     assert np.array_equal(np.fromfile(path).reshape(8, 8), whole)
     for r, (rows, count, pairs, position) in enumerate(got):
@@ -83,7 +78,7 @@ def _pointers(path: str) -> tuple:
 
 def test_ordered_shared_and_own_pointers_and_a_read_past_the_end(tmp_path):
     path = str(tmp_path / "log.bin")
-    got = _on_ranks(3, _pointers, path)
+    got = on_simulated_ranks(3, functools.partial(_pointers, path))
     ordered, tail, count, whole = got[0]
     assert [g[0] for g in got] == [6, 6, 6] and all(g[1:] == (tail, count, whole) for g in got)
     shared = [whole[k:k + 2] for k in (6, 8, 10)]  # the three ranks' pairs, in the order they came
@@ -122,7 +117,7 @@ def _refusals(folder: str) -> list:
 
 
 def test_wrong_calls_raise_mpis_error_classes_naming_the_value(tmp_path):
-    said = _on_ranks(2, _refusals, str(tmp_path))
+    said = on_simulated_ranks(2, functools.partial(_refusals, str(tmp_path)))
     assert said[0] == said[1] or all(a[0] == b[0] for a, b in zip(*said))
     codes = [entry[0] for entry in said[0]]
     assert codes == [MPI.ERR_NO_SUCH_FILE, MPI.ERR_AMODE, MPI.ERR_NOT_SAME, MPI.ERR_FILE_EXISTS, MPI.ERR_READ_ONLY,
@@ -143,7 +138,7 @@ def _skips(path: str) -> None:
 
 def test_a_rank_that_skips_a_collective_file_call_is_named_not_a_hang(tmp_path):
     with pytest.raises((DeadlockError, RuntimeMismatchError)) as raised:
-        _on_ranks(2, _skips, str(tmp_path / "skip.bin"))
+        on_simulated_ranks(2, functools.partial(_skips, str(tmp_path / "skip.bin")))
     assert ("on the file 'skip.bin' opened on the world" in str(raised.value) and "rank 0 calls File.Write_at_all but "
             "rank 1 calls File.Close" in str(raised.value)), raised.value
 
@@ -175,7 +170,7 @@ def test_scattered_bytes_land_alike_read_and_written_by_span_or_by_run(tmp_path,
     them and 1 MiB or the file was opened write-only (no reading the span), by one call a run: the file and the
     reads are the same."""
     path = str(tmp_path / "spread.bin")
-    got = _on_ranks(2, _spread, path, gap, mode)
+    got = on_simulated_ranks(2, functools.partial(_spread, path, gap, mode))
     assert got == [[0.0, 1.0, 2.0, -1.0, 3], [10.0, 11.0, 12.0, -1.0, 3]]
     held = np.fromfile(path)
     assert held.size == (2 * gap + 16) // 8
