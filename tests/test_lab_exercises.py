@@ -30,7 +30,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarn
 
 @pytest.mark.parametrize("exercise", EXERCISES, ids=lambda e: f"{e.number}-{e.name}")
 def test_every_reference_solution_passes_every_case_at_every_rank_count_it_allows(exercise):
-    assert set(exercise.ranks) <= {1, 2, 3, 4, 8} and len(exercise.ranks) >= 4
+    assert set(exercise.ranks) <= {1, 2, 3, 4, 8, 9, 16} and len(exercise.ranks) >= 4
     for n in exercise.ranks:
         for seed in exercise.seeds:
             result = run_case(exercise, exercise.path, n, seed)
@@ -1380,6 +1380,89 @@ WRONG = [
                 time.sleep(0.001)
             return sum(box[i] for i in range(n))
         """),
+    (24, 4, 0, "wrong", ["this is q times this rank's own a @ b"], """
+    import numpy as np
+    def summa(comm, a, b):
+        q = int(round(comm.Get_size() ** 0.5))
+        i, j = divmod(comm.Get_rank(), q)
+        row, col = comm.Split(i, j), comm.Split(j, i)
+        c = np.zeros((a.shape[0], b.shape[1]))
+        for t in range(q):
+            a_t = a.copy() if j == t else np.empty_like(a)
+            b_t = b.copy() if i == t else np.empty_like(b)
+            row.Bcast(a_t, root=t)
+            col.Bcast(b_t, root=t)
+            c += a @ b
+        return c
+    """),
+    (24, 9, 1, "wrong", ["this is round t = 0 alone: add the product of every round's blocks"], """
+    import numpy as np
+    def summa(comm, a, b):
+        q = int(round(comm.Get_size() ** 0.5))
+        i, j = divmod(comm.Get_rank(), q)
+        row, col = comm.Split(i, j), comm.Split(j, i)
+        c = np.zeros((a.shape[0], b.shape[1]))
+        for t in range(q):
+            a_t = a.copy() if j == t else np.empty_like(a)
+            b_t = b.copy() if i == t else np.empty_like(b)
+            row.Bcast(a_t, root=t)
+            col.Bcast(b_t, root=t)
+            c += a_t @ b_t
+            return c
+    """),
+    (24, 4, 1, "wrong", ["this is round t = 1 alone"], """
+    import numpy as np
+    def summa(comm, a, b):
+        q = int(round(comm.Get_size() ** 0.5))
+        i, j = divmod(comm.Get_rank(), q)
+        row, col = comm.Split(i, j), comm.Split(j, i)
+        for t in range(q):
+            a_t = a.copy() if j == t else np.empty_like(a)
+            b_t = b.copy() if i == t else np.empty_like(b)
+            row.Bcast(a_t, root=t)
+            col.Bcast(b_t, root=t)
+            c = a_t @ b_t
+        return c
+    """),
+    (24, 4, 0, "wrong", ["A's blocks went along the grid columns and B's along the rows"], """
+    import numpy as np
+    def summa(comm, a, b):
+        q = int(round(comm.Get_size() ** 0.5))
+        i, j = divmod(comm.Get_rank(), q)
+        row, col = comm.Split(i, j), comm.Split(j, i)
+        c = np.zeros((a.shape[0], b.shape[1]))
+        for t in range(q):
+            a_t = a.copy() if i == t else np.empty_like(a)
+            b_t = b.copy() if j == t else np.empty_like(b)
+            col.Bcast(a_t, root=t)
+            row.Bcast(b_t, root=t)
+            c += a_t @ b_t
+        return c
+    """),
+    (24, 4, 1, "forbidden", ["comm.allgather is not one of the calls this exercise allows (Bcast)"], """
+    import numpy as np
+    def summa(comm, a, b):
+        q = int(round(comm.Get_size() ** 0.5))
+        i, j = divmod(comm.Get_rank(), q)
+        blocks = comm.allgather((a, b))
+        return sum(blocks[i * q + t][0] @ blocks[t * q + j][1] for t in range(q))
+    """),
+    (24, 4, 0, "forbidden", ["no rank called comm.Split"], """
+    import numpy as np
+    def summa(comm, a, b):
+        q = int(round(comm.Get_size() ** 0.5))
+        i, j = divmod(comm.Get_rank(), q)
+        c = np.zeros((a.shape[0], b.shape[1]))
+        for t in range(q):
+            a_t, b_t = [np.empty_like(a) for _ in range(q)], [np.empty_like(b) for _ in range(q)]
+            for s in range(q):
+                a_t[s] = a.copy() if (i, j) == (s, t) else a_t[s]
+                b_t[s] = b.copy() if (i, j) == (t, s) else b_t[s]
+                comm.Bcast(a_t[s], root=s * q + t)
+                comm.Bcast(b_t[s], root=t * q + s)
+            c += a_t[i] @ b_t[j]
+        return c
+    """),
 ]
 
 
