@@ -1463,6 +1463,54 @@ WRONG = [
             c += a_t[i] @ b_t[j]
         return c
     """),
+    (25, 4, 0, "wrong", ["these are the bucket's values, unsorted"], """
+    import numpy as np
+    def bucket_sort(comm, x):
+        n = comm.Get_size()
+        x = np.sort(x)
+        counts = np.bincount((x * n).astype(int), minlength=n)
+        got = np.empty_like(counts)
+        comm.Alltoall(counts, got)
+        out = np.empty(got.sum())
+        comm.Alltoallv([x, counts], [out, got])
+        return out
+    """),
+    (25, 3, 1, "wrong", ["is not of bucket", "so sort x first"], """
+    import numpy as np
+    def bucket_sort(comm, x):
+        n = comm.Get_size()
+        counts = np.bincount((x * n).astype(int), minlength=n)
+        got = np.empty_like(counts)
+        comm.Alltoall(counts, got)
+        out = np.empty(got.sum())
+        comm.Alltoallv([x, counts], [out, got])
+        return np.sort(out)
+    """),
+    (25, 4, 0, "forbidden", ["comm.allgather is not one of the calls this exercise allows (Alltoall)"], """
+    import numpy as np
+    def bucket_sort(comm, x):
+        n, r = comm.Get_size(), comm.Get_rank()
+        values = np.sort(np.concatenate(comm.allgather(x)))
+        return values[(values * n).astype(int) == r]
+    """),
+    (25, 4, 1, "bytes", ["the algorithm needs 80 B from its busiest rank"], """
+    import numpy as np
+    def bucket_sort(comm, x):
+        n, r = comm.Get_size(), comm.Get_rank()
+        counts = np.full(n, x.size)
+        got = np.empty_like(counts)
+        comm.Alltoall(counts, got)
+        values = np.empty(got.sum())
+        comm.Alltoallv([np.tile(x, n), counts], [values, got])
+        return np.sort(values[(values * n).astype(int) == r])
+    """),
+    (25, 2, 0, "wrong", ["only this rank's own values of bucket r"], """
+    import numpy as np
+    def bucket_sort(comm, x):
+        n, r = comm.Get_size(), comm.Get_rank()
+        x = np.sort(x)
+        return x[(x * n).astype(int) == r]
+    """),
 ]
 
 
