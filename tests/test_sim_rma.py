@@ -127,3 +127,30 @@ def test_util_sync_mutex_and_counter_on_more_ranks_than_cores():
 
     results = _run(6, body)
     assert results[0] == (18, list(range(18)))
+
+
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_a_fence_epochs_operations_are_done_by_the_fence_that_ends_it(ranks):
+    # As MPICH does them: what a target reads of its window, and what a Get brought, before the closing Fence
+    # are the bytes as they were, on every run; after it, every member's operations are done.
+    def body():
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+        counts = np.zeros(2 if comm.rank == 0 else 0, "q")
+        win = MPI.Win.Create(counts, comm=comm)
+        got = np.full(2, -1, "q")
+        win.Fence()
+        win.Accumulate(np.ones(2, "q"), 0, op=MPI.SUM)
+        before = counts.copy()
+        win.Fence()
+        after = counts.copy()
+        win.Get(got, 0)
+        brought = got.copy()
+        win.Fence()
+        win.Free()
+        return before.tolist(), after.tolist(), brought.tolist(), got.tolist()
+
+    results = _run(ranks, body)
+    assert results[0][:2] == ([0, 0], [ranks, ranks])
+    assert all(r[2:] == ([-1, -1], [ranks, ranks]) for r in results)

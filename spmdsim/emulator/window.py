@@ -146,7 +146,7 @@ class SimWin(np.ndarray, WindowOperations, WindowSynchronization, CommHandles, m
         """Release the window (collective: a barrier of its group, as MPI's)."""
         self._live()
         comm = self._comm
-        comm.Barrier()
+        self._end_fence_epoch()  # (a fence epoch left open: its operations done, as MPI's Free does them)
         self._delete_attrs()
         self._h.freed = True
         with self._shared.mutex:

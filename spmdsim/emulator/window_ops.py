@@ -1,5 +1,8 @@
 """A window's operations (spmdsim.emulator.window): Put, Get, Accumulate, Get_accumulate, Fetch_and_op,
-Compare_and_swap and their request-based forms, each done when its call returns, one at a time on a window."""
+Compare_and_swap and their request-based forms, one at a time on a window. In a lock or a Start epoch each is
+done when its call returns; in a fence epoch it is done at the Fence that ends the epoch, as MPICH does it, so
+a target that reads its window, or an origin that reads what a Get brought, before that Fence sees the bytes
+as they were (MPI leaves them undefined until then): the origin's bytes are taken when it calls."""
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -21,19 +24,19 @@ class WindowOperations:
         """Write `origin` into `target_rank`'s window at `target` (disp, or (disp, count, datatype))."""
         found = self._operation("Put", origin, target_rank, target, readonly=True)
         if found is not None:
-            self._apply(found[1], None, found[0])
+            self._apply(found[1], None, found[0], fenced=found[2])
 
     def Get(self, origin: Any, target_rank: int, target: Any = None) -> None:
         """Read `target_rank`'s window at `target` into `origin`."""
         found = self._operation("Get", origin, target_rank, target, readonly=False)
         if found is not None:
-            self._apply(found[1], _NO_OP, into=found[0])
+            self._apply(found[1], _NO_OP, into=found[0], fenced=found[2])
 
     def Accumulate(self, origin: Any, target_rank: int, target: Any = None, op: Any = None) -> None:
         """target = target `op` origin, element by element (MPI.SUM by default; MPI.REPLACE: Put)."""
         found = self._operation("Accumulate", origin, target_rank, target, readonly=True)
         if found is not None:
-            self._apply(found[1], _op(op), found[0])
+            self._apply(found[1], _op(op), found[0], fenced=found[2])
 
     def Get_accumulate(self, origin: Any, result: Any, target_rank: int, target: Any = None,
                        op: Any = None) -> None:
@@ -41,11 +44,11 @@ class WindowOperations:
         red = _op(op)
         if int(target_rank) == special("PROC_NULL"):
             return
-        source, where = self._operation("Get_accumulate", origin, target_rank, target, readonly=True,
-                                        no_origin=red is _NO_OP)
+        source, where, fenced = self._operation("Get_accumulate", origin, target_rank, target, readonly=True,
+                                                no_origin=red is _NO_OP)
         into = _Side.of(result, "result buffer", readonly=False)
         _same_bytes("Get_accumulate", into, where)
-        self._apply(where, red, source, into)
+        self._apply(where, red, source, into, fenced)
 
     def Fetch_and_op(self, origin: Any, result: Any, target_rank: int, target_disp: int = 0,
                      op: Any = None) -> None:
@@ -57,20 +60,43 @@ class WindowOperations:
             return
         _one_element(("origin", source), ("result", into))
         where = self._target("Fetch_and_op", target_rank, (int(target_disp), 1, source.datatype))
-        self._apply(where, red, source, into)
+        self._apply(where, red, source, into, self._fenced(int(target_rank)))
 
     def _apply(self, where: "_Side", red: Any, source: Optional["_Side"] = None,
-               into: Optional["_Side"] = None) -> None:
+               into: Optional["_Side"] = None, fenced: bool = False) -> None:
         """One operation on the target's bytes `where`, under the window's lock: `into` (if given) gets
         them as they were, then they become old `red` source's (`red` None: MPI.REPLACE, the source's;
-        _NO_OP: unchanged)."""
+        _NO_OP: unchanged). `fenced`: kept, with the source's bytes as they are now, for the Fence that ends
+        the epoch (`done_fenced`)."""
+        data = source.read() if red is not _NO_OP else None
+        if fenced:
+            if red is not None and red is not _NO_OP:  # an op the type lacks raises at the call, as MPICH's
+                _combined(red, data, data, where.basic)
+            self._access.pending.append(lambda: self._apply_now(where, red, data, into))
+        else:
+            self._apply_now(where, red, data, into)
+
+    def _apply_now(self, where: "_Side", red: Any, data: Any, into: Optional["_Side"]) -> None:
         with self._shared.mutex:
             old = where.read() if into is not None or red is not None else None  # a Put reads no target
             if into is not None:
                 into.write(old)
             if red is not _NO_OP:
-                where.write(_combined(red, old, source.read(), where.basic))
+                where.write(_combined(red, old, data, where.basic))
                 self._moved()
+
+    def _fenced(self, rank: int) -> bool:
+        """Whether this member reaches member `rank`'s window by its fence epoch alone (not a lock, nor Start)."""
+        access = self._access
+        return bool(access.fence and not access.lock_all and rank not in access.locked
+                    and not (access.started is not None and rank in access.started))
+
+    def done_fenced(self) -> None:
+        """Do the operations this member's fence epoch kept (`_apply`'s `fenced`), in the order it made them:
+        the Fence that ends the epoch, or a call that ends it otherwise (Free, Lock, Lock_all, Start)."""
+        pending, self._access.pending = self._access.pending, []
+        for operation in pending:
+            operation()
 
     def Compare_and_swap(self, origin: Any, compare: Any, result: Any, target_rank: int,
                          target_disp: int = 0) -> None:
@@ -82,12 +108,19 @@ class WindowOperations:
             return
         _one_element(("origin", source), ("compare", against), ("result", into))
         where = self._target("Compare_and_swap", target_rank, (int(target_disp), 1, source.datatype))
-        with self._shared.mutex:
-            old = where.read()
-            into.write(old)
-            if bytes(old) == bytes(against.read()):
-                where.write(source.read())
-                self._moved()
+        data, compare = source.read(), bytes(against.read())
+
+        def swap() -> None:
+            with self._shared.mutex:
+                old = where.read()
+                into.write(old)
+                if bytes(old) == compare:
+                    where.write(data)
+                    self._moved()
+        if self._fenced(int(target_rank)):
+            self._access.pending.append(swap)
+        else:
+            swap()
 
     def _moved(self) -> None:
         """A write into a window: progress, as a message moving is, for a loop that polls (World.pause: a loop
@@ -120,7 +153,8 @@ class WindowOperations:
 
     def _operation(self, call: str, origin: Any, target_rank: Any, target: Any, readonly: bool,
                    no_origin: bool = False) -> Optional[tuple]:
-        """(the origin's side, the target's) of one operation, checked; None for MPI.PROC_NULL."""
+        """(the origin's side, the target's, whether it waits for the Fence: `_fenced`) of one operation, checked;
+        None for MPI.PROC_NULL."""
         rank = int(target_rank)
         if rank == special("PROC_NULL"):
             return None
@@ -129,7 +163,7 @@ class WindowOperations:
         where = self._target(call, rank, (disp, count, datatype))
         if not no_origin:
             _same_bytes(call, side, where)
-        return side, where
+        return side, where, self._fenced(rank)
 
     def _target(self, call: str, rank: int, target: tuple) -> "_Side":
         """The target's side of an operation on member `rank`, after checking this member may access it."""

@@ -33,7 +33,7 @@ class _Shared:
 class _Access:
     """One member's synchronization state on its window (its own, not shared)."""
 
-    __slots__ = ("fence", "started", "posted", "locked", "lock_all")
+    __slots__ = ("fence", "started", "posted", "locked", "lock_all", "pending")
 
     def __init__(self) -> None:
         self.fence = False  # inside a fence epoch (a Fence without MODE_NOSUCCEED)
@@ -41,6 +41,7 @@ class _Access:
         self.posted: Optional[tuple] = None  # Post's origins, until Wait
         self.locked: dict = {}  # target -> MPI.LOCK_EXCLUSIVE / LOCK_SHARED (None: MODE_NOCHECK)
         self.lock_all = False
+        self.pending: list = []  # a fence epoch's operations, done at the Fence that ends it (`fenced`)
 
 
 class _Handle:

@@ -22,14 +22,27 @@ class WindowSynchronization:
         MPI.MODE_NOSUCCEED: no epoch follows."""
         self._live()
         assertion = int(assertion)
-        self._comm.Barrier()
+        self._end_fence_epoch()
         self._access.fence = not assertion & _mpi().MODE_NOSUCCEED
+
+    def _end_fence_epoch(self) -> None:
+        """A Fence's barrier, where the last member to arrive does every member's operations kept in the epoch
+        it ends, in rank order (no member reads its window meanwhile: each is in this Fence), so that each sees
+        them all done when its Fence returns."""
+        pending, self._access.pending = tuple(self._access.pending), []
+
+        def complete(slot: Any) -> None:
+            for call in slot.calls:
+                for operation in call.data or ():
+                    operation()
+        self._comm._enter("barrier", ("barrier",), pending, complete)
 
     def Start(self, group: Any, assertion: int = 0) -> None:
         """Open an access epoch to the members of `group`, once each has posted one to this member."""
         shared = self._live()
         targets = self._members_of(group)
         me = self._comm._me
+        self.done_fenced()  # (a fence epoch that Start ends)
 
         def consume() -> None:
             for t in targets:
@@ -58,6 +71,7 @@ class WindowSynchronization:
         origins = self._members_of(group)
         me = self._comm._me
         world = self._comm._group.world
+        self.done_fenced()
         with world.lock:
             for o in origins:
                 shared.posts[(me, o)] = shared.posts.get((me, o), 0) + 1
@@ -115,6 +129,7 @@ class WindowSynchronization:
                                                f"{len(shared.memories)}")
         if rank in self._access.locked:
             raise mpi_error(mpi, mpi.ERR_RMA_SYNC, f"Lock: this rank holds a lock on rank {rank} already")
+        self.done_fenced()
         self._access.fence = False  # a fence epoch ends where a lock epoch begins (MPICH: no Put after it)
         if int(assertion) & mpi.MODE_NOCHECK:
             self._access.locked[rank] = None
@@ -141,6 +156,7 @@ class WindowSynchronization:
         shared = self._live()
         if self._access.lock_all:
             raise mpi_error(_mpi(), _mpi().ERR_RMA_SYNC, "Lock_all: this rank holds Lock_all already")
+        self.done_fenced()
         self._access.fence = False
         if not int(assertion) & _mpi().MODE_NOCHECK:
             for rank in range(len(shared.memories)):
