@@ -1511,6 +1511,82 @@ WRONG = [
         x = np.sort(x)
         return x[(x * n).astype(int) == r]
     """),
+    (26, 4, 0, "wrong", ["Scan is inclusive; take Exscan"], """
+    import numpy as np
+    from mpi4py import MPI
+    def kept_positions(comm, x):
+        count = int(np.sum(x > 0))
+        offset = comm.scan(count, op=MPI.SUM)
+        return np.arange(offset, offset + count)
+    """),
+    (26, 3, 0, "wrong", ["every rank's positions start at 0: add the offset"], """
+    import numpy as np
+    from mpi4py import MPI
+    def kept_positions(comm, x):
+        count = np.array([np.sum(x > 0)])
+        offset = np.zeros(1, dtype=count.dtype)
+        comm.Exscan(count, offset, op=MPI.SUM)
+        return np.arange(count[0])
+    """),
+    (26, 4, 1, "forbidden", ["comm.allgather is not one of the calls this exercise allows (Exscan, Scan)"], """
+    import numpy as np
+    def kept_positions(comm, x):
+        counts = comm.allgather(int(np.sum(x > 0)))
+        offset = sum(counts[:comm.Get_rank()])
+        return np.arange(offset, offset + counts[comm.Get_rank()])
+    """),
+    (26, 2, 0, "error", ["rank 0 raised TypeError at line 6: unsupported operand type(s) for +: 'NoneType'"], """
+    import numpy as np
+    from mpi4py import MPI
+    def kept_positions(comm, x):
+        count = int(np.sum(x > 0))
+        offset = comm.exscan(count, op=MPI.SUM)
+        return np.arange(offset, offset + count)
+    """),
+    (27, 4, 0, "wrong", ["the counters are still zeros: read them after the second win.Fence()"], """
+    import numpy as np
+    from mpi4py import MPI
+    def histogram(comm, x, bins):
+        counts = np.zeros(bins if comm.Get_rank() == 0 else 0, dtype=np.int64)
+        win = MPI.Win.Create(counts, comm=comm)
+        win.Fence()
+        win.Accumulate([np.bincount(x, minlength=bins), MPI.INT64_T], 0, op=MPI.SUM)
+        out = counts.copy()
+        win.Fence()
+        win.Free()
+        return out if comm.Get_rank() == 0 else None
+    """),
+    (27, 3, 1, "forbidden", ["win.Put is not one of the calls this exercise allows (Accumulate)"], """
+    import numpy as np
+    from mpi4py import MPI
+    def histogram(comm, x, bins):
+        n, r = comm.Get_size(), comm.Get_rank()
+        table = np.zeros((n if r == 0 else 0, bins), dtype=np.int64)
+        win = MPI.Win.Create(table, comm=comm)
+        win.Fence()
+        win.Put([np.bincount(x, minlength=bins), MPI.INT64_T], 0, target=r * bins)
+        win.Fence()
+        win.Free()
+        return table.sum(axis=0) if r == 0 else None
+    """),
+    (27, 2, 0, "forbidden", ["comm.Reduce is not one of the calls this exercise allows (Accumulate)"], """
+    import numpy as np
+    from mpi4py import MPI
+    def histogram(comm, x, bins):
+        total = np.zeros(bins, dtype=np.int64)
+        comm.Reduce(np.bincount(x, minlength=bins), total, op=MPI.SUM, root=0)
+        return total if comm.Get_rank() == 0 else None
+    """),
+    (27, 2, 1, "error", ["Accumulate to rank 0 outside an access epoch"], """
+    import numpy as np
+    from mpi4py import MPI
+    def histogram(comm, x, bins):
+        counts = np.zeros(bins if comm.Get_rank() == 0 else 0, dtype=np.int64)
+        win = MPI.Win.Create(counts, comm=comm)
+        win.Accumulate([np.bincount(x, minlength=bins), MPI.INT64_T], 0, op=MPI.SUM)
+        win.Free()
+        return counts if comm.Get_rank() == 0 else None
+    """),
 ]
 
 
