@@ -29,7 +29,7 @@ class RankContext:
 
     __slots__ = ("rank", "size", "comm", "engine", "traces", "seq", "hooks", "meter", "shared",
                  "self_comm", "world_comm", "dry_run", "launcher", "guarded", "flops", "phase",
-                 "streams", "file_null", "__weakref__")
+                 "streams", "file_null", "argv", "parent", "programs", "__weakref__")
 
     def __init__(self, rank: Optional[int] = None, size: Optional[int] = None, comm: Any = None,
                  engine: Any = None, dry_run: bool = False, shared: Optional[dict] = None,
@@ -59,6 +59,12 @@ class RankContext:
         self.phase = "forward"
         self.streams: Optional[dict] = None  # "stdout"/"stderr" -> the stream the rank set (emulator.rank_streams)
         self.file_null: Any = None  # its MPI.FILE_NULL (spmdsim.emulator.file: new files' error handler), likewise
+        # A rank a Spawn started (spmdsim.emulator.spawn): its sys.argv (emulator.rank_streams) and its
+        # MPI.Comm.Get_parent(), the intercommunicator to the ranks that spawned it; None for the others
+        self.argv: Optional[list] = None
+        self.parent: Any = None
+        # How a program this rank spawns runs (kind, what): spmdsim mpirun's way of running a rank, else None
+        self.programs: Any = None
 
 
 #: The context of code that no simulation runs: an MPI rank's (or a plain process's).

@@ -1,8 +1,8 @@
 """A simulated communicator's end (Free, free, Abort), its attached buffer, and the calls not simulated.
 
 `CommLifetime` is SimComm's mixin of them: MPI handles (toint is -1; fromint
-refused), an intercommunicator made by the simulated MPI.Intercomm, dynamic processes and
-client-server connections refused in one line
+refused), an intercommunicator made by the simulated MPI.Intercomm, and so the children of a Spawn
+(spmdsim.emulator.spawn); client-server connections refused in one line
 (docs/reference/emulator.md, "Limits").
 """
 from __future__ import annotations
@@ -37,6 +37,11 @@ class CommLifetime:
 
     @classmethod
     def Get_parent(cls) -> Any:
+        """A rank a Spawn started: the intercommunicator to its parents (spmdsim.emulator.spawn), MPI.COMM_NULL
+        once it was disconnected; any other rank: MPI.COMM_NULL (a null MPI.Intercomm, as mpi4py's)."""
+        state = _local.simulated()
+        if state is not None and state.parent is not None:
+            return state.parent
         mpi = mpi_module()
         return mpi.Intercomm() if mpi is not None else None
 
@@ -49,14 +54,19 @@ class CommLifetime:
             _not_simulated("intercommunicators outside a simulated rank's mpi4py (Intracomm.Create_intercomm)")
         return create(self, local_leader, peer_comm, remote_leader, tag)
 
-    # Dynamic processes are not simulated (docs/reference/emulator.md, "Limits"): refused in one
+    def Spawn(self, command: Any, args: Any = None, maxprocs: int = 1, info: Any = None, root: int = 0,
+              errcodes: Any = None) -> Any:
+        """Start `maxprocs` simulated ranks running the Python program `command` with `args` (the root's count):
+        the intercommunicator to them (spmdsim.emulator.spawn, through the simulated MPI.Intercomm)."""
+        return _intercomm("Spawn")._spawn(self, False, command, args, maxprocs, info, root, errcodes)
+
+    def Spawn_multiple(self, command: Any, args: Any = None, maxprocs: Any = None, info: Any = None, root: int = 0,
+                       errcodes: Any = None) -> Any:
+        """Spawn of several programs, one world of all their ranks (spmdsim.emulator.spawn)."""
+        return _intercomm("Spawn_multiple")._spawn(self, True, command, args, maxprocs, info, root, errcodes)
+
+    # Client-server connections are not simulated (docs/reference/emulator.md, "Limits"): refused in one
     # line, NotImplementedError as mpi4py raises where the MPI library lacks a call, not an AttributeError.
-    def Spawn(self, *args: Any, **kwargs: Any) -> Any:
-        raise not_simulated("dynamic processes (Intracomm.Spawn)", _POOL)
-
-    def Spawn_multiple(self, *args: Any, **kwargs: Any) -> Any:
-        _not_simulated("dynamic processes (Intracomm.Spawn_multiple)")
-
     def Accept(self, *args: Any, **kwargs: Any) -> Any:
         _not_simulated("client-server connections (Intracomm.Accept)")
 
@@ -110,9 +120,13 @@ class CommLifetime:
         return completed()
 
 
-#: What to do instead of a Spawn: most are an MPIPoolExecutor's, which runs on simulated ranks under its runner.
-_POOL = ("an MPIPoolExecutor runs on simulated ranks under mpi4py's runner, its workers the other ranks: spmdsim "
-         "mpirun -n 4 python -m mpi4py.futures prog.py; else run this program under mpiexec")
+def _intercomm(call: str) -> Any:
+    """The simulated MPI.Intercomm a rank's mpi4py.MPI gives (spmdsim.emulator.mpi4py_world), which spawns;
+    outside one, `call` is refused in one line."""
+    found = getattr(mpi_module(), "Intercomm", None)
+    if getattr(found, "_spawn", None) is None:
+        _not_simulated(f"dynamic processes outside a simulated rank's mpi4py (Intracomm.{call})")
+    return found
 
 
 def _not_simulated(what: str) -> None:

@@ -27,6 +27,7 @@ from .comm_errors import end_on_fatal_errors
 from .group import SimGroup, _sim as _sim_group, speak_mpi4py
 from .intercomm_collectives import IntercommCollectives
 from .real import comm_null
+from .spawn import spawn, spawn_multiple
 from .unsupported import not_simulated
 
 __all__ = ["SimIntercomm", "create_intercomm"]
@@ -73,6 +74,12 @@ class SimIntercomm(IntercommCollectives, SimComm):
         SimComm.__init__(new, new._local._group, new._local._me)
         new._remote, new._low = tuple(remote), low
         return new
+
+    @classmethod
+    def _spawn(cls, comm: SimComm, multiple: bool, *args: Any) -> "SimIntercomm":
+        """Intracomm.Spawn (or Spawn_multiple) of `comm`: the intercommunicator to the children
+        (spmdsim.emulator.spawn)."""
+        return (spawn_multiple if multiple else spawn)(cls, comm, *args)
 
     def Is_inter(self) -> bool:
         return True

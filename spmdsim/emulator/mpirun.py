@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import itertools
 import os
-import runpy
 import shlex
 import signal
 import sys
@@ -37,7 +37,7 @@ import threading
 import time
 from typing import Any, Iterator, Optional, Sequence
 
-from .rank_modules import own_main, own_modules, rank_builtins, rank_main
+from .rank_modules import own_main, own_modules
 from ..runtime.sim.run import current_rank, exit_status, note_exit, simulate
 from .rank_random import adopt, own_generators
 from ..base import context as _local
@@ -50,7 +50,8 @@ from ..base.malloc import keep_freed_buffers_unless_set
 from ..base.output import quiet_stdout
 from ..base.typed_numbers import byte_count
 from .mpirun_report import FailureNotice, _NotRunnable, _report, failed_before, interrupted, program_hook
-from .mpirun_target import _main_spec, _refused, _target
+from .mpirun_target import _refused, _target
+from .rank_program import run_program
 from .rank_streams import StdinOfRankZero
 
 __all__ = ["main", "add_arguments", "run"]
@@ -87,57 +88,18 @@ class _LaunchOnly(argparse.Action):
                      "--oversubscribe)")
 
 
-def _program(kind: str, what: str) -> int:
-    """Run the program on this simulated rank, as its own module __main__ (rank_modules.rank_main);
-    return its exit code."""
-    module = rank_main()
-    scope = module.__dict__
-    try:
-        if kind == "module":
-            # what run_module runs, in our module; a module not found: one line naming the command, in Python's
-            # words after it, and Python's exit status (1), which mpiexec passes on
-            try:
-                name, spec, code = runpy._get_module_details(what, _NotRunnable)
-            except _NotRunnable as exc:
-                raise _NotRunnable(f"python -m {shlex.quote(what)}: {exc}") from None
-            scope.update(__name__="__main__", __file__=spec.origin, __cached__=spec.cached, __doc__=None,
-                         __loader__=spec.loader, __package__=name.rpartition(".")[0], __spec__=spec,
-                         __builtins__=rank_builtins())
-        elif kind == "main":  # a folder or zip file: its __main__ module, as python sets it up
-            spec = _main_spec(what)
-            code = spec.loader.get_code("__main__")
-            scope.update(__name__="__main__", __file__=spec.origin, __cached__=spec.cached, __doc__=None,
-                         __loader__=spec.loader, __package__="", __spec__=spec, __builtins__=rank_builtins())
-        else:
-            if kind == "code":
-                code, path = compile(what, "<string>", "exec"), None
-            else:
-                path = os.path.abspath(what)  # as `python script.py` sets __file__ (Python 3.9+)
-                with open(path, "rb") as f:
-                    code = compile(f.read(), path, "exec")
-            scope.update({"__name__": "__main__", "__builtins__": rank_builtins(), "__spec__": None,
-                          "__package__": None})
-            if path is not None:
-                scope.update(__file__=path, __cached__=None)
-        exec(code, scope)
-    except SystemExit as exc:
-        code = exc.code
-        if code is None or isinstance(code, int):
-            return int(code or 0)
-        print(code, file=sys.stderr)
-        return 1
-    return 0
-
-
 def _rank(kind: str, what: str, exits: dict, failures: list, notice: FailureNotice, ends: tuple) -> int:
-    """`_program`, noting a non-zero exit code (in `exits`, and for deadlock reports: 'rank 1 exited
-    (sys.exit(3))'); return the rank's exit status as the OS reports a process's: the code's low 8 bits
-    (sys.exit(-1) is 255 under mpiexec, where the largest of a negative code and the others' 0 would be 0). `ends`:
-    (a count of the ranks whose program ended, the number of ranks), for `_threads_still_run`."""
+    """`run_program` (spmdsim.emulator.rank_program), noting a non-zero exit code (in `exits`, and for deadlock
+    reports: 'rank 1 exited (sys.exit(3))'); return the rank's exit status as the OS reports a process's: the
+    code's low 8 bits (sys.exit(-1) is 255 under mpiexec, where the largest of a negative code and the others' 0
+    would be 0). `ends`: (a count of the ranks whose program ended, the number of ranks), for
+    `_threads_still_run`. A program the rank spawns (spmdsim.emulator.spawn) runs so too, on ranks of its own."""
     adopt()  # a process of its own: its own random and numpy.random generators
-    _local.current().launcher = _local.MPIRUN  # how its world started: its errors' ways to more ranks say mpirun's
+    state = _local.current()
+    state.launcher = _local.MPIRUN  # how its world started: its errors' ways to more ranks say mpirun's
+    state.programs = functools.partial(_rank, exits=exits, failures=failures, notice=notice, ends=ends)
     try:
-        code = _program(kind, what)
+        code = run_program(kind, what)
     except OsExit as exc:  # os._exit(code): the rank ends at once (no finally of its own runs further up)
         code, call = exc.code, "os._exit"
     except Exception as exc:  # noted for a Ctrl-C or SIGTERM that stops the others before the run reports it

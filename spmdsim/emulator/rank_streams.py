@@ -6,7 +6,9 @@ started) that sets one (``sys.stderr = io.StringIO()``, as a test that captures 
 its own, which it then reads back, and setting the process's stream back ends it. What the rank writes
 through the process's stream (``print``, a traceback Python or mpi4py prints from C, which read
 ``sys``'s own dictionary) goes to the rank's own stream too (spmdsim.runtime.sim.run's whole-line streams ask
-the rank's context, `RankContext.streams`). Every other thread sees ``sys`` as it is.
+the rank's context, `RankContext.streams`). A rank that a Spawn started (spmdsim.emulator.spawn) reads its
+own ``sys.argv`` too, the command line its parent gave it (`RankContext.argv`), as a spawned MPI process has its
+own. Every other thread sees ``sys`` as it is.
 """
 from __future__ import annotations
 
@@ -50,11 +52,29 @@ def _stream(name: str) -> property:
     return property(get, put)
 
 
+def _argv() -> property:
+    """sys.argv: a spawned rank's own list (read, and set, as its own), else the process's."""
+    def get(module: Any) -> Any:
+        state = _local.simulated()
+        own = None if state is None else state.argv
+        return module.__dict__["argv"] if own is None else own
+
+    def put(module: Any, argv: Any) -> None:
+        state = _local.simulated()
+        if state is None or state.argv is None:
+            module.__dict__["argv"] = argv
+        else:
+            state.argv = argv
+
+    return property(get, put)
+
+
 class _SysOfRanks(types.ModuleType):
     """sys's module type while swapped (see the module docstring)."""
 
     stdout = _stream("stdout")
     stderr = _stream("stderr")
+    argv = _argv()
 
 
 @contextlib.contextmanager

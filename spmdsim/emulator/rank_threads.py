@@ -27,6 +27,7 @@ from ..runtime.sim.thread_engine import THREADS
 from ..errors import RuntimeMismatchError
 from ..runtime.sim.engine import Aborted
 from ..runtime.sim.os_exit import is_rank_thread
+from ..runtime.sim.rank_runs import RankThread
 
 __all__ = ["threads_of_ranks", "is_rank_thread"]
 
@@ -52,7 +53,7 @@ def _init(thread: threading.Thread, *args: Any, daemon: Optional[bool] = None, *
 def _start(thread: threading.Thread) -> None:
     state = _local.simulated()
     world = _world_of(state)
-    if world is None:
+    if world is None or isinstance(thread, RankThread):  # (a rank that a Spawn starts is a rank of its own)
         return _REAL["start"](thread)
     key = world.add_thread(state.rank, thread.daemon)  # live before it starts: its rank may wait at once
     run, profile = thread.run, sys.getprofile()

@@ -49,7 +49,7 @@ from ..engines.base import SimulationError
 from ...errors import RuntimeMismatchError, exception_text
 from .groups import Group
 from .landing import EAGER_BYTES
-from .rank_threads import RankThreads, _held_lock, _Joined
+from .rank_threads import THREAD_KEYS, RankThreads, _held_lock, _Joined
 from .rank_sleep import real_sleep
 from .sleepers import Sleepers
 from .report import explain, timed_out
@@ -252,7 +252,7 @@ class World(Sleepers, RankThreads):
 
     def _lives(self, key: int) -> bool:
         """Whether waiter `key` (a rank, or a thread a rank started) has not ended (world lock held)."""
-        return key not in self.finished if key < self.size else key in self._extra
+        return key not in self.finished if key < THREAD_KEYS else key in self._extra
 
     def idle_polls(self) -> list[tuple[int, Any, str]]:
         """(key, request, call) of the ranks (and threads ranks started, by their keys) that poll idly now, but

@@ -2,7 +2,7 @@
 
 A World (spmdsim.runtime.sim.engine) keys its waiters by rank: the rank's own thread
 waits as its rank number. A thread the rank starts (spmdsim.emulator.rank_threads
-registers it) gets a key of its own, from `size` up, owned by that rank: it is
+registers it) gets a key of its own, from THREAD_KEYS up (above every rank, spawned ones too), owned by that rank: it is
 live from its start to its end, waits under its key with a waker of its
 own (a held lock), holds no run slot (it computes beside its rank), and is released by what
 it waits for (its request, or the collective of its communicator). So every
@@ -22,7 +22,10 @@ from typing import Any
 
 from .waiting import _Waiting
 
-__all__ = ["RankThreads"]
+__all__ = ["RankThreads", "THREAD_KEYS"]
+
+#: The first waiter key of a thread a rank starts: every key below it is a rank's (the world's, then those spawned).
+THREAD_KEYS = 1 << 24
 
 
 class _Joined:
@@ -53,13 +56,13 @@ class RankThreads:
     def _init_threads(self) -> None:
         self._extra: dict[int, int] = {}  # key -> the rank that started the thread, while it lives
         self._extra_of: dict[int, list] = {}  # rank -> its live threads' keys
-        self._next_key = self.size
+        self._next_key = THREAD_KEYS
         self._daemons: set = set()  # keys of daemon threads (a rank's end does not wait for them)
         self._ended: dict[int, int] = {}  # key -> rank of the threads that ended (a late report names them)
 
     def rank_of(self, key: int) -> int:
         """The rank a waiter key belongs to (its own number for a rank's thread)."""
-        return key if key < self.size else self._extra.get(key, self._ended.get(key, -1))
+        return key if key < THREAD_KEYS else self._extra.get(key, self._ended.get(key, -1))
 
     # -- a thread's life -------------------------------------------------------------------------
 
@@ -153,7 +156,7 @@ class RankThreads:
     def _let_go(self, key: int) -> None:
         del self.waiting[key]
         self.releases += 1
-        if key < self.size:
+        if key < THREAD_KEYS:
             self._line_up(key)
         else:
             self._wake(key)

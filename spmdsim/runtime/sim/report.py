@@ -16,6 +16,7 @@ import threading
 from typing import Any, Optional
 
 from ...errors import fold_message
+from .rank_threads import THREAD_KEYS
 from .waiting import _Waiting, ranks_text
 
 __all__ = ["explain", "timed_out", "unfold", "program_lines", "whereabouts"]
@@ -148,8 +149,8 @@ def program_lines(world: Any, ranks: list[int]) -> str:
 
 def _threads_text(world: Any, keys: list) -> str:
     """'rank 0 and a thread of rank 0' (a rank's own thread is the rank; the others are its threads)."""
-    own = [k for k in keys if k < world.size]
-    started = sorted(world.rank_of(k) for k in keys if k >= world.size)
+    own = [k for k in keys if k < THREAD_KEYS]
+    started = sorted(world.rank_of(k) for k in keys if k >= THREAD_KEYS)
     parts = [ranks_text(own)] if own else []
     parts += [f"a thread of rank {r}" for r in started]
     return " and ".join(parts)

@@ -11,18 +11,18 @@ from typing import Any, Callable, Optional
 
 from ...base import context as _local
 from ...base.context import SIMULATE, RankContext
-from ..engines import advised, memory
+from ..engines import memory
 from ...errors import SpmdsimError, exception_text, program_traceback, same_class
 from ...base.validate import as_int
-from .engine import Aborted, SimulationError, World
+from .engine import SimulationError, World
 from .waiting import ranks_text
-from .simulating import _simulating, end_lines
-from .thread_engine import THREADS, Member
+from .simulating import _simulating
 from .thread_limits import ThreadLimitError, start_failed, threads_problem, warn_under_launcher
 from .stopping import stop_ranks
 from .p2p import rewrites, uncompleted, unreceived
 from .landing import EAGER_BYTES
-from .os_exit import OsExit, exit_text, os_exit_ends_the_rank
+from .os_exit import os_exit_ends_the_rank
+from .rank_runs import RankRuns
 from ..debug import HOOKS, Hooks
 from ..engines.trace import Trace
 
@@ -158,64 +158,30 @@ class DryRunResults(list):
 
 def _run(size: int, fn: Callable[..., Any], args: tuple, kwargs: dict, eager_limit: int) -> list:
     engine = World(size, eager_limit)
-    results: list = [None] * size
-    exited: dict[int, SystemExit] = {}  # rank -> the SystemExit that ended it
-    shared: dict = {}
     settings = Hooks(HOOKS)  # the process's debug settings now: each rank starts from a copy
     engine.watched = _may_watch(settings)
-
-    def body(rank: int) -> None:
-        hooks = Hooks(settings)
-        hooks.world = engine  # configure() on the rank may turn its watchdog on
-        _local.enter(RankContext(rank, size, Member(engine.root, rank), THREADS, shared=shared,
-                                 hooks=hooks, launcher=SIMULATE))
-        try:
-            engine.start(rank)  # a run slot: at most engine.slots ranks compute at once
-            if engine.watched:  # a bad setting is every rank's error now, not the one that waits first's
-                hooks.watchdog_seconds()
-            try:
-                results[rank] = fn(*args, **kwargs)
-            except (SystemExit, OsExit) as exc:
-                # The rank's process exits: it ends, and the others go on, as MPI ranks do (those that wait
-                # for it deadlock, naming it). Taken as a failure, it would stop them and simulate() raise the
-                # SystemExit: `python prog.py` would exit 0 without a word while three ranks wait for it.
-                exited[rank] = exc if isinstance(exc, SystemExit) else SystemExit(exc.code)
-                with engine.lock:
-                    engine.exits[rank] = exit_text(exc)
-            engine.join_all(rank)  # as a process's exit waits for its threads (spmdsim.runtime.sim.rank_threads)
-        except Aborted:
-            pass  # stopped because another rank failed; that rank's error is the one reported
-        except BaseException as exc:  # noqa: BLE001 - reported in the caller
-            engine.fail(rank, advised(exc, size))
-        finally:
-            try:
-                end_lines()  # its unended line, a line of its own: not run together with another rank's
-            except Exception as exc:  # noqa: BLE001 - a full disk under `> file`: the rank's, one line (launch)
-                engine.fail(rank, exc)
-            _local.leave()
-            engine.finish(rank)
-            ended[rank].set()
-
-    ended = [threading.Event() for _ in range(size)]
-    threads = [threading.Thread(target=body, args=(r,), name=f"spmdsim rank {r}", daemon=True) for r in range(size)]
-    _run_threads(engine, threads, size, ended)
+    runs = RankRuns(engine, settings, {})
+    runs.add(engine.root, [(fn, args, kwargs)] * size)
+    _run_threads(engine, runs, size)
     _raise_failure(engine, size)
+    exited = {r: e for r, e in runs.exited.items() if r < size}  # (a spawned rank's exit: not the run's)
     if exited:
         raise _exit_of(exited, size)
-    done = Results(results)
+    done = Results(runs.results.get(r) for r in range(size))
     done.unreceived = unreceived(engine)
     done.uncompleted = uncompleted(engine)
     done.rewritten = rewrites(engine)
     return done
 
 
-def _run_threads(engine: World, threads: list, size: int, ended: list) -> None:
-    """Start the ranks' `threads` and wait for their `ended` Events (a Thread.join Ctrl-C interrupts marks a live
-    thread ended on Python 3.11), watching memory and the run slots' line (World.overdraw); Ctrl-C or memory nearly
-    out stops the ranks and is raised."""
+def _run_threads(engine: World, runs: RankRuns, size: int) -> None:
+    """Start the world's ranks' threads (`runs`) and wait for their Events, and for those of the ranks spawned
+    meanwhile (a Thread.join Ctrl-C interrupts marks a live thread ended on Python 3.11), watching memory and the
+    run slots' line (World.overdraw); Ctrl-C or memory nearly out stops the ranks and is raised."""
+    threads, ended = runs.threads, runs.ended  # (spawned ranks' are appended as they start)
     with _simulating(engine.slots):
         try:
-            for started, t in enumerate(threads):
+            for started, t in enumerate(threads[:size]):
                 try:
                     t.start()
                 except RuntimeError as exc:
@@ -228,21 +194,24 @@ def _run_threads(engine: World, threads: list, size: int, ended: list) -> None:
                         raise
                     raise start_failed(started, size, exc) from None  # a limit threads_problem could not see
             looked = time.monotonic()
-            for t, end in zip(threads, ended):
+            waited = 0
+            while waited < len(threads):
+                t, end = threads[waited], ended[waited]
                 while t.is_alive() and not engine.given_up():  # and every POLL_S: is memory nearly out?
                     if end.wait(memory.POLL_S):
                         t.join()  # (its last lines, after the Event)
                     if time.monotonic() - looked >= memory.POLL_S:
                         looked = time.monotonic()
                         engine.overdraw(looked)  # a line for run slots that stood still gets slots anyway
-                        why = memory.problem(size)
+                        why = memory.problem(len(threads))
                         if why is not None:
                             raise memory.MemoryLimitError(why)
+                waited += 1
         except BaseException as exc:  # Ctrl-C in the caller, or memory: stop the ranks at their next wait
             engine.fail(-1, exc)
             # Short of memory, a rank inside numpy may not reach its next wait before the machine runs out: half
             # a second for them all; then those left are stopped (spmdsim.runtime.sim.stopping).
-            stop_ranks(threads, ended, 0.5 if isinstance(exc, memory.MemoryLimitError) else STOP_S)
+            stop_ranks(list(threads), list(ended), 0.5 if isinstance(exc, memory.MemoryLimitError) else STOP_S)
             raise
 
 
@@ -328,14 +297,20 @@ def _raise_failure(engine: World, size: int) -> None:
     exc = failed[first]
     alike = [r for r, e in failed.items()
              if same_class(type(e), type(exc)) and exception_text(e) == exception_text(exc)]
-    where = ("every simulated rank" if len(alike) == size
-             else f"simulated {ranks_text(alike)} of {size}")
+    where = ("every simulated rank" if len(alike) == size and engine.runs.ranks == size
+             else f"simulated {ranks_text(alike)} of {_counted(engine, size)}")
     noted = _noted(exc, tuple(sorted(alike)), f"raised on {where}")
     try:
         noted.simulated_failures = tuple((r, type(e), exception_text(e)) for r, e in sorted(failed.items()))
     except AttributeError:  # an exception type with __slots__
         pass
     raise noted
+
+
+def _counted(engine: World, size: int) -> str:
+    """'4', or with ranks spawned, '4 (and 3 spawned: ranks 4-6)'."""
+    more = engine.runs.ranks - size
+    return f"{size}" if not more else f"{size} (and {more} spawned: {ranks_text(range(size, size + more))})"
 
 
 def exit_status(code: Any) -> int:
