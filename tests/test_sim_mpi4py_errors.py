@@ -301,15 +301,14 @@ def test_files_windows_and_sessions_are_made_with_rc_errors_handler(tmp_path):
                                                                                 "True Win", "True True"], run.stderr
 
 
-def test_dynamic_processes_are_refused_in_one_line(tmp_path):
-    """Comm.f2py was an AttributeError of the simulated communicator's class; it, Spawn, Accept and Connect raise
+def test_client_server_connections_are_refused_in_one_line(tmp_path):
+    """Comm.f2py was an AttributeError of the simulated communicator's class; it, Accept and Connect raise
     NotImplementedError (what mpi4py raises where MPI lacks a call), naming the call (a simulated communicator
-    has no MPI handle: its py2f is -1)."""
+    has no MPI handle: its py2f is -1). Spawn runs (tests/test_sim_spawn.py)."""
     run = _run(tmp_path, """
         from mpi4py import MPI
         comm = MPI.COMM_WORLD
-        calls = [lambda: comm.Spawn("python", ["x.py"], maxprocs=1), lambda: comm.Spawn_multiple(["a"]),
-                 lambda: comm.Accept("port"), lambda: comm.Connect("port"), lambda: MPI.Comm.f2py(comm.py2f())]
+        calls = [lambda: comm.Accept("port"), lambda: comm.Connect("port"), lambda: MPI.Comm.f2py(comm.py2f())]
         for call in calls:
             try:
                 call()
@@ -318,7 +317,6 @@ def test_dynamic_processes_are_refused_in_one_line(tmp_path):
                     print(str(exc).split(":")[0])
         """, "", simulated=True, n=2)
     assert run.stdout.splitlines() == [
-        "dynamic processes (Intracomm.Spawn)", "dynamic processes (Intracomm.Spawn_multiple)",
         "client-server connections (Intracomm.Accept)", "client-server connections (Intracomm.Connect)",
         "a communicator from an MPI handle (Comm.fromint, Comm.f2py, Comm.fromhandle)"], run.stderr
 

@@ -59,6 +59,8 @@ def _program(command: Any, args: Any) -> tuple[str, str, list[str]]:
     command = os.fsdecode(command)
     words = [command, *_argv(args)]
     python = command == sys.executable or bool(_PYTHON.fullmatch(os.path.basename(command)))
+    while python and len(words) > 1 and words[1] in _own_flags():  # (mpi4py.futures passes its own on)
+        del words[1]
     if not python and not _python_script(command):
         raise _error("ERR_SPAWN", f"Spawn: command {command!r} is not a Python program: a simulated rank runs "
                                   f"python (sys.executable) with a script, -m module or -c code, or a Python script")
@@ -69,6 +71,22 @@ def _program(command: Any, args: Any) -> tuple[str, str, list[str]]:
     if kind in ("path", "main"):
         what = os.path.abspath(what)
     return kind, what, argv
+
+
+#: sys.flags' names and the python option that sets each (repeated for a level: -OO).
+_FLAGS = (("debug", "d"), ("optimize", "O"), ("dont_write_bytecode", "B"), ("no_user_site", "s"), ("no_site", "S"),
+          ("ignore_environment", "E"), ("verbose", "v"), ("bytes_warning", "b"), ("quiet", "q"),
+          ("hash_randomization", "R"), ("isolated", "I"), ("safe_path", "P"))
+
+
+def _own_flags() -> set[str]:
+    """The python options this interpreter runs with (-R, -O, -W..., -X...: what mpi4py.futures gives the workers
+    it spawns, to run as it does): a spawned rank runs in this interpreter, so they change nothing."""
+    flags = {"-" + letter * int(getattr(sys.flags, name, 0)) for name, letter in _FLAGS
+             if int(getattr(sys.flags, name, 0)) > 0}
+    flags.update("-W" + opt for opt in sys.warnoptions)
+    flags.update("-X" + k if v is True else f"-X{k}={v}" for k, v in getattr(sys, "_xoptions", {}).items())
+    return flags
 
 
 def _python_script(path: str) -> bool:

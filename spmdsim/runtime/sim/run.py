@@ -308,9 +308,10 @@ def _raise_failure(engine: World, size: int) -> None:
 
 
 def _counted(engine: World, size: int) -> str:
-    """'4', or with ranks spawned, '4 (and 3 spawned: ranks 4-6)'."""
+    """'4', or with ranks spawned, '7 (4 started, 3 spawned: ranks 4-6)'."""
     more = engine.runs.ranks - size
-    return f"{size}" if not more else f"{size} (and {more} spawned: {ranks_text(range(size, size + more))})"
+    return f"{size}" if not more else (f"{size + more} ({size} started, {more} spawned: "
+                                       f"{ranks_text(range(size, size + more))})")
 
 
 def exit_status(code: Any) -> int:
