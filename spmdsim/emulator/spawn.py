@@ -118,7 +118,8 @@ def spawn(cls: type, comm: SimComm, command: Any, args: Any = None, maxprocs: An
     plan = None
     if comm._me == root:
         try:
-            plan = [_program(command, args)] * _count(maxprocs)
+            n = _count(maxprocs)
+            plan = [_program(command, args)] * n
         except Exception as exc:  # noqa: BLE001 - every parent raises it, as MPI's spawn fails on each
             plan = exc
     inter, counts = _spawned(cls, comm, root, plan, "Spawn")
@@ -136,7 +137,7 @@ def spawn_multiple(cls: type, comm: SimComm, command: Any, args: Any = None, max
     if comm._me == root:
         commands, argvs, counts = _multiple(command, args, maxprocs, info)  # ValueError: the root's alone
         try:
-            plan = [p for c, a, n in zip(commands, argvs, counts) for p in [_program(c, a)] * _count(n)]
+            plan = [p for c, a, n in zip(commands, argvs, map(_count, counts)) for p in [_program(c, a)] * n]
             plan = (plan, counts)
         except Exception as exc:  # noqa: BLE001 - every parent raises it
             plan = exc

@@ -1,0 +1,186 @@
+"""Dynamic processes on simulated ranks: `Intracomm.Spawn` and `Spawn_multiple` start new simulated ranks running
+a Python program, joined to their parents by an intercommunicator (spmdsim.emulator.spawn)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from spmdsim.tools.cli.main import main
+from testkit import MPICH, MPIEXEC
+
+LAB = Path(__file__).resolve().parent / "data" / "lab"
+
+
+def _mpirun(capsys, n: int, *command: str) -> tuple:
+    code = main(["mpirun", "-n", str(n), "python", *command])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _program(tmp_path: Path, source: str) -> str:
+    path = tmp_path / "prog.py"
+    path.write_text(textwrap.dedent(source))
+    return str(path)
+
+
+@pytest.mark.skipif(not MPICH, reason="no MPICH mpiexec beside this Python (the emulator is compared with MPICH)")
+def test_a_master_and_its_spawned_workers_print_what_mpiexec_prints(tmp_path, capsys):
+    """tests/data/lab/spawn_master.py spawns 3 workers from a world of one, scatters, broadcasts, gathers, reduces,
+    receives, merges and disconnects: the lines of `mpiexec -n 1` under MPICH's own Spawn."""
+    mpich = subprocess.run(["timeout", "-k", "5", "60", MPIEXEC, "-n", "1", sys.executable,
+                            str(LAB / "spawn_master.py")], capture_output=True, text=True, timeout=90, cwd=tmp_path)
+    assert mpich.returncode == 0, mpich.stderr
+    code, out, err = _mpirun(capsys, 1, str(LAB / "spawn_master.py"))
+    assert (code, err) == (0, "")
+    assert out.splitlines() == mpich.stdout.splitlines() and "spawned 3 workers" in out
+
+
+def test_spawn_is_collective_and_the_roots_arguments_count(tmp_path, capsys):
+    """Two parents spawn three children, the command only at the root: each child has its own world, its own
+    sys.argv (the parents keep theirs) and the intercommunicator to the parents as Get_parent(); messages go
+    both ways, a Merge puts the parents first, and after Disconnect Get_parent() is MPI.COMM_NULL."""
+    prog = _program(tmp_path, """
+        import sys
+        from mpi4py import MPI
+        world = MPI.COMM_WORLD
+        if sys.argv[1:2] == ["child"]:
+            parent = MPI.Comm.Get_parent()
+            print("child", world.rank, world.size, sys.argv[1:], parent.Get_remote_size(), parent.Get_size())
+            parent.send(world.rank * 10, dest=world.rank % 2)
+            merged = parent.Merge(high=True)
+            print("child merged", merged.rank, merged.size)
+            parent.Disconnect()
+            print("child after", parent == MPI.COMM_NULL, MPI.Comm.Get_parent() == MPI.COMM_NULL)
+        else:
+            print("parent", world.rank, "parent of its own", MPI.Comm.Get_parent() == MPI.COMM_NULL)
+            root = world.rank == 1
+            errcodes = []
+            inter = world.Spawn(sys.executable if root else None, [__file__, "child", "x y"] if root else None,
+                                3 if root else -1, root=1, errcodes=errcodes)
+            got = sorted(inter.recv(source=MPI.ANY_SOURCE) for _ in range(2 - world.rank))
+            print("parent", world.rank, inter.Get_remote_size(), inter.Get_size(), got, errcodes, sys.argv[1:])
+            merged = inter.Merge(high=False)
+            print("parent merged", merged.rank, merged.size)
+            inter.Disconnect()
+        """)
+    code, out, err = _mpirun(capsys, 2, prog, "p")
+    assert (code, err) == (0, "")
+    assert sorted(out.splitlines()) == sorted(
+        [f"parent {r} parent of its own True" for r in range(2)]
+        + [f"child {r} 3 ['child', 'x y'] 2 3" for r in range(3)]
+        + ["parent 0 3 2 [0, 20] [0, 0, 0] ['p']", "parent 1 3 2 [10] [0, 0, 0] ['p']"]
+        + [f"parent merged {r} 5" for r in range(2)] + [f"child merged {r + 2} 5" for r in range(3)]
+        + ["child after True True"] * 3)
+
+
+def test_spawn_multiple_makes_one_world_of_every_commands_ranks(tmp_path, capsys):
+    """Spawn_multiple of a script and `python -c`: one world of 1 + 2 children in order; each runs its own
+    program with its own arguments, and errcodes has one list per command."""
+    (tmp_path / "one.py").write_text("import sys\nfrom mpi4py import MPI\np = MPI.Comm.Get_parent()\n"
+                                     "p.send(('one', MPI.COMM_WORLD.rank, sys.argv[1:]), dest=0)\np.Disconnect()\n")
+    code_c = ("import sys; from mpi4py import MPI; p = MPI.Comm.Get_parent(); "
+              "p.send(('two', MPI.COMM_WORLD.rank, sys.argv[1:]), dest=0); p.Disconnect()")
+    prog = _program(tmp_path, f"""
+        import sys
+        from mpi4py import MPI
+        errcodes = []
+        inter = MPI.COMM_SELF.Spawn_multiple([{str(tmp_path / "one.py")!r}, sys.executable],
+                                             [["a"], ["-c", {code_c!r}, "b"]], [1, 2], errcodes=errcodes)
+        print(inter.Get_remote_size(), errcodes)
+        print(sorted(inter.recv(source=r) for r in range(3)))
+        inter.Disconnect()
+        """)
+    code, out, err = _mpirun(capsys, 1, prog)
+    assert (code, err) == (0, "")
+    assert out.splitlines() == ["3 [[0], [0, 0]]", "[('one', 0, ['a']), ('two', 1, ['b']), ('two', 2, ['b'])]"]
+
+
+def test_a_spawned_rank_that_raises_is_reported_as_any_rank(tmp_path, capsys):
+    prog = _program(tmp_path, """
+        import sys
+        from mpi4py import MPI
+        if sys.argv[1:] == ["child"]:
+            parent = MPI.Comm.Get_parent()
+            if MPI.COMM_WORLD.rank == 1:
+                raise ValueError("child says no")
+            parent.Barrier()
+        else:
+            MPI.COMM_WORLD.Spawn(sys.executable, [__file__, "child"], maxprocs=2).Barrier()
+        """)
+    code, out, err = _mpirun(capsys, 2, prog)
+    assert code == 1 and out == ""
+    assert err.startswith("spmdsim mpirun: error on simulated rank 3: ValueError: child says no\n"), err
+    assert "raised on simulated rank 3 of 4 (2 started, 2 spawned: ranks 2,3)" in err, err
+
+
+def test_spawned_ranks_waiting_for_parents_that_ended_are_a_deadlock(tmp_path, capsys):
+    """The parents end; the children wait for a message no parent sends: every live rank waits, and the report
+    names the spawned ranks and their line."""
+    prog = _program(tmp_path, """
+        import sys
+        from mpi4py import MPI
+        if sys.argv[1:] == ["child"]:
+            MPI.Comm.Get_parent().recv(source=0)
+        else:
+            MPI.COMM_WORLD.Spawn(sys.executable, [__file__, "child"], maxprocs=2)
+        """)
+    code, out, err = _mpirun(capsys, 2, prog)
+    assert code == 1 and out == ""
+    assert err.startswith("spmdsim mpirun: error: simulated ranks deadlock"), err
+    assert "rank 2 waits in it" in err and "rank 3 waits in it" in err and "prog.py:5" in err, err
+
+
+def test_the_watchdog_names_a_spawned_rank_that_computes_on(tmp_path, capsys, monkeypatch):
+    prog = _program(tmp_path, """
+        import sys, time
+        from mpi4py import MPI
+        if sys.argv[1:] == ["child"]:
+            while True:
+                time.sleep(0.05)
+        else:
+            MPI.COMM_WORLD.Spawn(sys.executable, [__file__, "child"], maxprocs=1).Barrier()
+        """)
+    monkeypatch.setenv("SPMDSIM_WATCHDOG", "1")
+    code, out, err = _mpirun(capsys, 2, prog)
+    assert code == 1 and out == ""
+    assert "did not complete within 1.0 s" in err and "rank 2 is computing (at prog.py:6)" in err, err
+
+
+def test_a_command_that_is_no_python_program_is_mpis_spawn_error(tmp_path, capsys):
+    """Every parent raises MPI.Exception (ERR_SPAWN) naming the command; maxprocs below 1 is ERR_ARG."""
+    (tmp_path / "data").write_text("1 2 3\n")
+    prog = _program(tmp_path, f"""
+        import sys
+        from mpi4py import MPI
+        for command, n in (({str(tmp_path / "data")!r}, 1), (sys.executable, 0), ("python", 1)):
+            try:
+                MPI.COMM_WORLD.Spawn(command, ["nowhere.py"] if n == 0 or command == "python" else None, n)
+            except MPI.Exception as exc:
+                print(MPI.COMM_WORLD.rank, MPI.Get_error_string(exc.Get_error_class()), str(exc).split(": ", 2)[2])
+        """)
+    code, out, err = _mpirun(capsys, 2, prog)
+    assert (code, err) == (0, "")
+    data = str(tmp_path / "data")
+    assert sorted(out.splitlines()) == sorted(
+        [f"{r} Error in spawn call command {data!r} is not a Python program: a simulated rank runs python "
+         "(sys.executable) with a script, -m module or -c code, or a Python script" for r in range(2)]
+        + [f"{r} Invalid argument maxprocs 0 must be 1 or more" for r in range(2)]
+        + [f"{r} Error in spawn call python nowhere.py: script 'nowhere.py' does not exist" for r in range(2)]), out
+
+
+def test_mpi4py_futures_pool_spawns_its_workers(tmp_path, capsys):
+    """MPIPoolExecutor without mpi4py's runner spawns its workers (python -R -m mpi4py.futures.server): each
+    rank's pool gets its own, as under mpiexec."""
+    prog = _program(tmp_path, """
+        from mpi4py.futures import MPIPoolExecutor
+        if __name__ == "__main__":
+            with MPIPoolExecutor() as ex:
+                print(list(ex.map(abs, [-1, -2])), ex.num_workers)
+        """)
+    code, out, err = _mpirun(capsys, 2, prog)
+    assert (code, err) == (0, "")
+    assert out.splitlines() == ["[1, 2] 1", "[1, 2] 1"]
