@@ -72,6 +72,10 @@ def _runs() -> tuple:
         runs.append(Run("sequential/test_seq.py", n))
         runs.append(Run("mandelbrot/mandelbrot.py", n, measured=True))
     runs.append(Run("threads/sendrecv.py", 1))
+    for n in (2, 4):  # its parent and child mode, as its makefile runs it: a world of one spawns n children
+        runs.append(Run("compute-pi/cpi-dpm.py", 1, (str(n),), stdin="100\n", measured=True))
+    for n in (2, 5):  # each rank's counter is a rank it spawns
+        runs.append(Run("nxtval/nxtval-dynproc.py", n))
     for name in ("ex-2.01", "ex-2.08", "ex-2.16", "ex-2.29", "ex-2.32", "ex-2.34", "ex-2.35", "ex-3.01", "ex-3.02",
                  "ex-3.03", "ex-3.04", "ex-3.05", "ex-3.06", "ex-3.07", "ex-3.08", "ex-3.09", "ex-3.11", "ex-3.12",
                  "ex-3.13"):
@@ -95,11 +99,11 @@ RUNS = _runs()
 
 #: mpi4py's demos not run, and why (docs/howto/simulate.md).
 OUT_OF_SCOPE = {
-    "dynamic processes (Spawn, ports)": ("compute-pi/cpi-dpm.py", "nxtval/nxtval-dynproc.py",
-                                         "spawning/cpi-master.py", "spawning/cpi-worker.py",
-                                         "mandelbrot/mandelbrot-master.py"),
-    "mpi4py.futures (without `-m mpi4py.futures` its pools spawn workers; under it they run, but not launched "
-    "here)": (
+    "Spawn of the executables their makefiles build (spawning/'s masters and workers, a script's copy after a "
+    "#! line or compiled; mandelbrot-master's worker in Fortran)": (
+        "spawning/cpi-master.py", "spawning/cpi-worker.py", "mandelbrot/mandelbrot-master.py"),
+    "mpi4py.futures (its test_futures spawns workers with python options of their own, -O or -Xdev, which ranks "
+    "of one interpreter cannot have; under `-m mpi4py.futures` it runs, but is not launched here)": (
         "futures/*.py",),
     "a compiler (C, C++, Fortran, Cython, SWIG, pybind11, nanobind, f2py, cffi, ctypes over a built library)": (
         "embedding/", "cython/", "libmpi-cffi/", "wrap-*/"),

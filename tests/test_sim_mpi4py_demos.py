@@ -23,7 +23,8 @@ from testkit import MPICH, MPICH_WAIT_ASLEEP
 DEFAULT = ("compute-pi/cpi-cco.py -n 2", "compute-pi/cpi-cco.py -n 3", "compute-pi/cpi-cco.py -n 4",
            "compute-pi/cpi-cco.py -n 8", "helloworld.py -n 4", "nxtval/nxtval-threads.py -n 2",
            "reductions/test_reductions.py -q -n 2", "mpi-ref-v1/ex-2.32.py -n 3", "mpi-ref-v1/ex-3.09.py -n 2",
-           "init-fini/test_0.py errors=fatal -n 2", "threads/sendrecv.py -n 1", "nxtval/nxtval-scalable.py -n 5")
+           "init-fini/test_0.py errors=fatal -n 2", "threads/sendrecv.py -n 1", "nxtval/nxtval-scalable.py -n 5",
+           "compute-pi/cpi-dpm.py 4 -n 1")
 
 FULL = os.environ.get("SPMDSIM_MPI4PY_FULL") == "1"
 RUNS = [r for r in mpi4py_demos.RUNS if FULL or r.name in DEFAULT]

@@ -150,8 +150,9 @@ def test_the_watchdog_names_a_spawned_rank_that_computes_on(tmp_path, capsys, mo
     assert "did not complete within 1.0 s" in err and "rank 2 is computing (at prog.py:6)" in err, err
 
 
-def test_a_command_that_is_no_python_program_is_mpis_spawn_error(tmp_path, capsys):
-    """Every parent raises MPI.Exception (ERR_SPAWN) naming the command; maxprocs below 1 is ERR_ARG."""
+def test_a_command_mpi_could_not_start_is_mpis_spawn_error(tmp_path, capsys):
+    """A command that is no program (a data file), or a script that does not exist: every parent raises
+    MPI.Exception (ERR_SPAWN) naming it; maxprocs below 1 is ERR_ARG."""
     (tmp_path / "data").write_text("1 2 3\n")
     prog = _program(tmp_path, f"""
         import sys
@@ -166,10 +167,25 @@ def test_a_command_that_is_no_python_program_is_mpis_spawn_error(tmp_path, capsy
     assert (code, err) == (0, "")
     data = str(tmp_path / "data")
     assert sorted(out.splitlines()) == sorted(
-        [f"{r} Error in spawn call command {data!r} is not a Python program: a simulated rank runs python "
-         "(sys.executable) with a script, -m module or -c code, or a Python script" for r in range(2)]
+        [f"{r} Error in spawn call command {data!r} is not found or not executable" for r in range(2)]
         + [f"{r} Invalid argument maxprocs 0 must be 1 or more" for r in range(2)]
         + [f"{r} Error in spawn call python nowhere.py: script 'nowhere.py' does not exist" for r in range(2)]), out
+
+
+@pytest.mark.parametrize("command, refused", [
+    ("'/bin/true'", "Spawn of '/bin/true', no Python program"),
+    ("sys.executable, ['-O', 'x.py']", "Spawn of python with option '-O'")])
+def test_a_program_mpi_could_start_and_a_rank_cannot_is_refused_in_one_line(tmp_path, capsys, command, refused):
+    """A compiled program, or python with options of its own: not simulated, and the run ends (also where the
+    Spawn came from a thread the rank started, as mpi4py.futures' pool spawns from its manager thread)."""
+    prog = _program(tmp_path, f"""
+        import sys, threading
+        from mpi4py import MPI
+        threading.Thread(target=lambda: MPI.COMM_SELF.Spawn({command})).start()
+        """)
+    code, out, err = _mpirun(capsys, 2, prog)
+    assert code == 1 and out == ""
+    assert err.startswith(f"spmdsim mpirun: error on simulated ranks 0,1: NotImplementedError: {refused}"), err
 
 
 def test_mpi4py_futures_pool_spawns_its_workers(tmp_path, capsys):

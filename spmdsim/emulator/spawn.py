@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
 from typing import Any, Callable, Optional
 
@@ -54,16 +55,23 @@ def _argv(args: Any) -> list[str]:
 
 
 def _program(command: Any, args: Any) -> tuple[str, str, list[str]]:
-    """(kind, what, argv) of the program `command` with `args`, as a rank runs it (rank_program.run_program);
-    MPI.Exception (ERR_SPAWN) for a command that is no Python program, or one python could not run."""
+    """(kind, what, argv) of the program `command` with `args`, as a rank runs it (rank_program.run_program).
+    A program MPI could start and a simulated rank cannot (no Python program, or python with options of its own:
+    the rank runs in this interpreter) is refused in one line (not_simulated); one MPI could not start either (no
+    such command, a script that does not exist) is MPI.Exception (ERR_SPAWN)."""
     command = os.fsdecode(command)
     words = [command, *_argv(args)]
     python = command == sys.executable or bool(_PYTHON.fullmatch(os.path.basename(command)))
     while python and len(words) > 1 and words[1] in _own_flags():  # (mpi4py.futures passes its own on)
         del words[1]
+    if python and len(words) > 1 and words[1].startswith("-") and words[1] not in ("-m", "-c", "-u", "-B"):
+        raise not_simulated(f"Spawn of python with option {words[1]!r} (a spawned rank runs in this interpreter, "
+                            "with its options)")
     if not python and not _python_script(command):
-        raise _error("ERR_SPAWN", f"Spawn: command {command!r} is not a Python program: a simulated rank runs "
-                                  f"python (sys.executable) with a script, -m module or -c code, or a Python script")
+        if shutil.which(command):
+            raise not_simulated(f"Spawn of {command!r}, no Python program (a spawned rank runs python with a "
+                                "script, -m module or -c code, or a Python script)")
+        raise _error("ERR_SPAWN", f"Spawn: command {command!r} is not found or not executable")
     try:
         kind, what, argv = _target(words)
     except ValueError as exc:
@@ -120,7 +128,9 @@ def spawn(cls: type, comm: SimComm, command: Any, args: Any = None, maxprocs: An
         try:
             n = _count(maxprocs)
             plan = [_program(command, args)] * n
-        except Exception as exc:  # noqa: BLE001 - every parent raises it, as MPI's spawn fails on each
+        except NotImplementedError:  # not simulated: the run ends
+            raise
+        except Exception as exc:  # noqa: BLE001 - MPI's error: every parent raises it, as MPI's spawn fails on each
             plan = exc
     inter, counts = _spawned(cls, comm, root, plan, "Spawn")
     if errcodes is not None:
@@ -139,7 +149,9 @@ def spawn_multiple(cls: type, comm: SimComm, command: Any, args: Any = None, max
         try:
             plan = [p for c, a, n in zip(commands, argvs, map(_count, counts)) for p in [_program(c, a)] * n]
             plan = (plan, counts)
-        except Exception as exc:  # noqa: BLE001 - every parent raises it
+        except NotImplementedError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - MPI's error: every parent raises it
             plan = exc
     inter, counts = _spawned(cls, comm, root, plan, "Spawn_multiple")
     if errcodes is not None:

@@ -1,5 +1,5 @@
 """What a simulated rank's ``mpi4py.MPI`` refuses, and how (docs/reference/emulator.md, "Limits"): `not_simulated`
-is the one wording of a call spmdsim mpirun does not simulate (dynamic processes, intercommunicators), a
+is the one wording of a call spmdsim mpirun does not simulate (client-server connections, sessions' calls), a
 NotImplementedError, what mpi4py raises where the MPI library lacks a call, so a program that checks for it goes
 on. ``MPI.Session.Init`` makes a session of this process's MPI (its groups are the process's, not the simulated
 world's) with the error handler the rank's ``mpi4py.rc.errors`` gives, as mpi4py sets it when a process starts
@@ -19,7 +19,7 @@ def not_simulated(what: str, instead: str = "run this program under mpiexec") ->
     NotImplementedError, as
     mpi4py raises where the MPI library lacks a call (a program may catch it and go on). Raised and not caught,
     it ends the run even from a thread the rank started, whose rank may wait for it outside MPI
-    (mpi4py.futures' pool waits for its manager thread's Spawn): `spmdsim_ends_run`, read by
+    (as mpi4py.futures' pool waits for its manager thread): `spmdsim_ends_run`, read by
     spmdsim.emulator.rank_threads and spmdsim.runtime.sim.engine.World.fail."""
     exc = NotImplementedError(f"{what}: not simulated; spmdsim mpirun runs communicators (intercommunicators "
                               "too), point to point, collectives, one-sided communication and MPI I/O "
