@@ -131,8 +131,10 @@ def _threads_still_run(ended: Iterator[int], n: int) -> None:
     daemons) still run STILL_RUNNING_S later. The run waits for them, as Python's exit waits for them under
     mpiexec (`mpiexec -n 2 python prog.py` hangs on one that computes forever, before MPI_Finalize), where it
     waited without a word: one that ends after an hour is no hang, so the run does not end them. Those waiting
-    in MPI are not counted: where all of them do, the ranks' ends report their deadlock."""
-    if next(ended) != n or not _computing():
+    in MPI are not counted: where all of them do, the ranks' ends report their deadlock. With ranks spawned, the
+    last is the one that makes the count every rank of the run (spmdsim.runtime.sim.rank_runs)."""
+    runs = getattr(_local.current().comm._group.world, "runs", None)
+    if next(ended) != (n if runs is None else runs.ranks) or not _computing():
         return
     deadline = time.monotonic() + STILL_RUNNING_S
     while time.monotonic() < deadline and _computing():  # (timed joins: this rank computes meanwhile)
