@@ -2,8 +2,7 @@
 
 `CommLifetime` is SimComm's mixin of them: MPI handles (toint is -1; fromint
 refused), an intercommunicator made by the simulated MPI.Intercomm, and so the children of a Spawn
-(spmdsim.emulator.spawn); client-server connections refused in one line
-(docs/reference/emulator.md, "Limits").
+(spmdsim.emulator.spawn) and the groups an Accept and a Connect join (spmdsim.emulator.ports).
 """
 from __future__ import annotations
 
@@ -65,13 +64,20 @@ class CommLifetime:
         """Spawn of several programs, one world of all their ranks (spmdsim.emulator.spawn)."""
         return _intercomm("Spawn_multiple")._spawn(self, True, command, args, maxprocs, info, root, errcodes)
 
-    # Client-server connections are not simulated (docs/reference/emulator.md, "Limits"): refused in one
-    # line, NotImplementedError as mpi4py raises where the MPI library lacks a call, not an AttributeError.
-    def Accept(self, *args: Any, **kwargs: Any) -> Any:
-        _not_simulated("client-server connections (Intracomm.Accept)")
+    def Accept(self, port_name: str, info: Any = None, root: int = 0) -> Any:
+        """The intercommunicator to the group that Connects to `port_name` (the root's), collective over this
+        communicator (spmdsim.emulator.ports, through the simulated MPI.Intercomm)."""
+        return _intercomm("Accept")._accept(self, port_name, info, root)
 
-    def Connect(self, *args: Any, **kwargs: Any) -> Any:
-        _not_simulated("client-server connections (Intracomm.Connect)")
+    @classmethod
+    def Join(cls, fd: int) -> Any:
+        """The intercommunicator of this rank and the one at the other end of connected socket `fd`
+        (spmdsim.emulator.ports)."""
+        return _intercomm("Join")._join(int(fd))
+
+    def Connect(self, port_name: str, info: Any = None, root: int = 0) -> Any:
+        """The intercommunicator to the group that Accepts on `port_name` (the root's) (spmdsim.emulator.ports)."""
+        return _intercomm("Connect")._connect(self, port_name, info, root)
 
     def Free(self) -> None:
         """Free the communicator (this handle then equals MPI.COMM_NULL); MPI.COMM_WORLD and MPI.COMM_SELF
@@ -125,7 +131,8 @@ def _intercomm(call: str) -> Any:
     outside one, `call` is refused in one line."""
     found = getattr(mpi_module(), "Intercomm", None)
     if getattr(found, "_spawn", None) is None:
-        _not_simulated(f"dynamic processes outside a simulated rank's mpi4py (Intracomm.{call})")
+        _not_simulated(f"dynamic processes and client-server connections outside a simulated rank's mpi4py "
+                       f"(Intracomm.{call})")
     return found
 
 

@@ -27,6 +27,7 @@ from .comm_errors import end_on_fatal_errors
 from .group import SimGroup, _sim as _sim_group, speak_mpi4py
 from .intercomm_collectives import IntercommCollectives
 from .real import comm_null
+from .ports import accept, connect, join
 from .spawn import spawn, spawn_multiple
 from .unsupported import not_simulated
 
@@ -80,6 +81,21 @@ class SimIntercomm(IntercommCollectives, SimComm):
         """Intracomm.Spawn (or Spawn_multiple) of `comm`: the intercommunicator to the children
         (spmdsim.emulator.spawn)."""
         return (spawn_multiple if multiple else spawn)(cls, comm, *args)
+
+    @classmethod
+    def _accept(cls, comm: SimComm, *args: Any) -> "SimIntercomm":
+        """Intracomm.Accept of `comm` (spmdsim.emulator.ports)."""
+        return accept(cls, comm, *args)
+
+    @classmethod
+    def _connect(cls, comm: SimComm, *args: Any) -> "SimIntercomm":
+        """Intracomm.Connect of `comm` (spmdsim.emulator.ports)."""
+        return connect(cls, comm, *args)
+
+    @classmethod
+    def _join(cls, fd: int) -> "SimIntercomm":
+        """MPI.Comm.Join (spmdsim.emulator.ports)."""
+        return join(cls, fd)
 
     def Is_inter(self) -> bool:
         return True

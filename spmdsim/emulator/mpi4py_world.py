@@ -33,6 +33,7 @@ from .intercomm import SimIntercomm
 from .comm import SimCartComm, SimComm, SimDistGraphComm, SimGraphComm, SimTopoComm, self_comm, world_of
 from ..runtime.sim.requests import completed, Request, REQUEST_NULL
 from .unsupported import session_class
+from . import ports
 from .persistent import Prequest
 from .group import SimGroup
 from . import message
@@ -51,7 +52,11 @@ SWAPPED = ("COMM_WORLD", "COMM_SELF", "Comm", "Intracomm", "Intercomm", "Topocom
            "Distgraphcomm", "Request", "Prequest", "Group", "Message", "REQUEST_NULL", "MESSAGE_NULL",
            "MESSAGE_NO_PROC", "Init", "Init_thread", "Finalize", "Is_initialized", "Is_finalized", "Query_thread",
            "Is_thread_main", "Attach_buffer", "Detach_buffer", "Flush_buffer", "Iflush_buffer", "Win", "File",
-           "FILE_NULL", "Session")
+           "FILE_NULL", "Session", "Open_port", "Close_port", "Publish_name", "Unpublish_name", "Lookup_name")
+
+#: The ports' module functions, each the calling rank's run's (spmdsim.emulator.ports).
+_PORT_CALLS = {"Open_port": ports.open_port, "Close_port": ports.close_port, "Publish_name": ports.publish_name,
+               "Unpublish_name": ports.unpublish_name, "Lookup_name": ports.lookup_name}
 
 _BSEND_BUFFERS: dict = {}  # thread -> the buffer a simulated rank attached (its Bsend copies anyway)
 
@@ -84,6 +89,8 @@ def _simulated(name: str, state: Any) -> Any:
         return file.SimFile if name == "File" else file.file_null(state)
     if name == "Session":
         return session_class()
+    if name in _PORT_CALLS:
+        return _PORT_CALLS[name]
     if name == "Prequest":
         return Prequest
     if name == "Group":
@@ -207,7 +214,7 @@ _RANK_CALLS = {_Lifetime.Finalize.__code__: "Finalize", _Lifetime.Query_thread._
 _SAME_FOR_EVERY_RANK = frozenset(("Comm", "Intracomm", "Intercomm", "Topocomm", "Cartcomm", "Graphcomm",
                                   "Distgraphcomm", "Request", "Prequest", "Group", "Message", "REQUEST_NULL",
                                   "MESSAGE_NULL", "MESSAGE_NO_PROC", "Attach_buffer", "Iflush_buffer",
-                                  "Is_thread_main"))
+                                  "Is_thread_main", *_PORT_CALLS))
 
 
 def _property(name: str) -> property:

@@ -34,7 +34,7 @@ from .mpirun_target import _target
 from .rank_program import run_program
 from .unsupported import not_simulated
 
-__all__ = ["spawn", "spawn_multiple"]
+__all__ = ["spawn", "spawn_multiple", "intercomm_groups", "intercomm_side"]
 
 #: A Python interpreter's name (python, python3, python3.12), as spmdsim mpirun's command line takes it.
 _PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
@@ -204,7 +204,8 @@ def _spawned(cls: type, comm: SimComm, root: int, plan: Any, call: str) -> tuple
             slot.shared = _error("ERR_SPAWN", f"{call}: {len(programs)} more simulated ranks make more than "
                                               f"{MAX_RANKS} in the run")
             return
-        groups = _groups(world, parents, children)
+        groups = intercomm_groups(world, parents, children, f"the intercommunicator of {ranks_text(parents)} and "
+                                                            f"their spawned {ranks_text(children)}")
         try:
             runs.spawn(len(programs), lambda ranks: [(_child, (cls, p, groups, runner), {}) for p in programs],
                        f"the world of {ranks_text(children)}, spawned by {ranks_text(parents)}")
@@ -217,32 +218,30 @@ def _spawned(cls: type, comm: SimComm, root: int, plan: Any, call: str) -> tuple
     if isinstance(slot.shared, BaseException):
         raise slot.shared
     groups, counts = slot.shared
-    inter = _side(cls, groups, comm._me, True)
+    inter = intercomm_side(cls, groups, comm._me, True)
     return comm._inherits(inter), counts
 
 
-def _groups(world: Any, parents: tuple, children: tuple) -> tuple:
-    """The groups of the intercommunicator of `parents` and `children` (world ranks), as
-    spmdsim.emulator.intercomm makes them: each side's own, then its messages from the parents, from the children,
-    and its collectives (the parents first)."""
-    text = f"the intercommunicator of {ranks_text(parents)} and their spawned {ranks_text(children)}"
-    return (Group(world, parents, f"{text} (its group of {ranks_text(parents)})"),
-            Group(world, children, f"{text} (its group of {ranks_text(children)})"),
-            Group(world, parents + children, f"{text} (its messages from {ranks_text(parents)})"),
-            Group(world, children + parents, f"{text} (its messages from {ranks_text(children)})"),
-            Group(world, parents + children, text))
+def intercomm_groups(world: Any, first: tuple, second: tuple, text: str) -> tuple:
+    """The groups of the intercommunicator of world ranks `first` and `second` (the parents, then the children)
+    that a report names `text`, as spmdsim.emulator.intercomm makes them: each side's own, its messages from the
+    first, from the second, and its collectives (the first side first)."""
+    return (Group(world, first, f"{text} (its group of {ranks_text(first)})"),
+            Group(world, second, f"{text} (its group of {ranks_text(second)})"),
+            Group(world, first + second, f"{text} (its messages from {ranks_text(first)})"),
+            Group(world, second + first, f"{text} (its messages from {ranks_text(second)})"),
+            Group(world, first + second, text))
 
 
-def _side(cls: type, groups: tuple, me: int, parent: bool) -> Any:
-    """The intercommunicator of `groups` (`_groups`) as member `me` of the parents (`parent`) or children sees it:
-    messages out on its own side's then the other's members, messages in on the other's then its own."""
-    mine, theirs, from_parents, from_children, union = groups
-    local = mine if parent else theirs
-    remote = theirs if parent else mine
-    out, inn = (from_parents, from_children) if parent else (from_children, from_parents)
-    before = 0 if parent else mine.size
+def intercomm_side(cls: type, groups: tuple, me: int, first: bool) -> Any:
+    """The intercommunicator (a `cls`) of `groups` (`intercomm_groups`) as member `me` of the `first` side or the
+    second sees it: messages out on its own side's then the other's members, in on the other's then its own."""
+    one, two, from_first, from_second, union = groups
+    local, remote = (one, two) if first else (two, one)
+    out, inn = (from_first, from_second) if first else (from_second, from_first)
+    before = 0 if first else one.size
     parts = (SimComm(local, me), SimComm(out, me), SimComm(inn, remote.size + me), SimComm(union, before + me))
-    return cls._made(parts, remote.members, parent)
+    return cls._made(parts, remote.members, first)
 
 
 def _child(cls: type, program: tuple, groups: tuple, runner: Callable[[str, str], Any]) -> None:
@@ -251,7 +250,7 @@ def _child(cls: type, program: tuple, groups: tuple, runner: Callable[[str, str]
     kind, what, argv = program
     state = _local.current()
     state.argv = list(argv)
-    parent = _side(cls, groups, state.comm._me, False)
+    parent = intercomm_side(cls, groups, state.comm._me, False)
     parent._h.errhandler = initial_errhandler()
     state.parent = parent
     runner(kind, what)
