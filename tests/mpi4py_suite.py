@@ -31,8 +31,8 @@ from pathlib import Path
 
 #: The test files run: every file of mpi4py's suite whose subject a simulated rank has (communicators, point to
 #: point (partitioned too), collectives, one-sided communication, groups, requests, statuses, errors, attributes,
-#: topologies, pkl5, threads, buffers, datatypes and packing, MPI I/O, intercommunicators, Spawn); the files left
-#: out, and why, are NOT_RUN.
+#: topologies, pkl5, threads, buffers, datatypes and packing, MPI I/O, intercommunicators, Spawn, Accept and
+#: Connect); the files left out, and why, are NOT_RUN.
 FILES = ("test_cco_buf", "test_cco_nb_buf", "test_cco_obj", "test_cco_vec", "test_cco_nb_vec", "test_comm",
          "test_p2p_buf", "test_p2p_obj",
          "test_p2p_buf_matched", "test_p2p_obj_matched", "test_cco_ngh_buf", "test_cco_ngh_obj", "test_comm_topo",
@@ -41,11 +41,11 @@ FILES = ("test_cco_buf", "test_cco_nb_buf", "test_cco_obj", "test_cco_vec", "tes
          "test_buffer", "test_address", "test_errorcode", "test_info", "test_mpimem", "test_grequest",
          "test_cco_pr_buf", "test_cco_pr_vec", "test_cco_pr_ngh_buf", "test_win", "test_rma", "test_rma_nb",
          "test_util_sync", "test_p2p_buf_part", "test_datatype", "test_util_dtlib", "test_pack", "test_file", "test_io",
-         "test_comm_inter", "test_cco_buf_inter", "test_cco_obj_inter", "test_cco_vec_inter", "test_spawn")
+         "test_comm_inter", "test_cco_buf_inter", "test_cco_obj_inter", "test_cco_vec_inter", "test_spawn",
+         "test_dynproc")
 
 #: mpi4py's test files not run, and why (docs/howto/simulate.md's table).
 NOT_RUN = {
-    "client-server connections (Open_port, Accept, Connect, Publish_name)": ("test_dynproc",),
     "mpi4py.util.pool's tests share a pool their class makes in setUpClass, which this runner (one method per "
     "simulate) does not call": ("test_util_pool",),
     "sessions and fault tolerance": ("test_session", "test_ulfm"),

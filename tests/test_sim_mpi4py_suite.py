@@ -43,7 +43,8 @@ SUBSET = (r"test_cco_buf\.TestCCOBufWorld\.test(Bcast|Allreduce|Scan|Scatter|Gat
 #: the datatypes' own tests but their constructors' and pickles' loops (test_pack's loops over every pair of
 #: typecodes and test_util_dtlib run in the full run: 3.5 and 18 s at 2 ranks); MPI I/O's files but the loops of
 #: test_io's views over every typecode, three of its ten views kept (subarray, struct, contiguous); the
-#: intercommunicators' four files whole (81 tests, ~1.5 s); Spawn's file whole (44 tests, ~0.3 s).
+#: intercommunicators' four files whole (81 tests, ~1.5 s); Spawn's and Accept/Connect's files whole (44 and 4
+#: tests, ~0.5 s).
 SUBSET_MORE = (r"test_(group|request|status|exceptions|errhandler|attributes|comm_topo|threads|environ|msgzero|op|"
                r"pickle|buffer|address|errorcode|info|mpimem|grequest|cco_ngh_obj|p2p_obj_matched)\."
                r"|test_util_pkl5\.Test(MPI|PKL5)World\.|test_p2p_buf_matched\.(TestMessage|\w+World)\.testIMProbe"
@@ -55,7 +56,7 @@ SUBSET_MORE = (r"test_(group|request|status|exceptions|errhandler|attributes|com
                r"|test_datatype\.TestDatatype(Null)?\."
                r"|test_file\.|test_io\.TestIOBasicWorld\.test(?!ReadWrite$|IReadIWrite$)"
                r"|test_io\.TestIOViewWorld\.test(Subarray|Struct|Contiguous)$"
-               r"|test_(comm|cco_buf|cco_obj|cco_vec)_inter\.|test_spawn\.")
+               r"|test_(comm|cco_buf|cco_obj|cco_vec)_inter\.|test_spawn\.|test_dynproc\.")
 
 
 def _test_files() -> Path:
@@ -107,5 +108,5 @@ def test_more_mpi4py_test_files_at_two_ranks(tmp_path):
     assert len(persistent) >= 132, len(persistent)  # both files whole: 70 + 62 tests in scope
     files = [t for t, v in results["2"].items() if t.split(".")[0] in ("test_file", "test_io") and v[0] == "pass"]
     assert len(files) >= 34 + 15, len(files)  # test_file whole, test_io's World tests but its typecode loops
-    spawned = [t for t, v in results["2"].items() if t.startswith("test_spawn.") and v[0] == "pass"]
-    assert len(spawned) >= 44, len(spawned)  # Spawn and Spawn_multiple's file whole
+    spawned = [t for t, v in results["2"].items() if t.startswith(("test_spawn.", "test_dynproc.")) and v[0] == "pass"]
+    assert len(spawned) >= 44 + 4, len(spawned)  # Spawn's file and Accept/Connect's whole

@@ -656,17 +656,18 @@ def test_a_call_not_simulated_ends_the_run_from_any_thread_of_a_rank(tmp_path):
     another rank waits outside MPI."""
     threaded = tmp_path / "threaded.py"
     threaded.write_text("import threading\nfrom mpi4py import MPI\ndone = threading.Event()\n\n\ndef serve():\n"
-                        "    MPI.COMM_SELF.Accept('port')\n    done.set()\n\n\n"
+                        "    MPI.Comm.f2py(0)\n    done.set()\n\n\n"
                         "threading.Thread(target=serve).start()\ndone.wait()\n")
     stuck = tmp_path / "stuck.py"
     stuck.write_text("import threading\nfrom mpi4py import MPI\ncomm = MPI.COMM_WORLD\nif comm.rank == 0:\n"
-                     "    comm.Accept('port')\nthreading.Event().wait()\n")
+                     "    MPI.Comm.f2py(0)\nthreading.Event().wait()\n")
     for program, ranks in ((threaded, "ranks 0,1"), (stuck, "rank 0")):
         done = subprocess.run([sys.executable, "-m", "spmdsim", "mpirun", "-n", "2", "python", str(program)],
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 1 and done.stdout == "", done.stderr
-        assert done.stderr.startswith(f"spmdsim mpirun: error on simulated {ranks}: NotImplementedError: "
-                                      "client-server connections (Intracomm.Accept): not simulated;"), done.stderr
+        assert done.stderr.startswith(f"spmdsim mpirun: error on simulated {ranks}: NotImplementedError: a "
+                                      "communicator from an MPI handle (Comm.fromint, Comm.f2py, Comm.fromhandle): "
+                                      "not simulated;"), done.stderr
         assert "spmdsim/emulator" not in done.stderr and done.stderr.count("Traceback") == 1, done.stderr
 
 
@@ -713,12 +714,12 @@ def test_a_thread_left_running_by_a_failed_run_never_meets_the_real_mpi(tmp_path
                     "    start = time.monotonic()\n    while time.monotonic() - start < 0.8:\n        pass\n"
                     "    print('the late thread sees', MPI.COMM_WORLD.Get_size(), 'ranks', flush=True)\n\n\n"
                     "if comm.rank == 1:\n    threading.Thread(target=late).start()\nif comm.rank == 0:\n"
-                    "    MPI.COMM_SELF.Accept('port')\ncomm.Barrier()\n")
+                    "    MPI.Comm.f2py(0)\ncomm.Barrier()\n")
     run = _launched(prog, 2, cwd=tmp_path)
     assert run.returncode == 1, run
     assert run.stdout == "the late thread sees 2 ranks\n", run
-    assert run.stderr.startswith("spmdsim mpirun: error on simulated rank 0: NotImplementedError: client-server "
-                                 "connections"), run
+    assert run.stderr.startswith("spmdsim mpirun: error on simulated rank 0: NotImplementedError: a communicator "
+                                 "from an MPI handle"), run
 
 
 def test_ranks_a_failed_run_left_computing_print_whole_lines_until_the_process_exits(tmp_path):
@@ -729,14 +730,14 @@ def test_ranks_a_failed_run_left_computing_print_whole_lines_until_the_process_e
     prog.write_text("import sys\nimport threading\nimport time\nfrom mpi4py import MPI\ncomm = MPI.COMM_WORLD\n\n\n"
                     "def hold():\n    start = time.monotonic()\n"
                     "    while time.monotonic() - start < 3:\n        pass\n\n\nif comm.rank == 0:\n"
-                    "    threading.Thread(target=hold).start()\n    MPI.COMM_SELF.Accept('port')\n"
+                    "    threading.Thread(target=hold).start()\n    MPI.Comm.f2py(0)\n"
                     "start = time.monotonic()\nwhile time.monotonic() - start < 2:\n"
                     "    sys.stdout.write(f'rank {comm.rank} says ')\n    sys.stdout.write('hello\\n')\n"
                     "    pause = time.monotonic()\n    while time.monotonic() - pause < 0.0002:\n        pass\n")
     run = _launched(prog, 4, cwd=tmp_path)
     assert run.returncode == 1, run.stderr
-    assert run.stderr.startswith("spmdsim mpirun: error on simulated rank 0: NotImplementedError: client-server "
-                                 "connections"), run.stderr
+    assert run.stderr.startswith("spmdsim mpirun: error on simulated rank 0: NotImplementedError: a communicator "
+                                 "from an MPI handle"), run.stderr
     lines = run.stdout.splitlines()
     assert lines and [line for line in lines if not re.fullmatch(r"rank [123] says hello", line)] == [], lines[:5]
 

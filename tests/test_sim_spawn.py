@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from spmdsim.tools.cli.main import main
+from spmdsim.runtime.sim.report import unfold
 from testkit import MPICH, MPIEXEC
 
 LAB = Path(__file__).resolve().parent / "data" / "lab"
@@ -200,3 +201,70 @@ def test_mpi4py_futures_pool_spawns_its_workers(tmp_path, capsys):
     code, out, err = _mpirun(capsys, 2, prog)
     assert (code, err) == (0, "")
     assert out.splitlines() == ["[1, 2] 1", "[1, 2] 1"]
+
+
+def test_accept_and_connect_join_two_groups_at_a_published_port(tmp_path, capsys):
+    """Ranks 0,1 accept on a port rank 0 opened and published; ranks 2,3 look it up and connect: each group gets
+    the intercommunicator whose remote group is the other, and a Merge puts the lower root's group first."""
+    prog = _program(tmp_path, """
+        from mpi4py import MPI
+        world = MPI.COMM_WORLD
+        server = world.rank < 2
+        half = world.Split(0 if server else 1, world.rank)
+        port = None
+        if world.rank == 0:
+            port = MPI.Open_port()
+            MPI.Publish_name("squares", port)
+        world.Barrier()
+        if server:
+            inter = half.Accept(port, root=0)
+            inter.bcast([r * r for r in range(4)] if half.rank == 0 else None,
+                        root=MPI.ROOT if half.rank == 0 else MPI.PROC_NULL)
+        else:
+            inter = half.Connect(MPI.Lookup_name("squares") if half.rank == 0 else None, root=0)
+            print("client", world.rank, inter.bcast(None, root=0), inter.Get_remote_size(), inter.Get_size())
+        merged = inter.Merge()
+        print("merged", world.rank, merged.rank, merged.size)
+        inter.Disconnect()
+        world.Barrier()
+        if world.rank == 0:
+            MPI.Unpublish_name("squares", port)
+            MPI.Close_port(port)
+        """)
+    code, out, err = _mpirun(capsys, 4, prog)
+    assert (code, err) == (0, "")
+    assert sorted(out.splitlines()) == ["client 2 [0, 1, 4, 9] 2 2", "client 3 [0, 1, 4, 9] 2 2"] + [
+        f"merged {r} {r} 4" for r in range(4)]
+
+
+def test_an_accept_no_connect_meets_is_a_deadlock_naming_its_port(tmp_path, capsys):
+    prog = _program(tmp_path, """
+        from mpi4py import MPI
+        if MPI.COMM_WORLD.rank == 0:
+            MPI.COMM_SELF.Accept(MPI.Open_port())
+        else:
+            MPI.COMM_WORLD.recv(source=0)
+        """)
+    code, out, err = _mpirun(capsys, 2, prog)
+    assert code == 1 and out == ""
+    assert err.startswith("spmdsim mpirun: error: simulated ranks deadlock"), err
+    assert "Accept on port 'spmdsim-port-1' (no Connect has come): rank 0 waits in it" in unfold(err), err
+
+
+def test_a_port_not_open_and_a_name_not_published_are_mpis_errors(tmp_path, capsys):
+    prog = _program(tmp_path, """
+        from mpi4py import MPI
+        for call in (lambda: MPI.COMM_WORLD.Connect("nowhere"), lambda: MPI.Lookup_name("nobody"),
+                     lambda: MPI.Close_port("nowhere")):
+            try:
+                call()
+            except MPI.Exception as exc:
+                print(MPI.COMM_WORLD.rank, MPI.Get_error_string(exc.Get_error_class()), str(exc).split(": ", 1)[1])
+        """)
+    code, out, err = _mpirun(capsys, 2, prog)
+    assert (code, err) == (0, "")
+    assert sorted(out.splitlines()) == sorted(
+        [f"{r} Invalid port Connect: port 'nowhere' is not open (MPI.Open_port gives one)" for r in range(2)]
+        + [f"{r} Invalid port Close_port: port 'nowhere' is not open" for r in range(2)]
+        + [f"{r} Invalid service name (see MPI_Publish_name) Lookup_name: no service 'nobody' is published"
+           for r in range(2)]), out
