@@ -13,13 +13,14 @@ their nonblocking forms in nonblocking.py), objects.py, p2p.py; groups,
 Cartesian grids, matched-probe messages, error handlers and attributes in
 group.py, topology.py (graphs in graphs.py, their neighbour collectives in
 neighbours.py), message.py, handles.py; windows for one-sided
-communication in window.py; intercommunicators in intercomm.py) reads mpi4py's buffer
+communication in window.py; intercommunicators in intercomm.py, those of a Spawn in spawn.py and of an
+Accept and a Connect in ports.py) reads mpi4py's buffer
 specifications and arguments, raises mpi4py's errors, and runs each call on
 the thread engine's primitives (spmdsim.runtime.sim.thread_engine's one body per
 transfer, spmdsim.runtime.sim.p2p's message matching, spmdsim.runtime.sim.engine's
 rendezvous). `mpi4py_world` swaps mpi4py's MPI module for the simulated
 ranks (and `pkl5` mpi4py.util.pkl5; `rank_threads` makes the threads a rank starts
-the rank's), `mpirun` runs a program once per rank as its own __main__, with its own
+the rank's), `mpirun` runs a program once per rank as its own __main__ (`rank_program`), with its own
 modules (`rank_modules`) and random generators (`rank_random`). spmdsim's runtime
 never imports this package: its meshes run on the thread engine directly.
 """
