@@ -131,16 +131,17 @@ def join(cls: type, fd: int) -> Any:
     one Accepts and the other Connects at a port of the pair's."""
     state = _local.simulated()
     me = state.comm._group.members[state.comm._me]
-    os.write(fd, f"{me}\n".encode())
+    world, ports = _ports()
     got = b""
-    while not got.endswith(b"\n"):
-        more = os.read(fd, 64)
-        if not more:
-            raise _error("ERR_OTHER", f"Join: the socket (fd {fd}) closed before the other side wrote its rank")
-        got += more
+    with world.stepped_aside(state.rank):  # (blocked on the socket, it computes nothing: its run slot is lent)
+        os.write(fd, f"{me}\n".encode())
+        while not got.endswith(b"\n"):
+            more = os.read(fd, 64)
+            if not more:
+                raise _error("ERR_OTHER", f"Join: the socket (fd {fd}) closed before the other side wrote its rank")
+            got += more
     other = int(got)
     port = f"spmdsim-join-{min(me, other)}-{max(me, other)}"
-    world, ports = _ports()
     with world.lock:
         ports.waiting.setdefault(port, {"Accept": [], "Connect": []})
     return _joined(cls, self_comm(state), "Accept" if me < other else "Connect", port, 0)
