@@ -249,7 +249,7 @@ _REFUSED = ("Reduce_scatter", "Reduce_scatter_block",
             "Idup_with_info", "Create", "Create_group", "Create_cart", "Create_graph", "Create_dist_graph",
             "Create_dist_graph_adjacent", "Cart_map", "Graph_map", "Create_intercomm", "Barrier_init", "Bcast_init",
             "Allreduce_init", "Allgather_init", "Alltoall_init", "Gather_init", "Scatter_init", "Reduce_init",
-            "Psend_init", "Precv_init")
+            "Psend_init", "Precv_init", "Spawn", "Spawn_multiple", "Accept", "Connect")
 for _name in _REFUSED:
     if hasattr(SimComm, _name):
         setattr(SimIntercomm, _name, _refused(_name))
