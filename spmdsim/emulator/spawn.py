@@ -125,13 +125,7 @@ def spawn(cls: type, comm: SimComm, command: Any, args: Any = None, maxprocs: An
     root = comm._root(root, "Spawn")
     plan = None
     if comm._me == root:
-        try:
-            n = _count(maxprocs)
-            plan = [_program(command, args)] * n
-        except NotImplementedError:  # not simulated: the run ends
-            raise
-        except Exception as exc:  # noqa: BLE001 - MPI's error: every parent raises it, as MPI's spawn fails on each
-            plan = exc
+        plan = _or_error(lambda: _copies(_count(maxprocs), command, args))
     inter, counts = _spawned(cls, comm, root, plan, "Spawn")
     if errcodes is not None:
         errcodes[:] = [special("SUCCESS")] * sum(counts)
@@ -146,17 +140,28 @@ def spawn_multiple(cls: type, comm: SimComm, command: Any, args: Any = None, max
     plan = None
     if comm._me == root:
         commands, argvs, counts = _multiple(command, args, maxprocs, info)  # ValueError: the root's alone
-        try:
-            plan = [p for c, a, n in zip(commands, argvs, map(_count, counts)) for p in [_program(c, a)] * n]
-            plan = (plan, counts)
-        except NotImplementedError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - MPI's error: every parent raises it
-            plan = exc
+        plan = _or_error(lambda: ([p for n, c, a in zip([_count(n) for n in counts], commands, argvs)
+                                   for p in _copies(n, c, a)], counts))
     inter, counts = _spawned(cls, comm, root, plan, "Spawn_multiple")
     if errcodes is not None:
         errcodes[:] = [[special("SUCCESS")] * n for n in counts]
     return inter
+
+
+def _copies(n: int, command: Any, args: Any) -> list:
+    """`n` children's programs: `command` with `args` (the count is checked first)."""
+    return [_program(command, args)] * n
+
+
+def _or_error(make: Callable[[], Any]) -> Any:
+    """The root's plan `make` makes, or the MPI error in it, which every parent raises (as MPI's spawn fails on
+    each); a call not simulated (NotImplementedError) is raised at once: the run ends."""
+    try:
+        return make()
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - MPI's error, raised on every parent
+        return exc
 
 
 def _multiple(command: Any, args: Any, maxprocs: Any, info: Any) -> tuple[list, list, list]:
