@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from spmdsim.tools.cli.main import main
+from spmdsim.runtime import debug
 from spmdsim.runtime.sim.report import unfold
 from testkit import MPICH, MPIEXEC
 
@@ -135,17 +136,29 @@ def test_spawned_ranks_waiting_for_parents_that_ended_are_a_deadlock(tmp_path, c
     assert "rank 2 waits in it" in err and "rank 3 waits in it" in err and "prog.py:5" in err, err
 
 
-def test_the_watchdog_names_a_spawned_rank_that_computes_on(tmp_path, capsys, monkeypatch):
+@pytest.fixture
+def watchdog_one_second(monkeypatch):
+    """SPMDSIM_WATCHDOG=1, read again by this test's run (debug keeps the process's settings once read)."""
+    monkeypatch.setenv("SPMDSIM_WATCHDOG", "1")
+    debug._reset()
+    yield
+    monkeypatch.delenv("SPMDSIM_WATCHDOG")
+    debug._reset()
+
+
+def test_the_watchdog_names_a_spawned_rank_that_computes_on(tmp_path, capsys, watchdog_one_second):
+    """The child computes (sleeps) for 20 s while its parents wait in a Barrier with it: the watchdog ends the run
+    after 1 s naming it (without the watchdog the Barrier would complete, and the test fail, 20 s later)."""
     prog = _program(tmp_path, """
         import sys, time
         from mpi4py import MPI
         if sys.argv[1:] == ["child"]:
-            while True:
+            for _ in range(400):
                 time.sleep(0.05)
+            MPI.Comm.Get_parent().Barrier()
         else:
             MPI.COMM_WORLD.Spawn(sys.executable, [__file__, "child"], maxprocs=1).Barrier()
         """)
-    monkeypatch.setenv("SPMDSIM_WATCHDOG", "1")
     code, out, err = _mpirun(capsys, 2, prog)
     assert code == 1 and out == ""
     assert "did not complete within 1.0 s" in err and "rank 2 is computing (at prog.py:6)" in err, err
