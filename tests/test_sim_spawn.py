@@ -101,6 +101,25 @@ def test_spawn_multiple_makes_one_world_of_every_commands_ranks(tmp_path, capsys
     assert out.splitlines() == ["3 [[0], [0, 0]]", "[('one', 0, ['a']), ('two', 1, ['b']), ('two', 2, ['b'])]"]
 
 
+def test_the_run_ends_once_the_children_end_after_their_parents(tmp_path, capsys):
+    """The parent spawns and ends at once; its child computes on, then prints: the run waits for it, as mpiexec
+    waits for the spawned processes."""
+    prog = _program(tmp_path, """
+        import sys, time
+        from mpi4py import MPI
+        if sys.argv[1:] == ["child"]:
+            time.sleep(0.3)
+            print("child", MPI.COMM_WORLD.rank, "ends after its parent")
+        else:
+            MPI.COMM_SELF.Spawn(sys.executable, [__file__, "child"], maxprocs=2)
+            print("parent ends")
+        """)
+    code, out, err = _mpirun(capsys, 1, prog)
+    assert (code, err) == (0, "")
+    assert out.splitlines()[0] == "parent ends" and sorted(out.splitlines()[1:]) == [
+        "child 0 ends after its parent", "child 1 ends after its parent"], out
+
+
 def test_a_spawned_rank_that_raises_is_reported_as_any_rank(tmp_path, capsys):
     prog = _program(tmp_path, """
         import sys
