@@ -19,8 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..base import context as _local_context
-from ..runtime.sim._mpi import c_int, mpi_error, mpi_module, special
-from ..runtime.sim.engine import SimulationError
+from ..runtime.sim._mpi import c_int, mpi_module, special, named_error as _error
 from ..runtime.sim.waiting import ranks_text
 from .comm import SimComm, world_of
 from .comm_errors import end_on_fatal_errors
@@ -32,11 +31,6 @@ from .spawn import spawn, spawn_multiple
 from .unsupported import not_simulated
 
 __all__ = ["SimIntercomm", "create_intercomm"]
-
-
-def _error(cls: str, text: str) -> BaseException:
-    mpi = mpi_module()
-    return mpi_error(mpi, getattr(mpi, cls), text) if mpi is not None else SimulationError(text)
 
 
 def _private(members: tuple, kind: str, label: str) -> SimComm:

@@ -133,7 +133,7 @@ def _threads_still_run(ended: Iterator[int], n: int) -> None:
     waited without a word: one that ends after an hour is no hang, so the run does not end them. Those waiting
     in MPI are not counted: where all of them do, the ranks' ends report their deadlock. With ranks spawned, the
     last is the one that makes the count every rank of the run (spmdsim.runtime.sim.rank_runs)."""
-    runs = getattr(_local.current().comm._group.world, "runs", None)
+    runs = _local.current().comm._group.world.runs
     if next(ended) != (n if runs is None else runs.ranks) or not _computing():
         return
     deadline = time.monotonic() + STILL_RUNNING_S

@@ -19,19 +19,13 @@ import os
 from typing import Any
 
 from ..base import context as _local
-from ..runtime.sim._mpi import mpi_error, mpi_module
-from ..runtime.sim.engine import SimulationError
+from ..runtime.sim._mpi import named_error as _error
 from ..runtime.sim.waiting import _Waiting, ranks_text
 from .comm import SimComm, self_comm
 from .spawn import intercomm_groups, intercomm_side
 
 __all__ = ["Ports", "open_port", "close_port", "publish_name", "unpublish_name", "lookup_name", "accept",
            "connect", "join"]
-
-
-def _error(cls: str, text: str) -> BaseException:
-    mpi = mpi_module()
-    return mpi_error(mpi, getattr(mpi, cls), text) if mpi is not None else SimulationError(text)
 
 
 class _Meeting:
@@ -66,7 +60,7 @@ def _ports() -> tuple:
     state = _local.simulated()
     world = state.comm._group.world
     with world.lock:
-        ports = world.__dict__.get("ports")
+        ports = world.ports
         if ports is None:
             ports = world.ports = Ports()
     return world, ports

@@ -23,8 +23,7 @@ import sys
 from typing import Any, Callable, Optional
 
 from ..base import context as _local
-from ..runtime.sim._mpi import mpi_error, mpi_module, special
-from ..runtime.sim.engine import SimulationError
+from ..runtime.sim._mpi import mpi_module, special, named_error as _error
 from ..runtime.sim.groups import Group
 from ..runtime.sim.run import MAX_RANKS, note_exit
 from ..runtime.sim.waiting import ranks_text
@@ -38,11 +37,6 @@ __all__ = ["spawn", "spawn_multiple", "intercomm_groups", "intercomm_side"]
 
 #: A Python interpreter's name (python, python3, python3.12), as spmdsim mpirun's command line takes it.
 _PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
-
-
-def _error(cls: str, text: str) -> BaseException:
-    mpi = mpi_module()
-    return mpi_error(mpi, getattr(mpi, cls), text) if mpi is not None else SimulationError(text)
 
 
 def _argv(args: Any) -> list[str]:
@@ -192,7 +186,7 @@ def _spawned(cls: type, comm: SimComm, root: int, plan: Any, call: str) -> tuple
     per child, and with Spawn_multiple the count of each command's; or the exception every parent raises);
     return this parent's intercommunicator and the counts."""
     state = _local.simulated()
-    runs = getattr(comm._group.world, "runs", None)
+    runs = comm._group.world.runs
     if state is None or runs is None:
         raise not_simulated(f"dynamic processes outside a simulated run (Intracomm.{call})")
     runner = state.programs or _run_child

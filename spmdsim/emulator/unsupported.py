@@ -1,5 +1,5 @@
 """What a simulated rank's ``mpi4py.MPI`` refuses, and how (docs/reference/emulator.md, "Limits"): `not_simulated`
-is the one wording of a call spmdsim mpirun does not simulate (client-server connections, sessions' calls), a
+is the one wording of a call spmdsim mpirun does not simulate (a communicator from an MPI handle, sessions' calls), a
 NotImplementedError, what mpi4py raises where the MPI library lacks a call, so a program that checks for it goes
 on. ``MPI.Session.Init`` makes a session of this process's MPI (its groups are the process's, not the simulated
 world's) with the error handler the rank's ``mpi4py.rc.errors`` gives, as mpi4py sets it when a process starts

@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 from ...errors import SpmdsimError
+from ..engines.base import SimulationError
 
 
 class _InPlace:
@@ -93,6 +94,12 @@ def mpi_error(mpi: Any, code: int, detail: str) -> BaseException:
                                                             "__module__": base.__module__})
     return cls(code, detail)
 
+
+def named_error(cls: str, text: str) -> BaseException:
+    """`mpi_error` of the error class named `cls` ("ERR_RANK") of a simulated rank's mpi4py, or where no mpi4py
+    is loaded a SimulationError of `text`."""
+    mpi = mpi_module()
+    return mpi_error(mpi, getattr(mpi, cls), text) if mpi is not None else SimulationError(text)
 
 def _numpy_type(name: str) -> Any:
     """numpy's `name` (integer, floating, ndarray) where numpy is loaded, else None: before it loads, no value

@@ -105,8 +105,7 @@ class Aborted(BaseException):
 
 
 class World(Sleepers, RankThreads):
-    """The lock, the per-rank wakers and the live/waiting bookkeeping of one simulation (and of the
-    threads its ranks start: spmdsim.runtime.sim.rank_threads)."""
+    """The lock, wakers and live/waiting bookkeeping of one simulation's ranks and their threads (rank_threads)."""
 
     def __init__(self, size: int, eager_limit: int = EAGER_BYTES) -> None:
         self.size = size
@@ -114,8 +113,7 @@ class World(Sleepers, RankThreads):
         # a larger one waits for its receive. 0: every one waits, as MPI lets a safe program's (never buffered)
         self.eager_limit = eager_limit
         self.lock = threading.Lock()
-        # key -> a plain lock, held while that waiter has not been woken: `_wake` releases it, `_sleep` blocks on it
-        self._wakers = {rank: _held_lock() for rank in range(size)}
+        self._wakers = {rank: _held_lock() for rank in range(size)}  # key -> held till woken (`_wake`, `_sleep`)
         self._asleep: set[int] = set()  # keys blocked (or about to block) on their waker, not yet woken
         self.waiting: dict[int, _Waiting] = {}  # rank (or a rank's thread's key) -> what it waits for, until released
         self.live = size  # ranks and the threads they started, until they end
@@ -127,6 +125,8 @@ class World(Sleepers, RankThreads):
         # when a failure that ends the run came (spmdsim.emulator.unsupported.not_simulated): `given_up`
         self.ends_run_at: Optional[float] = None
         self.deadlock: Optional[str] = None
+        self.runs: Any = None  # its ranks, spawned ones too (spmdsim.runtime.sim.rank_runs)
+        self.ports: Any = None  # its open ports and published names (spmdsim.emulator.ports)
         self.mismatch: Optional[str] = None  # the first collectives that diverged (groups.Group._mismatch)
         # Whether a rank may have the watchdog on (SPMDSIM_WATCHDOG, or configure() on a rank: Hooks.world):
         # `wait` then reads the waiting rank's setting; False, as most runs, it reads nothing

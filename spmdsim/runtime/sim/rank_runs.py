@@ -52,7 +52,7 @@ class RankRuns:
         for me, (fn, args, kwargs) in enumerate(calls):
             end = threading.Event()
             thread = RankThread(target=self._body, args=(group, me, fn, args, kwargs, end),
-                                      name=f"spmdsim rank {group.members[me]}", daemon=True)
+                                name=f"spmdsim rank {group.members[me]}", daemon=True)
             self.threads.append(thread)
             self.ended.append(end)
             made.append(thread)
