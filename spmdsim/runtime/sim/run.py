@@ -22,6 +22,7 @@ from .stopping import stop_ranks
 from .p2p import rewrites, uncompleted, unreceived
 from .landing import EAGER_BYTES
 from .os_exit import os_exit_ends_the_rank
+from . import rank_runs
 from .rank_runs import RankRuns
 from ..debug import HOOKS, Hooks
 from ..engines.trace import Trace
@@ -99,11 +100,16 @@ def simulate(n: int, fn: Callable[..., Any], *args: Any, dry_run: bool = False, 
         raise exc.with_traceback(_programs_frames(exc.__traceback__))
 
 
+#: The files of a simulation's own frames above a rank's program (`_programs_frames` leaves them out).
+_OWN_FILES = (__file__, rank_runs.__file__)
+
+
 def _programs_frames(tb: Any) -> Any:
-    """A rank's traceback from the program's first frame (all of it where every frame is this module's): a notebook
-    shows the cell, then the program (simulate's raise hidden by its __tracebackhide__, as IPython and pytest do)."""
+    """A rank's traceback from the program's first frame (all of it where every frame is this module's or the rank
+    threads' of rank_runs): a notebook shows the cell, then the program (simulate's raise hidden by its
+    __tracebackhide__, as IPython and pytest do)."""
     first = tb
-    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+    while tb is not None and tb.tb_frame.f_code.co_filename in _OWN_FILES:
         tb = tb.tb_next
     return tb or first
 
