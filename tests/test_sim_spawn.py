@@ -41,6 +41,21 @@ def test_a_master_and_its_spawned_workers_print_what_mpiexec_prints(tmp_path, ca
     assert out.splitlines() == mpich.stdout.splitlines() and "spawned 3 workers" in out
 
 
+@pytest.mark.skipif(not MPICH, reason="no MPICH mpiexec beside this Python (the emulator is compared with MPICH)")
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_the_spawn_example_prints_what_mpiexec_prints(tmp_path, capsys, ranks):
+    """examples/mpi4py/spawn_pi.py (the README's command): its ranks spawn 4 workers, the same file, which sum pi
+    onto the parents' root."""
+    example = str(Path(__file__).resolve().parents[1] / "examples" / "mpi4py" / "spawn_pi.py")
+    mpich = subprocess.run(["timeout", "-k", "5", "60", MPIEXEC, "-n", str(ranks), sys.executable, example],
+                           capture_output=True, text=True, timeout=90, cwd=tmp_path)
+    assert mpich.returncode == 0, mpich.stderr
+    code, out, err = _mpirun(capsys, ranks, example)
+    assert (code, err) == (0, "")
+    assert out.splitlines() == mpich.stdout.splitlines() and "spawned 4 workers, each in a world of 4" in out
+    assert "pi is about 3.1415926536, error 8.3e-12" in out
+
+
 def test_spawn_is_collective_and_the_roots_arguments_count(tmp_path, capsys):
     """Two parents spawn three children, the command only at the root: each child has its own world, its own
     sys.argv (the parents keep theirs) and the intercommunicator to the parents as Get_parent(); messages go
