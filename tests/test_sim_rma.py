@@ -154,3 +154,22 @@ def test_a_fence_epochs_operations_are_done_by_the_fence_that_ends_it(ranks):
     results = _run(ranks, body)
     assert results[0][:2] == ([0, 0], [ranks, ranks])
     assert all(r[2:] == ([-1, -1], [ranks, ranks]) for r in results)
+
+
+def test_a_request_based_operation_in_a_fence_epoch_is_done_by_its_wait():
+    # MPICH completes an Rget by its Wait, not at the Fence (`mpiexec -n 2` of the same program: [11, 11], [10, 10]).
+    def body():
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+        buf = np.full(2, comm.rank + 10, "i")
+        win = MPI.Win.Create(buf, comm=comm)
+        got = np.zeros(2, "i")
+        win.Fence()
+        win.Rget(got, (comm.rank + 1) % comm.size).Wait()
+        seen = got.tolist()
+        win.Fence()
+        win.Free()
+        return seen
+
+    assert _run(2, body) == [[11, 11], [10, 10]]

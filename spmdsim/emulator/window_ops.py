@@ -129,21 +129,37 @@ class WindowOperations:
         self._comm._group.world.moves += 1
 
     def Rput(self, origin: Any, target_rank: int, target: Any = None) -> Any:
+        kept = len(self._access.pending)
         self.Put(origin, target_rank, target)
+        self._done_since(kept)
         return self._request("Rput")
 
     def Rget(self, origin: Any, target_rank: int, target: Any = None) -> Any:
+        kept = len(self._access.pending)
         self.Get(origin, target_rank, target)
+        self._done_since(kept)
         return self._request("Rget")
 
     def Raccumulate(self, origin: Any, target_rank: int, target: Any = None, op: Any = None) -> Any:
+        kept = len(self._access.pending)
         self.Accumulate(origin, target_rank, target, op)
+        self._done_since(kept)
         return self._request("Raccumulate")
 
     def Rget_accumulate(self, origin: Any, result: Any, target_rank: int, target: Any = None,
                         op: Any = None) -> Any:
+        kept = len(self._access.pending)
         self.Get_accumulate(origin, result, target_rank, target, op)
+        self._done_since(kept)
         return self._request("Rget_accumulate")
+
+    def _done_since(self, kept: int) -> None:
+        """Do now what a request-based operation kept for the Fence (its `kept` first): its request is complete
+        when its call returns, and what a Wait on it completes MPICH has done by then, in a fence epoch too."""
+        pending = self._access.pending
+        now, pending[kept:] = pending[kept:], []
+        for operation in now:
+            operation()
 
     def _request(self, call: str) -> Any:
         """The request of a request-based operation (`call`: Rput, ...), done when its call returned; noted until
