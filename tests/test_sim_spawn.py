@@ -96,11 +96,14 @@ def test_spawn_is_collective_and_the_roots_arguments_count(tmp_path, capsys):
 
 def test_spawn_multiple_makes_one_world_of_every_commands_ranks(tmp_path, capsys):
     """Spawn_multiple of a script and `python -c`: one world of 1 + 2 children in order; each runs its own
-    program with its own arguments, and errcodes has one list per command."""
+    program with its own arguments and reads its command's index as MPI.APPNUM (MPICH's 0, 1, 1), and errcodes
+    has one list per command."""
     (tmp_path / "one.py").write_text("import sys\nfrom mpi4py import MPI\np = MPI.Comm.Get_parent()\n"
-                                     "p.send(('one', MPI.COMM_WORLD.rank, sys.argv[1:]), dest=0)\np.Disconnect()\n")
-    code_c = ("import sys; from mpi4py import MPI; p = MPI.Comm.Get_parent(); "
-              "p.send(('two', MPI.COMM_WORLD.rank, sys.argv[1:]), dest=0); p.Disconnect()")
+                                     "w = MPI.COMM_WORLD\n"
+                                     "p.send(('one', w.rank, sys.argv[1:], w.Get_attr(MPI.APPNUM)), dest=0)\n"
+                                     "p.Disconnect()\n")
+    code_c = ("import sys; from mpi4py import MPI; p = MPI.Comm.Get_parent(); w = MPI.COMM_WORLD; "
+              "p.send(('two', w.rank, sys.argv[1:], w.Get_attr(MPI.APPNUM)), dest=0); p.Disconnect()")
     prog = _program(tmp_path, f"""
         import sys
         from mpi4py import MPI
@@ -113,7 +116,8 @@ def test_spawn_multiple_makes_one_world_of_every_commands_ranks(tmp_path, capsys
         """)
     code, out, err = _mpirun(capsys, 1, prog)
     assert (code, err) == (0, "")
-    assert out.splitlines() == ["3 [[0], [0, 0]]", "[('one', 0, ['a']), ('two', 1, ['b']), ('two', 2, ['b'])]"]
+    assert out.splitlines() == ["3 [[0], [0, 0]]",
+                                "[('one', 0, ['a'], 0), ('two', 1, ['b'], 1), ('two', 2, ['b'], 1)]"]
 
 
 def test_the_run_ends_once_the_children_end_after_their_parents(tmp_path, capsys):

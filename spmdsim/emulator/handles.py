@@ -28,6 +28,7 @@ import sys
 import threading
 from typing import Any, Callable
 
+from ..base import context as _local
 from ..runtime.sim._mpi import mpi_error, mpi_module
 from .real import real
 from ..runtime.sim.engine import SimulationError
@@ -207,15 +208,17 @@ class CommHandles(SharedHandle):
 
     def Get_attr(self, keyval: int) -> Any:
         """The value of `keyval` (None if unset); the predefined ones (MPI.TAG_UB, ...) as this process's MPI,
-        but MPI.UNIVERSE_SIZE and MPI.APPNUM as MPICH's `mpiexec -n N` ranks read them (None and 0)."""
+        but MPI.UNIVERSE_SIZE and MPI.APPNUM as MPICH's `mpiexec -n N` ranks read them (None and 0; a spawned
+        rank's APPNUM is its command's index, as MPICH's)."""
         h = self._live_handle()
         if keyval in _KEYVALS or keyval in h.attrs:
             return h.attrs.get(keyval)
         mpi = _mpi()
         if keyval == mpi.UNIVERSE_SIZE:  # what mpiexec's ranks read; this process (an MPICH singleton) asking
             return None  # would fork an mpiexec for it, and without one on PATH wait for it forever
-        if keyval == mpi.APPNUM:
-            return 0
+        if keyval == mpi.APPNUM:  # (a rank of a Spawn_multiple: its command's index, spmdsim.emulator.spawn)
+            state = _local.simulated()
+            return 0 if state is None else state.appnum
         # The predefined attributes are the world's (Open MPI sets MPI.LASTUSEDCODE there alone; MPICH on both).
         found = real("COMM_WORLD").Get_attr(keyval)
         return real("COMM_SELF").Get_attr(keyval) if found is None else found

@@ -206,7 +206,9 @@ def _spawned(cls: type, comm: SimComm, root: int, plan: Any, call: str) -> tuple
         groups = intercomm_groups(world, parents, children, f"the intercommunicator of {ranks_text(parents)} and "
                                                             f"their spawned {ranks_text(children)}")
         try:
-            runs.spawn(len(programs), lambda ranks: [(_child, (cls, p, groups, runner), {}) for p in programs],
+            apps = [app for app, n in enumerate(counts) for _ in range(n)]  # each child's command's index
+            runs.spawn(len(programs), lambda ranks: [(_child, (cls, p, groups, runner, app), {})
+                                                     for p, app in zip(programs, apps)],
                        f"the world of {ranks_text(children)}, spawned by {ranks_text(parents)}")
         except Exception as exc:  # noqa: BLE001 - no thread to be had: every parent raises it
             slot.shared = exc
@@ -243,12 +245,13 @@ def intercomm_side(cls: type, groups: tuple, me: int, first: bool) -> Any:
     return cls._made(parts, remote.members, first)
 
 
-def _child(cls: type, program: tuple, groups: tuple, runner: Callable[[str, str], Any]) -> None:
-    """A spawned rank's function (spmdsim.runtime.sim.rank_runs): its sys.argv and MPI.Comm.Get_parent() (a `cls`),
-    then its program, as `runner` runs one (spmdsim mpirun's rank, or `_run_child`)."""
+def _child(cls: type, program: tuple, groups: tuple, runner: Callable[[str, str], Any], app: int = 0) -> None:
+    """A spawned rank's function (spmdsim.runtime.sim.rank_runs): its sys.argv, MPI.APPNUM (`app`, its command's
+    index) and MPI.Comm.Get_parent() (a `cls`), then its program, as `runner` runs one (spmdsim mpirun's rank, or
+    `_run_child`)."""
     kind, what, argv = program
     state = _local.current()
-    state.argv = list(argv)
+    state.argv, state.appnum = list(argv), app
     parent = intercomm_side(cls, groups, state.comm._me, False)
     parent._h.errhandler = initial_errhandler()
     state.parent = parent
