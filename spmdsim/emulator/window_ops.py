@@ -69,12 +69,16 @@ class WindowOperations:
         _NO_OP: unchanged). `fenced`: kept, with the source's bytes as they are now, for the Fence that ends
         the epoch (`done_fenced`)."""
         data = source.read() if red is not _NO_OP else None
+        if fenced and red is not None and red is not _NO_OP:  # an op the type lacks raises at the call, as MPICH's
+            _combined(red, data, data, where.basic)
+        self._now_or_kept(fenced, lambda: self._apply_now(where, red, data, into))
+
+    def _now_or_kept(self, fenced: bool, operation: Any) -> None:
+        """`operation()` now, or where `fenced` kept for the Fence that ends the epoch (`done_fenced`)."""
         if fenced:
-            if red is not None and red is not _NO_OP:  # an op the type lacks raises at the call, as MPICH's
-                _combined(red, data, data, where.basic)
-            self._access.pending.append(lambda: self._apply_now(where, red, data, into))
+            self._access.pending.append(operation)
         else:
-            self._apply_now(where, red, data, into)
+            operation()
 
     def _apply_now(self, where: "_Side", red: Any, data: Any, into: Optional["_Side"]) -> None:
         with self._shared.mutex:
@@ -91,11 +95,13 @@ class WindowOperations:
         return bool(access.fence and not access.lock_all and rank not in access.locked
                     and not (access.started is not None and rank in access.started))
 
-    def done_fenced(self) -> None:
-        """Do the operations this member's fence epoch kept (`_apply`'s `fenced`), in the order it made them:
-        the Fence that ends the epoch, or a call that ends it otherwise (Free, Lock, Lock_all, Start)."""
-        pending, self._access.pending = self._access.pending, []
-        for operation in pending:
+    def done_fenced(self, kept: int = 0) -> None:
+        """Do the operations this member's fence epoch kept (`_now_or_kept`), in the order it made them, from the
+        `kept`-th on: the Fence that ends the epoch, or a call that ends it otherwise (Free, Lock, Lock_all,
+        Start), all of them; a request-based operation, its own (`_requested`)."""
+        pending = self._access.pending
+        now, pending[kept:] = pending[kept:], []
+        for operation in now:
             operation()
 
     def Compare_and_swap(self, origin: Any, compare: Any, result: Any, target_rank: int,
@@ -117,10 +123,7 @@ class WindowOperations:
                 if bytes(old) == compare:
                     where.write(data)
                     self._moved()
-        if self._fenced(int(target_rank)):
-            self._access.pending.append(swap)
-        else:
-            swap()
+        self._now_or_kept(self._fenced(int(target_rank)), swap)
 
     def _moved(self) -> None:
         """A write into a window: progress, as a message moving is, for a loop that polls (World.pause: a loop
@@ -129,37 +132,26 @@ class WindowOperations:
         self._comm._group.world.moves += 1
 
     def Rput(self, origin: Any, target_rank: int, target: Any = None) -> Any:
-        kept = len(self._access.pending)
-        self.Put(origin, target_rank, target)
-        self._done_since(kept)
-        return self._request("Rput")
+        return self._requested("Rput", lambda: self.Put(origin, target_rank, target))
 
     def Rget(self, origin: Any, target_rank: int, target: Any = None) -> Any:
-        kept = len(self._access.pending)
-        self.Get(origin, target_rank, target)
-        self._done_since(kept)
-        return self._request("Rget")
+        return self._requested("Rget", lambda: self.Get(origin, target_rank, target))
 
     def Raccumulate(self, origin: Any, target_rank: int, target: Any = None, op: Any = None) -> Any:
-        kept = len(self._access.pending)
-        self.Accumulate(origin, target_rank, target, op)
-        self._done_since(kept)
-        return self._request("Raccumulate")
+        return self._requested("Raccumulate", lambda: self.Accumulate(origin, target_rank, target, op))
 
     def Rget_accumulate(self, origin: Any, result: Any, target_rank: int, target: Any = None,
                         op: Any = None) -> Any:
-        kept = len(self._access.pending)
-        self.Get_accumulate(origin, result, target_rank, target, op)
-        self._done_since(kept)
-        return self._request("Rget_accumulate")
+        return self._requested("Rget_accumulate",
+                               lambda: self.Get_accumulate(origin, result, target_rank, target, op))
 
-    def _done_since(self, kept: int) -> None:
-        """Do now what a request-based operation kept for the Fence (its `kept` first): its request is complete
-        when its call returns, and what a Wait on it completes MPICH has done by then, in a fence epoch too."""
-        pending = self._access.pending
-        now, pending[kept:] = pending[kept:], []
-        for operation in now:
-            operation()
+    def _requested(self, call: str, operation: Any) -> Any:
+        """A request-based operation (`call`: Rput, ...): `operation` done before it returns, in a fence epoch too
+        (what a Wait on its request completes MPICH has done by then), and its request."""
+        kept = len(self._access.pending)
+        operation()
+        self.done_fenced(kept)
+        return self._request(call)
 
     def _request(self, call: str) -> Any:
         """The request of a request-based operation (`call`: Rput, ...), done when its call returned; noted until
