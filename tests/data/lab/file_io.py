@@ -30,6 +30,9 @@ say.append(f"from 2 before the end: {tail.tolist()}, count {status.Get_count(MPI
 # Rank order from the shared pointer, then nonblocking reads at explicit offsets.
 fh.Seek_shared(0, MPI.SEEK_END)
 fh.Write_ordered(np.full(r + 1, 100 + r, dtype="i"))
+fh.Sync()  # the others' writes are seen after sync, barrier, sync (MPI's nonatomic mode)
+comm.Barrier()
+fh.Sync()
 req = fh.Iread_at(5 * n, np.empty(0, dtype="i"))
 req.Wait()
 mine = np.full(2, -1, dtype="i")
