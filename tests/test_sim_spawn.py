@@ -56,6 +56,40 @@ def test_the_spawn_example_prints_what_mpiexec_prints(tmp_path, capsys, ranks):
     assert "pi is about 3.1415926536, error 8.3e-12" in out
 
 
+@pytest.mark.skipif(not MPICH, reason="no MPICH mpiexec beside this Python (the emulator is compared with MPICH)")
+def test_a_spawned_program_imports_the_modules_beside_it_first(tmp_path, capsys):
+    """A worker in a folder of its own imports its neighbours (`helper`, only there) and its own `utils` where the
+    master's folder has another: the first on its python's sys.path is its own folder, as under mpiexec (a
+    spawned rank found neither, or the master's `utils`)."""
+    (tmp_path / "workers").mkdir()
+    (tmp_path / "utils.py").write_text('WHO = "the master\'s utils"\n')
+    (tmp_path / "workers" / "utils.py").write_text('WHO = "the worker\'s utils"\n')
+    (tmp_path / "workers" / "helper.py").write_text("def square(x):\n    return x * x\n")
+    (tmp_path / "workers" / "worker.py").write_text(textwrap.dedent("""\
+        from mpi4py import MPI
+        import helper
+        import utils
+        parent = MPI.Comm.Get_parent()
+        parent.gather((utils.WHO, helper.square(parent.rank + 2)), root=0)
+        parent.Disconnect()
+    """))
+    master = _program(tmp_path, f"""\
+        import sys
+        from mpi4py import MPI
+        import utils
+        comm = MPI.COMM_SELF.Spawn(sys.executable, args=[{str(tmp_path / "workers" / "worker.py")!r}], maxprocs=2)
+        print(MPI.COMM_WORLD.rank, utils.WHO, comm.gather(None, root=MPI.ROOT))
+        comm.Disconnect()
+    """)
+    mpich = subprocess.run(["timeout", "-k", "5", "60", MPIEXEC, "-n", "2", sys.executable, master],
+                           capture_output=True, text=True, timeout=90, cwd=tmp_path)
+    assert mpich.returncode == 0, mpich.stderr
+    code, out, err = _mpirun(capsys, 2, master)
+    assert (code, err) == (0, "")
+    assert sorted(out.splitlines()) == sorted(mpich.stdout.splitlines()) == [
+        f"{r} the master's utils [(\"the worker's utils\", 4), (\"the worker's utils\", 9)]" for r in (0, 1)]
+
+
 def test_spawn_is_collective_and_the_roots_arguments_count(tmp_path, capsys):
     """Two parents spawn three children, the command only at the root: each child has its own world, its own
     sys.argv (the parents keep theirs) and the intercommunicator to the parents as Get_parent(); messages go

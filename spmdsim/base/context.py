@@ -29,7 +29,7 @@ class RankContext:
 
     __slots__ = ("rank", "size", "comm", "engine", "traces", "seq", "hooks", "meter", "shared",
                  "self_comm", "world_comm", "dry_run", "launcher", "guarded", "flops", "phase",
-                 "streams", "file_null", "argv", "parent", "appnum", "programs", "__weakref__")
+                 "streams", "file_null", "argv", "parent", "appnum", "programs", "home", "__weakref__")
 
     def __init__(self, rank: Optional[int] = None, size: Optional[int] = None, comm: Any = None,
                  engine: Any = None, dry_run: bool = False, shared: Optional[dict] = None,
@@ -64,6 +64,9 @@ class RankContext:
         self.argv: Optional[list] = None
         self.parent: Any = None
         self.appnum = 0  # its MPI.APPNUM: the index of its command in a Spawn_multiple (0: mpiexec's, a Spawn's)
+        # The folder its program's own modules are found in first, as `python prog.py` puts prog.py's folder first on
+        # sys.path (spmdsim.emulator.rank_modules): a spawned script's or folder's; None for the others
+        self.home: Optional[str] = None
         # How a program this rank spawns runs (kind, what): spmdsim mpirun's way of running a rank, else None
         self.programs: Any = None
 

@@ -28,6 +28,7 @@ import threading
 import types
 from typing import Any, Iterator, Optional
 
+from ..base.context import simulated
 from ..runtime.sim.run import current_rank
 
 __all__ = ["own_modules", "own_main", "rank_main", "rank_builtins"]
@@ -77,7 +78,7 @@ def _copy(standin: _RankModule) -> types.ModuleType:
         with lock:  # one copy per rank, even if its threads race (threads a rank starts are the rank's)
             module = copies.get(rank)
             if module is None:
-                spec = state["__spmdsim_spec__"]
+                spec = _home_spec(state["__spmdsim_spec__"].name) or state["__spmdsim_spec__"]
                 module = importlib.util.module_from_spec(spec)
                 module.__dict__["__builtins__"] = rank_builtins()  # its own import statements as the program's
                 copies[rank] = module
@@ -125,9 +126,10 @@ class _Finder:
         own = fullname.startswith(PER_RANK_PACKAGES)
         if not own and fullname.partition(".")[0] in self._shared or getattr(self._busy, "on", False):
             return None
+        home = _home_spec(fullname) if path is None else None  # a spawned rank's own module beside its program
         self._busy.on = True  # the other finders answer where the module is
         try:
-            spec = importlib.util.find_spec(fullname) if path is None else _find(fullname, path)
+            spec = home or (importlib.util.find_spec(fullname) if path is None else _find(fullname, path))
         except (ImportError, ValueError):
             return None
         finally:
@@ -135,7 +137,7 @@ class _Finder:
         origin = getattr(spec, "origin", None)
         if spec is None or not origin or not origin.endswith(".py") or spec.loader is None:
             return None
-        if not own and (not origin.startswith(self._root) or origin.startswith(self._skip)):
+        if not own and not home and (not origin.startswith(self._root) or origin.startswith(self._skip)):
             return None
         standin = importlib.util.spec_from_loader(fullname, self, origin=origin,
                                                   is_package=spec.submodule_search_locations is not None)
@@ -223,6 +225,15 @@ def _importing(name: str, globals: Any = None, locals: Any = None, fromlist: Any
         if isinstance(standin, _RankModule):
             _copy(standin)
     return module
+
+
+def _home_spec(name: str) -> Optional[Any]:
+    """The spec of top-level module `name` in the calling rank's own folder (RankContext.home: a spawned program's,
+    which its python would put first on sys.path), or None: none there, or no such folder."""
+    state = simulated()
+    home = None if state is None or "." in name else state.home
+    spec = None if home is None else _find(name, [home])
+    return spec if spec is not None and str(spec.origin or "").endswith(".py") else None
 
 
 def _find(fullname: str, path: Any) -> Optional[Any]:

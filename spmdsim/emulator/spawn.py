@@ -252,6 +252,8 @@ def _child(cls: type, program: tuple, groups: tuple, runner: Callable[[str, str]
     kind, what, argv = program
     state = _local.current()
     state.argv, state.appnum = list(argv), app
+    if kind in ("path", "main"):  # its own modules beside it, as its python's sys.path[0]
+        state.home = os.path.dirname(os.path.abspath(what)) if kind == "path" else os.path.abspath(what)
     parent = intercomm_side(cls, groups, state.comm._me, False)
     parent._h.errhandler = initial_errhandler()
     state.parent = parent
