@@ -362,6 +362,19 @@ def test_estimate_says_why_zero3_does_not_prefetch(capsys, argv, line):
     assert _fails(capsys, ["estimate", "gpt", "--zero", "3", "--prefetch", *argv], line) == f"spmdsim: error: {line}"
 
 
+@pytest.mark.parametrize("argv, line", [
+    (["--dp", "2", "--zero", "3"], "--reshard-after-forward false with 4 microbatches a step: a step that keeps its "
+                                   "layers gathered runs one; give --global-batch 2 (--micro-batch x --dp) or leave "
+                                   "out --reshard-after-forward false"),
+    (["--pp", "2", "--zero", "3"], "--reshard-after-forward false with --pp 2: a pipeline's chunks reshard after "
+                                   "forward; leave out --reshard-after-forward false"),
+    (["--zero", "1"], "--reshard-after-forward false is for ZeRO-3's gathered parameters: give --zero 3 with it"),
+])
+def test_estimate_says_where_layers_cannot_stay_gathered(capsys, argv, line):
+    assert _fails(capsys, ["estimate", "gpt", "--reshard-after-forward", "false", *argv], line) == \
+        f"spmdsim: error: {line}"
+
+
 @pytest.mark.parametrize("argv, expected", [
     (["--d-model", "100", "--heads", "3"],
      "--d-model 100 must be divisible by --heads 3 (each head takes --d-model / --heads features)"),

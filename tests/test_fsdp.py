@@ -398,6 +398,47 @@ def test_prefetching_holds_two_layers_gathered_and_the_ledger_says_so():
     assert stage.memory.gathered == ahead[0][0][-1].memory.gathered
 
 
+def test_the_estimate_keeps_the_layers_gathered_as_the_run_does_without_resharding():
+    """`spmdsim estimate --zero 3 --reshard-after-forward false` dry-runs train_sharded without resharding: every
+    layer's gathered parameters held from its forward to its backward (the real run's and the dry run's ledger's
+    alike), one gather a layer where resharding makes two (the root's once either way), a faster step, and the
+    header says so."""
+    import json
+    from docs_commands import run_here
+    from spmdsim.models.gpt.sharded_run import train_sharded
+    from spmdsim.tools.estimate.ledger import gpt_ledger
+
+    def body():
+        run, steps = train_sharded(CFG, spmdsim.world(), 1, 2, 2, 2, TEXT, memory=True, reshard_after_forward=False)
+        layer = 2 * sum(p.local.nbytes for n, p in run.params.items() if n.startswith("h0."))  # gathered over dp 2
+        run.close()
+        return steps, layer
+
+    steps, layer = spmdsim.simulate(4, body)[0]
+    assert all(r.passed for r in steps)
+    root = steps[-1].memory.gathered_kept - CFG.layers * layer
+    assert root > 0 and steps[-1].memory.gathered == root + (CFG.layers + 1) * layer  # and one layer's buffer
+    (kept,) = gpt_ledger(CFG, 1, 2, 2, zero=3, reshard=False)
+    (resharded,) = gpt_ledger(CFG, 1, 2, 2, zero=3)
+    assert (kept.memory.gathered, kept.memory.gathered_kept) == (steps[-1].memory.gathered,
+                                                                 steps[-1].memory.gathered_kept)
+    assert resharded.memory.gathered_kept == root
+    argv = ["estimate", "gpt", "--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "32", "--vocab", "128",
+            "--global-batch", "4", "--dp", "4", "--zero", "3"]
+    runs = {}
+    for reshard in ("true", "false"):
+        code, out, err = run_here("main", argv + ["--reshard-after-forward", reshard, "--json"])
+        assert code == 0, err
+        runs[reshard] = json.loads(out)
+    gathers = {r: run["stages"][0]["sent"]["allgather node"] for r, run in runs.items()}
+    root_bytes = 2 * gathers["false"] - gathers["true"]  # true: root + 2 x layers; false: root + layers
+    assert 0 < root_bytes < gathers["false"] - root_bytes
+    assert runs["false"]["step_time_s"] < runs["true"]["step_time_s"]
+    assert runs["false"]["config"]["reshard_after_forward"] == "false"
+    code, out, err = run_here("main", argv + ["--reshard-after-forward", "false"])
+    assert code == 0 and "ZeRO 3 (each layer kept gathered until its backward)" in " ".join(out.split())
+
+
 def test_a_pipelined_zero3_step_reports_the_layer_it_gathers_as_the_plain_step_does():
     """Under several microbatches (spmdsim.models.gpt.pipeline's trainer) the step reported no gathered
     parameters, so the estimate's peak left out the layer a ZeRO-3 step gathers for each forward and backward;

@@ -25,12 +25,12 @@ def _shown() -> list:
 def test_the_page_shows_the_commands_this_test_runs():
     shown = _shown()
     assert [q.output is not None for q in shown] == [True] + [False] * 4 + [True] * 2 + [False] * 2 + [True] + \
-        [False] + [True] * 8 + [False] * 8
+        [False] + [True] * 8 + [False] * 10
     assert [i for i, q in enumerate(shown) if mpi_long(q)] == [1]  # tests/test_train_docs_mpi.py runs it
     estimates = shown[19:]  # inline: a subcommand's name in prose, the 7.5B model's estimates (Prefetching, HSDP)
     assert all(q.inline and q.command.startswith("spmdsim estimate") for q in estimates)
-    assert [q.command for q in estimates if q.command != "spmdsim estimate"] == [_prefetch_estimate().command,
-                                                                                  _hybrid_estimate().command]
+    assert [q.command for q in estimates if q.command != "spmdsim estimate"] == [
+        _reshard_estimate().command, _prefetch_estimate().command, _hybrid_estimate().command]
 
 
 #: {command: its run}: "Under FP8"'s command runs once for its quoted lines and for the figures the prose gives
@@ -122,6 +122,33 @@ def test_keeping_the_gathered_layers_holds_what_the_page_says():
     assert "gathered parameters at most 4,111,360, 3,315,712 of them kept for backward" in done.stdout
     text = " ".join((ROOT / DOC).read_text().split())
     assert "without it 4,111,360, 3,315,712 of them kept for backward" in text
+
+
+def _reshard_estimate():
+    """The estimate of the 7.5B model without resharding after forward that "When to reshard after forward" names."""
+    (quote,) = [q for q in _shown() if q.inline and "--reshard-after-forward" in q.command]
+    return quote
+
+
+def test_the_reshard_figures_are_the_estimates():
+    """"When to reshard after forward": the 7.5B model's Allgather bytes, step time and peak with its layers kept
+    gathered and resharded (the page's command without its last two words), and the gathered bytes kept."""
+    argv = shlex.split(_reshard_estimate().command)[1:]
+    assert argv[:2] == ["estimate", "gpt"] and argv[-4:] == ["--zero", "3", "--reshard-after-forward", "false"], argv
+    said = []
+    for args in (argv, argv[:-2]):
+        code, out, err = run_here("main", args)
+        assert code == 0, err
+        out = " ".join(out.split())
+        ms = float(re.search(r"predicted step time: ([\d.]+) ms", out).group(1))
+        said.append((re.search(r"allgather \(cluster\) ([\d.]+ GiB)", out).group(1), f"{ms:.1f}",
+                     re.search(r"peak \(transient included\) ([\d.]+) GiB", out).group(1),
+                     re.search(r"gathered parameters at most [\d.]+ GiB at once, ([\d.]+) GiB of them kept", out)))
+    (sent, ms, peak, kept), (sent_r, ms_r, peak_r, _) = said
+    text = " ".join((ROOT / DOC).read_text().split())
+    assert (f"sends {sent} by Allgather where resharding sends {sent_r} and predicts {ms} ms a step against {ms_r} "
+            f"ms, but its peak is {peak} GiB against {peak_r} GiB: {kept.group(1)} GiB of gathered layers wait for "
+            "their backward") in text
 
 
 def _prefetch_estimate():

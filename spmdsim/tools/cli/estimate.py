@@ -16,13 +16,14 @@ from typing import Any
 from ...errors import SpmdsimError
 from ...base.typed_numbers import add_noted, flag_float, given_flags, said_fields, typed
 from ...models.gpt.config import GPTConfig, said_as
-from ...models.gpt.memory import shard_group_problem, sharded_problem
+from ...models.gpt.memory import reshard_problem, shard_group_problem, sharded_problem
 from ...models.gpt.options import capacity_problem
 from ...models.gpt.flags import (ARCHITECTURE_SAID, LLAMA_FLAGS, MAX_SIZE, architecture_arguments,
                                  architecture_fields, architecture_problem, size_problem)
 from ...models.moe.config import MoEConfig
 from ...models.moe.fold import fold_problem, mesh_ep
 from ..estimate.machine import machines
+from .estimate_overlap import OVERLAP_HELP, overlap_phases
 from ..estimate.held import PRECISIONS, TRAINED_ONLY
 from ...base.once_parser import Choices
 
@@ -101,6 +102,10 @@ def register(subparsers: Any) -> None:
                         help="1: the distributed optimizer (ZeRO-1: states sharded over dp); 2: the gradients too "
                              "(ZeRO-2); 3: the parameters too (ZeRO-3, FSDP: each layer gathered for its forward "
                              "and again for its backward); default 0")
+    add_noted(parser, "--reshard-after-forward", default="true", metavar="{true,false}",
+              help="with --zero 3 on one stage, one microbatch a step: false keeps each layer's gathered parameters "
+                   "from its forward to its backward (one gather a layer, not two; every layer's held at the "
+                   "peak); default true, FSDP2's")
     parser.add_argument("--prefetch", action="store_true",
                         help="with --zero 3 on one stage, one microbatch a step: each layer's parameters gathered "
                              "before the layer ahead of it runs (FSDP's prefetch: two layers' gathered at once)")
@@ -118,7 +123,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--machine", default="a100-dgx",
                         help=f"a shipped machine ({', '.join(_shipped())}; default a100-dgx) or a machine file's "
                              "path (spmdsim calibrate --machine-out)")
-    parser.add_argument("--overlap", metavar="tp,pp", help=_OVERLAP_HELP)
+    parser.add_argument("--overlap", metavar="tp,pp", help=OVERLAP_HELP)
     parser.add_argument("--gradient-accumulation-fusion", action="store_true", help=_FUSION_HELP)
     parser.add_argument("--json", action="store_true", help="print the ledger as JSON")
     parser.set_defaults(func=run)
@@ -164,7 +169,7 @@ NETWORK_NOTES = {
 #: defaults): named here, so that an attribute argparse or main() adds (func, ...) stays out.
 CONFIG_FIELDS = ("network", "layers", "hidden", "heads", "seq", "vocab", "micro_batch", "global_batch", TENSOR,
                  PIPELINE, DATA, "virtual_stages", "pad_vocab_to", "schedule", "sp", "recompute", "zero",
-                 "prefetch", "shard_group", "kept", "experts",
+                 "reshard_after_forward", "prefetch", "shard_group", "kept", "experts",
                  EXPERT, "etp", "top_k", "moe_every", "capacity_factor", "dropless", "routing", "precision", "machine",
                  "ffn", "kv_heads", "norm", "mlp", "untied", "rope", "no_bias", "dropout", "overlap", "attention",
                  "first_stage_layers", "last_stage_layers", "stage_layers", "cp", "cp_method",
@@ -310,22 +315,28 @@ def _mesh_size(args: argparse.Namespace) -> None:
 
 
 def _fsdp(args: argparse.Namespace) -> None:
-    """--cp-method without --cp 2 or more (the trainers' refusal); --prefetch without --zero 3 or where the step runs
-    train_pipelined (no prefetch); --shard-group beyond one stage, one microbatch, no --ep or --cp (the first named)."""
+    """--cp-method without --cp 2 or more (the trainers' refusal); --prefetch without --zero 3, --reshard-after-forward
+    typed without it, either where the step runs train_pipelined (no prefetch, resharded after forward);
+    --shard-group beyond one stage, one microbatch, no --ep or --cp (the first named)."""
     if args.cp == 1 and given_flags(args, "--cp-method"):
         raise SpmdsimError(f"--cp-method {args.cp_method} is for a sequence split over context-parallel ranks: give "
                            "--cp 2 or more with it")
     if args.prefetch and args.zero != 3:
         raise SpmdsimError("--prefetch gathers parameters ahead: give --zero 3 with it")
+    problem = reshard_problem(args.reshard_after_forward, args.zero, bool(given_flags(args, "--reshard-after-forward")))
+    if problem:
+        raise SpmdsimError(problem)
     sequences = args.micro_batch * args.dp * args.ep  # a step of one microbatch
     microbatches = args.global_batch // sequences
-    if args.prefetch and sharded_problem(args.pp, microbatches, args.ep, args.virtual_stages):
-        if args.pp > 1 or args.virtual_stages > 1:
-            raise SpmdsimError(f"--prefetch with --pp {args.pp}: a pipeline's chunks do not prefetch; leave out "
-                               "--prefetch")
-        raise SpmdsimError(f"--prefetch with {microbatches} microbatches a step: a prefetching step runs one; give "
-                           f"--global-batch {sequences} (--micro-batch x --dp{' x --ep' * (args.ep > 1)}) or leave "
-                           "out --prefetch")
+    for flag, given, what, step in (("--prefetch", args.prefetch, "do not prefetch", "a prefetching step"),
+                                    ("--reshard-after-forward false", args.reshard_after_forward == "false",
+                                     "reshard after forward", "a step that keeps its layers gathered")):
+        if given and sharded_problem(args.pp, microbatches, args.ep, args.virtual_stages):
+            if args.pp > 1 or args.virtual_stages > 1:
+                raise SpmdsimError(f"{flag} with --pp {args.pp}: a pipeline's chunks {what}; leave out {flag}")
+            raise SpmdsimError(f"{flag} with {microbatches} microbatches a step: {step} runs one; give "
+                               f"--global-batch {sequences} (--micro-batch x --dp{' x --ep' * (args.ep > 1)}) or "
+                               f"leave out {flag}")
     if args.shard_group is not None:
         beside = [f"{flag} {n}" for flag, n in (("--pp", args.pp), ("--virtual-stages", args.virtual_stages),
                                                 ("--ep", args.ep), ("--cp", args.cp)) if n > 1]
@@ -355,7 +366,7 @@ def run(args: argparse.Namespace) -> int:
     _fsdp(args)
     split = _split(args)
     schedule = args.schedule or ("interleaved" if args.virtual_stages > 1 else "1f1b")
-    overlap = _overlap(args.overlap, args.pp, schedule) + (("parameters",) if args.prefetch else ())
+    overlap = overlap_phases(args.overlap, args.pp, schedule) + (("parameters",) if args.prefetch else ())
     if "updates" in overlap and args.zero not in (1, 2):
         raise SpmdsimError(f"--overlap params hides ZeRO-1's and ZeRO-2's gathers of the updated parameters "
                            f"(Megatron's --overlap-param-gather); --zero {args.zero} has none: give --zero 1 or 2"
@@ -363,38 +374,3 @@ def run(args: argparse.Namespace) -> int:
     if args.cp > 1 and args.cp_method == "ring":  # each block's transfer posted before the block's compute
         overlap += ("context",)
     return report(args, record, cfg, microbatches, split, schedule, overlap)
-
-
-_OVERLAP_HELP = ("also hide, as NeMo's recipes run them: tp, the layers' tensor-parallel collectives under their "
-                 "GEMMs (Megatron's --tp-comm-overlap); pp, the pipeline's messages under the microbatches' compute "
-                 "(overlap_p2p_comm; interleaved schedule only); params, ZeRO-1's and ZeRO-2's gathers of the "
-                 "updated parameters under the next step's forward (--overlap-param-gather; else with the gradient "
-                 "sums under the backward); each at most that compute's time; none, nothing "
-                 "hidden, the dp gradient sums after the backward (Megatron's local DDP). Default: only the dp "
-                 "gradient sums, under the backward")
-
-#: The transfer phases the step time lets the backward hide (spmdsim.tools.estimate.steptime's overlap): the
-#: data-parallel gradient sums, as DDP's and Megatron's buckets run under the backward.
-OVERLAP = ("gradients",)
-
-#: --overlap's words and the transfer phase each adds to OVERLAP (spmdsim.tools.estimate.steptime.OVERLAP_UNDER).
-OVERLAP_WORDS = {TENSOR: "layers", PIPELINE: "pipeline", "params": "updates"}
-#: --overlap's word for hiding nothing, the gradient sums included (Megatron's local DDP sums after the backward).
-NONE = "none"
-
-
-def _overlap(given: Any, pp: int, schedule: str) -> tuple[str, ...]:
-    """The transfer phases the step time hides: OVERLAP and those --overlap names ("tp,pp"; None: none)."""
-    if given is None:
-        return OVERLAP
-    if given.strip() == NONE:
-        return ()
-    words = [w.strip() for w in given.split(",")]
-    for word in words:
-        if word not in OVERLAP_WORDS:
-            raise SpmdsimError(f"--overlap {given!r}: {word!r} is unknown; expected a comma-separated list of "
-                               f"{', '.join(OVERLAP_WORDS)} (e.g. --overlap tp,pp), or none")
-    if PIPELINE in words and pp > 1 and schedule != "interleaved":
-        raise SpmdsimError(f"--overlap pp hides the pipeline's messages as Megatron's overlap_p2p_comm does, in the "
-                           f"interleaved schedule only, not {schedule}; give --virtual-stages N > 1 or leave out pp")
-    return OVERLAP + tuple(OVERLAP_WORDS[w] for w in OVERLAP_WORDS if w in words)

@@ -43,7 +43,7 @@ def report(args: argparse.Namespace, record: dict, cfg: Any, microbatches: int, 
                             schedule=schedule, virtual=args.virtual_stages, recompute=args.recompute, zero=args.zero,
                             kept=args.kept, gpus_per_node=machine.gpus_per_node, ep=args.ep, split=split,
                             cp=args.cp, cp_method=args.cp_method, prefetch=args.prefetch, fp8=fp8,
-                            shard_group=args.shard_group or 0)
+                            shard_group=args.shard_group or 0, reshard=args.reshard_after_forward != "false")
     except UnmappableError as exc:  # a block beyond this machine's address space: more than any GPU's memory
         raise unmappable(exc, args.precision, machine.memory_bytes,
                          f"the {machine.name}'s {_gib(machine.memory_bytes)} per GPU") from None
@@ -293,10 +293,14 @@ def _sp(args: argparse.Namespace) -> str:
 
 def _alone(args: argparse.Namespace) -> str:
     """ZeRO over a data-parallel group of one shards nothing (dp x ep x cp 1: the context-parallel ranks, which
-    hold the same parameters, shard them too), and ZeRO-3's hybrid sharding its groups: said beside it ("" else)."""
+    hold the same parameters, shard them too), ZeRO-3's hybrid sharding its groups, and its layers kept gathered
+    (--reshard-after-forward false): said beside it ("" else)."""
     group = args.shard_group
+    kept = ", each layer kept gathered until its backward" if args.reshard_after_forward == "false" else ""
     if args.zero == 3 and group is not None and group < args.dp:
-        return f" (hybrid: sharded over groups of {group} dp ranks, replicated over {args.dp // group})"
+        return f" (hybrid: sharded over groups of {group} dp ranks, replicated over {args.dp // group}{kept})"
+    if kept and args.dp * args.ep * args.cp > 1:
+        return f" ({kept[2:]})"
     return " (a data-parallel group of one: nothing sharded)" if args.zero and args.dp * args.ep * args.cp == 1 \
         else ""
 

@@ -208,7 +208,8 @@ def gpt_ledger(cfg: Any, pp: int, dp: int, tp: int, *, sp: bool = False, microba
                schedule: str = "1f1b", virtual: int = 1, recompute: str = "none", zero: int = 0,
                kept: str = "graph", gpus_per_node: int = 8, ep: int = 1,
                split: Optional[tuple] = None, cp: int = 1, cp_method: str = "ring",
-               prefetch: bool = False, fp8: bool = False, shard_group: int = 0) -> list[StageLedger]:
+               prefetch: bool = False, fp8: bool = False, shard_group: int = 0,
+               reshard: bool = True) -> list[StageLedger]:
     """One StageLedger per pipeline stage: the dry run of one training step of `cfg`'s GPT on a
     (pp, dp, tp) mesh of simulated ranks (spmdsim.models.gpt.pipeline.train_pipelined; pp 1 is the plain step;
     ZeRO-3 on one stage and one microbatch: spmdsim.models.gpt.sharded_run.train_sharded, with `prefetch` FSDP's),
@@ -216,13 +217,14 @@ def gpt_ledger(cfg: Any, pp: int, dp: int, tp: int, *, sp: bool = False, microba
     with MoE layers (cfg.moe) on a (pp, dp, ep, tp) mesh, `ep` expert-parallel ranks a stage (a dry run
     routes by cfg.moe.dry_routing); `cp` context-parallel ranks a stage, attention by `cp_method`
     (spmdsim.models.gpt.context); `fp8`: the linear layers' products in FP8 (`FP8_RUN`); `shard_group`: under
-    ZeRO-3 on one stage, HSDP's (train_sharded's). An equal call made before in this process gives that run's
+    ZeRO-3 on one stage, HSDP's (train_sharded's); `reshard`: there, each layer resharded after its forward (FSDP2's
+    reshard_after_forward). An equal call made before in this process gives that run's
     ledgers (`_LEDGERS`)."""
     if not (type(gpus_per_node) is int and gpus_per_node >= 1):
         raise SpmdsimError(f"gpus per node {gpus_per_node!r} must be an integer >= 1")
     key = dry_key(cfg, pp, dp, tp, sp=sp, microbatches=microbatches, schedule=schedule, virtual=virtual,
                   recompute=recompute, zero=zero, kept=kept, ep=ep, split=split, cp=cp, cp_method=cp_method,
-                  prefetch=prefetch, fp8=fp8, shard_group=shard_group)
+                  prefetch=prefetch, fp8=fp8, shard_group=shard_group, reshard=reshard)
     known = known_ledgers(key)
     if known is None:
         with fewer_collections():  # (spmdsim.base.collector: the 1T row's dry run spent 2.1 of 10.8 s collecting)
@@ -234,7 +236,7 @@ def gpt_ledger(cfg: Any, pp: int, dp: int, tp: int, *, sp: bool = False, microba
 def dry_key(cfg: Any, pp: int, dp: int, tp: int, *, sp: bool = False, microbatches: int = 1,
             schedule: str = "1f1b", virtual: int = 1, recompute: str = "none", zero: int = 0,
             kept: str = "graph", ep: int = 1, split: Optional[tuple] = None, cp: int = 1, cp_method: str = "ring",
-            prefetch: bool = False, fp8: bool = False, shard_group: int = 0) -> tuple:
+            prefetch: bool = False, fp8: bool = False, shard_group: int = 0, reshard: bool = True) -> tuple:
     """Everything `gpt_ledger`'s dry run depends on (its arguments but the node size, and SPMDSIM_MEMORY), in
     `_dry_ledger`'s order, the environment's value last: `_LEDGERS`'s key, and what `dry_run` runs. Selective
     recomputation where the attention core keeps no scores is "none" (spmdsim.models.gpt.context.runs_as: the same
@@ -242,7 +244,7 @@ def dry_key(cfg: Any, pp: int, dp: int, tp: int, *, sp: bool = False, microbatch
     split = None if split is None else tuple(split)
     recompute = runs_as(cfg, recompute, cp, cp_method)
     return (cfg, pp, dp, tp, sp, microbatches, schedule, virtual, recompute, zero, kept, ep, split, (cp, cp_method),
-            prefetch, fp8, shard_group, os.environ.get(ENV_VAR, ""))
+            prefetch, fp8, shard_group, reshard, os.environ.get(ENV_VAR, ""))
 
 
 def dry_run(key: tuple) -> tuple:
@@ -273,7 +275,7 @@ def remember(key: tuple, ledgers: tuple) -> None:
 def _dry_ledger(cfg: Any, pp: int, dp: int, tp: int, sp: bool, microbatches: int, schedule: str, virtual: int,
                 recompute: str, zero: int, kept: str, ep: int = 1, split: Optional[tuple] = None,
                 contexts: tuple = (1, "ring"), prefetch: bool = False, fp8: bool = False,
-                shard_group: int = 0) -> list[tuple]:
+                shard_group: int = 0, reshard: bool = True) -> list[tuple]:
     """`gpt_ledger`'s dry run: (StageLedger without its transfers, its transfers unplaced:
     spmdsim.tools.estimate.transfers.trace_calls) of each stage; `contexts`: (cp, its method)."""
     cp, method = contexts
@@ -287,7 +289,8 @@ def _dry_ledger(cfg: Any, pp: int, dp: int, tp: int, sp: bool, microbatches: int
                                          microbatches=microbatches, virtual=virtual, recompute=recompute,
                                          zero=zero, kept=kept, memory=True, check=False, ep=ep, split=split,
                                          precision=FP8_RUN if fp8 else "fp64",
-                                         **({"prefetch": prefetch, "shard_group": shard_group}
+                                         **({"prefetch": prefetch, "shard_group": shard_group,
+                                             "reshard_after_forward": reshard}
                                             if trainer is train_sharded else
                                             {"cp": cp, "context": Context(method) if cp > 1 else None}))
         rank = world().Get_rank()
