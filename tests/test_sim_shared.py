@@ -203,7 +203,7 @@ def test_a_check_on_simulated_ranks_shares_one_table_and_builds_its_verdict_once
             wrong[7, 15] += 1.0  # rank 7's block
             verdicts = [x.check(src), x.check(wrong)]
             sub = mesh.group("mp")  # its next call's table is a new one
-            verdicts += [check.agree(sub, np.array([float(k != 1), k + 0.5, 0.0, 0.0, 4.0, 1.0, 0.0]), 1e-9, 1e-12)
+            verdicts += [check.agree(sub, np.array([float(k != 1), k + 0.5, 0.0, 0.0, 4.0, 1.0, 0.0, 0.0]), 1e-9, 1e-12)
                          for k in range(2)]
             return verdicts
 

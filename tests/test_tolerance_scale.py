@@ -143,6 +143,26 @@ def test_a_scale_that_overflowed_fails_its_element_as_non_finite(bad):
         assert plain.passed
 
 
+def test_a_nan_in_one_replica_only_is_named_in_the_verdict():
+    """A replica's record has its element counts zeroed (each global element counted once, by its first holder), the
+    non-finite count with them: a NaN in rank 3's copy of a block rank 0 holds right failed the check with "max abs
+    err 0" and no word of the NaN. The replica's own count now reaches the verdict."""
+    exact = np.arange(64.0).reshape(8, 8)
+
+    def body():
+        mesh = Mesh(Layout((2, 4), ("dp", "mp")))
+        x = spmdsim.runtime.DTensor.from_global(mesh, exact, mesh.layout("dp", None))  # 4 copies of each half
+        local = x.local.copy()
+        if mesh.rank == 3:
+            local[0, 2] = np.nan
+        return spmdsim.runtime.DTensor.from_local(mesh, local, x.layout, x.shape).check(exact)
+
+    for verdict in spmdsim.simulate(8, body):
+        assert (verdict.passed, verdict.failed_ranks, verdict.worst_rank, verdict.nonfinite) == (False, (3,), 3, 1)
+        assert str(verdict).startswith("check FAILED on ranks [3]: 1 non-finite value (NaN/Inf; none in the "
+                                       "reference); finite values: max abs err 0")
+
+
 def test_the_verdict_says_whether_the_reference_holds_the_non_finite_values():
     """A NaN in the reference (a bad reference) and one in the result (a bad program) read alike: "1 non-finite
     values (NaN/Inf)". The verdict now counts those of the reference; an element NaN in both counts once."""
@@ -410,12 +430,13 @@ def _python_verdict(table, rtol, atol):
 
     rows = table.tolist()
     failed = tuple(r for r, row in enumerate(rows) if not row[0] > 0)
-    score = [math.inf if row[3] > 0 else row[1] for row in rows]
+    score = [math.inf if row[7] > 0 else row[1] for row in rows]
     largest = [[row[k] for row in rows] for k in (1, 2)]
     return Verdict(passed=not failed, max_abs_error=largest[0][first_largest(range(len(rows)), largest[0])],
                    max_rel_error=largest[1][first_largest(range(len(rows)), largest[1])],
                    worst_rank=first_largest(failed or range(len(rows)), score), atol=float(atol), rtol=float(rtol),
-                   nonfinite=int(sum(row[3] for row in rows)), elements=int(sum(row[4] for row in rows)),
+                   nonfinite=max(int(sum(row[3] for row in rows)), int(max(row[7] for row in rows))),
+                   elements=int(sum(row[4] for row in rows)),
                    failed_ranks=failed, scaled=False, nonfinite_reference=int(sum(row[6] for row in rows)))
 
 
@@ -430,7 +451,7 @@ def test_the_verdict_read_with_numpy_is_the_rule_read_row_by_row():
     rng = np.random.default_rng(7)
     for case in range(200):
         n = int(rng.integers(1, 90))
-        table = np.zeros((n, 7))
+        table = np.zeros((n, 8))
         table[:, 0] = rng.random(n) > (0.1 if case % 2 else 0.0)
         table[:, 1] = rng.choice([0.0, 1e-3, 2e-3, np.inf, np.nan], n, p=[0.3, 0.3, 0.3, 0.05, 0.05] if case % 3
                                  else [0.35, 0.3, 0.35, 0, 0])
@@ -439,6 +460,7 @@ def test_the_verdict_read_with_numpy_is_the_rule_read_row_by_row():
         table[:, 4] = rng.integers(0, 100, n)
         table[:, 5] = 1.0
         table[:, 6] = table[:, 3] * (rng.random(n) < 0.5)
+        table[:, 7] = np.where(rng.random(n) < 0.05, rng.integers(0, 9, n), table[:, 3])  # a copy's own NaNs
         few, many = asdict(_python_verdict(table, 1e-9, 1e-12)), asdict(_verdict(table, 1e-9, 1e-12, False))
         for key in few:
             same = few[key] == many[key] or (isinstance(few[key], float) and math.isnan(few[key])

@@ -25,19 +25,21 @@ __all__ = ["Verdict", "default_tolerances", "local_stats", "agree", "checked_sca
            "mismatch_record", "count_once"]
 
 # Layout of the per-rank record that one Allgather shares.
-_FIELDS = ("passed", "max_abs", "max_rel", "nonfinite", "elements", "shape_ok", "nonfinite_reference")
+# "held" is this rank's count of non-finite values, never zeroed: a replica whose copy holds a NaN that the
+# first holder's lacks (copies that differ) would otherwise fail with no word of the NaN.
+_FIELDS = ("passed", "max_abs", "max_rel", "nonfinite", "elements", "shape_ok", "nonfinite_reference", "held")
 #: The record's counts of global elements: a replica's are zeroed (`count_once`), the first holder counts them.
 _COUNTS = [_FIELDS.index(name) for name in ("nonfinite", "elements", "nonfinite_reference")]
 
 
 def passed_record(elements: int) -> np.ndarray:
     """The record of a block of `elements` that passes with nothing compared: an empty block, a dry run's."""
-    return np.array([1.0, 0.0, 0.0, 0.0, float(elements), 1.0, 0.0])
+    return np.array([1.0, 0.0, 0.0, 0.0, float(elements), 1.0, 0.0, 0.0])
 
 
 def mismatch_record(elements: int) -> np.ndarray:
     """The record of a block of `elements` whose reference (or scale) has another shape: failed, errors infinite."""
-    return np.array([0.0, np.inf, np.inf, 0.0, float(elements), 0.0, 0.0])
+    return np.array([0.0, np.inf, np.inf, 0.0, float(elements), 0.0, 0.0, 0.0])
 
 
 def count_once(record: np.ndarray) -> None:
@@ -117,8 +119,9 @@ def checked_scale(scale: Any, what: str = "check: scale") -> np.ndarray:
 
 
 def local_stats(actual: np.ndarray, expected: Any, rtol: float, atol: float, scale: Any = None) -> np.ndarray:
-    """This rank's record: passed, max abs, max rel error, nonfinite count, elements, shape ok, and of the
-    nonfinite elements those whose expected value is NaN/Inf.
+    """This rank's record: passed, max abs, max rel error, nonfinite count, elements, shape ok, of the
+    nonfinite elements those whose expected value is NaN/Inf, and the nonfinite count again (`count_once`
+    leaves that one: a replica's own).
 
     `scale`: the magnitudes that entered each expected element (its shape); rtol multiplies the
     larger of it and |expected|. The max rel error stays relative to |expected|.
@@ -157,7 +160,8 @@ def local_stats(actual: np.ndarray, expected: Any, rtol: float, atol: float, sca
     if scale is not None:
         mag = np.maximum(mag, np.where(finite, np.abs(scale.astype(np.float64, copy=False)), 0))
     ok = bool(np.all(err <= atol + rtol * mag)) and nonfinite == 0
-    return np.array([float(ok), max_abs, max_rel, float(nonfinite), float(actual.size), 1.0, float(in_reference)])
+    return np.array([float(ok), max_abs, max_rel, float(nonfinite), float(actual.size), 1.0, float(in_reference),
+                     float(nonfinite)])
 
 
 def _finite_stats(a: np.ndarray, b: np.ndarray, rtol: float, atol: float, scale: Any) -> Any:
@@ -183,7 +187,7 @@ def _finite_stats(a: np.ndarray, b: np.ndarray, rtol: float, atol: float, scale:
     mag *= rtol  # atol + rtol x the magnitude, in place
     mag += atol
     ok = bool(np.less_equal(err, mag).all())
-    return np.array([float(ok), max_abs, max_rel, 0.0, float(a.size), 1.0, 0.0])
+    return np.array([float(ok), max_abs, max_rel, 0.0, float(a.size), 1.0, 0.0, 0.0])
 
 
 def _exactly(record: np.ndarray, actual: np.ndarray, expected: np.ndarray) -> np.ndarray:
@@ -195,7 +199,7 @@ def _exactly(record: np.ndarray, actual: np.ndarray, expected: np.ndarray) -> np
         return record
     want = expected[differ].astype(object)
     err = np.abs(actual[differ].astype(object) - want)
-    return np.array([0.0, float(err.max()), float((err / np.abs(want)).max()), 0.0, record[4], 1.0, 0.0])
+    return np.array([0.0, float(err.max()), float((err / np.abs(want)).max()), 0.0, record[4], 1.0, 0.0, 0.0])
 
 
 def agree(comm: Any, stats: np.ndarray, rtol: float, atol: float, polite: bool = False,
@@ -233,13 +237,16 @@ def _verdict(table: np.ndarray, rtol: float, atol: float, scaled: bool) -> Verdi
     4,096 rows each in Python would take two thirds of a check's 41 s; simulated ranks build it once for all).
     Failed: the ranks whose record did not pass; the worst rank, the failing one (else any) with the largest
     error, a non-finite one counting as infinite; a NaN wins a maximum, the first of equals is taken (numpy's
-    max and argmax)."""
+    max and argmax). The non-finite count is each global element's once, or, where copies that differ hold
+    more on one replica than the first holders counted, that replica's."""
     ok, abs_err, rel_err, nonfinite, elements = (table[:, i] for i in range(5))
+    held = table[:, 7]  # each rank's own count: a replica's NaN that its first holder lacks shows here only
     failed = np.flatnonzero(~(ok > 0))
-    score = np.where(nonfinite > 0, np.inf, abs_err)
+    score = np.where(held > 0, np.inf, abs_err)
     among = failed if failed.size else np.arange(len(table))
     worst = int(among[int(np.argmax(score[among]))])
     return Verdict(passed=not failed.size, max_abs_error=float(np.max(abs_err)), max_rel_error=float(np.max(rel_err)),
-                   worst_rank=worst, atol=float(atol), rtol=float(rtol), nonfinite=int(nonfinite.sum()),
+                   worst_rank=worst, atol=float(atol), rtol=float(rtol),
+                   nonfinite=max(int(nonfinite.sum()), int(held.max())),
                    elements=int(elements.sum()), failed_ranks=tuple(int(r) for r in failed), scaled=scaled,
                    nonfinite_reference=int(table[:, 6].sum()))
