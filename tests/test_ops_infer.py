@@ -199,6 +199,26 @@ def test_contraction_mismatch_hint_is_itself_a_valid_map():
     assert infer_matmul(mesh("dp", "mp"), mesh("mp", None)) is not None
 
 
+@pytest.mark.parametrize("x_map, w_map, hint", [
+    (("dp", None), ("mp", "dp"), '(None, None)'),  # w's N on dp, which splits x's M: the hint kept it
+    ((None, "mp", None), (None, "dp", "mp"), '(None, None, None)'),
+    (("dp", None, "mp"), (None, None, "dp"), '("dp", "mp", None)'),  # w's batch dims are x's
+])
+def test_contraction_mismatch_hint_leaves_x_axes_off_w(x_map, w_map, hint):
+    """The hint moved x's K axes to w's K dim but kept w's N on an axis that splits x's M (x ("dp", None), w
+    ("mp", "dp"): 'e.g. w mapped (None, "dp")'), which the next try refused: "axis 'dp' splits both dim M of x
+    and dim N of w". The hinted map now leaves x's axes off w's other dims, and is accepted."""
+    from spmdsim import Layout, OperatorError
+    from spmdsim.programs.infer import infer_matmul
+
+    mesh = Layout((2, 4), ("dp", "mp"))
+    with pytest.raises(OperatorError) as info:
+        infer_matmul(mesh(*x_map), mesh(*w_map))
+    assert str(info.value).endswith(f"e.g. w mapped {hint}")
+    assert infer_matmul(mesh(*x_map), mesh(*(None if e == "None" else e.strip('"')
+                                              for e in hint[1:-1].split(", ")))) is not None
+
+
 def test_transpose_moves_the_tensor_map_with_the_dims():
     from spmdsim.programs.infer import infer_transpose
 

@@ -131,8 +131,13 @@ def infer_matmul(x: TensorLayout, w: TensorLayout, *, transpose_a: bool = False,
     # same blocks as K unsplit, as when tp = 1 leaves a row-parallel weight on L("tp", None).
     cuts = lambda axes: tuple(a for a in axes if x.layout.axis_size(a) > 1)  # noqa: E731
     if cuts(k_x) != cuts(k_w):
-        # Suggest a valid map: K's axes move to w's K dim and leave w's other dims.
-        fixed = [tuple(a for a in e if a not in k_x) for e in w.tensor_map]
+        # Suggest a valid map: K's axes move to w's K dim and leave w's other dims, which also give up the
+        # axes of x's M and batch dims and of its pending sums (the output would be split twice over them);
+        # w's batch dims are x's.
+        taken = set(a for e in x.tensor_map for a in e) | set(x.partial)
+        fixed = [tuple(a for a in e if a not in taken) for e in w.tensor_map]
+        if w.ndim > 2:
+            fixed[:-2] = x.tensor_map[:-2]
         fixed[w_k] = k_x
         raise OperatorError(
             f"contraction dim K is split over {format_entry(k_x)} in x {_fmt(x)} but over "
