@@ -203,15 +203,15 @@ def test_a_check_on_simulated_ranks_shares_one_table_and_builds_its_verdict_once
             wrong[7, 15] += 1.0  # rank 7's block
             verdicts = [x.check(src), x.check(wrong)]
             sub = mesh.group("mp")  # its next call's table is a new one
-            verdicts += [check.agree(sub, np.array([float(k != 1), k + 0.5, 0.0, 0.0, 4.0, 1.0, 0.0, 0.0]), 1e-9, 1e-12)
-                         for k in range(2)]
+            record = lambda k: np.array([float(k != 1), k + 0.5, 0.0, 0.0, 4.0, 1.0, 0.0, 0.0, -1.0])  # noqa: E731
+            verdicts += [check.agree(sub, record(k), 1e-9, 1e-12) for k in range(2)]
             return verdicts
 
     ran = spmdsim.simulate(8, body)
     assert [str(v).splitlines()[0] for v in ran[0][:2]] == [
         "check passed: every element within atol 1e-12 + rtol 1e-09 x |ref| (128 elements)",
-        "check FAILED on ranks [7]: max abs err 1, max rel err 0.679 (worst rank 7; atol 1e-12, rtol 1e-09; 128 "
-        "elements)"]
+        "check FAILED on ranks [7]: max abs err 1, max rel err 0.679 (worst rank 7, element [7, 15]; atol 1e-12, "
+        "rtol 1e-09; 128 elements)"]
     assert [(v.passed, v.max_abs_error) for v in ran[0][2:]] == [(True, 0.5), (False, 1.5)]
     for k in range(2):  # the same object on every rank: built once
         assert all(verdicts[k] is ran[0][k] for verdicts in ran)

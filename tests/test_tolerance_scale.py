@@ -143,6 +143,30 @@ def test_a_scale_that_overflowed_fails_its_element_as_non_finite(bad):
         assert plain.passed
 
 
+@pytest.mark.parametrize("dtype, cut, rows", [("float64", "even", 8), ("int64", "even", 8), ("float32", "chunk", 7)])
+def test_a_failed_check_names_the_element_it_failed_on(dtype, cut, rows):
+    """A check that failed said on which rank ("worst rank 5"), not where: the user had to search that rank's block
+    by hand. It now names the worst rank's worst element by its index in the whole tensor: the first non-finite
+    one, else the one furthest past its tolerance (an integer tensor's: the largest difference)."""
+    exact = np.arange(rows * 8).reshape(rows, 8).astype(dtype)
+
+    def body():
+        mesh = Mesh(Layout((2, 4), ("dp", "mp"), cut=cut))
+        x = spmdsim.runtime.DTensor.from_global(mesh, exact, mesh.layout("dp", "mp"))
+        off, nan = x.local.copy(), x.local.astype("float64")
+        if mesh.rank == 5:  # rows 4:8 (4:7 cut "chunk"), columns 2:4
+            off[1, 0] += 1
+            off[2, 1] += 3
+            nan[0, 1] = np.nan
+        moved = spmdsim.runtime.DTensor.from_local(mesh, off, x.layout, x.shape).check(exact)
+        return moved, spmdsim.runtime.DTensor.from_local(mesh, nan, x.layout, x.shape).check(exact)
+
+    moved, nan = spmdsim.simulate(8, body)[0]
+    assert (moved.failed_ranks, moved.worst_element, nan.worst_element) == ((5,), (6, 3), (4, 3))
+    assert "(worst rank 5, element [6, 3]; atol " in str(moved)
+    assert "(worst rank 5, element [4, 3]; atol " in str(nan)
+
+
 def test_a_nan_in_one_replica_only_is_named_in_the_verdict():
     """A replica's record has its element counts zeroed (each global element counted once, by its first holder), the
     non-finite count with them: a NaN in rank 3's copy of a block rank 0 holds right failed the check with "max abs
@@ -413,7 +437,7 @@ def test_the_finite_fast_path_gives_the_general_paths_record_bit_for_bit(monkeyp
     assert check.local_stats(np.float64(2.0), np.array(2.0), 0.0, 0.0)[:3].tolist() == [1.0, 0.0, 0.0]  # 0-d
 
 
-def _python_verdict(table, rtol, atol):
+def _python_verdict(table, rtol, atol, shape):
     """The check's rule read row by row in Python (as spmdsim.runtime.check read a table before): the failing
     ranks, the worst (failing, else any) by the largest error with a non-finite one infinite and a NaN winning,
     the first of equals; the largest errors, NaN when one is."""
@@ -432,9 +456,12 @@ def _python_verdict(table, rtol, atol):
     failed = tuple(r for r, row in enumerate(rows) if not row[0] > 0)
     score = [math.inf if row[7] > 0 else row[1] for row in rows]
     largest = [[row[k] for row in rows] for k in (1, 2)]
+    worst = first_largest(failed or range(len(rows)), score)
+    at = int(rows[worst][8])
+    element = tuple(int(i) for i in np.unravel_index(at, shape)) if at >= 0 else ()
     return Verdict(passed=not failed, max_abs_error=largest[0][first_largest(range(len(rows)), largest[0])],
                    max_rel_error=largest[1][first_largest(range(len(rows)), largest[1])],
-                   worst_rank=first_largest(failed or range(len(rows)), score), atol=float(atol), rtol=float(rtol),
+                   worst_rank=worst, atol=float(atol), rtol=float(rtol), worst_element=element,
                    nonfinite=max(int(sum(row[3] for row in rows)), int(max(row[7] for row in rows))),
                    elements=int(sum(row[4] for row in rows)),
                    failed_ranks=failed, scaled=False, nonfinite_reference=int(sum(row[6] for row in rows)))
@@ -451,7 +478,7 @@ def test_the_verdict_read_with_numpy_is_the_rule_read_row_by_row():
     rng = np.random.default_rng(7)
     for case in range(200):
         n = int(rng.integers(1, 90))
-        table = np.zeros((n, 8))
+        table = np.zeros((n, 9))
         table[:, 0] = rng.random(n) > (0.1 if case % 2 else 0.0)
         table[:, 1] = rng.choice([0.0, 1e-3, 2e-3, np.inf, np.nan], n, p=[0.3, 0.3, 0.3, 0.05, 0.05] if case % 3
                                  else [0.35, 0.3, 0.35, 0, 0])
@@ -461,7 +488,9 @@ def test_the_verdict_read_with_numpy_is_the_rule_read_row_by_row():
         table[:, 5] = 1.0
         table[:, 6] = table[:, 3] * (rng.random(n) < 0.5)
         table[:, 7] = np.where(rng.random(n) < 0.05, rng.integers(0, 9, n), table[:, 3])  # a copy's own NaNs
-        few, many = asdict(_python_verdict(table, 1e-9, 1e-12)), asdict(_verdict(table, 1e-9, 1e-12, False))
+        table[:, 8] = np.where(table[:, 0] > 0, -1, rng.integers(0, 6 * 7, n))  # a failed element's flat index
+        few = asdict(_python_verdict(table, 1e-9, 1e-12, (6, 7)))
+        many = asdict(_verdict(table, 1e-9, 1e-12, False, (6, 7)))
         for key in few:
             same = few[key] == many[key] or (isinstance(few[key], float) and math.isnan(few[key])
                                              and math.isnan(many[key]))

@@ -22,24 +22,38 @@ from .shared_rows import gather_shared
 from ..references.tolerances import default_tolerances  # noqa: F401 - importable from here as before
 
 __all__ = ["Verdict", "default_tolerances", "local_stats", "agree", "checked_scale", "passed_record",
-           "mismatch_record", "count_once"]
+           "mismatch_record", "count_once", "place"]
 
 # Layout of the per-rank record that one Allgather shares.
 # "held" is this rank's count of non-finite values, never zeroed: a replica whose copy holds a NaN that the
 # first holder's lacks (copies that differ) would otherwise fail with no word of the NaN.
-_FIELDS = ("passed", "max_abs", "max_rel", "nonfinite", "elements", "shape_ok", "nonfinite_reference", "held")
+# "at": the flat index of this rank's worst element (the first non-finite one, else the one furthest past its
+# tolerance), in its block from local_stats, in the global tensor after `place`; -1 where none failed.
+_FIELDS = ("passed", "max_abs", "max_rel", "nonfinite", "elements", "shape_ok", "nonfinite_reference", "held",
+           "at")
 #: The record's counts of global elements: a replica's are zeroed (`count_once`), the first holder counts them.
 _COUNTS = [_FIELDS.index(name) for name in ("nonfinite", "elements", "nonfinite_reference")]
 
 
 def passed_record(elements: int) -> np.ndarray:
     """The record of a block of `elements` that passes with nothing compared: an empty block, a dry run's."""
-    return np.array([1.0, 0.0, 0.0, 0.0, float(elements), 1.0, 0.0, 0.0])
+    return np.array([1.0, 0.0, 0.0, 0.0, float(elements), 1.0, 0.0, 0.0, -1.0])
 
 
 def mismatch_record(elements: int) -> np.ndarray:
     """The record of a block of `elements` whose reference (or scale) has another shape: failed, errors infinite."""
-    return np.array([0.0, np.inf, np.inf, 0.0, float(elements), 0.0, 0.0, 0.0])
+    return np.array([0.0, np.inf, np.inf, 0.0, float(elements), 0.0, 0.0, 0.0, -1.0])
+
+
+def place(record: np.ndarray, region: tuple, shape: tuple) -> None:
+    """Turn `record`'s worst element from a flat index into this rank's block (`region` of a tensor of `shape`)
+    into one into the whole tensor, in place."""
+    if record[8] < 0 or not shape:
+        return
+    block = tuple(len(range(*s.indices(n))) for s, n in zip(region, shape))
+    local = np.unravel_index(int(record[8]), block)
+    record[8] = float(np.ravel_multi_index(tuple(s.indices(n)[0] + i for s, n, i in zip(region, shape, local)),
+                                           shape))
 
 
 def count_once(record: np.ndarray) -> None:
@@ -63,6 +77,7 @@ class Verdict:
     dry_run: bool = False  # a dry run's check (spmdsim.runtime.sim.dry): no values, nothing compared
     scaled: bool = False  # rtol multiplied the magnitudes that entered each element, not |ref|
     nonfinite_reference: int = 0  # of the `nonfinite` elements, those whose reference is NaN/Inf
+    worst_element: tuple[int, ...] = ()  # the worst rank's worst element (global index); () where none failed
 
     def __bool__(self) -> bool:
         return self.passed
@@ -87,12 +102,16 @@ class Verdict:
         lead = (f"{counted(self.nonfinite, 'non-finite value')} (NaN/Inf; {where}); finite values: "
                 if self.nonfinite else "")
         text = (f"{head}: {lead}max abs err {self.max_abs_error:.3g}, max rel err "
-                f"{self.max_rel_error:.3g} (worst rank {self.worst_rank}; atol {self.atol:g}, "
+                f"{self.max_rel_error:.3g} (worst rank {self.worst_rank}{self._at()}; atol {self.atol:g}, "
                 f"rtol {self.rtol:g}{' x the magnitudes that entered' if self.scaled else ''}; "
                 f"{counted(self.elements, 'element')})")
         if self.max_abs_error == float("inf") and not self.nonfinite:
             text += "; shard shape differs from the reference region"
         return text
+
+    def _at(self) -> str:
+        """', element [9, 2]': where the worst rank's worst element is in the whole tensor, if one failed."""
+        return f", element {list(self.worst_element)}" if self.worst_element else ""
 
     def raise_if_failed(self) -> "Verdict":
         """Raise CheckFailed (on every rank alike) unless the check passed."""
@@ -159,9 +178,11 @@ def local_stats(actual: np.ndarray, expected: Any, rtol: float, atol: float, sca
     max_rel = float(rel.max())
     if scale is not None:
         mag = np.maximum(mag, np.where(finite, np.abs(scale.astype(np.float64, copy=False)), 0))
-    ok = bool(np.all(err <= atol + rtol * mag)) and nonfinite == 0
+    past = err - (atol + rtol * mag)
+    ok = bool(np.all(past <= 0)) and nonfinite == 0
+    at = -1 if ok else int(np.argmin(finite) if nonfinite else np.argmax(past))
     return np.array([float(ok), max_abs, max_rel, float(nonfinite), float(actual.size), 1.0, float(in_reference),
-                     float(nonfinite)])
+                     float(nonfinite), float(at)])
 
 
 def _finite_stats(a: np.ndarray, b: np.ndarray, rtol: float, atol: float, scale: Any) -> Any:
@@ -187,7 +208,8 @@ def _finite_stats(a: np.ndarray, b: np.ndarray, rtol: float, atol: float, scale:
     mag *= rtol  # atol + rtol x the magnitude, in place
     mag += atol
     ok = bool(np.less_equal(err, mag).all())
-    return np.array([float(ok), max_abs, max_rel, 0.0, float(a.size), 1.0, 0.0, 0.0])
+    at = -1 if ok else int(np.argmax(np.subtract(err, mag, out=err)))  # the furthest past its tolerance
+    return np.array([float(ok), max_abs, max_rel, 0.0, float(a.size), 1.0, 0.0, 0.0, float(at)])
 
 
 def _exactly(record: np.ndarray, actual: np.ndarray, expected: np.ndarray) -> np.ndarray:
@@ -199,11 +221,13 @@ def _exactly(record: np.ndarray, actual: np.ndarray, expected: np.ndarray) -> np
         return record
     want = expected[differ].astype(object)
     err = np.abs(actual[differ].astype(object) - want)
-    return np.array([0.0, float(err.max()), float((err / np.abs(want)).max()), 0.0, record[4], 1.0, 0.0, 0.0])
+    at = np.flatnonzero(differ.ravel())[int(np.argmax(err))]
+    return np.array([0.0, float(err.max()), float((err / np.abs(want)).max()), 0.0, record[4], 1.0, 0.0, 0.0,
+                     float(at)])
 
 
 def agree(comm: Any, stats: np.ndarray, rtol: float, atol: float, polite: bool = False,
-          scaled: bool = False, elements: Any = None) -> Verdict:
+          scaled: bool = False, elements: Any = None, shape: tuple = ()) -> Verdict:
     """Share every rank's record ("check" to runtime.debug_calls) and build the same Verdict.
 
     Under MPI one Allgather: each rank reads its own table of every rank's record. Simulated ranks share one
@@ -221,7 +245,7 @@ def agree(comm: Any, stats: np.ndarray, rtol: float, atol: float, polite: bool =
     send = np.ascontiguousarray(stats, np.float64)
     shared = gather_shared(comm, send, "check", polite)
     if shared is not None:
-        return shared.derived(_verdict, rtol, atol, scaled)
+        return shared.derived(_verdict, rtol, atol, scaled, shape)
     table = np.empty((comm.Get_size(), len(_FIELDS)), np.float64)
     engine = engine_of(comm)
     door.transfer(comm, "check", (), send, (), polite, engine.all_gather, send, table)
@@ -229,24 +253,27 @@ def agree(comm: Any, stats: np.ndarray, rtol: float, atol: float, polite: bool =
         count = int(send[4]) * len(table) if elements is None else int(elements)
         return Verdict(passed=True, max_abs_error=0.0, max_rel_error=0.0, worst_rank=0, atol=float(atol),
                        rtol=float(rtol), nonfinite=0, elements=count, dry_run=True, scaled=scaled)
-    return _verdict(table, rtol, atol, scaled)
+    return _verdict(table, rtol, atol, scaled, shape)
 
 
-def _verdict(table: np.ndarray, rtol: float, atol: float, scaled: bool) -> Verdict:
+def _verdict(table: np.ndarray, rtol: float, atol: float, scaled: bool, shape: tuple = ()) -> Verdict:
     """`agree`'s Verdict from the table of every rank's record (a row per rank), with numpy (4,096 ranks reading
     4,096 rows each in Python would take two thirds of a check's 41 s; simulated ranks build it once for all).
     Failed: the ranks whose record did not pass; the worst rank, the failing one (else any) with the largest
     error, a non-finite one counting as infinite; a NaN wins a maximum, the first of equals is taken (numpy's
     max and argmax). The non-finite count is each global element's once, or, where copies that differ hold
-    more on one replica than the first holders counted, that replica's."""
+    more on one replica than the first holders counted, that replica's. The worst element is the worst rank's
+    (its record's "at", a flat index into a tensor of `shape`)."""
     ok, abs_err, rel_err, nonfinite, elements = (table[:, i] for i in range(5))
     held = table[:, 7]  # each rank's own count: a replica's NaN that its first holder lacks shows here only
     failed = np.flatnonzero(~(ok > 0))
     score = np.where(held > 0, np.inf, abs_err)
     among = failed if failed.size else np.arange(len(table))
     worst = int(among[int(np.argmax(score[among]))])
+    at = int(table[worst, 8])
+    element = tuple(int(i) for i in np.unravel_index(at, shape)) if shape and 0 <= at < math.prod(shape) else ()
     return Verdict(passed=not failed.size, max_abs_error=float(np.max(abs_err)), max_rel_error=float(np.max(rel_err)),
                    worst_rank=worst, atol=float(atol), rtol=float(rtol),
                    nonfinite=max(int(nonfinite.sum()), int(held.max())),
                    elements=int(elements.sum()), failed_ranks=tuple(int(r) for r in failed), scaled=scaled,
-                   nonfinite_reference=int(table[:, 6].sum()))
+                   nonfinite_reference=int(table[:, 6].sum()), worst_element=element)

@@ -23,7 +23,7 @@ from ..base.validate import as_int, describe, dtype_arg, plain_array, tolerance_
 from . import door
 from .replay import local_of
 from .check import (Verdict, agree, checked_scale, count_once, default_tolerances, local_stats, mismatch_record,
-                    passed_record)
+                    passed_record, place)
 from .mesh import Mesh
 from ..layouts.dialects.dtensor import placements_of
 from ..layouts.dialects.partition_spec import layout_to_partition_spec
@@ -284,6 +284,7 @@ class DTensor(_Constructors, _Methods):
                     region_scale = checked_scale(scale(region), "check: scale(region)") if callable(scale) \
                         else scale[region]
                 stats = local_stats(actual, expected, rtol, atol, region_scale)
+                place(stats, region, self._shape)
         except ShapeError:
             # A mismatch on some ranks only must not skip the agreeing Allgather.
             stats = mismatch_record(actual.size)
@@ -292,7 +293,7 @@ class DTensor(_Constructors, _Methods):
         # A dry run's verdict (agree's): passed, dry_run=True, its text saying no check was made; each
         # global element counted once (the dry communicator's table holds rank 0's record for every rank).
         return agree(self._mesh.comm, stats, rtol, atol, self._mesh.polite, scaled=scale is not None,
-                     elements=math.prod(self._shape) if dry else None)
+                     elements=math.prod(self._shape) if dry else None, shape=self._shape)
 
 
 def _check_whole_reference(reference: Any, shape: tuple) -> None:
