@@ -2,6 +2,7 @@
 folder of its own, prints what the page shows, and refuses the wrong rank count with the line the page quotes."""
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -43,3 +44,20 @@ def test_the_wrong_rank_count_is_the_one_line_the_page_quotes(tmp_path):
     assert done.returncode == 2
     assert unfold(done.stderr).startswith(f"spmdsim: error: {quoted} `--ranks 8`"), done.stderr
     assert len(done.stderr.splitlines()) == 2 and "Traceback" not in done.stderr  # one message, folded once
+
+
+def test_the_divergence_guard_names_the_rank_whose_layout_differs_as_the_page_quotes(tmp_path):
+    """The page sends a user whose mpiexec job hangs to SPMDSIM_CHECK=1, quoting the line it prints when rank 2
+    alone puts x on layout("dp", None): the program saved so changed prints that line."""
+    name = _saved(tmp_path)
+    text = " ".join((ROOT / PAGE).read_text().split())
+    quoted = re.search(r"it reads `(spmdsim: error: collectives diverge: [^`]+) \.\.\.`", text).group(1)
+    program = (tmp_path / name).read_text()
+    line = 'x = DTensor.from_seeded(mesh, layout("dp", "mp"), xs)'
+    assert line in program
+    (tmp_path / name).write_text(program.replace(
+        line, 'x = DTensor.from_seeded(mesh, layout("dp", "mp") if mesh.rank != 2 else layout("dp", None), xs)'))
+    done = subprocess.run([sys.executable, name, "--ranks", "8"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "SPMDSIM_CHECK": "1"})
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert unfold(done.stderr).startswith(quoted), done.stderr
