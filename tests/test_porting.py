@@ -896,3 +896,31 @@ def test_pytorchs_redistribute_spellings_say_how_to_write_the_target():
         assert str(caught.value) == f"target must be a TensorLayout, got {got}; {make}"
     moved = simulate(4, main, lambda x: x.redistribute(placements_to_layout([Replicate(), Shard(1)], x.mesh, x.ndim)))
     assert all(np.array_equal(m, np.arange(16.0).reshape(4, 4)) for m in moved)
+
+
+def test_the_attention_row_writes_calls_pytorch_takes_and_spmdsims_joins_both_masks():
+    """The PyTorch column wrote ``F.scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal=True)``, which
+    PyTorch refuses ("Explicit attn_mask should not be set when is_causal=True"). Each SDPA call the page writes
+    now sets one of the two; spmdsim's ``causal=True, mask=keep`` gives what PyTorch's one attn_mask holding both
+    masks gives (numpy here)."""
+    from spmdsim import Layout, Mesh, ops, simulate
+    from spmdsim.runtime import DTensor
+
+    text = (ROOT / DOC).read_text()
+    calls = re.findall(r"F\.scaled_dot_product_attention\(([^`]*)\)`", text)
+    assert calls and [c for c in calls if "attn_mask=" in c and "is_causal=True" in c] == []
+    assert "`ops.attention(q, k, v, causal=True, mask=keep)`" in text
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 4, 2, 3)) for _ in range(3))
+    keep = np.array([[True, True, False, True], [True, False, True, True]])
+    allowed = np.tril(np.ones((4, 4), bool))[None, None] & keep[:, None, None, :]  # PyTorch's attn_mask, (B,1,L,S)
+    scores = np.where(allowed, np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(3), -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    want = np.einsum("bhqk,bkhd->bqhd", weights / weights.sum(-1, keepdims=True), v)
+
+    def body():
+        mesh = Mesh(Layout((2,), ("dp",)))
+        spread = lambda a: DTensor.from_global(mesh, a, mesh.layout("dp", *[None] * (a.ndim - 1)))  # noqa: E731
+        return ops.attention(spread(q), spread(k), spread(v), causal=True, mask=spread(keep)).check(want).passed
+
+    assert simulate(2, body) == [True, True]
