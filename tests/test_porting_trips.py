@@ -67,8 +67,10 @@ def test_a_partition_spec_shorter_than_the_tensor_says_how_to_pad_it():
     layout, and from_global of a 2-d array said only 'tensor map ("dp",) has 1 entry but shape (8, 4) has 2 dims'."""
     from spmdsim.layouts.dialects import partition_spec_to_layout
 
-    pad = ("; expected one entry per dim, None where not split (mesh.layout({})): partition_spec_to_layout(spec, "
-           "mesh, 2) pads a shorter JAX PartitionSpec with None, as JAX does")
+    pad = ("; expected one entry per dim, None where not split (mesh.layout({})); a dialect's converter takes the "
+           "number of dims: placements_to_layout(placements, mesh, 2) (a negative Shard dim counts from the last of "
+           "them), sbp_to_layout(sbp, mesh, 2) or partition_spec_to_layout(spec, mesh, 2) (which pads a shorter JAX "
+           "PartitionSpec with None, as JAX does)")
     cases = [
         (lambda mesh, x: DTensor.from_global(mesh, A, partition_spec_to_layout(("dp",), mesh)),
          'tensor map ("dp",) has 1 entry but shape (8, 4) has 2 dims' + pad.format("'dp', None")),
@@ -84,6 +86,22 @@ def test_a_partition_spec_shorter_than_the_tensor_says_how_to_pad_it():
         assert str(caught.value) == said
     done = _on_4(lambda mesh, x: DTensor.from_global(mesh, A, partition_spec_to_layout(("dp",), mesh, 2)).slices)
     assert done == [(slice(0, 4), slice(0, 4))] * 2 + [(slice(4, 8), slice(0, 4))] * 2
+
+
+def test_placements_made_for_fewer_dims_name_their_own_converter():
+    """DTensor placements made for 2 dims and used on a 3-d tensor (Shard(-1) then lands on dim 1) were told only
+    "partition_spec_to_layout(spec, mesh, 3) pads a shorter JAX PartitionSpec": a JAX hint for a PyTorch user.
+    The line names the converter a DTensor user has, with the number of dims to pass."""
+    B = np.zeros((2, 4, 4))
+    with pytest.raises(ShapeError) as caught:
+        _on_4(lambda mesh, x: DTensor.from_global(mesh, B, placements_to_layout([Replicate(), Shard(-1)], mesh, 2)))
+    assert str(caught.value).startswith('tensor map (None, "tp") has 2 entries but shape (2, 4, 4) has 3 dims; '
+                                        "expected one entry per dim, None where not split (mesh.layout(None, 'tp', "
+                                        "None)); a dialect's converter takes the number of dims: "
+                                        "placements_to_layout(placements, mesh, 3) (a negative Shard dim counts")
+    done = _on_4(lambda mesh, x: DTensor.from_global(mesh, B, placements_to_layout([Replicate(), Shard(-1)], mesh,
+                                                                                   3)).slices)
+    assert done == [(slice(0, 2), slice(0, 4), slice(0, 2)), (slice(0, 2), slice(0, 4), slice(2, 4))] * 2
 
 
 def test_placements_without_ndim_is_the_documented_line():

@@ -278,11 +278,14 @@ def _cut_hinted(exc: ShapeError, layout: TensorLayout, shape: tuple) -> ShapeErr
 
 def _short_map(layout: TensorLayout, ndim: int) -> str:
     """How to write `layout`, shorter than a tensor of `ndim` dims, for all of them: JAX pads a short PartitionSpec
-    with None, spmdsim's converters where told the number of dims."""
+    with None, spmdsim's converters where told the number of dims. Every converter is named: the layout does not
+    say which made it (DTensor placements made for 2 dims put a Shard(-1) on dim 1 of a 3-d tensor)."""
     padded = ", ".join([*(repr(a[0]) if len(a) == 1 else repr(a) if a else "None" for a in layout.tensor_map),
                         *["None"] * (ndim - layout.ndim)]) + (f", partial={layout.partial!r}" if layout.partial else "")
-    return (f"; expected one entry per dim, None where not split (mesh.layout({padded})): "
-            f"partition_spec_to_layout(spec, mesh, {ndim}) pads a shorter JAX PartitionSpec with None, as JAX does")
+    return (f"; expected one entry per dim, None where not split (mesh.layout({padded})); a dialect's converter "
+            f"takes the number of dims: placements_to_layout(placements, mesh, {ndim}) (a negative Shard dim counts "
+            f"from the last of them), sbp_to_layout(sbp, mesh, {ndim}) or partition_spec_to_layout(spec, mesh, "
+            f"{ndim}) (which pads a shorter JAX PartitionSpec with None, as JAX does)")
 
 
 def _layout_call(layout: Layout, cut: str) -> str:
