@@ -924,3 +924,29 @@ def test_the_attention_row_writes_calls_pytorch_takes_and_spmdsims_joins_both_ma
         return ops.attention(spread(q), spread(k), spread(v), causal=True, mask=spread(keep)).check(want).passed
 
     assert simulate(2, body) == [True, True]
+
+
+def test_the_jax_collectives_row_names_the_tiled_forms_spmdsims_are():
+    """spmdsim's reduce_scatter and alltoall keep the block's dims, as JAX's psum_scatter and all_to_all do with
+    tiled=True; the row named them bare, whose JAX default (tiled=False) drops or stacks a dim of the group's size.
+    Each JAX collective the row maps says tiled=True, and spmdsim's give the tiled results (numpy here)."""
+    from spmdsim import Layout, Mesh, simulate
+    from spmdsim.runtime import allgather, alltoall, reduce_scatter
+
+    row = next(line for line in (ROOT / DOC).read_text().splitlines() if line.startswith("| `jax.lax.psum(block"))
+    jax_side = row.split(" | ")[0]
+    for name in ("all_gather", "psum_scatter", "all_to_all"):
+        call = re.search(rf"`{name}\(([^`]*)\)`", jax_side)
+        assert call and "tiled=True" in call.group(1), name
+    blocks = [np.arange(24.0).reshape(4, 6) + 100 * r for r in range(4)]
+
+    def body():
+        mesh = Mesh(Layout((4,), ("tp",)))
+        mine = blocks[mesh.rank]
+        return (allgather(mesh, mine, "tp", 1).shape, reduce_scatter(mesh, mine, "tp", 0),
+                alltoall(mesh, mine, "tp", 0, 1))
+
+    for r, (gathered, scattered, exchanged) in enumerate(simulate(4, body)):
+        assert gathered == (4, 24)
+        assert np.array_equal(scattered, sum(blocks)[r:r + 1])  # psum_scatter(tiled=True): row r of the sum
+        assert np.array_equal(exchanged, np.concatenate([b[r:r + 1] for b in blocks], 1))  # (1, 24)
