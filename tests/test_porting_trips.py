@@ -248,4 +248,26 @@ def test_operands_on_a_mesh_of_default_names_say_where_it_came_from():
         return str(raised.value)
 
     assert simulate(4, main) == ["add: operands live on different meshes: Layout(dp=2, tp=2) and "
-                                 "Layout(a=2, b=2)"] * 4
+                                 "Layout(a=2, b=2); move one onto the other's mesh first (both have 4 devices): "
+                                 "y = y.redistribute(x.mesh.layout(...))"] * 4
+
+
+@pytest.mark.parametrize("other", [Layout((4, 1), ("dp", "tp")), Layout((2, 2), ("dp", "tp"), cut="chunk")])
+def test_operands_on_meshes_of_as_many_devices_say_how_to_meet(other):
+    """Operands on two meshes of as many devices (another device matrix, another cut) were refused naming both
+    Layouts and nothing more, though a redistribution moves either onto the other's mesh. The line says so, and
+    following it gives the sum."""
+    from spmdsim import ops
+
+    def main():
+        mesh, there = Mesh(Layout((2, 2), ("dp", "tp"))), Mesh(other)
+        x = DTensor.from_global(mesh, A, mesh.layout("dp", None))
+        y = DTensor.from_global(there, A, there.layout("dp", "tp"))
+        with pytest.raises(OperatorError) as raised:
+            ops.add(x, y)
+        y = y.redistribute(x.mesh.layout(None, "tp"))
+        return str(raised.value), bool((x + y).check(2 * A))
+
+    said, passed = simulate(4, main)[0]
+    assert said.endswith("; move one onto the other's mesh first (both have 4 devices): "
+                         "y = y.redistribute(x.mesh.layout(...))") and passed

@@ -147,6 +147,9 @@ def different_meshes(op: str, first: Any, other: Any, why: str | None = None) ->
         hint = ("; they differ only in their axis names: a layout built from a mesh shape rather than the mesh "
                 "names them axis_0, axis_1, ... (build it on the tensor's mesh: placements_to_layout(p, x.mesh, "
                 "x.ndim), partition_spec_to_layout(spec, x.mesh, x.ndim), x.mesh.layout(...))")
+    elif first.num_devices == other.num_devices:  # a redistribution moves a tensor onto a mesh of as many devices
+        hint = (f"; move one onto the other's mesh first (both have {first.num_devices} devices): "
+                "y = y.redistribute(x.mesh.layout(...))")
     return OperatorError(f"{said}operands live on different meshes: {first} and {other}{hint}")
 
 
