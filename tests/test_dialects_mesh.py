@@ -495,6 +495,25 @@ def test_what_spmdsim_does_not_read_is_one_line_naming_it_and_the_way_out():
         assert name in section, name
 
 
+def test_jaxs_unreduced_and_reduced_axes_in_a_spec_are_one_line_each():
+    """A spec as JAX prints one with unreduced axes, "P('dp', None, unreduced={'tp'})", read its keyword as a third
+    entry: 'partition spec ('dp', None, "unreduced={'tp'}") has 3 entries but the tensor has 2 dims'. Each keyword
+    now names itself and what to write; the layout it points to holds the pending sum."""
+    from pathlib import Path
+
+    mesh = Layout((2, 4), ("dp", "tp"))
+    said = _errors_with("has JAX's unreduced= axes, whose devices hold addends of a pending sum: spmdsim's partial "
+                        "axes", partition_spec_to_layout, "P('dp', None, unreduced={'tp'})", mesh, 2)
+    assert said.endswith("e.g. mesh.layout('dp', None, partial=('tp',))")
+    assert mesh("dp", None, partial=("tp",)).partial == ("tp",)
+    said = _errors_with("has JAX's reduced= axes, over which the tensor is replicated", partition_spec_to_layout,
+                        "PartitionSpec('dp', reduced={'tp'})", mesh, 2)
+    _errors_with("has a keyword foo=; expected only entries", partition_spec_to_layout, "P('dp', foo=1)", mesh, 2)
+    assert partition_spec_to_layout("P('dp', None)", mesh, 2).tensor_map == (("dp",), ())  # no keyword: as before
+    doc = " ".join((Path(__file__).resolve().parents[1] / "docs" / "reference" / "dialects.md").read_text().split())
+    assert "`unreduced=` and `reduced=`" in doc[doc.index("## Not supported"):]
+
+
 def test_dialects_import_no_mpi4py():
     code = (
         "import sys, spmdsim.layouts.dialects\n"

@@ -361,6 +361,14 @@ def parse_tensor_map(text: str, what: str = "tensor map", takes: Optional[Mappin
 
 
 _SPEC_CALL = re.compile(r"^\s*(?:(?:jax\.sharding\.)?PartitionSpec|P)\s*\((.*)\)\s*$", re.S)
+#: A keyword in a PartitionSpec call, as JAX prints its unreduced= and reduced= axes.
+_SPEC_KEYWORD = re.compile(r"(?:^|,)\s*([A-Za-z_]\w*)\s*=(?!=)")
+_SPEC_KEYWORDS = {
+    "unreduced": "JAX's unreduced= axes, whose devices hold addends of a pending sum: spmdsim's partial axes, which "
+                 "its spec does not carry; write mesh.layout(<entries>, partial=<those axes>), e.g. mesh.layout('dp', "
+                 "None, partial=('tp',))",
+    "reduced": "JAX's reduced= axes, over which the tensor is replicated (its gradient left unreduced): leave them "
+               "out, as a mesh axis the spec does not name is replicated"}
 
 
 def parse_partition_spec(text: str) -> tuple:
@@ -370,6 +378,9 @@ def parse_partition_spec(text: str) -> tuple:
     if call is None:
         return parse_tensor_map(text, "partition spec")
     args = call.group(1).strip()
+    if keyword := _SPEC_KEYWORD.search(args):  # JAX's unreduced= / reduced= axes: no entry of a dim
+        said = _SPEC_KEYWORDS.get(keyword.group(1), f"a keyword {keyword.group(1)}=; expected only entries, one a dim")
+        raise SpmdsimError(f"partition spec {text!r} has {said}")
     # The call's arguments are the entries: as a tuple with a trailing comma, P(('x', 'y')) stays one entry.
     body = args.removesuffix(",").rstrip()
     if args and not body:  # P(,): Python's syntax error, not a scalar's spec
