@@ -950,3 +950,23 @@ def test_the_jax_collectives_row_names_the_tiled_forms_spmdsims_are():
         assert gathered == (4, 24)
         assert np.array_equal(scattered, sum(blocks)[r:r + 1])  # psum_scatter(tiled=True): row r of the sum
         assert np.array_equal(exchanged, np.concatenate([b[r:r + 1] for b in blocks], 1))  # (1, 24)
+
+
+def test_the_device_put_row_says_who_refuses_uneven_shards_and_how_to_cut_them():
+    """The row's "even shards only" read as spmdsim's limit, which the PyTorch table's uneven cut contradicts; it is
+    JAX's (device_put: "should be divisible by"). The row says so and names the cut, which then splits 7 rows."""
+    from spmdsim import Layout, Mesh, simulate
+    from spmdsim.layouts.dialects import partition_spec_to_layout
+    from spmdsim.runtime import DTensor
+
+    row = next(line for line in (ROOT / DOC).read_text().splitlines() if line.startswith("| `jax.device_put("))
+    assert "even shards only" not in row and "JAX refuses a dim its shards do not divide" in row
+    assert 'a mesh of `Layout(..., cut="chunk")`' in row, row
+    rows = np.arange(14.0).reshape(7, 2)
+
+    def body():
+        mesh = Mesh(Layout((4,), ("x",), cut="chunk"))
+        layout = partition_spec_to_layout(("x", None), mesh, 2)
+        return DTensor.from_global(mesh, rows, layout).local.shape
+
+    assert simulate(4, body) == [(2, 2), (2, 2), (2, 2), (1, 2)]  # torch.chunk's pieces, as the PyTorch row says
