@@ -32,8 +32,10 @@ def test_even_and_the_even_only_dialects_refuse_with_one_line(capsys):
         (ROWS,
          "spmdsim: error: tensor (10, 3): dim 0 of size 10 is not divisible by 4 shards over ('mp',); name a rule with "
          "\"cut\": \"chunk\" or \"balanced\" (--cut) to cut unevenly"),
-        (["--strategy", "((4,1),)", "--shape", "10,3"],
-         "spmdsim: error: tensor (10, 3): dim 0 of size 10 is not divisible by 4 shards over ('axis_0',)"),
+        (["--strategy", "((4,1),)", "--shape", "10,3"],  # said nothing of the way out, as the SBP line did
+         "spmdsim: error: tensor (10, 3): dim 0 of size 10 is not divisible by 4 shards over ('axis_0',); MindSpore "
+         "cuts every dim evenly: write it in the layout form (--device-matrix, --alias, --tensor-map) with --cut "
+         "chunk or balanced"),
         (["--sbp", "S(0)", "--placement", "4", "--shape", "10,3"],
          "spmdsim: error: tensor (10, 3): dim 0 of size 10 is not divisible by 4 shards over "
          "('axis_0',); spmdsim reads OneFlow SBP with even cuts only (OneFlow itself cuts a dim that does not divide "

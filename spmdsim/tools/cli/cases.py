@@ -89,6 +89,9 @@ def case_from_dict(data: Any) -> Case:
         elif not hint and form == "sbp":
             hint = (f"; {ONEFLOW_EVEN}: write it in the layout form (--device-matrix, --alias, --tensor-map) "
                     "with --cut balanced")
+        elif not hint and form == "strategy":
+            hint = ("; MindSpore cuts every dim evenly: write it in the layout form (--device-matrix, --alias, "
+                    "--tensor-map) with --cut chunk or balanced")
         elif not hint and form == "layout":
             hint = '; name a rule with "cut": "chunk" or "balanced" (--cut) to cut unevenly'
         if not hint:
