@@ -195,3 +195,22 @@ def test_scale_keeps_dtype_layout_and_pending_sums(mesh2d):
     for bad, match in ((0.5, "would truncate"), ("2", "must be a real number"), (float("nan"), "not NaN")):
         with pytest.raises(OperatorError, match=match):
             scale(ints, bad)
+
+
+@pytest.mark.parametrize("kind", ["max", "min"])
+def test_max_and_min_over_a_split_dim_keep_a_nan_as_numpy(mesh2d, kind):
+    """MPI's MAX and MIN drop a NaN they compare second (MPICH's a > b ? a : b): a NaN in the last mp rank's
+    columns gave max 5.0 for the row numpy makes NaN (simulated ranks' np.maximum kept it). Each element now
+    travels with a NaN flag; finite rows are as before."""
+    from spmdsim.nn import ops
+    from spmdsim.runtime import DTensor
+
+    mp = mesh2d.layout.device_matrix[1]
+    src = np.arange(4.0 * 2 * mp).reshape(4, 2 * mp)
+    src[0, -1] = np.nan  # the last mp rank's block
+    src[2, 0] = np.nan  # the first's
+    x = DTensor.from_global(mesh2d, src, mesh2d.layout("dp", "mp"))
+    got = getattr(ops, kind)(x, 1).gather()
+    want = getattr(np, kind)(src, 1)
+    assert np.array_equal(got, want, equal_nan=True), (got, want)
+    assert np.array_equal(getattr(ops, kind)(x).gather(), getattr(np, kind)(src), equal_nan=True)

@@ -115,7 +115,9 @@ def _reduce(kind: str, x: Any, axes: tuple, keepdims: bool) -> Any:
     if kind == "mean":  # (no entries: 0 / 0, NaN as numpy's, without numpy's warning from this line)
         with np.errstate(invalid="ignore") if not count else nullcontext():
             block = block / np.asarray(count, block.dtype) if block.dtype.kind == "f" else block / count
-    if plan.steps:  # collectives take at least one dim: a 0-d result travels as one element
+    if plan.steps and (kind == "max" or kind == "min") and block.dtype.kind == "f" and not x.mesh.engine.dry:
+        block = _nan_kept(x.mesh, block, plan.steps, shape, kind)
+    elif plan.steps:  # collectives take at least one dim: a 0-d result travels as one element
         local_shape = block.shape
         block = execute(x.mesh, contiguous(block).reshape(-1) if not local_shape else
                         contiguous(block), plan.steps, shape, kind, owned=True).reshape(local_shape)
@@ -123,6 +125,18 @@ def _reduce(kind: str, x: Any, axes: tuple, keepdims: bool) -> Any:
     if x._ag is None:
         return out
     return record_reduce(kind, out, x, plan, axes, keepdims, count)
+
+
+def _nan_kept(mesh: Any, block: np.ndarray, steps: tuple, shape: tuple, kind: str) -> np.ndarray:
+    """`block`'s Allreduce(MAX/MIN) by `steps`, a NaN kept as numpy's max and min keep it: MPI's MAX drops one
+    where it compares it second (MPICH's a > b ? a : b), so each element travels beside a NaN flag in one
+    Allreduce of twice the bytes, the flag's extreme saying whether any rank held a NaN there."""
+    flat = contiguous(block).reshape(-1)
+    nan = np.isnan(flat)
+    sign = 1 if kind == "max" else -1  # a flag of 1 wins a MAX, of -1 a MIN
+    both = np.concatenate([nan.astype(flat.dtype) * sign, np.where(nan, -sign * np.inf, flat).astype(flat.dtype)])
+    done = execute(mesh, both, steps, shape, kind, owned=True)
+    return np.where(done[:flat.size] != 0, np.nan, done[flat.size:]).astype(flat.dtype).reshape(block.shape)
 
 
 def _reduced(x: Any, kind: str, axes: tuple, keepdims: bool) -> np.ndarray:
