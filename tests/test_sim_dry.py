@@ -625,3 +625,22 @@ def test_a_dry_allgather_of_empty_blocks_is_empty_as_the_real_one(capsys):
                  "--shape", "0,0", "--ranks", "4", "--dry-run"])
     out = capsys.readouterr()
     assert code == 0 and "allgather x1, alltoall x1" in out.out and "Traceback" not in out.err
+
+
+@pytest.mark.parametrize("kind", ["max", "min"])
+def test_a_dry_max_over_a_split_dim_counts_the_bytes_the_real_one_sends(kind):
+    """A float max or min over a split dim travels beside its NaN flag (spmdsim.nn.ops.reduce): twice the bytes.
+    The dry run left the flag out and counted half of what the run sends."""
+    from spmdsim import Layout, Mesh, ops
+    from spmdsim.runtime import DTensor
+    from spmdsim.runtime.trace import collect_trace
+
+    def body():
+        mesh = Mesh(Layout((2, 4), ("dp", "mp")))
+        x = DTensor.from_global(mesh, np.arange(64.0).reshape(8, 8), mesh.layout("dp", "mp"))
+        with collect_trace() as trace:
+            getattr(ops, kind)(x, 1)
+        return trace.totals()["calls"], trace.totals()["bytes_sent"]
+
+    # a rank's 4 rows, each its max and its flag in float64: 64 bytes, of which an Allreduce over mp 4 sends 3/2
+    assert spmdsim.simulate(8, body, dry_run=True) == spmdsim.simulate(8, body) == [(1, 96)] * 8

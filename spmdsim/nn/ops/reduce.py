@@ -115,7 +115,7 @@ def _reduce(kind: str, x: Any, axes: tuple, keepdims: bool) -> Any:
     if kind == "mean":  # (no entries: 0 / 0, NaN as numpy's, without numpy's warning from this line)
         with np.errstate(invalid="ignore") if not count else nullcontext():
             block = block / np.asarray(count, block.dtype) if block.dtype.kind == "f" else block / count
-    if plan.steps and (kind == "max" or kind == "min") and block.dtype.kind == "f" and not x.mesh.engine.dry:
+    if plan.steps and (kind == "max" or kind == "min") and block.dtype.kind == "f":
         block = _nan_kept(x.mesh, block, plan.steps, shape, kind)
     elif plan.steps:  # collectives take at least one dim: a 0-d result travels as one element
         local_shape = block.shape
