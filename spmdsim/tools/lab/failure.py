@@ -146,10 +146,21 @@ def _object_op_hint(exc: BaseException, path: str) -> str:
 MESSAGE_CHARS = 200
 
 
+#: A frame of MPICH's error stack, "internal_Send_c(234): " or "internal_Recv_c(339).....: ", before its text.
+_STACK_FRAME = re.compile(r"^\w+\(\d+\)\.*:\s*")
+
+
 def _first_line(message: str) -> str:
     """The first line of an exception's `message`, cut to MESSAGE_CHARS saying how long it was: a submission's
-    `raise ValueError("x" * 10**6)` printed a megabyte to the terminal and into its grade-book cell."""
-    line = message.strip().splitlines()[0] if message.strip() else ""
+    `raise ValueError("x" * 10**6)` printed a megabyte to the terminal and into its grade-book cell. MPICH's
+    "Message truncated, error stack:" is said with the stack's last text, which says what was wrong
+    ("Message truncated: Message from rank 1 and tag 0 truncated; 40 bytes received but buffer size is 20")."""
+    lines = message.strip().splitlines()
+    line = lines[0] if lines else ""
+    if line.endswith(", error stack:"):
+        texts = [_STACK_FRAME.sub("", later).strip() for later in lines[1:]]
+        last = next((text for text in reversed(texts) if text), "")
+        line = line[:-len(", error stack:")] + (f": {last}" if last else "")
     return line if len(line) <= MESSAGE_CHARS else f"{line[:MESSAGE_CHARS]}... ({len(line):,} characters)"
 
 

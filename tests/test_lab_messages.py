@@ -1,0 +1,46 @@
+"""What a check says of a student's typical mistakes in words that are not the student's own: MPICH's error
+stacks, the emulator's long messages, test code left at a submission's top level, an MPI call on one rank."""
+from __future__ import annotations
+
+import pytest
+
+from test_lab_cli import TINY
+
+from spmdsim.tools.cli.main import main
+from spmdsim.tools.lab.failure import _first_line
+
+
+@pytest.fixture
+def course(tmp_path, monkeypatch):
+    """The instructor's one exercise (double, at 1 and 2 ranks), in course/."""
+    (tmp_path / "course").mkdir()
+    (tmp_path / "course" / "01_double.py").write_text(TINY)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _check(course, name: str, source: str, capsys, *ranks: str) -> str:
+    """The stdout of `spmdsim lab check 1 NAME` of `source`, its folded lines joined."""
+    (course / name).write_text(source)
+    main(["lab", "check", "1", name, "--exercises", "course", *(("--ranks", *ranks) if ranks else ())])
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_an_mpich_error_stack_is_said_by_its_last_line_not_error_stack(course, capsys):
+    """A call on the MPI.COMM_NULL a Split of color MPI.UNDEFINED gives reaches MPICH, whose message's first line
+    is "Invalid communicator, error stack:": the reason ended there, the cause unsaid."""
+    out = _check(course, "null.py", "from mpi4py import MPI\ndef double(comm, x):\n"
+                 "    sub = comm.Split(MPI.UNDEFINED, 0)\n    sub.Barrier()\n    return 2 * x\n", capsys, "2")
+    assert "FAIL every rank raised MPI.Exception at line 4: Invalid communicator: Null communicator" in out, out
+    assert "error stack" not in out
+
+
+def test_mpichs_truncation_under_mpiexec_is_said_with_its_detail():
+    """Under --mpiexec a Recv into too small a buffer was said "Message truncated, error stack:"."""
+    message = ("Message truncated, error stack:\ninternal_Recv_c(339).....: MPI_Recv_c(buf=0x55, count=5, "
+               "MPI_FLOAT, 1, MPI_ANY_TAG, MPI_COMM_WORLD, status=0x1) failed\nMPIR_Wait(745)...........: \n"
+               "MPIDIG_recv_type_init(74): Message from rank 1 and tag 0 truncated; 20 bytes received but buffer "
+               "size is 40")
+    assert _first_line(message) == ("Message truncated: Message from rank 1 and tag 0 truncated; 20 bytes received "
+                                    "but buffer size is 40")
+    assert _first_line("Invalid rank, error stack:") == "Invalid rank"
