@@ -44,3 +44,13 @@ def test_mpichs_truncation_under_mpiexec_is_said_with_its_detail():
     assert _first_line(message) == ("Message truncated: Message from rank 1 and tag 0 truncated; 20 bytes received "
                                     "but buffer size is 40")
     assert _first_line("Invalid rank, error stack:") == "Invalid rank"
+
+
+def test_the_emulators_long_message_keeps_its_advice(course, capsys):
+    """The emulator's message for an object received into an array ends with what to do; cut at 200 characters
+    it ended "or send an array with S... (203 characters)"."""
+    out = _check(course, "obj.py", "import numpy as np\ndef double(comm, x):\n    if comm.Get_rank() == 0:\n"
+                 "        comm.send('hi', dest=1)\n"
+                 "    else:\n        comm.Recv(np.empty(3), source=0)\n    return 2 * x\n", capsys, "2")
+    assert "rank 1 raised MPI.Exception at line 6: Invalid datatype: rank 0 sends" in out, out
+    assert "receive it with recv(), or send an array with Send" in out and "characters)" not in out, out

@@ -144,13 +144,25 @@ def _object_op_hint(exc: BaseException, path: str) -> str:
 
 #: The most characters of an exception's message a reason keeps (a CSV cell, a line of feedback).
 MESSAGE_CHARS = 200
+#: ... of a message spmdsim's emulator wrote, whose advice comes at its end ("... receive it with recv(), or
+#: send an array with Send"): kept whole up to this length.
+EMULATOR_MESSAGE_CHARS = 1000
+#: The folder of spmdsim's package: an exception raised by a frame under it is the emulator's, its words spmdsim's.
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 
 
 #: A frame of MPICH's error stack, "internal_Send_c(234): " or "internal_Recv_c(339).....: ", before its text.
 _STACK_FRAME = re.compile(r"^\w+\(\d+\)\.*:\s*")
 
 
-def _first_line(message: str) -> str:
+def _most_chars(exc: BaseException) -> int:
+    """How many characters of `exc`'s message a reason keeps: more where spmdsim's emulator raised it."""
+    frames = [frame for frame, _ in traceback.walk_tb(exc.__traceback__)]
+    raised_in = frames[-1].f_code.co_filename if frames else ""
+    return EMULATOR_MESSAGE_CHARS if raised_in.startswith(_PACKAGE) else MESSAGE_CHARS
+
+
+def _first_line(message: str, most: int = MESSAGE_CHARS) -> str:
     """The first line of an exception's `message`, cut to MESSAGE_CHARS saying how long it was: a submission's
     `raise ValueError("x" * 10**6)` printed a megabyte to the terminal and into its grade-book cell. MPICH's
     "Message truncated, error stack:" is said with the stack's last text, which says what was wrong
@@ -161,7 +173,7 @@ def _first_line(message: str) -> str:
         texts = [_STACK_FRAME.sub("", later).strip() for later in lines[1:]]
         last = next((text for text in reversed(texts) if text), "")
         line = line[:-len(", error stack:")] + (f": {last}" if last else "")
-    return line if len(line) <= MESSAGE_CHARS else f"{line[:MESSAGE_CHARS]}... ({len(line):,} characters)"
+    return line if len(line) <= most else f"{line[:most]}... ({len(line):,} characters)"
 
 
 def describe_failure(exc: BaseException, path: str, n: int, signature: str = "") -> tuple:
@@ -210,7 +222,7 @@ def describe_failure(exc: BaseException, path: str, n: int, signature: str = "")
         return status, f"{who} raised ModuleNotFoundError{at}: no module named {exc.name!r}: a submission is " \
                         f"one file, and {beside} beside it is not on the path: put what it uses into " \
                         f"{os.path.basename(path)}", ""
-    message = _object_op_hint(exc, path) or _first_line(exception_text(exc))  # (its __str__ may raise)
+    message = _object_op_hint(exc, path) or _first_line(exception_text(exc), _most_chars(exc))  # (__str__ may raise)
     name = "MPI.Exception" if type(exc).__module__ == "mpi4py.MPI" else type(exc).__name__
     return status, f"{who} raised {name}{at}" + (f": {message}" if message else "") + \
         _call_hint(exc, line, signature), ""
