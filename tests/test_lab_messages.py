@@ -54,3 +54,30 @@ def test_the_emulators_long_message_keeps_its_advice(course, capsys):
                  "    else:\n        comm.Recv(np.empty(3), source=0)\n    return 2 * x\n", capsys, "2")
     assert "rank 1 raised MPI.Exception at line 6: Invalid datatype: rank 0 sends" in out, out
     assert "receive it with recv(), or send an array with Send" in out and "characters)" not in out, out
+
+
+def test_test_code_at_the_files_top_level_is_noted(course, capsys):
+    """A student tries the function at the bottom of the file: a check runs that code on every rank as it loads
+    the file, where a send of it is taken by the function's receive; the note named MPI.COMM_WORLD only, saying
+    the function did not use its communicator, which it did."""
+    source = ("import numpy as np\nfrom mpi4py import MPI\ndef double(comm, x):\n    return 2 * x\n"
+              "comm = MPI.COMM_WORLD\nprint(double(comm, np.ones(2)))\n")
+    out = _check(course, "tries.py", source, capsys)
+    assert "PASS" in out and "MPI.COMM_WORLD, not the communicator" not in out, out
+    assert ("note: line 6 calls double() at the file's top level: a check runs that line on every rank as it loads "
+            "the file, before it calls double() itself; put the code that tries the function under "
+            '`if __name__ == "__main__":`') in out, out
+    guarded = source.replace("comm = MPI", 'if __name__ == "__main__":\n    comm = MPI').replace("print(", "    print(")
+    out = _check(course, "guarded.py", guarded, capsys)
+    assert "PASS" in out and "note" not in out, out
+    out = _check(course, "sends.py", "from mpi4py import MPI\ndef double(comm, x):\n    return 2 * x\n"
+                 "if MPI.COMM_WORLD.Get_rank() == 0:\n    MPI.COMM_WORLD.send('hi', dest=0)\n", capsys, "1")
+    assert "note: line 5 calls MPI.COMM_WORLD.send() at the file's top level" in out, out
+
+
+def test_a_function_that_uses_the_world_is_still_noted_beside_top_level_code(course, capsys):
+    source = ("from mpi4py import MPI\ndef double(comm, x):\n    return 2 * x * MPI.COMM_WORLD.Get_size() / "
+              "comm.Get_size()\nprint(double(MPI.COMM_WORLD, 1.0))\n")
+    out = _check(course, "world.py", source, capsys, "1")
+    assert "note: line 4 calls double() at the file's top level" in out, out
+    assert "note: line 3 uses MPI.COMM_WORLD, not the communicator double() is given (comm)" in out, out

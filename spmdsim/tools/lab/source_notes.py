@@ -5,8 +5,9 @@ A check runs each case once, so a submission whose result depends on an unseeded
 the time of day can pass a case in one check and fail it in the next, its grade with it. Running
 every case twice would double a check's time and still miss most flips; the source says it at once.
 A submission that uses MPI.COMM_WORLD where its function is given a communicator is right on the
-world a check gives it, and wrong on any other. The notes are advice beside the verdict, never part
-of it: a right submission keeps its PASS.
+world a check gives it, and wrong on any other. Code that tries the function at the file's top level
+runs on every rank as a check loads the file, its messages taken by the function's receives. The
+notes are advice beside the verdict, never part of it: a right submission keeps its PASS.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import ast
 from typing import Optional
 
 from ...base.source import SourceDecodeError, decode_source
+from .calls import BARRIERS, COLLECTIVES, ONE_SIDED, POINT_TO_POINT
 
 __all__ = ["source_notes"]
 
@@ -27,6 +29,8 @@ _NOT_DRAWS = {"random.seed", "random.getstate", "random.setstate", "numpy.random
               "numpy.random.get_state", "numpy.random.set_state", "numpy.random.Generator",
               "numpy.random.SeedSequence", "numpy.random.BitGenerator", "numpy.random.PCG64",
               "numpy.random.PCG64DXSM", "numpy.random.MT19937", "numpy.random.Philox", "numpy.random.SFC64"}
+#: The calls that communicate: one at the file's top level runs as a check loads the file.
+_COMMUNICATION = COLLECTIVES | BARRIERS | POINT_TO_POINT | ONE_SIDED
 #: The clocks whose reading, in a condition, makes a branch that the time of day decides.
 _CLOCKS = {"time.time", "time.time_ns", "time.perf_counter", "time.perf_counter_ns", "time.monotonic",
            "time.monotonic_ns", "time.process_time", "time.thread_time", "datetime.datetime.now",
@@ -108,18 +112,43 @@ def _is_main_guard(node: ast.AST) -> bool:
         and any(isinstance(c, ast.Constant) and c.value == "__main__" for c in test.comparators)
 
 
-def _world_use(tree: ast.AST, names: dict) -> Optional[int]:
-    """The first line that names MPI.COMM_WORLD, outside ``if __name__ == "__main__":``; None if none."""
-    lines, todo = [], [tree]
+def _world_use(tree: ast.AST, names: dict, inside_only: bool = False) -> Optional[int]:
+    """The first line that names MPI.COMM_WORLD, outside ``if __name__ == "__main__":`` (and, with `inside_only`,
+    inside a function: the file's top level then tries the function, given the world); None if none."""
+    lines, todo = [], [(tree, False)]
+    while todo:
+        node, inside = todo.pop()
+        if _is_main_guard(node):
+            todo.extend((child, inside) for child in node.orelse)
+            continue
+        inside = inside or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        if isinstance(node, (ast.Attribute, ast.Name)) and _dotted(node, names) == "mpi4py.MPI.COMM_WORLD" \
+                and (inside or not inside_only):
+            lines.append(node.lineno)
+        todo.extend((child, inside) for child in ast.iter_child_nodes(node))
+    return min(lines) if lines else None
+
+
+def _top_level_run(tree: ast.Module, function: str) -> Optional[tuple]:
+    """(line, what) of the first call at the file's top level, outside functions, classes and
+    ``if __name__ == "__main__":``, of the exercise's `function` or of a communication call (`comm.send(...)`):
+    code that tries the function, which a check runs on every rank as it loads the file; None if none."""
+    found, todo = [], [node for node in tree.body if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                                           ast.ClassDef))]
     while todo:
         node = todo.pop()
         if _is_main_guard(node):
             todo.extend(node.orelse)
             continue
-        if isinstance(node, (ast.Attribute, ast.Name)) and _dotted(node, names) == "mpi4py.MPI.COMM_WORLD":
-            lines.append(node.lineno)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.Call):
+            if isinstance(node.func, ast.Name) and node.func.id == function:
+                found.append((node.lineno, f"{function}()"))
+            elif isinstance(node.func, ast.Attribute) and node.func.attr in _COMMUNICATION:
+                found.append((node.lineno, f"{ast.unparse(node.func)}()"))
         todo.extend(ast.iter_child_nodes(node))
-    return min(lines) if lines else None
+    return min(found) if found else None
 
 
 def _parameter(tree: ast.AST, function: str) -> str:
@@ -144,8 +173,9 @@ def _tree(path: str) -> Optional[ast.AST]:
 
 
 def source_notes(path: str, function: str = "") -> tuple:
-    """The notes on the submission at `path`, one line each: an unseeded random draw, a branch on a clock,
-    MPI.COMM_WORLD where the exercise's `function` is given its communicator."""
+    """The notes on the submission at `path`, one line each: an unseeded random draw, a branch on a clock, a call
+    of the exercise's `function` or of a communicator at the file's top level, MPI.COMM_WORLD where `function` is
+    given its communicator."""
     tree = _tree(path)
     if tree is None:
         return ()
@@ -160,7 +190,12 @@ def source_notes(path: str, function: str = "") -> tuple:
     if clock:
         notes.append(f"note: line {clock[0]} branches on {clock[1]}(): what the submission does depends on how "
                      f"fast it runs, and its grade may change from run to run")
-    world = _world_use(tree, names)
+    top = _top_level_run(tree, function) if function else None
+    if top:
+        notes.append(f"note: line {top[0]} calls {top[1]} at the file's top level: a check runs that line on every "
+                     f"rank as it loads the file, before it calls {function}() itself; put the code that tries "
+                     f"the function under `if __name__ == \"__main__\":`")
+    world = _world_use(tree, names, inside_only=top is not None)
     if world and function:
         comm = _parameter(tree, function)
         notes.append(f"note: line {world} uses MPI.COMM_WORLD, not the communicator {function}() is given "
