@@ -81,3 +81,9 @@ def test_a_function_that_uses_the_world_is_still_noted_beside_top_level_code(cou
     out = _check(course, "world.py", source, capsys, "1")
     assert "note: line 4 calls double() at the file's top level" in out, out
     assert "note: line 3 uses MPI.COMM_WORLD, not the communicator double() is given (comm)" in out, out
+
+
+def test_a_rank_outside_a_one_rank_communicator_is_said_in_the_singular(course, capsys):
+    out = _check(course, "peer.py", "def double(comm, x):\n    comm.send(x, dest=1)\n    return 2 * x\n", capsys,
+                 "1")
+    assert "Invalid rank: dest rank 1 is outside the communicator of 1 rank (0, or MPI.PROC_NULL)" in out, out

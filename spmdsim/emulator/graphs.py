@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+from ..base.validate import counted
 from ..runtime.sim._buffers import int_array
 from ..runtime.sim._mpi import mpi_module, special
 from .neighbours import Neighbourhood, _copyable, _detailed
@@ -132,7 +133,8 @@ def _check_ranks(sources: list, destinations: list, size: int, call: str) -> Non
     for what, ranks in (("source", sources), ("destination", destinations)):
         bad = [r for r in ranks if not 0 <= r < size]
         if bad:
-            raise _detailed("ERR_ARG", f"{call}: {what} rank {bad[0]!r} is outside a communicator of {size} ranks")
+            raise _detailed("ERR_ARG", f"{call}: {what} rank {bad[0]!r} is outside a communicator of "
+                                       f"{counted(size, 'rank')}")
 
 
 def create_dist_graph_adjacent(comm: Any, cls: type, sources: Any, destinations: Any, sourceweights: Any = None,

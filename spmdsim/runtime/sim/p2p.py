@@ -33,6 +33,7 @@ import pickle
 from typing import Any, Optional
 
 from ...errors import DTypeError, ShapeError
+from ...base.validate import counted
 from ._buffers import message
 from ._mpi import c_int, integer, mpi_error, mpi_module, special, wildcards
 from .groups import Group
@@ -65,9 +66,10 @@ def _check_peer(group: Group, peer: Any, what: str) -> None:
         raise ShapeError(f"{what} {peer!r} must be an integer rank of the communicator")
     if not (0 <= peer < group.size or peer == special("PROC_NULL")):
         mpi = mpi_module()
-        text = f"{what} rank {peer!r} is outside the communicator of {group.size} ranks"
+        text = f"{what} rank {peer!r} is outside the communicator of {counted(group.size, 'rank')}"
         if mpi is not None:
-            raise mpi_error(mpi, mpi.ERR_RANK, f"{text} (0 to {group.size - 1}, or MPI.PROC_NULL)")
+            ranks = f"0 to {group.size - 1}" if group.size > 1 else "0"
+            raise mpi_error(mpi, mpi.ERR_RANK, f"{text} ({ranks}, or MPI.PROC_NULL)")
         raise ShapeError(text)
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import ShapeError
+from ...base.validate import counted
 from ._mpi import c_int, mpi_error, mpi_module, special
 from ._reductions import reduction
 from ..engines import DONE, Engine
@@ -240,7 +241,7 @@ def _freed(m: Member, op: str) -> BaseException:
 def bad_root(root: Any, size: int, call: str) -> BaseException:
     """MPI's error for a root outside the communicator (MPI.Exception ERR_ROOT under mpi4py)."""
     mpi = mpi_module()
-    text = f"{call}: root {root!r} is outside the communicator of {size} ranks"
+    text = f"{call}: root {root!r} is outside the communicator of {counted(size, 'rank')}"
     if mpi is not None:
         return mpi_error(mpi, mpi.ERR_ROOT, text)
     return ShapeError(text)
