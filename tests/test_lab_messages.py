@@ -87,3 +87,13 @@ def test_a_rank_outside_a_one_rank_communicator_is_said_in_the_singular(course, 
     out = _check(course, "peer.py", "def double(comm, x):\n    comm.send(x, dest=1)\n    return 2 * x\n", capsys,
                  "1")
     assert "Invalid rank: dest rank 1 is outside the communicator of 1 rank (0, or MPI.PROC_NULL)" in out, out
+
+
+def test_mpi_init_at_the_top_of_a_submission_says_mpi4py_did_it(course, capsys):
+    """A student who learned MPI in C calls MPI.Init(); mpi4py initialized MPI at its import, and the check said
+    only MPICH's "Cannot call MPI_INIT or MPI_INIT_THREAD more than once"."""
+    out = _check(course, "init.py", "from mpi4py import MPI\nMPI.Init()\ndef double(comm, x):\n    return 2 * x\n",
+                 capsys)
+    assert ("raised MPI.Exception at line 2: Other MPI error: Cannot call MPI_INIT or MPI_INIT_THREAD more than once "
+            "(mpi4py calls MPI_Init as a program imports mpi4py.MPI: drop this call, or set mpi4py.rc.initialize = "
+            "False before that import)") in out, out

@@ -144,7 +144,9 @@ class _Lifetime:
     def Init(self) -> None:  # noqa: N802 - mpi4py's names
         if self.state:
             raise self._error("Cannot call MPI_INIT or MPI_INIT_THREAD more than once"
-                              + (" (this rank called MPI.Finalize)" if self.state == 2 else ""))
+                              + (" (this rank called MPI.Finalize)" if self.state == 2 else
+                                 " (mpi4py calls MPI_Init as a program imports mpi4py.MPI: drop this call, or set "
+                                 "mpi4py.rc.initialize = False before that import)"))
         self.state, self.level = 1, 0
 
     def Init_thread(self, required: int = None) -> int:  # noqa: N802
