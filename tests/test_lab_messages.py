@@ -2,6 +2,8 @@
 stacks, the emulator's long messages, test code left at a submission's top level, an MPI call on one rank."""
 from __future__ import annotations
 
+import csv
+
 import pytest
 
 from test_lab_cli import TINY
@@ -97,3 +99,19 @@ def test_mpi_init_at_the_top_of_a_submission_says_mpi4py_did_it(course, capsys):
     assert ("raised MPI.Exception at line 2: Other MPI error: Cannot call MPI_INIT or MPI_INIT_THREAD more than once "
             "(mpi4py calls MPI_Init as a program imports mpi4py.MPI: drop this call, or set mpi4py.rc.initialize = "
             "False before that import)") in out, out
+
+
+def test_a_deadlock_in_the_grade_book_says_why_the_ranks_wait(course, capsys):
+    """The grade book said "deadlock at 1 rank: rank 0 waits in send to group rank 0 ... (a message of 24 bytes)"
+    and no more: a reader who knows that MPICH buffers such a Send could not tell why it waits."""
+    (course / "s").mkdir()
+    (course / "s" / "first.py").write_text(
+        "import numpy as np\ndef double(comm, x):\n    y = np.empty_like(x)\n    comm.Send(x, dest=comm.Get_rank())\n"
+        "    comm.Recv(y, source=comm.Get_rank())\n    return 2 * y\n")
+    assert main(["lab", "grade", "1", "s", "--csv", "g.csv", "--exercises", "course"]) == 0
+    [row] = list(csv.DictReader((course / "g.csv").open()))
+    assert row["reason"].startswith("deadlock at 1 rank: rank 0 waits in send to group rank 0 (tag 0)"), row
+    assert row["reason"].endswith("(a message of 24 bytes) at line 4; no standard Send is buffered here (eager limit "
+                                  "0): the program relies on MPI buffering its standard Sends, which the MPI standard "
+                                  "calls unsafe (it deadlocks once the messages outgrow MPI's buffer, or under another "
+                                  "MPI): post the receive first on one side, or use Sendrecv or Isend/Irecv"), row

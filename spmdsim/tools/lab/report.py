@@ -123,6 +123,10 @@ def csv_row(verdict: Verdict) -> tuple:
     reason = "" if failure is None else failure.reason.replace("\n", " ")
     if failure is not None and failure.status == "wrong" and failure.detail:  # the exercise's explanation
         reason += ": " + " ".join(failure.detail.split())
+    if failure is not None and failure.status == "deadlock":  # why the ranks wait (no Send buffered, a tag)
+        advice = [line.strip() for line in failure.detail.splitlines()[1:] if line.strip()]
+        if advice and not advice[-1].startswith(("rank ", "ranks ", "a thread ")) and advice[-1] not in reason:
+            reason += "; " + advice[-1]
     if verdict.status == "not-implemented":
         reason = "not yet implemented"
     elif verdict.notes:  # (advice beside the reason: the verdict is the cases')
