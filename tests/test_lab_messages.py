@@ -3,6 +3,7 @@ stacks, the emulator's long messages, test code left at a submission's top level
 from __future__ import annotations
 
 import csv
+import json
 
 import pytest
 
@@ -115,3 +116,17 @@ def test_a_deadlock_in_the_grade_book_says_why_the_ranks_wait(course, capsys):
                                   "0): the program relies on MPI buffering its standard Sends, which the MPI standard "
                                   "calls unsafe (it deadlocks once the messages outgrow MPI's buffer, or under another "
                                   "MPI): post the receive first on one side, or use Sendrecv or Isend/Irecv"), row
+
+
+def test_checking_a_jupyter_notebook_is_refused_saying_to_export_it(course, capsys):
+    """A notebook's JSON reads as a Python dict, so a check ran it and said "every rank raised NameError at line 15:
+    name 'null' is not defined", a line of no file the student wrote."""
+    cell = {"cell_type": "code", "metadata": {}, "source": ["def double(comm, x):\n", "    return 2 * x\n"],
+            "outputs": [], "execution_count": None}
+    (course / "work.ipynb").write_text(json.dumps({"cells": [cell], "metadata": {}, "nbformat": 4}, indent=1))
+    assert main(["lab", "check", "1", "work.ipynb", "--exercises", "course"]) == 2
+    said = capsys.readouterr()
+    assert " ".join(said.err.split()) == (
+        "spmdsim: error: submission 'work.ipynb' is a Jupyter notebook; expected a .py file: export the notebook's "
+        "function as one (jupyter nbconvert --to script work.ipynb), then check that"), said.err
+    assert said.out == ""

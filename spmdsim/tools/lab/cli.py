@@ -153,6 +153,9 @@ def _check(args: argparse.Namespace) -> int:
     exercise, path, counts = _check_inputs(args)
     if not os.path.isfile(path):
         raise LabError(_not_a_file(path, exercise))
+    if path.lower().endswith(".ipynb"):  # (JSON reads as a Python dict: its `null` was said as the student's NameError)
+        raise LabError(f"submission {path!r} is a Jupyter notebook; expected a .py file: export the notebook's "
+                       f"function as one (jupyter nbconvert --to script {shlex.quote(path)}), then check that")
     ranks = tuple(dict.fromkeys(counts or exercise.ranks))  # each once: `--ranks 2 2` checks 2 ranks
     bad = [n for n in ranks if n not in exercise.ranks]
     if bad:
