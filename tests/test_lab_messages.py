@@ -130,3 +130,16 @@ def test_checking_a_jupyter_notebook_is_refused_saying_to_export_it(course, caps
         "spmdsim: error: submission 'work.ipynb' is a Jupyter notebook; expected a .py file: export the notebook's "
         "function as one (jupyter nbconvert --to script work.ipynb), then check that"), said.err
     assert said.out == ""
+
+
+def test_a_recursion_without_end_names_the_function_not_the_checks_hook(course, capsys):
+    """A recursion without a base case was said "maximum recursion depth exceeded in comparison": the comparison
+    was in the check's own profile hook, which notes each call."""
+    out = _check(course, "deep.py", "def twice(n):\n    return twice(n + 1)\ndef double(comm, x):\n"
+                 "    return twice(x)\n", capsys, "1")
+    assert "FAIL rank 0 raised RecursionError at line 1: maximum recursion depth exceeded in twice(), which calls " \
+           "itself without end (or deeper than Python allows)" in out, out
+    out = _check(course, "nested.py", "import pickle\ndef double(comm, x):\n    deep = []\n    for _ in range(10**5):\n"
+                 "        deep = [deep]\n    pickle.dumps(deep)\n    return 2 * x\n", capsys, "1")
+    assert "rank 0 raised RecursionError at line 6: maximum recursion depth exceeded" in out, out
+    assert "calls itself" not in out, out

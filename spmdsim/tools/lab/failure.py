@@ -208,6 +208,11 @@ def describe_failure(exc: BaseException, path: str, n: int, signature: str = "")
         return "exit", f"{who} called {exc}{at}: return the result instead of exiting", ""
     if isinstance(exc, MemoryError):
         return "memory", f"{who} ran out of memory{at}", ""
+    mine = [f.name for f in traceback.extract_tb(exc.__traceback__) if f.filename == path]
+    if isinstance(exc, RecursionError) and mine and mine.count(mine[-1]) > 1:  # a function of its own recursing
+        # (Python's text may end "in comparison": the check's hook, which notes each call, was running)
+        return "error", f"{who} raised RecursionError{at}: maximum recursion depth exceeded in {mine[-1]}(), " \
+                        "which calls itself without end (or deeper than Python allows)", ""
     if isinstance(exc, EOFError):
         return "error", f"{who} read standard input{at}, which a check does not give: take the function's " \
                         "arguments instead", ""
