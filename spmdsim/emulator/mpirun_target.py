@@ -57,9 +57,25 @@ def _target(command: Sequence[str]) -> tuple[str, str, list[str]]:
         _main_spec(words[0])  # refused here, once, where it has none
         return "main", words[0], words
     if not os.path.isfile(words[0]):
-        raise ValueError(f"script {words[0]!r} does not exist")
+        raise ValueError(f"script {words[0]!r} does not exist" + _meant(words))
     _check_decodes(words[0])
     return "path", words[0], words
+
+
+def _meant(words: list) -> str:
+    """What a missing script's command line most likely meant: a launcher's command pasted after `mpirun -n N`
+    (`mpiexec -n 4 python prog.py`), or a script named without its `.py`; else ""."""
+    if os.path.basename(words[0]) in ("mpiexec", "mpirun", "srun", "mpiexec.hydra"):
+        rest, n = words[1:], "N"
+        while rest and rest[0].startswith("-"):  # the launcher's options: its -n N taken as the count meant
+            if rest[0] in ("-n", "-np", "--np", "--ntasks") and len(rest) > 1:
+                n, rest = rest[1], rest[1:]
+            rest = rest[1:]
+        return (f": spmdsim mpirun takes the command {words[0]} runs, not {words[0]} itself: spmdsim mpirun -n {n} "
+                f"{' '.join(rest)}")
+    if os.path.isfile(words[0] + ".py"):
+        return f" (the file is {words[0] + '.py'!r})"
+    return ""
 
 
 def _main_spec(path: str, must: bool = True) -> Any:
