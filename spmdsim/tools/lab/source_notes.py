@@ -129,7 +129,7 @@ def _world_use(tree: ast.AST, names: dict, inside_only: bool = False) -> Optiona
     return min(lines) if lines else None
 
 
-def _top_level_run(tree: ast.Module, function: str) -> Optional[tuple]:
+def _top_level_run(tree: ast.Module, names: dict, function: str) -> Optional[tuple]:
     """(line, what) of the first call at the file's top level, outside functions, classes and
     ``if __name__ == "__main__":``, of the exercise's `function` or of a communication call (`comm.send(...)`):
     code that tries the function, which a check runs on every rank as it loads the file; None if none."""
@@ -145,7 +145,8 @@ def _top_level_run(tree: ast.Module, function: str) -> Optional[tuple]:
         if isinstance(node, ast.Call):
             if isinstance(node.func, ast.Name) and node.func.id == function:
                 found.append((node.lineno, f"{function}()"))
-            elif isinstance(node.func, ast.Attribute) and node.func.attr in _COMMUNICATION:
+            elif isinstance(node.func, ast.Attribute) and node.func.attr in _COMMUNICATION and \
+                    _dotted(node.func, names).partition(".")[0] in ("", "mpi4py"):  # (not functools.reduce)
                 found.append((node.lineno, f"{ast.unparse(node.func)}()"))
         todo.extend(ast.iter_child_nodes(node))
     return min(found) if found else None
@@ -190,7 +191,7 @@ def source_notes(path: str, function: str = "") -> tuple:
     if clock:
         notes.append(f"note: line {clock[0]} branches on {clock[1]}(): what the submission does depends on how "
                      f"fast it runs, and its grade may change from run to run")
-    top = _top_level_run(tree, function) if function else None
+    top = _top_level_run(tree, names, function) if function else None
     if top:
         notes.append(f"note: line {top[0]} calls {top[1]} at the file's top level: a check runs that line on every "
                      f"rank as it loads the file, before it calls {function}() itself; put the code that tries "
