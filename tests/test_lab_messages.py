@@ -76,6 +76,10 @@ def test_test_code_at_the_files_top_level_is_noted(course, capsys):
     out = _check(course, "sends.py", "from mpi4py import MPI\ndef double(comm, x):\n    return 2 * x\n"
                  "if MPI.COMM_WORLD.Get_rank() == 0:\n    MPI.COMM_WORLD.send('hi', dest=0)\n", capsys, "1")
     assert "note: line 5 calls MPI.COMM_WORLD.send() at the file's top level" in out, out
+    out = _check(course, "main.py", "from mpi4py import MPI\nimport numpy as np\ndef double(comm, x):\n"
+                 "    return 2 * x\ndef table(n):\n    return np.arange(n)\nROWS = table(3)\ndef main():\n"
+                 "    print(double(MPI.COMM_WORLD, ROWS))\nmain()\n", capsys, "1")
+    assert "note: line 10 calls main() at the file's top level" in out and "line 7" not in out, out
     out = _check(course, "folds.py", "import functools\nimport numpy as np\nTOTAL = functools.reduce(max, [1, 2])\n"
                  "MOST = np.maximum.reduce([1, 2])\ndef double(comm, x):\n    return 2 * x\n", capsys, "1")
     assert "PASS" in out and "note" not in out, out

@@ -129,10 +129,38 @@ def _world_use(tree: ast.AST, names: dict, inside_only: bool = False) -> Optiona
     return min(lines) if lines else None
 
 
+def _runs(call: ast.Call, names: dict, callers: set) -> str:
+    """What `call` runs that communicates, "main()" or "comm.send()": a call of a function of `callers` or of a
+    communicator's method (not a module's function of that name: functools.reduce); "" if neither."""
+    if isinstance(call.func, ast.Name) and call.func.id in callers:
+        return f"{call.func.id}()"
+    if isinstance(call.func, ast.Attribute) and call.func.attr in _COMMUNICATION and \
+            _dotted(call.func, names).partition(".")[0] in ("", "mpi4py"):
+        return f"{ast.unparse(call.func)}()"
+    return ""
+
+
+def _callers(tree: ast.Module, names: dict, function: str) -> set:
+    """`function` and the file's own functions that call it or communicate, directly or through each other
+    (a `main()` that tries the function)."""
+    defs = [node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    callers, grew = {function}, True
+    while grew:
+        grew = False
+        for node in defs:
+            if node.name not in callers and any(isinstance(inner, ast.Call) and _runs(inner, names, callers)
+                                                for inner in ast.walk(node)):
+                callers.add(node.name)
+                grew = True
+    return callers
+
+
 def _top_level_run(tree: ast.Module, names: dict, function: str) -> Optional[tuple]:
     """(line, what) of the first call at the file's top level, outside functions, classes and
-    ``if __name__ == "__main__":``, of the exercise's `function` or of a communication call (`comm.send(...)`):
-    code that tries the function, which a check runs on every rank as it loads the file; None if none."""
+    ``if __name__ == "__main__":``, of the exercise's `function`, of a function of the file's that calls it, or of
+    a communication call (`comm.send(...)`): code that tries the function, which a check runs on every rank as it
+    loads the file; None if none."""
+    callers = _callers(tree, names, function)
     found, todo = [], [node for node in tree.body if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef,
                                                                            ast.ClassDef))]
     while todo:
@@ -142,12 +170,9 @@ def _top_level_run(tree: ast.Module, names: dict, function: str) -> Optional[tup
             continue
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
             continue
-        if isinstance(node, ast.Call):
-            if isinstance(node.func, ast.Name) and node.func.id == function:
-                found.append((node.lineno, f"{function}()"))
-            elif isinstance(node.func, ast.Attribute) and node.func.attr in _COMMUNICATION and \
-                    _dotted(node.func, names).partition(".")[0] in ("", "mpi4py"):  # (not functools.reduce)
-                found.append((node.lineno, f"{ast.unparse(node.func)}()"))
+        what = _runs(node, names, callers) if isinstance(node, ast.Call) else ""
+        if what:
+            found.append((node.lineno, what))
         todo.extend(ast.iter_child_nodes(node))
     return min(found) if found else None
 
