@@ -259,6 +259,22 @@ def test_files_that_cannot_be_read(tmp_path):
         load_machine(listed)
 
 
+def test_a_key_given_twice_is_refused_not_read_as_its_last_value(tmp_path):
+    """A copied file edited by adding a line beside the old one (`"gpus_per_node": 8, "gpus_per_node": 4`) was
+    read as its last value, silently: the estimate priced 4 GPUs a node where the user may have meant 8."""
+    text = json.dumps(_a100(), indent=1)
+    twice = tmp_path / "twice.json"
+    twice.write_text(text.replace('"gpus_per_node": 8', '"gpus_per_node": 8, "gpus_per_node": 4'))
+    with pytest.raises(SpmdsimError) as info:
+        load_machine(twice)
+    assert str(info.value) == (f"machine file {str(twice)!r}: key 'gpus_per_node' is given twice in one object (8, "
+                               "then 4); expected each key once (JSON would keep the last silently)")
+    nested = tmp_path / "nested.json"
+    nested.write_text(text.replace('"latency": 2e-06', '"latency": 2e-06, "latency": 5e-06', 1))
+    with pytest.raises(SpmdsimError, match=r"key 'latency' is given twice in one object \(2e-06, then 5e-06\)"):
+        load_machine(nested)
+
+
 def test_a_cost_model_given_as_the_machine_file_says_which_file_to_give(tmp_path):
     """`spmdsim calibrate --output cost.json --machine-out machine.json`, then `--machine cost.json`: "key 'version'
     is 1; expected no such key; a machine file has (...)", which named neither file."""

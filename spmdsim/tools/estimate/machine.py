@@ -275,6 +275,25 @@ def precision_peak_refusal(machine: Machine, precision: str, dtypes: tuple[str, 
                        f"gives {', '.join(machine.dtypes)}); {instead}")
 
 
+class _Twice(Exception):
+    """A key an object of the file gives twice: (key, the first value, the second)."""
+
+
+def _once_each(pairs: list) -> dict:
+    """json's object_pairs_hook: the object, or _Twice where a key comes again."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Twice(key, out[key], value)
+        out[key] = value
+    return out
+
+
+def _shown(value: Any) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 40 else f"{shown[:37]}..."
+
+
 def load_machine(name_or_path: str | os.PathLike) -> Machine:
     """A shipped machine by name (`machines()`), else the machine file at a path."""
     text = os.fspath(name_or_path)
@@ -298,7 +317,11 @@ def load_machine(name_or_path: str | os.PathLike) -> Machine:
     if not raw.strip():
         raise SpmdsimError(f"{where}: is empty; expected a JSON machine file")
     try:
-        data = json.loads(raw)
+        data = json.loads(raw, object_pairs_hook=_once_each)
+    except _Twice as exc:  # a copied file edited by adding a line and keeping the old one: JSON keeps the last
+        key, first, then = exc.args
+        raise SpmdsimError(f"{where}: key {key!r} is given twice in one object ({_shown(first)}, then "
+                           f"{_shown(then)}); expected each key once (JSON would keep the last silently)") from None
     except json.JSONDecodeError as exc:
         raise SpmdsimError(f"{where}: is not JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
                            "expected a JSON machine file") from None
