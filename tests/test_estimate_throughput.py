@@ -111,6 +111,16 @@ def test_the_text_and_json_agree_on_every_figure():
     assert float(mfu.group(2).replace(",", "")) == round(data["utilization"]["tflops_per_gpu"], 1)
 
 
+def test_the_json_gives_the_models_parameters_and_the_steps_flops_the_text_gives():
+    """The text's `model N parameters; one step: F FLOPs` line: --json had F (the hardware FLOPs) but not N, so a
+    program sweeping model sizes had to count the parameters itself."""
+    out, data = _estimate("--layers", "2", "--recompute", "full")
+    model = re.search(r"\nmodel ([0-9,]+) parameters; one step: ([0-9.e+]+) FLOPs", out)
+    # two layers of 12 x 64² + 13 x 64, the token and position tables of 128 x 64
+    assert data["parameters"] == int(model.group(1).replace(",", "")) == 116_352
+    assert f"{data['utilization']['hardware_flops']:.4e}" == model.group(2)
+
+
 @pytest.mark.parametrize("args, message", [
     ((-1, 0, 1, 1.0, 1.0), "model flops -1 must be an integer >= 0 (FLOPs of one step, all GPUs)"),
     ((2, 1, 1, 1.0, 1.0), "hardware flops 1 must be at least the model flops 2 (they add the recomputed products)"),

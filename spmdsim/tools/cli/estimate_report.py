@@ -132,6 +132,7 @@ def _json_record(args: argparse.Namespace, record: dict, cfg: Any, microbatches:
                  seconds: float, machine: Any, memories: list, times: list, use: Any, assumed: Any, rows: list) -> dict:
     """The JSON record of `spmdsim estimate gpt --json`."""
     return {"config": record,
+            "parameters": sum(prod(spec.shape) for spec in param_specs(cfg)),  # the text's "model N parameters"
             "microbatches": microbatches, "dry_run_s": seconds,
             "chunk_layers": [p.stop - p.first for p in chunk_parts(cfg, args.pp * args.virtual_stages, split)],
             "memory_bytes_per_gpu": machine.memory_bytes,
