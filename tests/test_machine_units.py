@@ -109,6 +109,16 @@ def test_the_how_to_pages_command_gives_its_error_then_runs_with_the_file_fixed(
     assert err == "" and "memory: every stage fits the a100-dgx's 80.00 GiB per GPU at its peak" in out
 
 
+def test_the_how_to_pages_copy_command_writes_a_shipped_file_that_loads_back_equal(tmp_path, monkeypatch):
+    """The page said "a copy of a100-dgx" without saying where a shipped file is or how to get one: a user who
+    installed the package had no file to copy. Its command writes one in the current folder."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "howto" / "add-machine-file.md").read_text()
+    (code,) = re.findall(r'^python -c "(.*save_machine.*)"$', page, re.M)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "add-machine-file.md", "exec"), {})
+    assert load_machine(tmp_path / "mine.json") == load_machine("a100-dgx")
+
+
 def test_the_how_to_pages_range_table_is_the_checks():
     """docs/howto/add-machine-file.md's table of accepted ranges says what UNIT_RANGES refuses."""
     page = (Path(__file__).resolve().parents[1] / "docs" / "howto" / "add-machine-file.md").read_text()
