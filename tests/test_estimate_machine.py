@@ -165,7 +165,8 @@ _F = "machine file 'x.json': "
     ("name", "", "key 'name' is ''; expected a non-empty string"),
     ("hbm_bandwidth", _DELETE, "key 'hbm_bandwidth' is missing; expected a number > 0 (bytes/s)"),
     ("hbm_bandwidth", -1, "key 'hbm_bandwidth' is -1; expected a number > 0 (bytes/s)"),
-    ("hbm_bandwidth", "2TB/s", "key 'hbm_bandwidth' is '2TB/s'; expected a number > 0 (bytes/s)"),
+    ("hbm_bandwidth", "2TB/s", "key 'hbm_bandwidth' is '2TB/s'; expected a number > 0 (bytes/s), a JSON number "
+                               "without quotes (if '2TB/s' means 2 TB/s, write 2e12)"),
     ("gpus_per_node", 0, "key 'gpus_per_node' is 0; expected an integer >= 1"),
     ("gpus_per_node", 8.0, "key 'gpus_per_node' is 8.0; expected an integer >= 1"),
     ("memory_bytes", True, "key 'memory_bytes' is True; expected an integer >= 1 (bytes per GPU)"),

@@ -60,6 +60,32 @@ def test_a_figure_in_another_unit_is_refused_naming_the_unit_it_was_written_in(k
     assert str(info.value) == _F + line
 
 
+@pytest.mark.parametrize("key, value, line", [
+    ("memory_bytes", "80GB", "key 'memory_bytes' is '80GB'; expected an integer >= 1 (bytes per GPU), a JSON number "
+                             "without quotes (if '80GB' means 80 GB, write 80e9)"),
+    ("memory_bytes", "80 GiB", "key 'memory_bytes' is '80 GiB'; expected an integer >= 1 (bytes per GPU), a JSON "
+                               "number without quotes (if '80 GiB' means 80 GiB, write 85899345920)"),
+    ("links.cluster.bandwidth", "400 Gb/s", "key 'links.cluster.bandwidth' is '400 Gb/s'; expected a number > 0 "
+                                            "(bytes/s per GPU per direction), a JSON number without quotes (if "
+                                            "'400 Gb/s' means 400 Gbit/s, write 50e9 bytes/s)"),
+    ("links.node.latency", "2us", "key 'links.node.latency' is '2us'; expected a number >= 0 (seconds), a JSON "
+                                  "number without quotes (if '2us' means 2 us, write 2e-6)"),
+    ("peak_flops.bf16", "312 TFLOP/s", "key 'peak_flops.bf16' is '312 TFLOP/s'; expected a number > 0 (FLOP/s), a "
+                                       "JSON number without quotes (if '312 TFLOP/s' means 312 TFLOP/s, write "
+                                       "312e12)"),
+    ("hbm_bandwidth", "2.039e12", "key 'hbm_bandwidth' is '2.039e12'; expected a number > 0 (bytes/s), a JSON "
+                                  "number without quotes (write 2.039e12)"),
+    ("gpus_per_node", "eight", "key 'gpus_per_node' is 'eight'; expected an integer >= 1, a JSON number without "
+                               "quotes"),
+])
+def test_a_figure_written_as_text_with_its_unit_is_refused_saying_the_number_to_write(key, value, line):
+    """"memory_bytes": "80GB" was refused as "expected an integer >= 1 (bytes per GPU)", leaving the user to work
+    out that the file wants 80e9 (and for "80 GiB" 85899345920, for a NIC's "400 Gb/s" 50e9)."""
+    with pytest.raises(SpmdsimError) as info:
+        machine_from_dict(_with(key, value), "machine file 'x.json'")
+    assert str(info.value) == _F + line
+
+
 @pytest.mark.parametrize("key, value", [
     ("links.node.latency", 0), ("links.node.latency", 0.1), ("links.cluster.bandwidth", 1.25e8),  # gigabit Ethernet
     ("memory_bytes", 128 << 10), ("peak_flops.fp64", 2e9), ("hbm_bandwidth", 8e12), ("peak_flops.bf16", 2.5e15),

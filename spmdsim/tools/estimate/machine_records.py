@@ -11,6 +11,7 @@ from typing import Any, Mapping, Optional
 from ...errors import SpmdsimError
 from .file_keys import _MISSING, _fail, _no_other_keys, _text
 from .gemm_shapes import BatchedShapes, UnbatchedShapes
+from .machine_units import quoted_hint
 from .records import LEVELS
 
 __all__ = ["Machine", "Link", "GemmEfficiency", "Waves", "Achieved", "AttentionEfficiency", "DTYPES",
@@ -53,13 +54,13 @@ def _number(where: str, key: str, value: Any, expected: str, *, positive: bool =
     """A finite number (> 0, or >= 0 where not `positive`), as float."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if not ok or (value <= 0 if positive else value < 0):
-        raise _fail(where, key, value, expected)
+        raise _fail(where, key, value, f"{expected}, {quoted_hint(value)}" if isinstance(value, str) else expected)
     return float(value)
 
 
 def _integer(where: str, key: str, value: Any, expected: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise _fail(where, key, value, expected)
+        raise _fail(where, key, value, f"{expected}, {quoted_hint(value)}" if isinstance(value, str) else expected)
     return value
 
 

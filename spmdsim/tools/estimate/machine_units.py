@@ -11,11 +11,12 @@ GB/s, write 300e9)``.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Mapping
 
 from .file_keys import _fail
 
-__all__ = ["check_units", "UNIT_RANGES"]
+__all__ = ["check_units", "quoted_hint", "UNIT_RANGES"]
 
 
 #: Per unit-bearing key: (what it is, the lowest and highest plausible value, a typical value, the unit's
@@ -69,6 +70,43 @@ def _meant(kind: str, value: float) -> str:
     if name is None:
         return ""
     return f"if {value:g} means {name}, write {value:g}e{exp}"
+
+
+#: A figure written as text with its unit: "80GB", "80 GiB", "2 us", "400 Gb/s", "989 TFLOP/s".
+_QUOTED = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKMGTP]?)(i?)([a-zA-Zµ/]*)\s*$")
+_DECIMAL = {"": 0, "k": 3, "K": 3, "M": 6, "G": 9, "T": 12, "P": 15}
+_TIMES = {"ms": -3, "us": -6, "µs": -6, "ns": -9}
+
+
+def quoted_hint(value: str) -> str:
+    """"a JSON number without quotes (if '80GB' means 80 GB, write 80e9)": what a figure a machine file gives as
+    text reads as in its unit (a "Gb/s" in bits as bytes/s, a binary "GiB" as its bytes), or that hint alone."""
+    found = _QUOTED.match(value)
+    plain = "a JSON number without quotes"
+    if not found:
+        return plain
+    digits, prefix, binary, unit = found.groups()
+    if not prefix and not unit:
+        return f"{plain} (write {digits})"
+    if binary:
+        whole = float(digits) * 1024 ** (" KMGTP".index(prefix.upper()))
+        return f"{plain} (if {value!r} means {digits} {prefix}i{unit or 'B'}, write {whole:.0f})"
+    if unit in _TIMES and not prefix:
+        return f"{plain} (if {value!r} means {digits} {unit}, write {_written(float(digits), _TIMES[unit])})"
+    exp = _DECIMAL[prefix]
+    if unit in ("b/s", "bps", "bit/s", "bits/s"):  # bits, as a NIC's 400 Gb/s: an eighth of as many bytes
+        return (f"{plain} (if {value!r} means {digits} {prefix}bit/s, write "
+                f"{_written(float(digits) / 8, exp)} bytes/s)")
+    return f"{plain} (if {value!r} means {digits} {prefix}{unit}, write {_written(float(digits), exp)})"
+
+
+def _written(number: float, exp: int) -> str:
+    """number x 10**exp as a file would write it: 50e9 for (50, 9), 12.5e9 for (0.0125, 12), 5e-06 for (5e-6, 0)."""
+    value = number * 10.0 ** exp
+    if value <= 0 or not math.isfinite(value):
+        return f"{value:g}"
+    three = 3 * math.floor(math.log10(value) / 3)
+    return f"{round(value / 10.0 ** three, 9):g}e{three}" if three else f"{value:g}"
 
 
 def _short(bound: float) -> str:
