@@ -12,6 +12,7 @@ from typing import Any
 
 from ...base.sizes import UnmappableError, format_size
 from ...base.validate import counted
+from ...errors import SpmdsimError
 from ...models.axes import DATA, EXPERT
 from ...models.gpt.flags import architecture_words
 from ...models.gpt.params import param_specs
@@ -24,6 +25,7 @@ from ..estimate.held import peak_refusal
 from ..estimate.machine import load_machine
 from ...nn.autograd.kept import FP8
 from ..estimate.steptime import Pipeline, assumptions, utilization
+from ..estimate.transfers import uneven_on_nodes
 
 __all__ = ["report"]
 
@@ -48,6 +50,7 @@ def report(args: argparse.Namespace, record: dict, cfg: Any, microbatches: int, 
         raise unmappable(exc, args.precision, machine.memory_bytes,
                          f"the {machine.name}'s {_gib(machine.memory_bytes)} per GPU") from None
     seconds = time.perf_counter() - start
+    _even_on_nodes(args, machine)  # (after the dry run's refusals of what cannot train on the mesh at all)
     pipeline = Pipeline(args.pp, microbatches, args.virtual_stages, schedule)
     fused = getattr(args, "gradient_accumulation_fusion", False)
     times = stage_times(stages, machine, args.precision, pipeline, overlap, fused)
@@ -126,6 +129,23 @@ def _head_lines(args: argparse.Namespace, cfg: Any, microbatches: int, split: An
     head.append(f"dry run of one step: {counted(len(stages), 'representative rank')}, {seconds:.1f} s; bytes and "
                 f"GEMMs at {args.precision} ({PRECISIONS[args.precision].about})")
     return head
+
+
+def _even_on_nodes(args: argparse.Namespace, machine: Any) -> None:
+    """Refuse a mesh whose groups of one axis fall unevenly on the machine's nodes (--tp 6 on 8-GPU nodes: ranks
+    6-11's tp group crosses two nodes, rank 0's does not), which the dry run would price as its one rank a stage."""
+    axes = (("tp", args.tp), ("cp", args.cp), ("ep", args.ep), ("dp", args.dp))
+    found = uneven_on_nodes(axes, args.pp, machine.gpus_per_node)
+    if found is None:
+        return
+    name, size, block, inside, outside = found
+    nodes = machine.gpus_per_node
+    flags = " x ".join(f"--{n}" for n, s in axes[:[n for n, _ in axes].index(name) + 1] if s > 1)
+    raise SpmdsimError(f"--{name} {size} falls unevenly on the {machine.name}'s {nodes}-GPU nodes: rank {inside}'s "
+                       f"{name} group is within its node, rank {outside}'s crosses nodes, and the estimate prices "
+                       f"one rank of a stage for all of its ranks; expected "
+                       + (f"a --tp that divides {nodes} or is a multiple of it" if name == "tp" else
+                          f"{flags} ({block}) dividing {nodes}"))
 
 
 def _json_record(args: argparse.Namespace, record: dict, cfg: Any, microbatches: int, split: Any,

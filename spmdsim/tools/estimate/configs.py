@@ -22,6 +22,7 @@ from ...models.gpt.pipeline_problems import pipeline_layout_problem
 from ...models.moe.fold import fold_problem
 from ...programs.context import METHODS
 from ...programs.pipeline.records import MAX_PAIRS
+from .transfers import uneven_on_nodes
 
 __all__ = ["Config", "configurations", "vocab_note", "fold_note", "context_note", "MAX_CONFIGS",
            "RECOMPUTE", "ZERO", "FIXABLE", "parse_fixed", "fixed_configurations", "model_of"]
@@ -165,6 +166,8 @@ def configurations(cfg: Any, devices: int, gpus_per_node: int, cp: Optional[int]
                 data = dp * ep  # the dense layers' batch is split over dp x ep
                 if cfg.layers % pp or cfg.batch % data:
                     continue
+                if uneven_on_nodes((("tp", tp), ("cp", size), ("ep", ep), ("dp", dp)), pp, gpus_per_node):
+                    continue  # (tp 4 on 6-GPU nodes: ranks 4-7's tp group crosses nodes, rank 0's, priced, does not)
                 for etp in _etps(cfg, tp, ep, etps, between) if folded else (0,):
                     out += _scheduled(model_of(cfg, etp), Config(tp, pp, dp, False, 1, 1, "none", 0, ep, cp=size,
                                                                  cp_method=method, etp=etp), sharded)

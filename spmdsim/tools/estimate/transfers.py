@@ -4,6 +4,7 @@ buffer as the cost model counts it, the link level of its group and the phase it
 from __future__ import annotations
 
 import itertools
+import math
 from fractions import Fraction
 from functools import lru_cache
 from typing import Any
@@ -16,7 +17,7 @@ from ...programs.plan.steps import KINDS
 from .held import _RUN
 from .records import Calls
 
-__all__ = ["GRADIENT_LABELS", "PARAMETER_LABELS", "placed", "trace_calls", "trace_transfers"]
+__all__ = ["GRADIENT_LABELS", "PARAMETER_LABELS", "placed", "trace_calls", "trace_transfers", "uneven_on_nodes"]
 
 
 def _members(mesh: Any, rank: int, axes: tuple) -> tuple:
@@ -169,3 +170,35 @@ def _buffer_bytes(op: str, group_size: int, sent: int) -> int:
     if kind is None:
         raise SpmdsimError(f"internal: the ledger has no cost model name for the collective {op!r}")
     return int(kind.buffer_bytes(group_size, Fraction(sent)))
+
+
+def uneven_on_nodes(axes: tuple, pp: int, gpus_per_node: int) -> tuple | None:
+    """Where a mesh's groups do not fall alike on nodes of `gpus_per_node` (its ranks in order, `axes` its
+    ((name, size), ...) innermost first, the pipeline's `pp` stages outermost): (name, size, the sizes' product
+    up to it, a rank whose group of that axis is within its node, a rank of the same stage whose group is not),
+    else None.
+
+    `placed` prices a stage's transfers from one rank's groups, as every rank of the stage: tp 6 on 8-GPU nodes
+    puts ranks 0-5 on one node and ranks 6-11 on two, whose collectives cross the cluster's links."""
+    stride, world = 1, pp
+    for _, size in axes:
+        world *= size
+    for name, size in axes:
+        block = stride * size
+        # (within a node from every rank where blocks of them fill nodes; across nodes from every rank where the
+        # members are nodes apart or a group spans more ranks than a node holds)
+        if size > 1 and gpus_per_node % block and stride % gpus_per_node and (size - 1) * stride < gpus_per_node:
+            per_stage = world // pp
+            for first in range(0, world, per_stage):
+                seen: dict = {}
+                # (the placements repeat every lcm(node, block) ranks)
+                for rank in range(first, first + min(per_stage, math.lcm(gpus_per_node, block))):
+                    base = rank - (rank // stride) % size * stride  # the group's first member
+                    node = rank // gpus_per_node
+                    low = max(0, -((base - node * gpus_per_node) // stride))
+                    high = min(size, -((base - (node + 1) * gpus_per_node) // stride))
+                    seen.setdefault(high - low == size, rank)  # its level: "node", or "cluster"
+                    if len(seen) > 1:
+                        return name, size, block, seen[True], seen[False]
+        stride = block
+    return None
