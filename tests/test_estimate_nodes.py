@@ -26,6 +26,8 @@ MODEL = ["estimate", "gpt", "--layers", "2", "--hidden", "96", "--heads", "12", 
     ((("tp", 16), ("dp", 2)), 1, 8, None),  # every tp group crosses nodes alike
     ((("tp", 4), ("dp", 3)), 2, 4, None),
     ((("tp", 1), ("dp", 1000)), 1, 6, None),  # a dp group crosses nodes from every rank (the last node part-full)
+    ((("tp", 3),), 3, 8, ("pp", 3, 9, 0, 2)),  # stage 1's ranks 3-5 send to 6 and 7 on node 0, and to 8 on node 1
+    ((("tp", 2), ("dp", 2)), 4, 8, None),
 ])
 def test_uneven_on_nodes_finds_a_rank_whose_group_is_placed_otherwise(axes, pp, nodes, found):
     assert uneven_on_nodes(axes, pp, nodes) == found
@@ -39,6 +41,10 @@ def test_uneven_on_nodes_finds_a_rank_whose_group_is_placed_otherwise(axes, pp, 
      "--cp 3 falls unevenly on the a100-dgx's 8-GPU nodes: rank 0's cp group is within its node, rank 6's "
      "crosses nodes, and the estimate prices one rank of a stage for all of its ranks; expected --tp x --cp (6) "
      "dividing 8"),
+    (["--tp", "6", "--pp", "2"],  # ranks 0-5 send to 6 and 7 on node 0, and to 8-11 on node 1
+     "--pp 2 falls unevenly on the a100-dgx's 8-GPU nodes: rank 0's pp group is within its node, rank 2's crosses "
+     "nodes, and the estimate prices one rank of a stage for all of its ranks; expected the ranks of a stage, --tp "
+     "(6), dividing 8 or a multiple of it"),
 ])
 def test_the_estimate_refuses_a_mesh_it_would_price_as_its_first_ranks_in_one_line(flags, line):
     """Before: `--tp 6 --dp 4` said "ranks 0-23: 24 ranks alike" and priced every tp group's Allreduce on NVLink."""

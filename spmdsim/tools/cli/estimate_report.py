@@ -140,12 +140,17 @@ def _even_on_nodes(args: argparse.Namespace, machine: Any) -> None:
         return
     name, size, block, inside, outside = found
     nodes = machine.gpus_per_node
-    flags = " x ".join(f"--{n}" for n, s in axes[:[n for n, _ in axes].index(name) + 1] if s > 1)
+    inner = axes[:[n for n, _ in axes].index(name)] if name != "pp" else axes
+    flags = " x ".join(f"--{n}" for n, s in (*inner, (name, size)) if s > 1 and n != "pp")
+    if name == "tp":
+        expected = f"a --tp that divides {nodes} or is a multiple of it"
+    elif name == "pp":  # a stage's ranks: within a node, or whole nodes
+        expected = f"the ranks of a stage, {flags} ({block // size}), dividing {nodes} or a multiple of it"
+    else:
+        expected = f"{flags} ({block}) dividing {nodes}"
     raise SpmdsimError(f"--{name} {size} falls unevenly on the {machine.name}'s {nodes}-GPU nodes: rank {inside}'s "
                        f"{name} group is within its node, rank {outside}'s crosses nodes, and the estimate prices "
-                       f"one rank of a stage for all of its ranks; expected "
-                       + (f"a --tp that divides {nodes} or is a multiple of it" if name == "tp" else
-                          f"{flags} ({block}) dividing {nodes}"))
+                       f"one rank of a stage for all of its ranks; expected {expected}")
 
 
 def _json_record(args: argparse.Namespace, record: dict, cfg: Any, microbatches: int, split: Any,

@@ -174,7 +174,7 @@ def _buffer_bytes(op: str, group_size: int, sent: int) -> int:
 
 def uneven_on_nodes(axes: tuple, pp: int, gpus_per_node: int) -> tuple | None:
     """Where a mesh's groups do not fall alike on nodes of `gpus_per_node` (its ranks in order, `axes` its
-    ((name, size), ...) innermost first, the pipeline's `pp` stages outermost): (name, size, the sizes' product
+    ((name, size), ...) innermost first, the pipeline's `pp` stages outermost, "pp"): (name, size, the sizes' product
     up to it, a rank whose group of that axis is within its node, a rank of the same stage whose group is not),
     else None.
 
@@ -183,7 +183,7 @@ def uneven_on_nodes(axes: tuple, pp: int, gpus_per_node: int) -> tuple | None:
     stride, world = 1, pp
     for _, size in axes:
         world *= size
-    for name, size in axes:
+    for name, size in (*axes, ("pp", pp)):  # (the pipeline's too: a stage's messages to its neighbours')
         block = stride * size
         # (within a node from every rank where blocks of them fill nodes; across nodes from every rank where the
         # members are nodes apart or a group spans more ranks than a node holds)
