@@ -10,9 +10,11 @@ import pytest
 
 from docs_commands import run_here
 from spmdsim.models.gpt import GPTConfig
+from spmdsim.tools.cli.main import main
 from spmdsim.tools.estimate import machine as machine_mod
 from spmdsim.tools.estimate.configs import configurations
 from spmdsim.tools.estimate.transfers import uneven_on_nodes
+from testkit import unfold
 
 MODEL = ["estimate", "gpt", "--layers", "2", "--hidden", "96", "--heads", "12", "--seq", "48", "--vocab", "96",
          "--global-batch", "4"]
@@ -76,3 +78,19 @@ def test_the_search_leaves_out_the_meshes_the_estimate_refuses():
     assert all(uneven_on_nodes((("tp", tp), ("cp", cp), ("ep", ep), ("dp", dp)), pp, 6) is None
                for tp, cp, ep, dp, pp in meshes)
     assert (1, 1, 1, 12, 1) in meshes and (4, 1, 1, 3, 1) not in meshes
+
+
+def test_a_search_left_with_no_even_mesh_says_so(tmp_path, capsys):
+    """8 devices of 6-GPU nodes, a GPT of 4 heads, 2 layers and a batch of 1: tp 4 x pp 2 and tp 2 x cp 2 x pp 2
+    fall unevenly, and the refusal named only rules every one of them keeps (tp 4 divides the heads within a
+    node of 6, pp 2 the layers)."""
+    data = json.loads((machine_mod._SHIPPED / "a100-dgx.json").read_text())
+    six = tmp_path / "six.json"
+    six.write_text(json.dumps(dict(data, gpus_per_node=6)))
+    argv = ["autoshard", "--network", "gpt", "--gpt", "layers=2,d_model=64,heads=4,seq=64,vocab=128,batch=1",
+            "--devices", "8", "--machine", str(six)]
+    assert main(argv) == 2
+    assert unfold(capsys.readouterr().err).rstrip("\n") == (
+        "spmdsim: error: no configuration of the GPT runs on 8 devices (tp must divide the heads 4 and vocab 128 "
+        "within a node of 6, pp the layers 2, dp the batch 1, 2 x cp the seq 64 with tp x cp within a node, and each "
+        "axis's groups placed alike on the 6-GPU nodes)")

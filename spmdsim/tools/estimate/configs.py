@@ -144,14 +144,15 @@ SEARCHED_METHODS = ("ring",)
 
 def configurations(cfg: Any, devices: int, gpus_per_node: int, cp: Optional[int] = None,
                    methods: tuple = METHODS, folded: bool = True, sharded: bool = False,
-                   etps: tuple = (), between: bool = False) -> list[Config]:
+                   etps: tuple = (), between: bool = False, even: bool = True) -> list[Config]:
     """Every configuration of the module docstring for `cfg` (a GPTConfig, batch = the global batch); `cp`:
     those of that context-parallel size alone, within a node or across nodes (`--fix cp=N`); `methods`: the
     context-parallel attention methods tried (SEARCHED_METHODS in a search); `folded`: with the experts folded
     into their ep too (etp 1), beside split over tp, and at each experts' tp of `etps` (`--fix etp=N`) that
     divides a tp above it; `between`: at every experts' tp that divides tp between 1 and tp too (the layer
     cells' search, `--moe-cells`); `sharded`: with MoE layers, ZeRO-3 too (FSDP: the experts sharded over dp,
-    the rest over dp x ep; a dense GPT's ZeRO-3 always)."""
+    the rest over dp x ep; a dense GPT's ZeRO-3 always); `even`: only meshes whose groups of each axis fall alike
+    on the nodes (transfers.uneven_on_nodes: the dry run prices one rank of a stage for all)."""
     out: list[Config] = []
     for tp in _tensor_parallel(cfg, devices, gpus_per_node):
         if cfg.padded_vocab % tp:
@@ -166,7 +167,7 @@ def configurations(cfg: Any, devices: int, gpus_per_node: int, cp: Optional[int]
                 data = dp * ep  # the dense layers' batch is split over dp x ep
                 if cfg.layers % pp or cfg.batch % data:
                     continue
-                if uneven_on_nodes((("tp", tp), ("cp", size), ("ep", ep), ("dp", dp)), pp, gpus_per_node):
+                if even and uneven_on_nodes((("tp", tp), ("cp", size), ("ep", ep), ("dp", dp)), pp, gpus_per_node):
                     continue  # (tp 4 on 6-GPU nodes: ranks 4-7's tp group crosses nodes, rank 0's, priced, does not)
                 for etp in _etps(cfg, tp, ep, etps, between) if folded else (0,):
                     out += _scheduled(model_of(cfg, etp), Config(tp, pp, dp, False, 1, 1, "none", 0, ep, cp=size,

@@ -246,6 +246,9 @@ def _bounded(cfg: Any, devices: int, machine: Any, precision: str, fixed: Any, f
         note = vocab_note(cfg, devices, machine.gpus_per_node)  # the padding that lets more tp in, if any
         context = (f", ep the experts {cfg.moe.experts}" if cfg.moe is not None else "") + (
             f", 2 x cp the seq {cfg.seq} with tp x cp within a node" if contexts else "")  # seq 96: cp 3 on 6
+        if not every and configurations(cfg, devices, machine.gpus_per_node, cp, methods, folded, sharded, etps,
+                                        between, even=False):  # tp 4 on 6-GPU nodes
+            context += f", and each axis's groups placed alike on the {machine.gpus_per_node}-GPU nodes"
         raise SpmdsimError(f"no configuration of the GPT runs on {devices:,} devices (tp must divide the heads "
                            f"{cfg.heads} and vocab {cfg.vocab_words} within a node of {machine.gpus_per_node}, pp the "
                            f"layers {cfg.layers}, dp the batch {cfg.batch}{context})" + (f"; {note}" if note else ""))
