@@ -61,3 +61,4 @@ def test_the_divergence_guard_names_the_rank_whose_layout_differs_as_the_page_qu
                           timeout=120, env={**os.environ, "SPMDSIM_CHECK": "1"})
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert unfold(done.stderr).startswith(quoted), done.stderr
+    assert max(len(line) for line in done.stderr.splitlines()) <= 100, done.stderr  # folded, as under mpiexec

@@ -127,7 +127,7 @@ def run_on_ranks(n: int, fn: Callable[[], Any], dry_run: bool = False, as_json: 
         return 1
     except (SpmdsimError, MemoryError) as exc:  # MemoryError: numpy's own (the estimate was off or short)
         if isinstance(exc, (DeadlockError, DivergenceError)):  # no bad input, on every rank too: as mpirun says it
-            print(f"spmdsim: error: {exc}", file=sys.stderr)
+            print(fold_message(f"spmdsim: error: {exc}"), file=sys.stderr)  # (as the MPI guard folds it)
             return max([1, *exits.values()])  # 1, or the largest code a rank exited with (mpiexec's)
         every = every_ranks_line(exc, n)
         if every is not None:  # as the MPI guard: every rank's hook exits 2, rank 0 says why
