@@ -123,3 +123,18 @@ def test_an_moe_gpts_assumptions_name_the_experts_alltoalls_the_layers_phase_hid
         "assumes: dp gradient sums hidden under the backward, the layers' tp collectives and the experts' "
         "Alltoalls under their GEMMs;")
     assert "experts" not in _run("--overlap", "tp")  # a dense GPT's line as before
+
+
+def test_overlap_pp_without_a_pipeline_is_not_said_among_what_the_step_hides():
+    """At --pp 1 there are no messages between stages: `--overlap tp,pp` hid what `--overlap tp` hides, but its
+    assumptions line said "pipeline messages under the microbatches' compute" too. The pp is dropped there."""
+    one = [a if a != "2" or MODEL[i - 1] not in ("--pp", "--virtual-stages") else "1" for i, a in enumerate(MODEL)]
+    runs = {}
+    for overlap in ("tp,pp", "tp"):
+        code, out, err = run_here("main", [*one, "--overlap", overlap, "--json"])
+        assert code == 0, err
+        runs[overlap] = json.loads(out)
+    said = " ".join(runs["tp,pp"]["assumptions"])
+    assert "pipeline messages" not in said and "tp collectives under their GEMMs" in " ".join(said.split())
+    assert runs["tp,pp"]["step_time_s"] == runs["tp"]["step_time_s"]
+    assert runs["tp,pp"]["assumptions"] == runs["tp"]["assumptions"]

@@ -37,7 +37,9 @@ def overlap_phases(given: Any, pp: int, schedule: str) -> tuple[str, ...]:
         if word not in OVERLAP_WORDS:
             raise SpmdsimError(f"--overlap {given!r}: {word!r} is unknown; expected a comma-separated list of "
                                f"{', '.join(OVERLAP_WORDS)} (e.g. --overlap tp,pp), or none")
-    if PIPELINE in words and pp > 1 and schedule != "interleaved":
+    if pp == 1:  # no pipeline, no messages between stages to hide: not said among what the step hides
+        words = [w for w in words if w != PIPELINE]
+    elif PIPELINE in words and schedule != "interleaved":
         raise SpmdsimError(f"--overlap pp hides the pipeline's messages as Megatron's overlap_p2p_comm does, in the "
                            f"interleaved schedule only, not {schedule}; give --virtual-stages N > 1 or leave out pp")
     return OVERLAP + tuple(OVERLAP_WORDS[w] for w in OVERLAP_WORDS if w in words)
