@@ -179,6 +179,9 @@ def test_a_fault_of_the_exercise_file_names_its_function_and_the_call(tiny, tmp_
     (["lab", "check", "9", __file__, "--ranks", "3"], "--ranks 3: exercise 9 runs on 1, 2, 4, 8 ranks"),
     (["lab", "start", "1", __file__], f"{__file__!r} is a file; expected a folder to write the"),
     (["lab", "start", "5", "/proc/spmdsim-lab"], "cannot make the folder '/proc/spmdsim-lab': No such file"),
+    # it made a folder named alice.py, the starter inside it
+    (["lab", "start", "1", "subs/alice.py"], "'subs/alice.py' names a file; expected a folder: lab start writes "
+     "ping_pong.md and ping_pong.py into one (spmdsim lab start 1 subs)"),
 ])
 def test_bad_input_is_one_line_naming_the_value(argv, message, capsys):
     assert main(argv) == 2

@@ -96,6 +96,10 @@ def _start(args: argparse.Namespace) -> int:
     if os.path.exists(args.dir) and not os.path.isdir(args.dir):
         raise LabError(f"{args.dir!r} is a file; expected a folder to write the exercise into "
                        f"(spmdsim lab start {exercise.number} DIR)")
+    if not os.path.exists(args.dir) and args.dir.lower().endswith(".py"):  # a file's name: start writes two files
+        raise LabError(f"{args.dir!r} names a file; expected a folder: lab start writes {exercise.name}.md and "
+                       f"{exercise.name}.py into one (spmdsim lab start {exercise.number} "
+                       f"{shlex.quote(os.path.dirname(args.dir) or '.')})")
     parent = os.path.dirname(os.path.abspath(args.dir))
     if not os.path.isdir(args.dir) and not os.path.isdir(parent):  # a mistyped path: not made, parents and all
         raise LabError(f"cannot make the folder {args.dir!r}: its parent {parent!r} does not exist; expected a "
