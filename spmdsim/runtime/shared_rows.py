@@ -1,10 +1,10 @@
 """Every rank's row on every rank: under MPI each rank's own table, on simulated ranks one table they share.
 
-A check needs every rank's figures on every rank: the result check's 56-byte record per rank
+A check needs every rank's figures on every rank: the result check's 72-byte record per rank
 (spmdsim.runtime.check.agree), a training check's parameter blocks (`all_rows`: spmdsim.models.gpt.train,
 spmdsim.models.gpt.pipeline, spmdsim.models.nets.train). Under MPI a rank is a process: one Allgather, and each rank
 holds its own table. Simulated ranks are threads of one process, where an Allgather gives each of the p ranks its
-own table of p rows: p^2 rows in one process (940 MB of check records at 4,096 ranks, 2.98 GB of a GPT's
+own table of p rows: p^2 rows in one process (1.2 GB of check records at 4,096 ranks, 2.98 GB of a GPT's
 parameter blocks at 256; docs/howto/simulate.md).
 
 `gather_shared(comm, row, label, polite, extra)` makes one table for the members of `comm` instead: the first

@@ -13,7 +13,7 @@ from typing import Any
 from ...base.sizes import UnmappableError, format_size
 from ...base.validate import counted
 from ...errors import SpmdsimError
-from ...models.axes import DATA, EXPERT
+from ...models.axes import CONTEXT, DATA, EXPERT, PIPELINE, TENSOR
 from ...models.gpt.flags import architecture_words
 from ...models.gpt.params import param_specs
 from ...models.gpt.stages import chunk_parts
@@ -134,17 +134,17 @@ def _head_lines(args: argparse.Namespace, cfg: Any, microbatches: int, split: An
 def _even_on_nodes(args: argparse.Namespace, machine: Any) -> None:
     """Refuse a mesh whose groups of one axis fall unevenly on the machine's nodes (--tp 6 on 8-GPU nodes: ranks
     6-11's tp group crosses two nodes, rank 0's does not), which the dry run would price as its one rank a stage."""
-    axes = (("tp", args.tp), ("cp", args.cp), ("ep", args.ep), ("dp", args.dp))
+    axes = ((TENSOR, args.tp), (CONTEXT, args.cp), (EXPERT, args.ep), (DATA, args.dp))
     found = uneven_on_nodes(axes, args.pp, machine.gpus_per_node)
     if found is None:
         return
     name, size, block, inside, outside = found
     nodes = machine.gpus_per_node
-    inner = axes[:[n for n, _ in axes].index(name)] if name != "pp" else axes
-    flags = " x ".join(f"--{n}" for n, s in (*inner, (name, size)) if s > 1 and n != "pp")
-    if name == "tp":
+    inner = axes[:[n for n, _ in axes].index(name)] if name != PIPELINE else axes
+    flags = " x ".join(f"--{n}" for n, s in (*inner, (name, size)) if s > 1 and n != PIPELINE)
+    if name == TENSOR:
         expected = f"a --tp that divides {nodes} or is a multiple of it"
-    elif name == "pp":  # a stage's ranks: within a node, or whole nodes
+    elif name == PIPELINE:  # a stage's ranks: within a node, or whole nodes
         expected = f"the ranks of a stage, {flags} ({block // size}), dividing {nodes} or a multiple of it"
     else:
         expected = f"{flags} ({block}) dividing {nodes}"

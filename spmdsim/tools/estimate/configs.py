@@ -167,7 +167,8 @@ def configurations(cfg: Any, devices: int, gpus_per_node: int, cp: Optional[int]
                 data = dp * ep  # the dense layers' batch is split over dp x ep
                 if cfg.layers % pp or cfg.batch % data:
                     continue
-                if even and uneven_on_nodes((("tp", tp), ("cp", size), ("ep", ep), ("dp", dp)), pp, gpus_per_node):
+                if even and uneven_on_nodes(((TENSOR, tp), (CONTEXT, size), (EXPERT, ep), (DATA, dp)), pp,
+                                           gpus_per_node):
                     continue  # (tp 4 on 6-GPU nodes: ranks 4-7's tp group crosses nodes, rank 0's, priced, does not)
                 for etp in _etps(cfg, tp, ep, etps, between) if folded else (0,):
                     out += _scheduled(model_of(cfg, etp), Config(tp, pp, dp, False, 1, 1, "none", 0, ep, cp=size,

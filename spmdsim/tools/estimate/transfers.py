@@ -183,7 +183,7 @@ def uneven_on_nodes(axes: tuple, pp: int, gpus_per_node: int) -> tuple | None:
     stride, world = 1, pp
     for _, size in axes:
         world *= size
-    for name, size in (*axes, ("pp", pp)):  # (the pipeline's too: a stage's messages to its neighbours')
+    for name, size in (*axes, (PIPELINE, pp)):  # (the pipeline's too: a stage's messages to its neighbours')
         block = stride * size
         # (within a node from every rank where blocks of them fill nodes; across nodes from every rank where the
         # members are nodes apart or a group spans more ranks than a node holds)
