@@ -122,7 +122,8 @@ def test_holdings_and_plan_flags_on_uneven_cuts(capsys):
     assert " ".join(capsys.readouterr().err.split()) == (
         "spmdsim: error: --from-strategy cannot take cut 'chunk': MindSpore cuts every dim evenly; write that "
         "side as --from, --from-placements or --from-partition-spec")
-    # an even layout that cannot cut a dim names the rules that can; the even-only strategy form does not
+    # an even layout that cannot cut a dim names the rules that can; a strategy or an SBP, which cut evenly only,
+    # the forms that can (they said no more than the dim's size)
     even = ["plan", "--device-matrix", "4", "--from", "axis_0,None", "--to", "None,axis_0", "--shape", "10,4"]
     assert main(even) == 2
     assert " ".join(capsys.readouterr().err.split()) == (
@@ -133,7 +134,18 @@ def test_holdings_and_plan_flags_on_uneven_cuts(capsys):
     assert main(["plan", "--device-matrix", "4", "--from-strategy", "((4,1),)", "--to", "None,axis_0",
                  "--shape", "10,4"]) == 2
     assert " ".join(capsys.readouterr().err.split()) == (
-        "spmdsim: error: tensor (10, 4): dim 0 of size 10 is not divisible by 4 shards over ('axis_0',)")
+        "spmdsim: error: tensor (10, 4): dim 0 of size 10 is not divisible by 4 shards over ('axis_0',); MindSpore "
+        "cuts every dim evenly: write that side as --from, --from-placements or --from-partition-spec and --cut chunk "
+        "or balanced")
+    assert main(["plan", "--device-matrix", "2,4", "--alias", "dp,tp", "--from-placements", "S(0),S(1)", "--to-sbp",
+                 "B, S(0)", "--shape", "63,64"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert err.startswith("spmdsim: error: tensor (63, 64): dim 0 of size 63 is not divisible by 4 shards over "
+                          "('tp',); spmdsim reads OneFlow SBP with even cuts only") and err.endswith(
+        "write that side as --to, --to-placements or --to-partition-spec and --to-cut chunk or balanced"), err
+    assert main(["plan", "--device-matrix", "2,4", "--alias", "dp,tp", "--from-placements", "S(0),S(1)", "--to",
+                 "tp,None", "--shape", "63,64", "--to-cut", "chunk"]) == 0  # B, S(0) as a tensor map, as it says
+    capsys.readouterr()
 
 
 def test_plan_explain_past_64_ranks_names_the_unequal_blocks(capsys):

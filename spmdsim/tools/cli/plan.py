@@ -30,7 +30,8 @@ from ...layouts.dialects.sbp import sbp_to_layout
 from ...layouts.dialects.strategy import parse_strategy, strategy_to_layout
 from .case_checks import (check_device_count, checked_axis_names, dialect_flags, indivisible, led_by_flag,
                           mesh_sizes, with_partial_axes)
-from .cases import ONEFLOW_EVEN, flag_ints
+from .cases import flag_ints
+from .plan_sides import as_uneven, check_alias_used, check_target_names, cut_side, even_form
 from .plan_explain import dialect_of, moves_and_bytes_png, plan_record, plan_text
 from .paths import check_output_dir
 from ...programs.viz.png import check_picture_ranks, require_matplotlib
@@ -247,7 +248,7 @@ def layouts_from_args(args: argparse.Namespace) -> tuple[TensorLayout, TensorLay
         )
     source_side = _side(args, "from", source_mesh, len(shape), world)
     if args.to_device_matrix is not None and args.to_alias is None:
-        _check_target_names(args, source_mesh, target_mesh)
+        check_target_names(args, source_mesh, target_mesh)
     sides = {"from": source_side, "to": _side(args, "to", target_mesh, len(shape), world)}
     cuts = {"from": args.cut, "to": args.to_cut or args.cut}
     if args.cut is None and any(getattr(args, f"{which}_placements") and indivisible(tl, shape)
@@ -258,20 +259,21 @@ def layouts_from_args(args: argparse.Namespace) -> tuple[TensorLayout, TensorLay
         for which in sides:
             if cuts[which] is None and not any(getattr(args, f"{which}_{form}") for form in ("strategy", "sbp")):
                 cuts[which] = "chunk"
-    source, target = (_cut(args, which, sides[which], cuts[which]) for which in ("from", "to"))
-    _check_alias_used(args)
-    even_only = any(getattr(args, f"{which}_{form}") for which in sides for form in ("strategy", "sbp"))
+    source, target = (cut_side(args, which, sides[which], cuts[which]) for which in ("from", "to"))
+    check_alias_used(args)
+    even_only = any(even_form(args, which) for which in sides)
     for which, tl in (("from", source), ("to", target)):
         if getattr(args, f"{which}_placements") and indivisible(tl, shape):
             check_uneven_shards(tl, shape)  # where DTensor would cut piece by piece otherwise: one line
         try:
             tl.check_shape(shape)
-        except ShapeError as exc:  # a dim an even layout cannot cut: name the rules that can (the strategy and
-            # SBP forms cut evenly only: their refusal of --cut says what to write instead)
-            if even_only or not indivisible(tl, shape):
+        except ShapeError as exc:  # a dim an even layout cannot cut: the rules that can, and where a strategy or
+            even = even_form(args, which)  # SBP (even cuts only) is the other side, none: it refuses --cut
+            if not indivisible(tl, shape) or (even_only and even is None):
                 raise
-            raise ShapeError(f"{exc}; --cut chunk or balanced cuts it unevenly (--to-cut for the target alone)") \
-                from None
+            raise ShapeError(f"{exc}; " + (f"{even[1]}: {as_uneven(which)} and --{'to-' * (which == 'to')}cut chunk "
+                             "or balanced" if even else "--cut chunk or balanced cuts it unevenly (--to-cut for "
+                             "the target alone)")) from None
     return source, target, shape, args.dtype
 
 
@@ -322,56 +324,6 @@ def _strategies_world(args: argparse.Namespace) -> str:
 def _one_of(counts: tuple) -> str:
     """The first tensor's slice counts of a strategy, written as a strategy of one: "((2,1),)"."""
     return "((" + ",".join(map(str, counts[0])) + "),)"
-
-
-def _check_target_names(args: argparse.Namespace, source_mesh: Layout, target_mesh: Layout) -> None:
-    """Refuse a target that names --alias's axes over a --to-device-matrix without --to-alias: that mesh is
-    another one, its axes named axis_0, axis_1, ...; the parser's own refusal ("unknown alias 'x' in tensor map
-    ...; expected one of ('axis_0', 'axis_1')") would not say why or name --to-alias."""
-    for flag, text, parse in (("--to", args.to_map, lambda t: parse_tensor_map(t, takes=dialect_flags("to-"))),
-                              ("--to-partition-spec", args.to_partition_spec, parse_partition_spec),
-                              ("--to-partial", args.to_partial, lambda t: parse_name_list(t, "--to-partial"))):
-        if text is None:
-            continue
-        used = [a for entry in parse(text) for a in ((entry,) if isinstance(entry, str) else entry or ())]
-        theirs = [a for a in used if a not in target_mesh.alias_name and a in source_mesh.alias_name]
-        if theirs:
-            count = target_mesh.ndim
-            raise SpmdsimError(
-                f"{flag} {text!r} names {theirs[0]!r}, an axis of --alias {args.alias!r}, but --to-device-matrix "
-                f"{args.to_device_matrix!r} gives the target a mesh of its own, whose axis names are "
-                f"{', '.join(target_mesh.alias_name)} unless --to-alias gives others; expected --to-alias with "
-                f"{counted(count, 'name')}, one per axis of --to-device-matrix")
-
-
-def _cut(args: argparse.Namespace, which: str, tl: TensorLayout, cut: str | None) -> TensorLayout:
-    """`tl` cutting dims by rule `cut` (docs/explanation/semantics.md, "Uneven shards"); a strategy or an SBP cuts
-    evenly."""
-    if cut is None or cut == tl.layout.cut:
-        return tl
-    for flag, why in (("strategy", "MindSpore cuts every dim evenly"), ("sbp", ONEFLOW_EVEN)):
-        if getattr(args, f"{which}_{flag}"):
-            raise SpmdsimError(f"--{which}-{flag} cannot take cut {cut!r}: {why}; "
-                               f"write that side as --{which}, --{which}-placements or --{which}-partition-spec")
-    return TensorLayout(tl.layout.with_cut(cut), tl.tensor_map, tl.partial)
-
-
-def _check_alias_used(args: argparse.Namespace) -> None:
-    """Refuse --alias when no side is written over --device-matrix's axes (it would be dropped).
-
-    A strategy brings its own device matrix, and the target uses its own mesh
-    when --to-device-matrix or --to-alias is given.
-    """
-    if args.alias is None:
-        return
-    source_uses = not args.from_strategy
-    target_uses = not (args.to_strategy or args.to_device_matrix or args.to_alias)
-    if not (source_uses or target_uses):
-        raise SpmdsimError(
-            f"--alias {args.alias!r} names no axis used here: the source is a .shard strategy "
-            "(it brings its own device matrix and axis names) and the target is written over "
-            "its own mesh; expected no --alias, or a source/target written over --device-matrix"
-        )
 
 
 def run(args: argparse.Namespace) -> int:
