@@ -74,7 +74,7 @@ def _meant(kind: str, value: float) -> str:
 
 #: A figure written as text with its unit: "80GB", "80 GiB", "2 us", "400 Gb/s", "989 TFLOP/s".
 _QUOTED = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKMGTP]?)(i?)([a-zA-Zµ/]*)\s*$")
-_DECIMAL = {"": 0, "k": 3, "K": 3, "M": 6, "G": 9, "T": 12, "P": 15}
+_DECIMAL = {"": 0, "K": 3, **{prefix: exp for exp, prefix in _PREFIXES.items()}}  # prefix -> power of 10
 _TIMES = {"ms": -3, "us": -6, "µs": -6, "ns": -9}
 
 
@@ -89,7 +89,7 @@ def quoted_hint(value: str) -> str:
     if not prefix and not unit:
         return f"{plain} (write {digits})"
     if binary:
-        whole = float(digits) * 1024 ** (" KMGTP".index(prefix.upper()))
+        whole = float(digits) * 1024 ** (_DECIMAL[prefix] // 3)
         return f"{plain} (if {value!r} means {digits} {prefix}i{unit or 'B'}, write {whole:.0f})"
     if unit in _TIMES and not prefix:
         return f"{plain} (if {value!r} means {digits} {unit}, write {_written(float(digits), _TIMES[unit])})"
