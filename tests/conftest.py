@@ -230,3 +230,15 @@ def empty_tables():
 
     bounded_tables.empty()
     yield
+
+
+@pytest.fixture
+def course(tmp_path, monkeypatch):
+    """The instructor's one exercise (double, at 1 and 2 ranks: test_lab_cli.TINY) in course/, named relative to
+    the working directory, which is `tmp_path` (returned): the lab's tests of an instructor's own exercise."""
+    from test_lab_cli import TINY
+
+    (tmp_path / "course").mkdir()
+    (tmp_path / "course" / "01_double.py").write_text(TINY)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path

@@ -5,21 +5,8 @@ from __future__ import annotations
 import csv
 import json
 
-import pytest
-
-from test_lab_cli import TINY
-
 from spmdsim.tools.cli.main import main
 from spmdsim.tools.lab.failure import _first_line
-
-
-@pytest.fixture
-def course(tmp_path, monkeypatch):
-    """The instructor's one exercise (double, at 1 and 2 ranks), in course/."""
-    (tmp_path / "course").mkdir()
-    (tmp_path / "course" / "01_double.py").write_text(TINY)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
 
 
 def _check(course, name: str, source: str, capsys, *ranks: str) -> str:

@@ -23,15 +23,6 @@ from spmdsim.tools.lab.ending import case_ended, exercise_fault
 from spmdsim.tools.lab.sandbox import _job_said, _mpi_results, check_mpiexec
 
 
-@pytest.fixture
-def course(tmp_path, monkeypatch):
-    """The instructor's one exercise (double), in course/, named relative to the working directory."""
-    (tmp_path / "course").mkdir()
-    (tmp_path / "course" / "01_double.py").write_text(TINY)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
 def _lab(*argv: str) -> subprocess.CompletedProcess:
     """`spmdsim lab ...` run in this process, its stdout and stderr UTF-8 streams that refuse what is not text (as
     an en_US.UTF-8 terminal's do); the bytes each was given."""

@@ -9,7 +9,6 @@ import zipfile
 import pytest
 
 from test_lab_cli import SUBMISSIONS
-from test_lab_odd_submissions import course  # noqa: F401 - the instructor's folder, a fixture
 
 from spmdsim.tools.cli.main import main
 from spmdsim.tools.lab import archive
