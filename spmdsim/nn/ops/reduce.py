@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from contextlib import nullcontext
 from functools import partial
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -116,7 +116,7 @@ def _reduce(kind: str, x: Any, axes: tuple, keepdims: bool) -> Any:
         with np.errstate(invalid="ignore") if not count else nullcontext():
             block = block / np.asarray(count, block.dtype) if block.dtype.kind == "f" else block / count
     if plan.steps and (kind == "max" or kind == "min") and block.dtype.kind == "f":
-        block = _nan_kept(x.mesh, block, plan.steps, shape, kind)
+        block = _nan_kept(block, kind, lambda both: execute(x.mesh, both, plan.steps, shape, kind, owned=True))
     elif plan.steps:  # collectives take at least one dim: a 0-d result travels as one element
         local_shape = block.shape
         block = execute(x.mesh, contiguous(block).reshape(-1) if not local_shape else
@@ -127,16 +127,20 @@ def _reduce(kind: str, x: Any, axes: tuple, keepdims: bool) -> Any:
     return record_reduce(kind, out, x, plan, axes, keepdims, count)
 
 
-def _nan_kept(mesh: Any, block: np.ndarray, steps: tuple, shape: tuple, kind: str) -> np.ndarray:
-    """`block`'s Allreduce(MAX/MIN) by `steps`, a NaN kept as numpy's max and min keep it: MPI's MAX drops one
-    where it compares it second (MPICH's a > b ? a : b), so each element travels beside a NaN flag in one
-    Allreduce of twice the bytes, the flag's extreme saying whether any rank held a NaN there."""
-    flat = contiguous(block).reshape(-1)
+def _nan_kept(values: np.ndarray, reduction: str, allreduce: Callable[[np.ndarray], np.ndarray],
+             dtype: Any = None) -> np.ndarray:
+    """The group's maximum or minimum (`reduction`) of each of `values` (floats), a NaN kept as numpy's max and
+    min keep it: MPI's MAX drops one where it compares it second (MPICH's a > b ? a : b), so each element
+    travels beside a NaN flag, flags then values in `dtype` (None: the values'), in the one Allreduce
+    `allreduce` runs (an executor's program of `reduction`, twice the bytes); the flag's extreme says whether
+    any rank held a NaN there. max and min (execute) and argmax and argmin (resolve, in float64) send it."""
+    flat = contiguous(values).reshape(-1)
+    dtype = flat.dtype if dtype is None else np.dtype(dtype)
     nan = np.isnan(flat)
-    sign = 1 if kind == "max" else -1  # a flag of 1 wins a MAX, of -1 a MIN
-    both = np.concatenate([nan.astype(flat.dtype) * sign, np.where(nan, -sign * np.inf, flat).astype(flat.dtype)])
-    done = execute(mesh, both, steps, shape, kind, owned=True)
-    return np.where(done[:flat.size] != 0, np.nan, done[flat.size:]).astype(flat.dtype).reshape(block.shape)
+    sign = 1 if reduction == "max" else -1  # a flag of 1 wins a MAX, of -1 a MIN; a NaN's value loses both
+    both = np.concatenate([nan.astype(dtype) * sign, np.where(nan, -sign * np.inf, flat).astype(dtype)])
+    done = allreduce(both)
+    return np.where(done[:flat.size] != 0, np.nan, done[flat.size:]).astype(dtype).reshape(np.shape(values))
 
 
 def _reduced(x: Any, kind: str, axes: tuple, keepdims: bool) -> np.ndarray:
@@ -320,18 +324,14 @@ def arg_reduce(kind: str, x: Any, dim: Any, keepdims: bool) -> Any:
     axes = axes_of(x.layout, tuple(x.layout.tensor_map[d] for d in dims)) if plan.steps else ()
     if axes:
         values = np.asanyarray(value)
-        group = pending(x.mesh.layout, 1, axes)
-        if values.dtype.kind == "f":  # NaN wins (numpy's rule): a flag's MAX first, with the value's
-            nan = np.isnan(values)
-            sign = 1 if kind == "argmax" else -1  # argmin: the largest of -x
-            clean = np.where(nan, -np.inf, sign * values.astype(np.float64))
-            best = resolve(x.mesh, np.stack([nan.astype(np.float64), clean]).reshape(-1), group,
-                           f"{kind}.value", reduction="max", owned=True)
-            any_nan, top = best[:values.size].reshape(values.shape), best[values.size:].reshape(values.shape)
-            mine = np.where(any_nan > 0, nan, ~nan & (clean == top))
+        group, reduction = pending(x.mesh.layout, 1, axes), "max" if kind == "argmax" else "min"
+        if values.dtype.kind == "f":  # NaN wins (numpy's rule): the group's extreme is NaN where a rank holds one
+            top = _nan_kept(values, reduction, lambda both: resolve(x.mesh, both, group, f"{kind}.value",
+                                                                   reduction=reduction, owned=True), np.float64)
+            mine = (values == top) | np.isnan(values)  # (a NaN here made the top NaN)
         else:  # integers in their own dtype: exact
             top = resolve(x.mesh, contiguous(values).reshape(-1), group, f"{kind}.value",
-                          reduction="max" if kind == "argmax" else "min").reshape(values.shape)
+                          reduction=reduction).reshape(values.shape)
             mine = values == top
         candidates = np.where(mine, np.asanyarray(index), last).astype(np.int64).reshape(-1)
         index = resolve(x.mesh, candidates, group, f"{kind}.index", reduction="min",
