@@ -115,7 +115,7 @@ def _reduce(kind: str, x: Any, axes: tuple, keepdims: bool) -> Any:
     if kind == "mean":  # (no entries: 0 / 0, NaN as numpy's, without numpy's warning from this line)
         with np.errstate(invalid="ignore") if not count else nullcontext():
             block = block / np.asarray(count, block.dtype) if block.dtype.kind == "f" else block / count
-    if plan.steps and (kind == "max" or kind == "min") and block.dtype.kind == "f":
+    if plan.steps and (kind == "max" or kind == "min") and _floating(block.dtype):
         block = _nan_kept(block, kind, lambda both: execute(x.mesh, both, plan.steps, shape, kind, owned=True))
     elif plan.steps:  # collectives take at least one dim: a 0-d result travels as one element
         local_shape = block.shape
@@ -277,9 +277,14 @@ def argmin(x: Any, dim: Any = None, keepdims: bool = False, **aliases: Any) -> A
     return arg_reduce("argmin", x, dim, keepdims)
 
 
+def _floating(dtype: np.dtype) -> bool:
+    """Whether `dtype` is a float that can hold a NaN: numpy's, or ml_dtypes' bfloat16 and FP8 (numpy kind 'V')."""
+    return dtype.kind == "f" or dtype.kind == "V"
+
+
 def _losing(kind: str, dtype: np.dtype) -> Any:
     """The value every entry of `dtype` beats or ties for `kind` (argmax: -inf or the least integer)."""
-    if dtype.kind == "f" or dtype.kind == "V":  # (bfloat16's numpy dtype is kind 'V')
+    if _floating(dtype):
         return -np.inf if kind == "argmax" else np.inf
     info = np.iinfo(dtype)
     return info.min if kind == "argmax" else info.max
@@ -325,7 +330,7 @@ def arg_reduce(kind: str, x: Any, dim: Any, keepdims: bool) -> Any:
     if axes:
         values = np.asanyarray(value)
         group, reduction = pending(x.mesh.layout, 1, axes), "max" if kind == "argmax" else "min"
-        if values.dtype.kind == "f":  # NaN wins (numpy's rule): the group's extreme is NaN where a rank holds one
+        if _floating(values.dtype):  # NaN wins (numpy's rule): the group's extreme is NaN where a rank holds one
             top = _nan_kept(values, reduction, lambda both: resolve(x.mesh, both, group, f"{kind}.value",
                                                                    reduction=reduction, owned=True), np.float64)
             mine = (values == top) | np.isnan(values)  # (a NaN here made the top NaN)
