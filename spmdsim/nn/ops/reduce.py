@@ -23,6 +23,7 @@ from ..autograd.rules.reduce import record_prod, record_reduce
 from ...programs.infer.pointwise import infer_reduce, reduce_dims
 from ...base.buffers import as_array, broadcast_zero, contiguous
 from ...base.flops import sweep
+from ...base.precision import is_low
 from ._common import DRY_ZEROS_BYTES, make_dtensor
 from ._operands import raise_if_not_dtensors
 from ...runtime.dtensor_methods import _reduce_args
@@ -278,13 +279,13 @@ def argmin(x: Any, dim: Any = None, keepdims: bool = False, **aliases: Any) -> A
 
 
 def _floating(dtype: np.dtype) -> bool:
-    """Whether `dtype` is a float that can hold a NaN: numpy's, or ml_dtypes' bfloat16 and FP8 (numpy kind 'V')."""
-    return dtype.kind == "f" or dtype.kind == "V"
+    """Whether `dtype` is a float that holds a NaN and infinities: numpy's, or ml_dtypes' bfloat16 (numpy kind 'V')."""
+    return dtype.kind == "f" or is_low(dtype)
 
 
 def _losing(kind: str, dtype: np.dtype) -> Any:
     """The value every entry of `dtype` beats or ties for `kind` (argmax: -inf or the least integer)."""
-    if _floating(dtype):
+    if dtype.kind == "f" or dtype.kind == "V":  # (ml_dtypes' bfloat16 and FP8 are numpy kind 'V')
         return -np.inf if kind == "argmax" else np.inf
     info = np.iinfo(dtype)
     return info.min if kind == "argmax" else info.max
