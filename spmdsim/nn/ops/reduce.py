@@ -38,12 +38,12 @@ __all__ = ["sum", "mean", "max", "min", "prod", "var", "argmax", "argmin", "redu
 
 def lowest(dtype: np.dtype) -> Any:
     """The identity of a maximum in `dtype`: what an empty block (an uneven cut's empty shard) contributes."""
-    return -np.inf if dtype.kind in "fc" else (False if dtype.kind == "b" else np.iinfo(dtype).min)
+    return -np.inf if dtype.kind in "fc" or is_low(dtype) else (False if dtype.kind == "b" else np.iinfo(dtype).min)
 
 
 def highest(dtype: np.dtype) -> Any:
     """The identity of a minimum in `dtype`."""
-    return np.inf if dtype.kind in "fc" else (True if dtype.kind == "b" else np.iinfo(dtype).max)
+    return np.inf if dtype.kind in "fc" or is_low(dtype) else (True if dtype.kind == "b" else np.iinfo(dtype).max)
 
 
 def _max(a: np.ndarray, axis: Any, keepdims: bool) -> np.ndarray:
