@@ -7,8 +7,9 @@ A quoted output matches when its lines appear in order in the real output:
 measured error in e-notation (or after "max abs err" / "max rel err", or the
 share of its own rounding a bf16 gradient's difference reaches, after "each
 gradient within") matches one within a factor of 100 of it, any two at or
-below 1e-12 alike (their rounding depends on the BLAS build and the CPU; a
-quote 100 times off is stale);
+below 1e-12 alike, and an exact zero any at or below 1e-6 (float32's rounding
+of a loss, which one CPU's BLAS kernels leave and another's cancel; their rounding
+depends on the BLAS build and the CPU; a quote 100 times off is stale);
 an e-notation number of 1 or more is a count (a step's FLOPs), matched as quoted.
 """
 from __future__ import annotations
@@ -157,6 +158,9 @@ def _pattern(line: str) -> tuple[re.Pattern, tuple[float, ...]]:
 ROUNDING = 1e-12
 #: How far a measured error may be from its quote: rounding depends on the BLAS build and the CPU.
 FACTOR = 100.0
+#: A measured error of exactly zero matches a quote at or below this, and a quoted zero an error as small: an fp32
+#: run's loss 1.1e-07 from the reference on one CPU is 0.0e+00 on another (its BLAS kernels sum in another order).
+ZERO_ROUNDING = 1e-6
 #: A number in e-notation at or above this is a count the program made (FLOPs: 1.1436e+15), not a rounding error:
 #: it matches as quoted, to its printed digits.
 COUNTED = 1.0
@@ -169,7 +173,9 @@ def close(quoted: float, actual: float) -> bool:
         return True
     if max(q, a) >= COUNTED:  # a count in e-notation (a step's FLOPs), not an error: as quoted
         return quoted == actual
-    return min(q, a) > 0 and max(q, a) / min(q, a) <= FACTOR
+    if min(q, a) == 0:
+        return max(q, a) <= ZERO_ROUNDING
+    return max(q, a) / min(q, a) <= FACTOR
 
 
 def _matches(pattern: tuple[re.Pattern, tuple[float, ...]], line: str) -> bool:

@@ -112,3 +112,14 @@ def test_docs_counts_in_e_notation_match_as_quoted():
     assert close(9.5e-07, 9.54e-07) and close(1.19e-06, 9.54e-07)
     assert close(1.1436e+15, 1.1436e+15)
     assert not close(1.1436e+15, 1.1437e+15) and not close(1.1436e+15, 1e+17)
+
+
+def test_docs_an_exact_zero_matches_a_quoted_error_at_float32_rounding_alone():
+    # docs/howto/checkpoints.md's fp32 resume quotes a loss 1.1e-07 from the reference; on a CPU whose BLAS kernels
+    # sum in another order the run printed 0.0e+00, which no factor of the quote reaches. A zero matches an error at
+    # or below ZERO_ROUNDING (and a quoted zero one as small); a larger one is not rounding.
+    from docs_commands import ZERO_ROUNDING, close
+
+    assert close(1.1e-07, 0.0) and close(0.0, 2.6e-07) and close(0.0, 0.0)
+    assert ZERO_ROUNDING == 1e-6 and close(0.0, 1e-6)
+    assert not close(0.0, 2e-6) and not close(2.1e-03, 0.0) and not close(0.0, 8.3e-04)

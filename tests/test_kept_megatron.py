@@ -234,21 +234,25 @@ def test_the_documented_bf16_table_is_what_the_command_prints():
 def test_the_documented_bf16_step_is_what_bf16_s_first_command_prints():
     """docs/howto/memory.md ("At bf16-mixed and fp32"): docs/howto/bf16.md's first command with --kept megatron
     added sends the bytes in the collectives the page gives, against the graph's, and its first loss is the
-    graph's to the bit, the figure the page gives (it gave 4.7169018; both print 4.7169847)."""
+    graph's to the bit (both print 4.7169847 on one CPU, 4.7169857 on another: OpenBLAS picks its kernels by the
+    CPU, and they sum in another order), the figure the page gives to four decimals (it gave 4.7169018 once)."""
     pytest.importorskip("ml_dtypes")
     text = " ".join((ROOT / "docs/howto/memory.md").read_text().split())
-    loss = re.search(r"its first loss kept=\"graph\"'s to the bit \(([\d.]+)\)", text).group(1)
+    loss = re.search(r"its first loss kept=\"graph\"'s to the bit \((\d\.\d{4});", text).group(1)
     sent, calls, graph_sent, graph_calls = re.search(
         r"It sends ([\d,]+) bytes in (\d+) collectives against the graph's ([\d,]+) in (\d+)", text).groups()
     (quote,) = [q for q in quotes("docs/howto/bf16.md") if q.output is not None][:1]
     argv = shlex.split(quote.command)[2:]
     assert argv[-4:] == ["--steps", "3", "--sample", "0"] and "--precision" in argv, argv
+    printed: dict = {}
     for kept, want in (("graph", (graph_calls, graph_sent)), ("megatron", (calls, sent))):
         done = run_example("examples/train_gpt.py", *argv[:-4], "--steps", "1", "--sample", "0", "--no-check",
                            "--kept", kept)
         assert done.returncode == 0, done.stderr[-2000:]
         assert re.search(r"^ +0 +[\d.]+ +(\d+) +([\d,]+)", done.stdout, re.M).groups() == want, (kept, done.stdout)
-        assert f"loss {loss} (1 step" in done.stdout, (kept, loss, done.stdout)
+        printed[kept] = re.search(r"^loss ([\d.]+) \(1 step", done.stdout, re.M).group(1)
+        assert f"{float(printed[kept]):.4f}" == loss, (kept, loss, done.stdout)
+    assert printed["graph"] == printed["megatron"], printed
 
 
 def test_a_bad_kept_choice_is_refused_in_one_line():
