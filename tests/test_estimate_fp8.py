@@ -3,6 +3,7 @@ the FP8 copies and scales the dry run's program holds, the refusal of a machine 
 published FP8 rows of docs/explanation/estimate-h100.md."""
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import replace
 
@@ -276,3 +277,28 @@ def test_the_gpt3_175b_fp8_rows_are_their_commands_beside_nemos_tokens():
     text = (ROOT / "docs/explanation/estimate-h100.md").read_text()
     assert f"| the same | fits 80 GB | no ({peak} GiB at its peak) | runs |" in text
     assert "memory: every stage fits the h100-dgx's 80.00 GiB per GPU" in shown
+
+
+def test_an_mfu_above_100_percent_says_why_in_one_line(tmp_path):
+    """FP8 products at the fp8 peak (twice bf16's) can run faster than the bf16 peak the MFU counts them against:
+    a machine file whose GEMMs reach the whole of each peak printed "MFU 167.5%" and no word why."""
+    data = json.loads((ROOT / "spmdsim" / "tools" / "estimate" / "machines" / "h100-dgx.json").read_text())
+    data["gemm_efficiency"] = {"model": "roofline", "max_fraction": 1, "source": "assumption: every peak reached",
+                               "dtypes": {"fp8": {"fraction": 1, "source": "assumption: the fp8 peak reached"}}}
+    data["hbm_bandwidth"] = 1e15
+    del data["attention_efficiency"]
+    path = tmp_path / "fast.json"
+    path.write_text(json.dumps(data))
+    argv = ["estimate", "gpt", "--layers", "1", "--hidden", "512", "--heads", "4", "--seq", "128", "--vocab", "512",
+            "--global-batch", "4", "--precision", "fp8", "--machine", str(path)]
+    code, out, err = run_here("main", argv + ["--json"])
+    assert code == 0, err
+    use = json.loads(out)["utilization"]
+    why = "the FP8 products run at the fp8 peak 1,979, 2 times the bf16 peak they are counted against"
+    assert use["mfu"] > 1 and use["above_peak"] == f"MFU above 100%: {why}"
+    code, out, err = run_here("main", argv)
+    assert code == 0, err
+    assert f"nothing recomputed: HFU the same) MFU above 100%: {why} assumes:" in " ".join(out.split())
+    # the shipped file's products stay under its peaks: no such line, and the JSON's key is null
+    code, out, err = run_here("main", argv[:-2] + ["--machine", "h100-dgx", "--json"])
+    assert code == 0 and json.loads(out)["utilization"]["above_peak"] is None

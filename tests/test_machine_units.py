@@ -165,3 +165,24 @@ def test_a_long_value_is_cut_with_an_ellipsis_not_mid_entry():
     shown = str(info.value).split(" is ", 1)[1].split("; expected", 1)[0]
     assert shown.endswith("...") and len(shown) == 80 and shown.startswith("{'bandwidth': 300000000000.0")
     assert str(info.value).endswith("; expected a level among ('node', 'cluster')")
+
+
+@pytest.mark.parametrize("name, key, value, line", [
+    ("h100-dgx", "peak_flops.fp8", 3958e12, "key 'peak_flops.fp8' is 3958000000000000.0; expected a dense peak, at "
+     "most 2 times peak_flops.bf16 (989e12); 3.958e15 looks like a figure with sparsity, twice the dense one (write "
+     "1.979e15)"),
+    ("a100-dgx", "peak_flops.tf32", 312e12, "key 'peak_flops.tf32' is 312000000000000.0; expected a dense peak, at "
+     "most 0.5 times peak_flops.bf16 (312e12); 312e12 looks like a figure with sparsity, twice the dense one (write "
+     "156e12)"),
+])
+def test_a_peak_with_sparsity_is_refused_naming_the_dense_one(name, key, value, line):
+    """An H100's fp8 peak copied "with sparsity" (3,958 TFLOP/s, four times its dense bf16 989) priced FP8 products at
+    twice their rate and printed an MFU above 100%; the shipped files' dense ratios (fp8 twice bf16, tf32 half) pass."""
+    data = json.loads((machine_mod._SHIPPED / f"{name}.json").read_text())
+    data["peak_flops"][key.split(".")[1]] = value
+    with pytest.raises(SpmdsimError) as info:
+        machine_from_dict(data, "machine file 'x.json'")
+    assert str(info.value) == _F + line
+    page = (Path(__file__).resolve().parents[1] / "docs" / "howto" / "add-machine-file.md").read_text()
+    if name == "h100-dgx":  # the how-to page quotes the refusal
+        assert f"`{line}`" in " ".join(page.split())

@@ -66,9 +66,10 @@ def report(args: argparse.Namespace, record: dict, cfg: Any, microbatches: int, 
     ranks = args.pp * args.dp * args.ep * args.cp * args.tp
     use = _utilization(stages, max(t.total_s for t in times), ranks, machine, args.precision)
     assumed = assumptions(machine, overlap=overlap, experts=cfg.moe is not None)
+    above = _above_peak(use, stages, machine, args.precision)
     if args.json:
         print(json.dumps(_json_record(args, record, cfg, microbatches, split, seconds, machine, memories,
-                                      times, use, assumed, rows), default=str, indent=1))
+                                      times, use, above, assumed, rows), default=str, indent=1))
         return 0
     worst = cfg.moe is not None and cfg.moe.dry_routing == "worst" and args.ep > 1
     head = _head_lines(args, cfg, microbatches, split, schedule, machine, stages, seconds, worst)
@@ -81,7 +82,7 @@ def report(args: argparse.Namespace, record: dict, cfg: Any, microbatches: int, 
     total = times[slowest].total_s
     when = f"{total:,.3f} s" if total >= 1 else f"{total * 1e3:,.3f} ms"
     print(f"\npredicted step time: {when} (stage {slowest}'s, the slowest of {len(stages)})")
-    print("\n".join(wrap_lines(_utilization_lines(use, args.precision, worst) + assumed)))
+    print("\n".join(wrap_lines(_utilization_lines(use, args.precision, worst) + ([above] if above else []) + assumed)))
     print("\n".join(wrap_lines([_fit_line(memories, machine)])))
     hint = _to_fit(memories, machine, args)
     if hint:
@@ -154,7 +155,8 @@ def _even_on_nodes(args: argparse.Namespace, machine: Any) -> None:
 
 
 def _json_record(args: argparse.Namespace, record: dict, cfg: Any, microbatches: int, split: Any,
-                 seconds: float, machine: Any, memories: list, times: list, use: Any, assumed: Any, rows: list) -> dict:
+                 seconds: float, machine: Any, memories: list, times: list, use: Any, above: str, assumed: Any,
+                 rows: list) -> dict:
     """The JSON record of `spmdsim estimate gpt --json`."""
     return {"config": record,
             "parameters": sum(prod(spec.shape) for spec in param_specs(cfg)),  # the text's "model N parameters"
@@ -164,7 +166,7 @@ def _json_record(args: argparse.Namespace, record: dict, cfg: Any, microbatches:
             "fits": peak_bytes(memories) <= machine.memory_bytes,
             "to_fit": _to_fit(memories, machine, args) or None,  # the text's "to fit:" line (None: it fits)
             "step_time_s": max(t.total_s for t in times),
-            "utilization": use.as_json(), "assumptions": assumed,
+            "utilization": use.as_json() | {"above_peak": above or None}, "assumptions": assumed,
             "stages": [_as_json(st, mem, timing, args.precision, getattr(args, "gradient_accumulation_fusion", False))
                        for st, mem, timing in rows]}
 
@@ -191,6 +193,24 @@ def _utilization_lines(use: Any, precision: str, worst: bool) -> list[str]:
     else:
         out.append(f"  ({what}; nothing recomputed: HFU the same)")
     return out
+
+
+def _above_peak(use: Any, stages: list, machine: Any, precision: str) -> str:
+    """Why the MFU (or the HFU) is above 100%, in one line ("" where neither is): the FP8 products at the fp8 peak,
+    above the peak the MFU counts them against, or a causal attention's products counted whole where its fused
+    kernel executes half of them."""
+    if max(use.mfu, use.hfu) <= 1:
+        return ""
+    why, compute = [], PRECISIONS[precision].compute
+    fp8 = machine.peak("fp8") if PRECISIONS[precision].fp8 else 0.0
+    if fp8 > use.peak:
+        why.append(f"the FP8 products run at the fp8 peak {fp8 / 1e12:,.4g}, {fp8 / use.peak:.3g} times the "
+                   f"{compute} peak they are counted against")
+    if machine.attention_efficiency is not None and any(g.share < 1 for st in stages for g, _ in st.gemms):
+        why.append("a causal attention's products are counted whole, where its fused kernel executes half of them")
+    if not why:
+        why.append(f"the machine file's figures run the products faster than the {compute} peak")
+    return f"{'MFU' if use.mfu > 1 else 'HFU'} above 100%: {'; '.join(why)}"
 
 
 def _tflops(rate: float) -> str:

@@ -6,7 +6,8 @@ file's own checks accept, and its step time comes out at hours or years. Each un
 device of any kind falls outside (a laptop's CPU to a rack-scale GPU, a gigabit Ethernet port to NVLink), and
 a value outside it is refused naming the unit it was probably written in:
 ``key 'links.node.bandwidth' is 300; expected bytes/s per GPU per direction, from 1e6 to 1e14 (if 300 means
-GB/s, write 300e9)``.
+GB/s, write 300e9)``. A dtype's peak more times another's than a dense peak is (fp8 at most twice bf16's) is
+refused as a datasheet's figure with sparsity, twice the dense one.
 """
 from __future__ import annotations
 
@@ -30,6 +31,15 @@ UNIT_RANGES = {
     "latency": ("seconds per message", 0.0, 0.1, 5e-6, "s"),
 }
 
+#: The most one dtype's dense peak is of another's, (dtype, other, at most): FP8 products run at twice the bf16 and
+#: fp16 rate and tf32 at half of it on the GPUs the shipped files cite (A100, H100) and on AMD's MI300X. A datasheet's
+#: figure "with sparsity" (2:4 structured sparsity, which training's products do not have) is twice the dense one:
+#: an H100 SXM's fp8 3,958 TFLOP/s against its dense bf16 989 is four times, and would price FP8 products at twice
+#: their rate (an MFU above 100%). The ratios hold to the datasheets' rounding (the H100's fp8 1,979 is 2.001 times
+#: its bf16 989): `_ROUNDING` allows for it.
+_DENSE_MOST = (("fp8", "bf16", 2.0), ("fp8", "fp16", 2.0), ("tf32", "bf16", 0.5), ("tf32", "fp16", 0.5))
+_ROUNDING = 1.01
+
 _PREFIXES = {3: "k", 6: "M", 9: "G", 12: "T", 15: "P"}
 _SMALL = {-3: "milliseconds", -6: "microseconds", -9: "nanoseconds"}
 
@@ -46,6 +56,19 @@ def check_units(where: str, data: Mapping[str, Any]) -> None:
     for level, link in data["links"].items():
         for key in ("bandwidth", "latency"):
             _in_range(where, f"links.{level}.{key}", key, link[key])
+    _dense(where, data["peak_flops"])
+
+
+def _dense(where: str, peaks: Mapping[str, float]) -> None:
+    """Refuse a dtype's peak above `_DENSE_MOST`'s times another's: a figure with sparsity, twice the dense one."""
+    for dtype, other, most in _DENSE_MOST:
+        value = peaks.get(dtype)
+        if value is None or other not in peaks or value <= most * peaks[other] * _ROUNDING:
+            continue
+        raise _fail(where, f"peak_flops.{dtype}", value,
+                    f"a dense peak, at most {most:g} times peak_flops.{other} ({_written(peaks[other], 0)}); "
+                    f"{_written(value, 0)} looks like a figure with sparsity, twice the dense one (write "
+                    f"{_written(value / 2, 0)})")
 
 
 def _in_range(where: str, key: str, kind: str, value: float) -> None:
