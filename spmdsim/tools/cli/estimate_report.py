@@ -65,9 +65,9 @@ def report(args: argparse.Namespace, record: dict, cfg: Any, microbatches: int, 
     rows = [(stages[s], memories[s], times[s]) for s in shown]
     ranks = args.pp * args.dp * args.ep * args.cp * args.tp
     use = _utilization(stages, max(t.total_s for t in times), ranks, machine, args.precision)
-    assumed = assumptions(machine, overlap=overlap, experts=cfg.moe is not None)
     above = _above_peak(use, stages, machine, args.precision)
-    if args.json:
+    if args.json:  # each assumption one string, not the text's two lines
+        assumed = assumptions(machine, overlap=overlap, experts=cfg.moe is not None, whole=True)
         print(json.dumps(_json_record(args, record, cfg, microbatches, split, seconds, machine, memories,
                                       times, use, above, assumed, rows), default=str, indent=1))
         return 0
@@ -82,6 +82,7 @@ def report(args: argparse.Namespace, record: dict, cfg: Any, microbatches: int, 
     total = times[slowest].total_s
     when = f"{total:,.3f} s" if total >= 1 else f"{total * 1e3:,.3f} ms"
     print(f"\npredicted step time: {when} (stage {slowest}'s, the slowest of {len(stages)})")
+    assumed = assumptions(machine, overlap=overlap, experts=cfg.moe is not None)
     print("\n".join(wrap_lines(_utilization_lines(use, args.precision, worst) + ([above] if above else []) + assumed)))
     print("\n".join(wrap_lines([_fit_line(memories, machine)])))
     hint = _to_fit(memories, machine, args)

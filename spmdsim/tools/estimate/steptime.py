@@ -373,11 +373,12 @@ def _fraction(achieved: Any) -> str:
     return "1" if achieved is None else f"{achieved.fraction:g}"
 
 
-def assumptions(machine: Machine, *, overlap: Iterable[str] = ("gradients",), experts: bool = False) -> list[str]:
+def assumptions(machine: Machine, *, overlap: Iterable[str] = ("gradients",), experts: bool = False,
+                whole: bool = False) -> list[str]:
     """Two short lines naming what `step_time` assumed: which communication it hid under which compute
     (`overlap`; `experts`: the model's MoE layers, whose Alltoalls the layers' phase holds beside tp's
     collectives) and the machine file's achieved fractions (the GEMM cap, the HBM and the links' efficiencies)
-    with the collectives' formulas."""
+    with the collectives' formulas; `whole`: each of those one string, not cut into the printed lines."""
     moe = " and the experts' Alltoalls" if experts else ""
     names = {"gradients": ("dp gradient sums", "under the backward"),
              "layers": (f"the layers' tp collectives{moe}", "under their GEMMs"),
@@ -387,10 +388,11 @@ def assumptions(machine: Machine, *, overlap: Iterable[str] = ("gradients",), ex
              "updates": ("ZeRO's gathers of the updated parameters", "under the forward")}
     overlap = {overlap} if isinstance(overlap, str) else set(overlap)
     hidden = [names[p] for p in OVERLAP_UNDER if p in overlap]
-    overlapped = ", ".join(f"{what}{' hidden' if not i else ''} {where}" for i, (what, where) in enumerate(hidden)) \
-        if hidden else "no communication hidden"
     eff, caps = machine.gemm_efficiency, "".join(f", {d} {a.fraction:g}" for d, a in machine.gemm_efficiency.dtypes)
-    return [f"assumes: {overlapped}; GEMMs at most {eff.max_fraction:g} of peak{caps} ({eff.model});",
-            f"  other kernels at {_fraction(machine.hbm_efficiency)} of HBM bandwidth; {machine.algorithm} "
-            f"collectives at {_fraction(machine.node.efficiency)} (node), {_fraction(machine.cluster.efficiency)} "
-            "(cluster) of links"]
+    rest = [f"GEMMs at most {eff.max_fraction:g} of peak{caps} ({eff.model})",
+            f"other kernels at {_fraction(machine.hbm_efficiency)} of HBM bandwidth",
+            f"{machine.algorithm} collectives at {_fraction(machine.node.efficiency)} (node), "
+            f"{_fraction(machine.cluster.efficiency)} (cluster) of links"]
+    said = [f"{what}{' hidden' if whole or not i else ''} {where}" for i, (what, where) in enumerate(hidden)]
+    said = said or ["no communication hidden"]
+    return said + rest if whole else [f"assumes: {', '.join(said)}; {rest[0]};", f"  {rest[1]}; {rest[2]}"]
