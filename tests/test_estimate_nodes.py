@@ -13,7 +13,8 @@ from spmdsim.models.gpt import GPTConfig
 from spmdsim.tools.cli.main import main
 from spmdsim.tools.estimate import machine as machine_mod
 from spmdsim.tools.estimate.configs import configurations
-from spmdsim.tools.estimate.transfers import uneven_on_nodes
+from spmdsim.tools.estimate.ledger import gpt_ledger
+from spmdsim.tools.estimate.transfers import placed, uneven_on_nodes
 from testkit import unfold
 
 MODEL = ["estimate", "gpt", "--layers", "2", "--hidden", "96", "--heads", "12", "--seq", "48", "--vocab", "96",
@@ -94,3 +95,20 @@ def test_a_search_left_with_no_even_mesh_says_so(tmp_path, capsys):
         "spmdsim: error: no configuration of the GPT runs on 8 devices (tp must divide the heads 4 and vocab 128 "
         "within a node of 6, pp the layers 2, dp the batch 1, 2 x cp the seq 64 with tp x cp within a node, and each "
         "axis's groups placed alike on the 6-GPU nodes)")
+
+
+def test_groups_that_all_cross_nodes_unevenly_are_priced_at_the_fewest_ports():
+    """--tp 12 on 8-GPU nodes: ranks 0-11 are 8 on node 0 and 4 on node 1, ranks 12-23 4 on node 1 and 8 on node 2,
+    and each group's rings leave a node by the 4 ports of its smaller side. Rank 0's tp collectives were priced at
+    the 8 ports of its own node (an Allreduce across the nodes at twice its bandwidth)."""
+    cfg = GPTConfig(layers=2, d_model=96, heads=12, seq=48, vocab=96, batch=4, dropout=0.1)
+    (st,) = gpt_ledger(cfg, 1, 2, 12, gpus_per_node=8)
+    tp = [t for t in st.transfers if t.group == 12]
+    assert tp and {(t.level, t.lanes) for t in tp} == {("cluster", 4)}
+    # --tp 10: ranks 0-9 are 8 + 2, ranks 10-19 6 + 4, 20-29 4 + 6: the stage at its slowest group's 2 from any rank
+    calls = (("allreduce", 10, 1000, ("tp",), "layers", 1, 1000, 8, "", ()),)
+    for rank in (0, 10, 20):
+        group = tuple(range(rank // 10 * 10, rank // 10 * 10 + 10))
+        assert [(t.level, t.lanes) for t in placed(calls, {("tp",): group}, rank, 8, tuple(range(40)))] == [
+            ("cluster", 2)]
+    assert placed(calls, {("tp",): tuple(range(10, 20))}, 10, 8)[0].lanes == 4  # its own group alone: 6 + 4

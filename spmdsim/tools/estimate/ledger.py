@@ -230,7 +230,8 @@ def gpt_ledger(cfg: Any, pp: int, dp: int, tp: int, *, sp: bool = False, microba
         with fewer_collections():  # (spmdsim.base.collector: the 1T row's dry run spent 2.1 of 10.8 s collecting)
             known = dry_run(key)
         remember(key, known)
-    return [replace(ledger, transfers=placed(*unplaced, ledger.rank, gpus_per_node)) for ledger, unplaced in known]
+    return [replace(ledger, transfers=placed(*unplaced, ledger.rank, gpus_per_node, ledger.ranks))
+            for ledger, unplaced in known]
 
 
 def dry_key(cfg: Any, pp: int, dp: int, tp: int, *, sp: bool = False, microbatches: int = 1,

@@ -136,15 +136,17 @@ def _phase(op: str, label: str, axes: tuple) -> str:
                                                 else "context" if CONTEXT in axes else "layers")
 
 
-def placed(calls: tuple, groups: dict, rank: int, gpus_per_node: int) -> tuple[Calls, ...]:
+def placed(calls: tuple, groups: dict, rank: int, gpus_per_node: int, ranks: tuple = ()) -> tuple[Calls, ...]:
     """`trace_calls`' rows and groups of `rank` as Calls rows on nodes of `gpus_per_node`: "node" where every member
-    of the row's group shares `rank`'s node, else "cluster"; a message that names its peers (a pipeline's: its
-    `to`) by its peers instead, "node" where the peer shares `rank`'s node (a group of messages to peers of
-    both kinds: a row of each, the bytes of its peers); rows then equal merged into counts (in the trace's
-    order)."""
+    of the row's group shares `rank`'s node, else "cluster", its lanes the fewest members any node holds of the
+    groups of that axis among `ranks` (its stage's; `rank`'s group alone where not given) that cross nodes; a
+    message that names its peers (a pipeline's: its `to`) by its peers instead, "node" where the peer shares
+    `rank`'s node (a group of messages to peers of both kinds: a row of each, the bytes of its peers); rows then
+    equal merged into counts (in the trace's order)."""
     node = rank // gpus_per_node
     here = {axes: sum(m // gpus_per_node == node for m in members) for axes, members in groups.items()}
-    levels = {axes: ("node", 1) if here[axes] == len(groups[axes]) else ("cluster", here[axes]) for axes in groups}
+    levels = {axes: ("node", 1) if here[axes] == len(groups[axes]) else
+              ("cluster", _fewest_lanes(tuple(sorted(groups[axes])), tuple(ranks), gpus_per_node)) for axes in groups}
     merged: dict = {}
     for op, g, n, axes, phase, count, sent, width, role, to in calls:
         level, lanes = levels[axes]
@@ -154,6 +156,33 @@ def placed(calls: tuple, groups: dict, rank: int, gpus_per_node: int) -> tuple[C
             merged[key] = merged.get(key, 0) + count
     return tuple(Calls(op, g, n, level, phase, count, sent, width, role, lanes)
                  for (op, g, n, level, phase, sent, width, role, lanes), count in merged.items())
+
+
+@lru_cache(maxsize=1024)
+def _fewest_lanes(members: tuple, ranks: tuple, gpus_per_node: int) -> int:
+    """The fewest of a group's members on one node, where the group crosses nodes: a ring across them runs at that
+    many ports' bandwidth (spmdsim.tools.estimate.links.lane_model), the side with fewer its bottleneck (--tp 12 on
+    8-GPU nodes: ranks 0-11 are 8 on node 0 and 4 on node 1, 4 lanes). Over the groups of the same axes among
+    `ranks` (those of `members`' stage, in order) where every member is one of them: the slowest group's (--tp 10:
+    ranks 0-9 are 8 + 2, ranks 10-19 6 + 4; 2), each group `members`' offsets from its first rank."""
+    def fewest(group: Any) -> int:  # (a group within one node: len(group), more than any crossing group's)
+        per_node: dict = {}
+        for m in group:
+            per_node[m // gpus_per_node] = per_node.get(m // gpus_per_node, 0) + 1
+        return min(per_node.values()) if len(per_node) > 1 else len(members)
+
+    least = fewest(members)
+    if not ranks or not set(members) <= set(ranks):  # (a pipeline's group: its members are other stages')
+        return least
+    offsets, left, own = [m - members[0] for m in members], set(ranks), least
+    for first in ranks:
+        if first in left:
+            group = [first + o for o in offsets]
+            if not left.issuperset(group):  # not the translates of one group: its own alone
+                return own
+            left.difference_update(group)
+            least = min(least, fewest(group))
+    return least
 
 
 def _by_level(to: tuple, node: int, gpus_per_node: int, op: str) -> tuple:
