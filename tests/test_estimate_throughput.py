@@ -211,3 +211,21 @@ def test_the_published_figures_table_gives_the_outputs_quoted_below_it():
     assert _spmdsim_cell("| 22B, t 8: weights, gradients and Adam") == states.group(1)
     layers = re.search(r"activations [\d.]+ GiB, of which the transformer layers' ([\d.]+ GiB)", kept)
     assert _spmdsim_cell("| 22B, t 8, sp + selective: the layers' activations") == layers.group(1)
+
+
+def test_an_mfu_above_100_percent_from_a_causal_attention_says_why(tmp_path):
+    """The model FLOPs count a causal attention's products whole, its fused kernel executes half of them: on a machine
+    file whose kernels reach their whole peak, a long sequence printed "MFU 139.5%" and no word why."""
+    raw = json.loads((Path(spmdsim.tools.estimate.__file__).parent / "machines" / "h100-dgx.json").read_text())
+    raw["gemm_efficiency"] = {"model": "roofline", "max_fraction": 1, "source": "assumption: the whole peak"}
+    raw["hbm_bandwidth"] = 1e15
+    raw["attention_efficiency"] = {"forward": 1, "backward": 1, "source": "assumption: the whole peak"}
+    path = tmp_path / "whole.json"
+    path.write_text(json.dumps(raw))
+    code, out, err = run_here("main", ["estimate", "gpt", "--layers", "1", "--hidden", "256", "--heads", "2", "--seq",
+                                       "4096", "--vocab", "512", "--global-batch", "1", "--attention", "flash",
+                                       "--machine", str(path), "--json"])
+    assert code == 0, err
+    use = json.loads(out)["utilization"]
+    assert use["mfu"] > 1 and use["above_peak"] == ("MFU above 100%: a causal attention's products are counted whole, "
+                                                    "where its fused kernel executes half of them")
