@@ -145,7 +145,7 @@ def _even_on_nodes(args: argparse.Namespace, machine: Any) -> None:
     inner = axes[:[n for n, _ in axes].index(name)] if name != PIPELINE else axes
     flags = " x ".join(f"--{n}" for n, s in (*inner, (name, size)) if s > 1 and n != PIPELINE)
     if name == TENSOR:
-        expected = f"a --tp that divides {nodes} or is a multiple of it"
+        expected = f"a --tp that divides {nodes} (every group within a node) or is larger (every group across nodes)"
     elif name == PIPELINE:  # a stage's ranks: within a node, or whole nodes
         expected = f"the ranks of a stage, {flags} ({block // size}), dividing {nodes} or a multiple of it"
     else:
