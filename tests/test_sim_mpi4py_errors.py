@@ -343,8 +343,8 @@ def test_an_intercommunicators_bad_ranks_are_mpis_errors(tmp_path):
         "Invalid rank: source rank 3 is outside the remote group of 2 ranks (0 to 1, MPI.ANY_SOURCE or "
         "MPI.PROC_NULL)",
         "Invalid root: bcast: root 2 is not MPI.ROOT, MPI.PROC_NULL or a rank of the remote group (0 to 1)",
-        "Invalid group: Create_intercomm: world ranks [0, 1, 2, 3] are in both the local group [0, 1, 2, 3] and "
-        "the remote group [0, 1, 2, 3]: an intercommunicator's groups are disjoint",
+        "Invalid group: Create_intercomm: world ranks 0-3 are in both the local group (world ranks 0-3) and the "
+        "remote group (world ranks 0-3): an intercommunicator's groups are disjoint",
         "Intercomm.Scan: not simulated"], run.stderr
 
 

@@ -39,6 +39,7 @@ from .persistent import PersistentCalls
 from .real import comm_null
 from .topology import CartCalls, cart_map, create_cart
 from ..runtime.sim.requests import completed, noted
+from ..runtime.sim.waiting import ranks_text
 from ..runtime.mpi_library import SIMULATE_INSTEAD, load_mpi
 
 __all__ = ["SimComm", "SimTopoComm", "SimCartComm", "SimGraphComm", "SimDistGraphComm", "self_comm",
@@ -222,8 +223,10 @@ class SimComm(CommIdentity, CommLifetime, Member, PointToPoint, BufferCollective
         """MPI's error (MPI.ERR_GROUP) for a group with ranks outside this communicator."""
         outside = sorted(set(members) - set(self._group.members))
         if outside:
-            text = (f"{call}: the group holds world ranks {outside}, which are not in this communicator "
-                    f"({self._group.label()}): a new communicator's group is a subset of its parent's")
+            are = "is" if len(outside) == 1 else "are"
+            text = (f"{call}: the group holds world {ranks_text(outside)}, which {are} "
+                    f"not in this communicator ({self._group.label()}): a new communicator's group is a subset of "
+                    "its parent's")
             mpi = mpi_module()
             raise mpi_error(mpi, mpi.ERR_GROUP, text) if mpi is not None else SimulationError(text)
 

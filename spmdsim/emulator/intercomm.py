@@ -256,8 +256,9 @@ end_on_fatal_errors(SimIntercomm)
 def _disjoint(local: tuple, remote: tuple) -> None:
     both = sorted(set(local) & set(remote))
     if both:
-        raise _error("ERR_GROUP", f"Create_intercomm: world ranks {both} are in both the local group {list(local)} "
-                                  f"and the remote group {list(remote)}: an intercommunicator's groups are disjoint")
+        raise _error("ERR_GROUP", f"Create_intercomm: world {ranks_text(both)} {'is' if len(both) == 1 else 'are'} "
+                                  f"in both the local group (world {ranks_text(local)}) and the remote group (world "
+                                  f"{ranks_text(remote)}): an intercommunicator's groups are disjoint")
 
 
 def _from_groups(local: tuple, remote: tuple, low: bool, cls: type = SimIntercomm) -> SimIntercomm:

@@ -29,6 +29,7 @@ from ...emulator.persistent import Prequest
 from ...emulator.file import SimFile
 from ...emulator.window import SimWin
 from ...runtime.sim import p2p as _p2p
+from ...runtime.sim.waiting import ranks_text as rank_list
 from .contents import payload
 from .exercise import LabError
 from .sent_bytes import collective_sent, message_bytes, object_bytes, persistent_collective_sent
@@ -343,9 +344,7 @@ def strangers(notes: list, partners: Callable[[int, int], Any]) -> Optional[str]
         allowed = sorted(_partners(partners, rank, n) - {rank})
         for peer, name, line in note.sent_to:
             if peer not in allowed:
-                whom = "sends to no rank" if not allowed else \
-                    f"sends to rank {allowed[0]} only" if len(allowed) == 1 else \
-                    f"sends to ranks {', '.join(map(str, allowed[:-1]))} and {allowed[-1]} only"
+                whom = f"sends to {rank_list(allowed)} only" if allowed else "sends to no rank"
                 return (f"line {line}: rank {rank} sent to rank {peer} by {_said(name)} at {ranks_text(n)}; in "
                         f"this exercise's algorithm rank {rank} {whom}")
     return None

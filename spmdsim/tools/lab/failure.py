@@ -11,6 +11,7 @@ from typing import Any, Optional
 from ...errors import RuntimeMismatchError, exception_text
 from ...runtime.sim.bodies import op_of
 from ...runtime.sim.unmatched import NO_MATCH
+from ...runtime.sim.waiting import ranks_text as rank_list
 from .calls import BARRIERS, COLLECTIVES, POINT_TO_POINT, ranks_text
 
 __all__ = ["Exited", "MissingFunction", "FILE_BYTES", "NOT_RUNNABLE", "at_line", "ranks_text", "describe_failure"]
@@ -183,8 +184,7 @@ def describe_failure(exc: BaseException, path: str, n: int, signature: str = "")
     something else ("only powers of two")."""
     function = signature.partition("(")[0]
     ranks = getattr(exc, "simulated_ranks", ()) or ()
-    who = f"rank {ranks[0]}" if len(ranks) == 1 else "every rank" if len(ranks) == n and n > 1 else \
-        f"ranks {', '.join(map(str, ranks))}" if ranks else "a rank"
+    who = "every rank" if len(ranks) == n and n > 1 else rank_list(ranks) if ranks else "a rank"
     line = _line(exc, path)
     at = f" at line {line}" if line else ""
     if isinstance(exc, NotImplementedError) and exception_text(exc) in ("", function):
