@@ -126,7 +126,9 @@ def test_grade_gives_each_submission_of_a_mixed_folder_its_row(tiny, tmp_path, c
         assert words in row["reason"], row
     said = capsys.readouterr()
     out = said.out.splitlines()
-    assert len(out) == len(SUBMISSIONS) + 1 and all(len(line) <= 100 for line in out)
+    assert len(out) == len(SUBMISSIONS) + 2 and all(len(line) <= 100 for line in out)
+    # a header row names the table's columns (the grade book's: passed/cases as one, `cases`)
+    assert out[0].split() == ["file", "verdict", "cases", "reason"], out
     # the count that pass ends the table, on stdout: `grade ... > table.txt` kept the table without it
     assert out[-1] == "1 of 8 submissions pass", out
     assert re.search(r"\ngraded in \d+\.\d s; grade book: \S*grades.csv\n$", said.err) and "pass" not in \
@@ -551,9 +553,9 @@ def test_a_folder_of_student_folders_is_graded_each_under_its_name(tiny, tmp_pat
     assert rows[2][2:] == ["", "", "no .py file", ""], rows
     assert rows[3][2:] == ["", "", "2 .py files (a.py, b.py), none named double.py", ""], rows
     table = said.out.splitlines()
-    assert table[2:4] == ["carol/           NOT GRADED   -/-   no .py file",
+    assert table[3:5] == ["carol/           NOT GRADED   -/-   no .py file",
                           "dave/            NOT GRADED   -/-   2 .py files (a.py, b.py), none named double.py"], table
-    assert table[0] == "alice/double.py  PASS         2/2   ", table
+    assert table[:2] == ["file             verdict     cases  reason", "alice/double.py  PASS         2/2   "], table
     (lms / "eve.py").unlink()
     for student in ("alice", "bob"):
         for f in (lms / student).iterdir():

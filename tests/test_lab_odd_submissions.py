@@ -52,7 +52,7 @@ def test_a_file_name_that_is_not_utf8_is_graded_and_said_as_its_bytes(course, ca
     assert [row[:3] for row in rows[1:]] == [["a.py", "PASS", "2"], ["caf\\xe9.py", "PASS", "2"],
                                              ["new\\nline.py", "FAIL", "0"], ["typ\\xf6.py", "FAIL", "0"]]
     table = [line.split()[:2] for line in capsys.readouterr().out.splitlines()]
-    assert table == [row[:2] for row in rows[1:]] + [["2", "of"]], table
+    assert table == [["file", "verdict"]] + [row[:2] for row in rows[1:]] + [["2", "of"]], table
     said = _lab("check", "1", os.fsdecode(b"s/typ\xf6.py"), "--exercises", "course")
     assert said.returncode == 1 and _quiet(said), said.stderr
     assert said.stdout.decode().splitlines() == [
@@ -88,9 +88,9 @@ def test_a_long_file_name_is_shortened_in_the_table_and_whole_in_the_grade_book(
     said = capsys.readouterr()
     table = said.out.splitlines()
     assert " of 2: " + "x" * 23 + "...mission_file_double.py FAIL (" in said.err  # the progress line too
-    assert [line[:62] for line in table] == [
-        ("ok.py" + " " * 43 + "  PASS   2/2   ")[:62],
-        "x" * 23 + "...mission_file_double.py  FAIL   0/2  ", "1 of 2 submissions pass"], table
+    assert [line[:65] for line in table] == [
+        ("file" + " " * 44 + "  verdict  cases  reason")[:65], ("ok.py" + " " * 43 + "  PASS      2/2   ")[:65],
+        "x" * 23 + "...mission_file_double.py  FAIL      0/2  ", "1 of 2 submissions pass"], table
     assert all(len(line) <= 100 for line in table), table
     assert [row["file"] for row in csv.DictReader((course / "g.csv").open())] == ["ok.py", long]
 
@@ -104,7 +104,7 @@ def test_two_long_names_that_differ_in_their_middle_are_told_apart_in_the_table(
         (course / "s" / name / "double.py").write_text(SUBMISSIONS[text])
     assert main(["lab", "grade", "1", "s", "--csv", "g.csv", "--exercises", "course"]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert [line.split()[:2] for line in table[:-1]] == [
+    assert [line.split()[:2] for line in table[1:-1]] == [
         ["...-Johnson_101_assignsubmission_file_/double.py", "FAIL"],
         ["...-Johnson_102_assignsubmission_file_/double.py", "PASS"]], table
     assert [row["file"] for row in csv.DictReader((course / "g.csv").open())] == [f"{n}/double.py" for n in names]
@@ -127,7 +127,7 @@ def test_a_link_to_a_file_that_does_not_exist_is_a_row_naming_its_target(course,
     assert rows[:2] == [["alice.py", "NOT GRADED", "", "", "a link to '/gone/alice.py', which does not exist", ""],
                         ["bob/double.py", "NOT GRADED", "", "", "a link to '../../old/double.py', which does not "
                          "exist", ""]], rows
-    assert said.out.splitlines()[0] == "alice.py       NOT GRADED   -/-   a link to '/gone/alice.py', which does " \
+    assert said.out.splitlines()[1] == "alice.py       NOT GRADED   -/-   a link to '/gone/alice.py', which does " \
         "not exist", said.out
 
 

@@ -241,11 +241,7 @@ def _grade_folder(args: argparse.Namespace, exercise: Exercise, limits: dict, fo
     rows = [done[entry] if isinstance(entry, str) else (entry.label, NOT_GRADED, "", "", entry.reason, "")
             for entry in entries]
     passed, unread = (sum(row[1] == word for row in rows) for word in ("PASS", NOT_GRADED))
-    width = min(NAME_COLUMNS, max(len(row[0]) for row in rows))
-    wide = len(NOT_GRADED) if unread else 4  # (the verdicts' column: NOT GRADED beside PASS)
-    for row, name in zip(rows, shortened_apart([row[0] for row in rows], width)):  # (first: before the grade book)
-        counts = f"{row[2]:>2}/{row[3]:<2}" if row[1] != NOT_GRADED else " -/- "
-        line = f"{name:<{width}}  {row[1]:<{wide}}  {counts}  {row[4]}"
+    for line in _table(rows, unread):  # (first: before the grade book)
         print(line if len(line) <= 100 else line[:97] + "...")
     print(f"{passed} of {len(rows)} submissions pass" + (f", {unread} not graded" if unread else ""))  # (the table's)
     meant = meant_by_all([row[4] for row in rows if row[1] != NOT_GRADED])
@@ -256,6 +252,18 @@ def _grade_folder(args: argparse.Namespace, exercise: Exercise, limits: dict, fo
     _write_book(args.csv, [CSV_HEADER, *rows])
     print(f"graded in {time.monotonic() - began:.1f} s; grade book: {args.csv}", file=sys.stderr)
     return 0
+
+
+def _table(rows: list, unread: int) -> list:
+    """The grade's table: a header row naming its columns (file, verdict, passed/cases as `cases`, reason), then
+    a line per grade-book row."""
+    width = min(NAME_COLUMNS, max(len("file"), *(len(row[0]) for row in rows)))
+    wide = len(NOT_GRADED) if unread else len("verdict")  # (the verdicts' column: NOT GRADED beside PASS)
+    lines = [f"{'file':<{width}}  {'verdict':<{wide}}  cases  reason"]
+    for row, name in zip(rows, shortened_apart([row[0] for row in rows], width)):
+        counts = f"{row[2]:>2}/{row[3]:<2}" if row[1] != NOT_GRADED else " -/- "
+        lines.append(f"{name:<{width}}  {row[1]:<{wide}}  {counts}  {row[4]}")
+    return lines
 
 
 def _write_book(path: str, rows: list) -> None:
