@@ -36,6 +36,24 @@ def test_mpichs_truncation_under_mpiexec_is_said_with_its_detail():
     assert _first_line("Invalid rank, error stack:") == "Invalid rank"
 
 
+#: What a check under --mpiexec says of a message its receive buffer cannot hold, where MPICH's stack says no more.
+TRUNCATED = ("Message truncated: the message is larger than the buffer receiving it: receive with a buffer at least "
+             "the message's size, or with comm.recv, which takes any size")
+
+
+def test_mpichs_bare_truncation_is_said_with_what_to_do(course, capsys):
+    """A pickled object past MPICH's eager limit into irecv's own 32 KiB buffer ends MPICH's stack in
+    "(unknown)(): Message truncated", naming neither size: it was said "Message truncated: (unknown)(): Message
+    truncated"."""
+    message = ("Message truncated, error stack:\ninternal_Wait(105): MPI_Wait(request=0x7f96424a01d0, "
+               "status=0x7f9642442480) failed\nMPIR_Wait(745)....: \n(unknown)(): Message truncated")
+    assert _first_line(message) == TRUNCATED
+    out = _check(course, "big.py", "def double(comm, x):\n    if comm.Get_rank() == 0:\n"
+                 "        comm.send(list(range(100000)), dest=1)\n    else:\n        comm.irecv(source=0).wait()\n"
+                 "    return 2 * x\n", capsys, "2", "--mpiexec")
+    assert f"FAIL rank 1 raised MPI.Exception at line 5: {TRUNCATED}" in out, out
+
+
 def test_the_emulators_long_message_keeps_its_advice(course, capsys):
     """The emulator's message for an object received into an array ends with what to do; cut at 200 characters
     it ended "or send an array with S... (203 characters)"."""

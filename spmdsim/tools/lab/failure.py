@@ -152,8 +152,13 @@ EMULATOR_MESSAGE_CHARS = 1000
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 
 
-#: A frame of MPICH's error stack, "internal_Send_c(234): " or "internal_Recv_c(339).....: ", before its text.
-_STACK_FRAME = re.compile(r"^\w+\(\d+\)\.*:\s*")
+#: A frame of MPICH's error stack, "internal_Send_c(234): ", "internal_Recv_c(339).....: " or "(unknown)(): ",
+#: before its text.
+_STACK_FRAME = re.compile(r"^(?:\w+\(\d+\)|\(unknown\)\(\))\.*:\s*")
+#: What an MPICH error stack that ends in its class alone means, and what to do: a large message (a pickled object
+#: past the eager limit) into too small a buffer ends "(unknown)(): Message truncated", naming neither size.
+_BARE_STACK = {"Message truncated": "the message is larger than the buffer receiving it: receive with a buffer at "
+                                    "least the message's size, or with comm.recv, which takes any size"}
 
 
 def _most_chars(exc: BaseException) -> int:
@@ -167,13 +172,16 @@ def _first_line(message: str, most: int = MESSAGE_CHARS) -> str:
     """The first line of an exception's `message`, cut to MESSAGE_CHARS saying how long it was: a submission's
     `raise ValueError("x" * 10**6)` printed a megabyte to the terminal and into its grade-book cell. MPICH's
     "Message truncated, error stack:" is said with the stack's last text, which says what was wrong
-    ("Message truncated: Message from rank 1 and tag 0 truncated; 40 bytes received but buffer size is 20")."""
+    ("Message truncated: Message from rank 1 and tag 0 truncated; 40 bytes received but buffer size is 20"), or
+    where that only repeats the class, with what the class means (_BARE_STACK)."""
     lines = message.strip().splitlines()
     line = lines[0] if lines else ""
     if line.endswith(", error stack:"):
         texts = [_STACK_FRAME.sub("", later).strip() for later in lines[1:]]
         last = next((text for text in reversed(texts) if text), "")
-        line = line[:-len(", error stack:")] + (f": {last}" if last else "")
+        head = line[:-len(", error stack:")]
+        said = _BARE_STACK.get(head, "") if last in ("", head) else last
+        line = head + (f": {said}" if said else "")
     return line if len(line) <= most else f"{line[:most]}... ({len(line):,} characters)"
 
 
