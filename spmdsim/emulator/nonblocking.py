@@ -23,7 +23,7 @@ from ..errors import DivergenceError
 from .._lazy import numpy_on_first_use
 from ..runtime.sim.bodies import _nothing
 from ..runtime.sim.engine import _Waiting
-from ..runtime.sim.report import whereabouts
+from ..runtime.sim.report import places
 from ..runtime.sim.requests import noted, Request
 from ..runtime.sim.landing import land
 
@@ -129,8 +129,7 @@ class CollectiveRequest(Request):
         if slot is None or self.done:
             return "", ""
         missing = [m for i, m in enumerate(self.group.members) if slot.calls[i] is None]
-        more = "".join(f"; {whereabouts(world, m)}" for m in missing[:8])
-        return more + (f"; and {len(missing) - 8} more" if len(missing) > 8 else ""), ""
+        return places(world, missing), ""
 
     def never_completes(self, world: Any) -> bool:
         """Whether a member that has not posted the collective finished (world lock held)."""

@@ -9,8 +9,7 @@ from ..runtime.sim._mpi import mpi_error, special
 from ..runtime.sim.engine import _Waiting
 from ..runtime.sim.waiting import ranks_text
 from .group import _sim as _sim_group
-from ..runtime.sim.requests import rank_name
-from ..runtime.sim.report import whereabouts
+from ..runtime.sim.report import places
 from .window_state import _Shared, _may_lock, _mpi, _release_all, _take_lock
 
 
@@ -292,7 +291,7 @@ class _WinPoll:
         if self.missing is None:
             return "", ""
         ranks = [self.group.members[o] for o in self.missing]
-        return "".join(f"; {whereabouts(world, r)}" for r in ranks[:8] if r not in world.waiting), ""
+        return places(world, [r for r in ranks if r not in world.waiting]), ""
 
     def never_completes(self, world: Any) -> bool:
         """Whether every origin a Win.Test waits for has finished (world lock held)."""
@@ -300,7 +299,7 @@ class _WinPoll:
 
 
 def _names(group: Any, ranks: tuple) -> str:
-    """'rank 1', 'ranks 1,2', or on a communicator other than the world 'group rank 0 (world rank 2)', ..."""
+    """'rank 1', 'ranks 1-3', or on a communicator other than the world 'group ranks 0-2 (world ranks 4-6)'."""
     if group.members == tuple(range(group.world.size)):
         return ranks_text(ranks)
-    return ", ".join(rank_name(group, r) for r in ranks)
+    return f"group {ranks_text(ranks)} (world {ranks_text([group.members[r] for r in ranks])})"

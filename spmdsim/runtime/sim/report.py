@@ -19,7 +19,7 @@ from ...errors import fold_message
 from .rank_threads import THREAD_KEYS
 from .waiting import _Waiting, ranks_text
 
-__all__ = ["explain", "timed_out", "unfold", "program_lines", "whereabouts"]
+__all__ = ["explain", "timed_out", "unfold", "program_lines", "whereabouts", "places"]
 
 #: At most this many waiting calls are described one by one; the others are counted.
 MAX_CLAUSES = 6
@@ -65,10 +65,7 @@ def explain(world: Any, polling: Optional[tuple] = None,
         if first is None or clauses:  # the call `first` waits in is the head's: not said twice
             clause = f"{what.text()}: {clause}"
         if what.group is not None and what.token is None:
-            missing = [m for m in what.group.members if m not in ranks]
-            clause += "".join(f"; {whereabouts(world, m)}" for m in missing[:8])
-            if len(missing) > 8:
-                clause += f"; and {len(missing) - 8} more"
+            clause += places(world, [m for m in what.group.members if m not in ranks])
         more, hint = _why_stuck(world, what.token)
         clause += more
         if hint and hint not in hints:
@@ -172,6 +169,20 @@ def whereabouts(world: Any, rank: int) -> str:
         return f"rank {rank} polls ({call}) in vain"
     line = _program_line(current_frames().get(world.threads.get(rank, -1)))
     return f"rank {rank} is computing" + (f" (at {line})" if line else "")
+
+
+def places(world: Any, ranks: list, most: int = 8) -> str:
+    """'; rank 1 is elsewhere, in barrier on the world; ranks 2-7 finished': where each of `ranks` is
+    (whereabouts), those that finished, failed or exited alike said together as the report says ranks, the first
+    `most` places, then how many ranks more."""
+    alike: dict = {}  # what ranks alike did ("finished", "exited (sys.exit(3))"), or a rank's own place: its ranks
+    for rank in ranks:
+        place = whereabouts(world, rank)
+        state = place[len(f"rank {rank} "):]
+        alike.setdefault(state if state.startswith(("finished", "failed", "exited")) else place, []).append(rank)
+    said = [f"{ranks_text(group)} {key}" if not key.startswith("rank ") else key for key, group in alike.items()]
+    left = sum(len(group) for group in list(alike.values())[most:])
+    return "".join(f"; {part}" for part in said[:most]) + (f"; and {left} more" if left else "")
 
 
 def _program_line(frame: Any) -> str:
