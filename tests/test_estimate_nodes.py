@@ -39,8 +39,8 @@ def test_uneven_on_nodes_finds_a_rank_whose_group_is_placed_otherwise(axes, pp, 
 @pytest.mark.parametrize("flags, line", [
     (["--tp", "6", "--dp", "4"], "--tp 6 falls unevenly on the a100-dgx's 8-GPU nodes: rank 0's tp group is within "
                                  "its node, rank 6's crosses nodes, and the estimate prices one rank of a stage for "
-                                 "all of its ranks; expected a --tp that divides 8 (every group within a node) or is larger "
-                                 "(every group across nodes)"),
+                                 "all of its ranks; expected a --tp that divides 8 (every group within a node) or "
+                                 "is larger (every group across nodes)"),
     (["--tp", "2", "--cp", "3", "--dp", "4"],
      "--cp 3 falls unevenly on the a100-dgx's 8-GPU nodes: rank 0's cp group is within its node, rank 6's "
      "crosses nodes, and the estimate prices one rank of a stage for all of its ranks; expected --tp x --cp (6) "

@@ -26,14 +26,28 @@ def test_an_mpich_error_stack_is_said_by_its_last_line_not_error_stack(course, c
 
 
 def test_mpichs_truncation_under_mpiexec_is_said_with_its_detail():
-    """Under --mpiexec a Recv into too small a buffer was said "Message truncated, error stack:"."""
+    """Under --mpiexec a Recv into too small a buffer was said "Message truncated, error stack:", then with MPICH's
+    detail, whose sizes MPICH 5.0.2 gives the other way round ("20 bytes received but buffer size is 40" of a
+    40-byte message into Recv's 5 floats): said the right way round, whichever way MPICH gives them."""
     message = ("Message truncated, error stack:\ninternal_Recv_c(339).....: MPI_Recv_c(buf=0x55, count=5, "
                "MPI_FLOAT, 1, MPI_ANY_TAG, MPI_COMM_WORLD, status=0x1) failed\nMPIR_Wait(745)...........: \n"
                "MPIDIG_recv_type_init(74): Message from rank 1 and tag 0 truncated; 20 bytes received but buffer "
                "size is 40")
-    assert _first_line(message) == ("Message truncated: Message from rank 1 and tag 0 truncated; 20 bytes received "
-                                    "but buffer size is 40")
+    said = ("Message truncated: rank 1's message (tag 0) is 40 bytes, the buffer receiving it 20: receive with a "
+            "buffer of at least 40 bytes")
+    assert _first_line(message) == said  # (MPICH's sizes swapped: its count=5 floats are the 20-byte buffer)
+    assert _first_line(message.replace("20 bytes received but buffer size is 40",
+                                       "40 bytes received but buffer size is 20")) == said
     assert _first_line("Invalid rank, error stack:") == "Invalid rank"
+
+
+def test_a_recv_into_too_small_a_buffer_under_mpiexec_names_both_sizes_the_right_way(course, capsys):
+    """MPICH 5.0.2 said a 40-byte message into a 20-byte Recv "20 bytes received but buffer size is 40"."""
+    out = _check(course, "small.py", "import numpy as np\ndef double(comm, x):\n    if comm.Get_rank() == 0:\n"
+                 "        comm.Send(np.ones(10, np.float32), dest=1)\n    else:\n"
+                 "        comm.Recv(np.empty(5, np.float32), source=0)\n    return 2 * x\n", capsys, "2", "--mpiexec")
+    assert ("FAIL rank 1 raised MPI.Exception at line 6: Message truncated: rank 0's message (tag 0) is 40 bytes, "
+            "the buffer receiving it 20: receive with a buffer of at least 40 bytes") in out, out
 
 
 #: What a check under --mpiexec says of a message its receive buffer cannot hold, where MPICH's stack says no more.

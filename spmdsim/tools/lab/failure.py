@@ -159,6 +159,22 @@ _STACK_FRAME = re.compile(r"^(?:\w+\(\d+\)|\(unknown\)\(\))\.*:\s*")
 #: past the eager limit) into too small a buffer ends "(unknown)(): Message truncated", naming neither size.
 _BARE_STACK = {"Message truncated": "the message is larger than the buffer receiving it: receive with a buffer at "
                                     "least the message's size, or with comm.recv, which takes any size"}
+#: MPICH's detail of a truncated message, whose two sizes some of its paths give the other way round
+#: ("20 bytes received but buffer size is 40" of a 40-byte message into a 20-byte buffer, MPICH 5.0.2's MPIDIG).
+_TRUNCATED = re.compile(r"Message from rank (\d+) and tag (-?\d+) truncated; (\d+) bytes received but buffer size "
+                        r"is (\d+)")
+
+
+def _truncated(text: str) -> str:
+    """MPICH's truncation detail `text` said with its sizes the right way round (a message larger than its buffer,
+    whichever MPICH names first), and what to do; any other `text` as it is."""
+    m = _TRUNCATED.fullmatch(text)
+    if m is None:
+        return text
+    rank, tag, *sizes = m.groups()
+    small, big = sorted(int(n) for n in sizes)
+    return (f"rank {rank}'s message (tag {tag}) is {big:,} bytes, the buffer receiving it {small:,}: receive with a "
+            f"buffer of at least {big:,} bytes")
 
 
 def _most_chars(exc: BaseException) -> int:
@@ -172,15 +188,15 @@ def _first_line(message: str, most: int = MESSAGE_CHARS) -> str:
     """The first line of an exception's `message`, cut to MESSAGE_CHARS saying how long it was: a submission's
     `raise ValueError("x" * 10**6)` printed a megabyte to the terminal and into its grade-book cell. MPICH's
     "Message truncated, error stack:" is said with the stack's last text, which says what was wrong
-    ("Message truncated: Message from rank 1 and tag 0 truncated; 40 bytes received but buffer size is 20"), or
-    where that only repeats the class, with what the class means (_BARE_STACK)."""
+    ("Message truncated: rank 1's message (tag 0) is 40 bytes, the buffer receiving it 20: ...", its sizes the right
+    way round: _truncated), or where that only repeats the class, with what the class means (_BARE_STACK)."""
     lines = message.strip().splitlines()
     line = lines[0] if lines else ""
     if line.endswith(", error stack:"):
         texts = [_STACK_FRAME.sub("", later).strip() for later in lines[1:]]
         last = next((text for text in reversed(texts) if text), "")
         head = line[:-len(", error stack:")]
-        said = _BARE_STACK.get(head, "") if last in ("", head) else last
+        said = _BARE_STACK.get(head, "") if last in ("", head) else _truncated(last)
         line = head + (f": {said}" if said else "")
     return line if len(line) <= most else f"{line[:most]}... ({len(line):,} characters)"
 
