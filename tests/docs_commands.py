@@ -7,9 +7,11 @@ A quoted output matches when its lines appear in order in the real output:
 measured error in e-notation (or after "max abs err" / "max rel err", or the
 share of its own rounding a bf16 gradient's difference reaches, after "each
 gradient within") matches one within a factor of 100 of it, any two at or
-below 1e-12 alike, and an exact zero any at or below 1e-6 (float32's rounding
-of a loss, which one CPU's BLAS kernels leave and another's cancel; their rounding
-depends on the BLAS build and the CPU; a quote 100 times off is stale);
+below 1e-12 alike, and an exact zero one no larger than another error of the
+same line, quoted or measured (that line's rounding, which one CPU's BLAS kernels
+leave and another's cancel: an fp32 loss 1.1e-07 beside gradients 2.6e-07 is
+0.0e+00 on another CPU); their rounding depends on the BLAS build and the CPU; a
+quote 100 times off is stale;
 an e-notation number of 1 or more is a count (a step's FLOPs), matched as quoted.
 """
 from __future__ import annotations
@@ -158,23 +160,21 @@ def _pattern(line: str) -> tuple[re.Pattern, tuple[float, ...]]:
 ROUNDING = 1e-12
 #: How far a measured error may be from its quote: rounding depends on the BLAS build and the CPU.
 FACTOR = 100.0
-#: A measured error of exactly zero matches a quote at or below this, and a quoted zero an error as small: an fp32
-#: run's loss 1.1e-07 from the reference on one CPU is 0.0e+00 on another (its BLAS kernels sum in another order).
-ZERO_ROUNDING = 1e-6
 #: A number in e-notation at or above this is a count the program made (FLOPs: 1.1436e+15), not a rounding error:
 #: it matches as quoted, to its printed digits.
 COUNTED = 1.0
 
 
-def close(quoted: float, actual: float) -> bool:
-    """Whether a measured error `actual` agrees with its quoted value (see the module docstring)."""
+def close(quoted: float, actual: float, level: float = 0.0) -> bool:
+    """Whether a measured error `actual` agrees with its quoted value (see the module docstring); `level`: the
+    largest other error of the line, quoted or measured, which an error beside an exact zero may reach."""
     q, a = abs(quoted), abs(actual)
     if max(q, a) <= ROUNDING:
         return True
     if max(q, a) >= COUNTED:  # a count in e-notation (a step's FLOPs), not an error: as quoted
         return quoted == actual
-    if min(q, a) == 0:
-        return max(q, a) <= ZERO_ROUNDING
+    if min(q, a) == 0:  # rounding one CPU leaves and another cancels, where the line shows rounding as large
+        return max(q, a) <= level
     return max(q, a) / min(q, a) <= FACTOR
 
 
@@ -184,9 +184,12 @@ def _matches(pattern: tuple[re.Pattern, tuple[float, ...]], line: str) -> bool:
     if m is None:
         return False
     try:
-        return all(close(q, float(a)) for q, a in zip(errors, m.groups()))
+        pairs = [(q, float(a)) for q, a in zip(errors, m.groups())]
     except ValueError:  # what stood in a number's place is not one
         return False
+    sizes = [abs(v) if abs(v) < COUNTED else 0.0 for pair in pairs for v in pair]  # (nan: no level)
+    return all(close(q, a, max([v for k, v in enumerate(sizes) if k // 2 != i] or [0.0]))
+               for i, (q, a) in enumerate(pairs))
 
 
 def mismatch(quoted: tuple[str, ...], actual: str) -> Optional[str]:
