@@ -228,6 +228,29 @@ def test_a_size_one_dim_split_by_an_uneven_cut_takes_elementwise_ops_where_nothi
         assert refused == 'add: operand 0 dim 0 has size 1 but is split over "x"'
 
 
+def test_a_bool_operand_joins_a_pending_sum_in_the_result_dtype():
+    """A bool operand the rule makes join a pending sum (its value on one replica, zeros on the others) was
+    moved as a bool and refused ("a bool tensor cannot be a pending sum"), where numpy gives an answer: the
+    variance of a bool whose one entry is split over 4 ranks (x minus its pending mean), and a pending integer
+    sum plus a bool DTensor. It joins in the result's dtype now."""
+    from spmdsim import DTensor, Mesh
+    from spmdsim.nn import ops
+
+    g, m = np.array([True]), np.array([[1, 2, 3, 4], [0, -1, 2, 5]], np.int32)
+
+    def body():
+        mesh = Mesh(Layout((4,), ("x",), cut="balanced"), spmdsim.world())
+        flag = DTensor.from_global(mesh, g, mesh.layout("x"))
+        ints = DTensor.from_global(mesh, m, mesh.layout("x", None))
+        true = DTensor.from_global(mesh, np.array(True), mesh.layout())
+        return ops.var(flag, 0).gather(), (ops.sum(ints, 0) + true).gather(), (true - ops.mean(ints, 0)).gather()
+
+    for var, added, subtracted in spmdsim.simulate(4, body):
+        assert var.dtype == np.var(g).dtype and var == 0.0
+        assert added.dtype == (m.sum(0) + True).dtype and added.tolist() == [2, 2, 6, 10]
+        assert subtracted.tolist() == (True - m.mean(0)).tolist()
+
+
 def _empty_columns():
     """Backward where some ranks hold no columns (chunk cuts: 2 output features over 4 ranks, a (6, 1) table's
     one column over 2, a hidden layer of 2 over 3): Linear with its bias, a table split by its columns,

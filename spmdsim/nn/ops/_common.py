@@ -176,8 +176,17 @@ def moved(xs: Any, prepared: Prepared) -> Any:
     if prepared.stays:
         return xs
 
-    return tuple(x if kept else redistribute(x, target)
+    return tuple(x if kept else redistribute(_summable(x, target, prepared.dtype), target)
                  for x, target, kept in zip(xs, prepared.plan.targets, prepared.stay))
+
+
+def _summable(x: Any, target: TensorLayout, dtype: np.dtype) -> Any:
+    """`x`, or a bool `x` the plan makes join a pending sum (`target` partial: its value on one replica, zeros on
+    the others) converted first to the result's `dtype` (`x - x.mean(0, keepdims=True)` of a bool x with dim 0
+    of size 1 split: no pending sum holds bools, and the kernel computes the same values in that dtype)."""
+    if target.partial and x._local.dtype.kind == "b" and dtype.kind != "b":
+        return x.astype(dtype)
+    return x
 
 
 def prepared_result(mesh: Any, block: Any, prepared: Prepared) -> Any:
