@@ -261,15 +261,17 @@ MASK = np.array([[False] * 5 + [True] * 3, [True] * 8, [False] * 8, [True, False
 
 
 def test_negative_and_subtract_of_booleans_are_refused_as_numpy_refuses_them_in_one_line():
-    """numpy has no boolean negative or subtract (a TypeError from inside the kernel); refused before it runs,
-    through the ops and the operators, and with a bool number; a bool beside an int still computes."""
+    """numpy has no boolean negative, subtract or sign (a TypeError from inside the kernel: sign's was numpy's
+    UFuncTypeError on every rank); refused before it runs, through the ops and the operators, and with a bool
+    number; a bool beside an int still computes."""
     def body():
         from spmdsim import DTensor, Mesh
 
         mesh = Mesh(Layout((2,), ("x",)))
         a = DTensor.from_global(mesh, np.array([True, False, True, False]), mesh.layout("x"))
         said = []
-        for call in (lambda: ops.neg(a), lambda: -a, lambda: ops.sub(a, a), lambda: a - a):
+        for call in (lambda: ops.neg(a), lambda: -a, lambda: ops.sub(a, a), lambda: a - a, lambda: ops.sign(a),
+                     lambda: np.sign(a)):
             try:
                 call()
             except OperatorError as e:
@@ -291,7 +293,9 @@ def test_negative_and_subtract_of_booleans_are_refused_as_numpy_refuses_them_in_
            "convert first, e.g. x.astype('int64')")
     sub = ("sub of bool DTensors: numpy has no boolean subtract; use ops.not_equal(a, b) for exclusive or, or "
            "convert first, e.g. x.astype('int64')")
-    assert said == [neg, neg, sub, sub, sub]
+    sign = ("sign of bool DTensors: numpy has no boolean sign; use the mask itself (True's sign is 1), or convert "
+            "first, e.g. x.astype('int64')")
+    assert said == [neg, neg, sub, sub, sign, sign, sub]
     assert mixed.tolist() == [1, -1, -1, -3] and negated.tolist() == [False, True, False, True]
 
 

@@ -283,9 +283,10 @@ class _Prepared(Prepared):
         self.signed = op == "pow" and self.dtype.kind in "iu" and dtypes[1].kind == "i"
 
 
-#: The ops numpy refuses on booleans alone (np.negative, np.subtract): what it calls them, what to use instead.
+#: The ops numpy refuses on booleans alone (np.negative, np.subtract, np.sign): what it calls them, what to use instead.
 _NO_BOOL = {"neg": ("negative", "ops.equal(x, False) for logical not"),
-            "sub": ("subtract", "ops.not_equal(a, b) for exclusive or")}
+            "sub": ("subtract", "ops.not_equal(a, b) for exclusive or"),
+            "sign": ("sign", "the mask itself (True's sign is 1)")}
 
 #: The ops numpy or PyTorch refuse on complex operands, by spmdsim's op names: their names in messages, and who
 #: refuses (numpy's floor, ceil, floor_divide and remainder have no complex loop: a TypeError; numpy has no erf,
