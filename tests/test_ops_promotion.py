@@ -172,6 +172,28 @@ def test_clip_by_bfloat16_tensor_or_scalar_bounds_is_numpys_float32():
     assert all(_same(r, w) for r, w in zip(got, wants))
 
 
+def test_clip_by_one_bound_of_a_wider_dtype_is_numpys():
+    """One bound is np.maximum / np.minimum's, computed in the dtype x and that bound promote to. The missing
+    bound was x's own dtype's extreme, which clipped the result again: int32 x clipped below by inf was int32's
+    largest value (float64), a bool mask below by 300 was 1; beside a numpy scalar bound it was a Python inf or
+    int, which widened uint8 by np.float32(2.5) to float64 and a mask by np.int8(-3) to int64."""
+    i32, u8, mask = np.array([-3, 0, 7, 2, 1, 4], np.int32), ARRAYS["uint8"], ARRAYS["bool"]
+    wants = [np.clip(i32, np.inf, None), np.clip(i32, 3e9, None), np.clip(mask, 300, None),
+             np.clip(u8, np.float32(2.5), None), np.clip(mask, np.int8(-3), None), np.clip(i32, None, -np.inf),
+             np.clip(mask, np.float32(0.5), None), np.clip(u8, None, np.int16(-1))]
+
+    def body():
+        mesh = Mesh(Layout((4,), ("x",), cut="chunk"))
+        x, u, m = (DTensor.from_global(mesh, a, mesh.layout("x")) for a in (i32, u8, mask))
+        return [t.gather() for t in (ops.clip(x, np.inf), x.clip(3e9), np.clip(m, 300, None),
+                                     u.clip(np.float32(2.5)), ops.clip(m, np.int8(-3)), x.clip(None, -np.inf),
+                                     ops.clip(m, np.float32(0.5)), np.clip(u, None, np.int16(-1)))]
+
+    got = spmdsim.simulate(4, body)[0]
+    assert [r.dtype.name for r in got] == [w.dtype.name for w in wants]
+    assert all(np.array_equal(r, w) for r, w in zip(got, wants)), (got, wants)
+
+
 def test_bfloat16_beside_a_dtensor_numpy_has_no_promotion_for_is_numpys_ufunc_dtype():
     """bfloat16 beside a DTensor of float16, int16 and wider ints: np.result_type has no entry
     (DTypePromotionError) and every binary op crashed with its traceback, where numpy's ufunc computes in

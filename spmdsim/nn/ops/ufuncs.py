@@ -285,13 +285,26 @@ def clip(x: Any, low: Any = None, high: Any = None) -> Any:
         low, high = ((np.asarray(-np.inf, edge)[()], given) if low is None
                      else (given, np.asarray(np.inf, edge)[()]))
     if low is None or high is None:
-        # The missing bound is one that changes no value and no dtype (numpy clips by the given bound alone):
-        # an integer's extremes, a bool's the ints 0 and 1 (-inf and inf would make it float64), a float's infs.
-        edges = ((np.iinfo(dtype).min, np.iinfo(dtype).max) if dtype.kind in "iu" else (0, 1) if dtype.kind == "b"
-                 else (-np.inf, np.inf))
+        # The missing bound is one that changes no value and no dtype (numpy clips by the given bound alone): the
+        # extremes of the dtype x and the given bound compute in, as numpy scalars of it (x of int32 clipped below
+        # by inf is inf, not int32's max; x of uint8 by np.float32(2.5) float32, where a Python inf is float64).
+        out = _one_sided(dtype, high if low is None else low)
+        edges = tuple(map(out.type, (np.iinfo(out).min, np.iinfo(out).max) if out.kind in "iu" else (0, 1)
+                          if out.kind == "b" else (-np.inf, np.inf)))
         low = edges[0] if low is None else low
         high = edges[1] if high is None else high
     return pointwise("clip", x, low, high)
+
+
+def _one_sided(dtype: np.dtype, bound: Any) -> np.dtype:
+    """The dtype np.maximum (or np.minimum) of x of `dtype` and one clip `bound` (a DTensor, a numpy scalar or a
+    Python number, NEP 50's weak one) computes in; `dtype` where numpy has none (the kernel refuses it)."""
+    try:
+        if hasattr(bound, "_ag") or isinstance(bound, np.generic):
+            return ufunc_dtype(dtype, getattr(bound, "local", bound).dtype)
+        return np.result_type(dtype, bound)
+    except (TypeError, OverflowError, DTypeError):
+        return dtype
 
 
 def _kind(bound: Any) -> str:
