@@ -232,6 +232,31 @@ def test_a_complex_extreme_over_a_split_dim_is_refused_naming_the_op():
     assert whole == [values.argmax(1).tolist(), values.argmin(1).tolist(), values.max(1).tolist()]
 
 
+def test_a_float16_mean_adds_in_float32_as_numpys():
+    """numpy's np.mean adds float16 entries in float32 and rounds the mean once; ops.mean added them in float16, so
+    a row whose sum passes 65504 had the mean inf (four entries of 40000 to 60000: numpy 52480), whole or split
+    over ranks (a pending sum of float16 parts, each rounded once). The sum alone stays float16, as numpy's."""
+    g = np.array([[60000, 60000, 50000, 40000], [1, 2, 3, 4]], np.float16)
+
+    def body():
+        from spmdsim import DTensor, Mesh
+
+        mesh = Mesh(Layout((2,), ("m0",)))
+        out = []
+        for spec in ((None, None), (None, "m0"), ("m0", None)):
+            x = DTensor.from_global(mesh, g, mesh.layout(*spec))
+            out += [ops.mean(x, 1).gather(), x.mean().gather(), ops.sum(x, 1).gather()]
+        return out
+
+    for got in spmdsim.simulate(2, body):
+        for split, (mean, whole, summed) in enumerate(zip(got[::3], got[1::3], got[2::3])):
+            assert mean.dtype == whole.dtype == summed.dtype == np.float16
+            assert mean.tolist() == g.mean(1).tolist() == [52480.0, 2.5]
+            assert summed.tolist() == g.sum(1).tolist() == [np.inf, 10.0]
+            # whole: numpy's; split, each rank's part rounded to float16 once more (26240 for numpy's 26256)
+            assert whole == g.mean() if not split else abs(float(whole) - float(g.mean())) <= 2 ** -9 * g.mean()
+
+
 def test_a_mean_over_no_entries_is_numpys_nan_without_numpys_warning():
     """ops.mean over a dim of size 0 is NaN, as numpy's; its 0 / 0 printed numpy's "RuntimeWarning: invalid value
     encountered in divide" from inside spmdsim/nn/ops/reduce.py (numpy's own mean warns "Mean of empty slice")."""

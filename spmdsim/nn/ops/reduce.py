@@ -56,7 +56,16 @@ def _min(a: np.ndarray, axis: Any, keepdims: bool) -> np.ndarray:
         np.min(a, axis=axis, keepdims=keepdims)
 
 
-_KERNELS = {"sum": np.sum, "mean": np.sum, "max": _max, "min": _min, "prod": np.prod}
+def _mean_sum(a: np.ndarray, axis: Any, keepdims: bool) -> np.ndarray:
+    """The sum a mean divides: numpy's np.mean adds float16 in float32 (its sum alone stays float16: a row of
+    four float16 entries of 60000 has the mean 60000, not inf), every other dtype in its own."""
+    if a.dtype == _HALF:
+        return np.sum(a, axis=axis, keepdims=keepdims, dtype=np.float32)
+    return np.sum(a, axis=axis, keepdims=keepdims)
+
+
+_HALF = np.dtype(np.float16)
+_KERNELS = {"sum": np.sum, "mean": _mean_sum, "max": _max, "min": _min, "prod": np.prod}
 
 
 #: x.any() and x.all() (spmdsim.nn.ops.methods): a bool x's max and min, over no entries False and True.
@@ -116,6 +125,8 @@ def _reduce(kind: str, x: Any, axes: tuple, keepdims: bool) -> Any:
     if kind == "mean":  # (no entries: 0 / 0, NaN as numpy's, without numpy's warning from this line)
         with np.errstate(invalid="ignore") if not count else nullcontext():
             block = block / np.asarray(count, block.dtype) if block.dtype.kind == "f" else block / count
+        if x.local.dtype == _HALF:  # (numpy's: the float32 mean rounded once to float16; a pending sum's parts too)
+            block = block.astype(_HALF)
     if plan.steps and (kind == "max" or kind == "min") and _floating(block.dtype):
         block = _nan_kept(block, kind, lambda both: execute(x.mesh, both, plan.steps, shape, kind, owned=True))
     elif plan.steps:  # collectives take at least one dim: a 0-d result travels as one element
