@@ -257,6 +257,29 @@ def test_a_float16_mean_adds_in_float32_as_numpys():
             assert whole == g.mean() if not split else abs(float(whole) - float(g.mean())) <= 2 ** -9 * g.mean()
 
 
+def test_an_integer_mean_adds_in_float64_as_numpys():
+    """numpy's np.mean adds integers and bools in float64; ops.mean added an int64 or uint64 block in its own dtype
+    first, which wraps past 2**63 or 2**64: three entries of 2**62 had the mean -1.15e18 where numpy's is
+    3.46e18, whole or split over ranks."""
+    g = np.array([[2 ** 62, 2 ** 62, 2 ** 62, 1], [-3, 5, 7, 2]], np.int64)
+    u = np.array([[2 ** 63, 2 ** 63, 1, 2]], np.uint64)
+
+    def body():
+        from spmdsim import DTensor, Mesh
+
+        mesh = Mesh(Layout((2,), ("m0",)))
+        out = []
+        for spec in ((None, None), (None, "m0")):
+            x, y = (DTensor.from_global(mesh, a, mesh.layout(*spec)) for a in (g, u))
+            out += [ops.mean(x, 1).gather(), x.mean().gather(), np.mean(y, 1).gather()]
+        return out
+
+    for got in spmdsim.simulate(2, body):
+        for have, want in zip(got, [g.mean(1), g.mean(), u.mean(1)] * 2):
+            assert have.dtype == want.dtype == np.float64
+            assert np.allclose(have, want, rtol=1e-15, atol=0), (have, want)
+
+
 def test_a_mean_over_no_entries_is_numpys_nan_without_numpys_warning():
     """ops.mean over a dim of size 0 is NaN, as numpy's; its 0 / 0 printed numpy's "RuntimeWarning: invalid value
     encountered in divide" from inside spmdsim/nn/ops/reduce.py (numpy's own mean warns "Mean of empty slice")."""

@@ -58,13 +58,14 @@ def _min(a: np.ndarray, axis: Any, keepdims: bool) -> np.ndarray:
 
 def _mean_sum(a: np.ndarray, axis: Any, keepdims: bool) -> np.ndarray:
     """The sum a mean divides: numpy's np.mean adds float16 in float32 (its sum alone stays float16: a row of
-    four float16 entries of 60000 has the mean 60000, not inf), every other dtype in its own."""
-    if a.dtype == _HALF:
-        return np.sum(a, axis=axis, keepdims=keepdims, dtype=np.float32)
-    return np.sum(a, axis=axis, keepdims=keepdims)
+    four float16 entries of 60000 has the mean 60000, not inf) and integers and bools in float64 (an int64 sum
+    wraps past 2**63), every other dtype in its own."""
+    wider = _MEAN_SUMS.get(a.dtype.kind) if a.dtype != _HALF else np.float32
+    return np.sum(a, axis=axis, keepdims=keepdims, dtype=wider)
 
 
 _HALF = np.dtype(np.float16)
+_MEAN_SUMS = {"i": np.float64, "u": np.float64, "b": np.float64}  # numpy's _mean: integers and bools in float64
 _KERNELS = {"sum": np.sum, "mean": _mean_sum, "max": _max, "min": _min, "prod": np.prod}
 
 
