@@ -280,6 +280,28 @@ def test_an_integer_mean_adds_in_float64_as_numpys():
             assert np.allclose(have, want, rtol=1e-15, atol=0), (have, want)
 
 
+def test_ops_astype_of_a_pending_float_sum_to_integers_is_refused_as_the_method_refuses_it():
+    """x.astype('int64') of a pending sum of floats refuses in one line (the sum of truncated addends is not the
+    truncated sum); ops.astype converted each rank's addend: 0.6 + 0.6 on two ranks gave 0 where numpy's is 1."""
+    def body():
+        from spmdsim import DTensor, Mesh
+
+        mesh = Mesh(Layout((2,), ("m0",)))
+        pending = ops.sum(DTensor.from_global(mesh, np.array([0.6, 0.6]), mesh.layout("m0")))
+        said = []
+        for call in (lambda: ops.astype(pending, np.int64), lambda: pending.astype(np.int64)):
+            try:
+                said.append(ops.resolved(call()).item())
+            except DTypeError as e:
+                said.append(str(e))
+        return said, ops.resolved(ops.astype(ops.resolved(pending), np.int64)).item()
+
+    said, resolved = spmdsim.simulate(2, body)[0]
+    line = ("astype('int64') of a pending sum over ('m0',) of dtype 'float64': the addends would be truncated one by "
+            "one; resolve the sum first (redistribute to a layout without partial axes)")
+    assert said == [line, line] and resolved == 1
+
+
 def test_a_mean_over_no_entries_is_numpys_nan_without_numpys_warning():
     """ops.mean over a dim of size 0 is NaN, as numpy's; its 0 / 0 printed numpy's "RuntimeWarning: invalid value
     encountered in divide" from inside spmdsim/nn/ops/reduce.py (numpy's own mean warns "Mean of empty slice")."""

@@ -59,6 +59,15 @@ _REDISTRIBUTE_KEYWORDS = {
 }
 
 
+def refuse_truncated(layout: TensorLayout, have: np.dtype, want: np.dtype) -> None:
+    """The DTypeError of a cast to integers or bools (`want`) of a pending sum (`layout` partial) of floats
+    (`have`), on every rank alike: the sum of truncated addends is not the truncated sum."""
+    if layout.partial and want.kind in "biu" and have.kind not in "biu":
+        raise DTypeError(
+            f"astype({want.name!r}) of a pending sum over {layout.partial!r} of dtype {have.name!r}: the addends "
+            "would be truncated one by one; resolve the sum first (redistribute to a layout without partial axes)")
+
+
 class DTensor(_Constructors, _Methods):
     """``DTensor(mesh, local, layout, global_shape)``; treat it as an immutable value.
 
@@ -104,11 +113,7 @@ class DTensor(_Constructors, _Methods):
         A pending sum may widen but not be cut to integers: the sum of truncated addends is not the truncated sum.
         """
         want = dtype_arg(dtype)
-        if self._layout.partial and want.kind in "biu" and self._local.dtype.kind not in "biu":
-            raise DTypeError(
-                f"astype({want.name!r}) of a pending sum over {self._layout.partial!r} of dtype "
-                f"{self._local.dtype.name!r}: the addends would be truncated one by one; "
-                "resolve the sum first (redistribute to a layout without partial axes)")
+        refuse_truncated(self._layout, self._local.dtype, want)
         local = local_of(self)  # converted by the engine (a dry run's: zeros of the new dtype, no page written)
         block = self._mesh.engine.local(buffers.converted, buffers.broadcast_zero(local.shape, want), local, want)
         return DTensor(self._mesh, block, self._layout, self._shape)
