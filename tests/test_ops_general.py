@@ -302,6 +302,28 @@ def test_ops_astype_of_a_pending_float_sum_to_integers_is_refused_as_the_method_
     assert said == [line, line] and resolved == 1
 
 
+def test_the_astype_method_is_recorded_for_autograd_as_ops_astype():
+    """x.astype(dtype) (PyTorch's x.float(), x.half(): the porting guide's spelling) converted the blocks outside
+    autograd: the gradient stopped there, so sum(x.astype('float32') * 3) had no gradient ("backward() of a loss
+    that does not require grad") and sum(y * y.astype(y.dtype)) half of 2 y. It records the cast now, the
+    gradient in x's dtype, as ops.astype."""
+    g = np.array([1.0, -2.0, 3.0, 0.5])
+
+    def body():
+        from spmdsim import DTensor, Mesh
+
+        mesh = Mesh(Layout((2,), ("m0",)))
+        a, b = (DTensor.from_global(mesh, g, mesh.layout("m0")).requires_grad_() for _ in range(2))
+        ops.sum(a.astype(np.float32) * 3.0).backward()
+        y = b * 1.0
+        ops.sum(y * y.astype(y.dtype)).backward()
+        return a.grad.gather(), b.grad.gather()
+
+    for da, db in spmdsim.simulate(2, body):
+        assert da.dtype == db.dtype == np.float64
+        assert da.tolist() == [3.0] * 4 and db.tolist() == (2 * g).tolist()
+
+
 def test_a_mean_over_no_entries_is_numpys_nan_without_numpys_warning():
     """ops.mean over a dim of size 0 is NaN, as numpy's; its 0 / 0 printed numpy's "RuntimeWarning: invalid value
     encountered in divide" from inside spmdsim/nn/ops/reduce.py (numpy's own mean warns "Mean of empty slice")."""

@@ -29,7 +29,7 @@ from ..layouts.dialects.dtensor import placements_of
 from ..layouts.dialects.partition_spec import layout_to_partition_spec
 from .executor import redistribute, resolve
 from .dtensor_build import _Constructors, _check_placement
-from .dtensor_methods import _Methods
+from .dtensor_methods import _OPERATORS, _Methods
 
 __all__ = ["DTensor"]
 
@@ -108,11 +108,14 @@ class DTensor(_Constructors, _Methods):
         return self
 
     def astype(self, dtype: Any) -> "DTensor":
-        """This tensor with every shard converted to `dtype` (same layout; no communication).
+        """This tensor with every shard converted to `dtype` (same layout; no communication); where autograd
+        records this tensor, `spmdsim.nn.ops.astype`, which records the cast (PyTorch's ``x.float()``).
 
         A pending sum may widen but not be cut to integers: the sum of truncated addends is not the truncated sum.
         """
         want = dtype_arg(dtype)
+        if self._ag is not None:  # (it was converted here alone: a graph's gradient stopped at every x.astype)
+            return _OPERATORS.astype(self, want)
         refuse_truncated(self._layout, self._local.dtype, want)
         local = local_of(self)  # converted by the engine (a dry run's: zeros of the new dtype, no page written)
         block = self._mesh.engine.local(buffers.converted, buffers.broadcast_zero(local.shape, want), local, want)

@@ -28,7 +28,8 @@ class _Operators:
     before it hands out a runtime name.
     """
     __slots__ = ("pointwise", "power", "matmul", "reduce", "arg", "requires_grad_", "set_grad", "backward", "getitem",
-                 "reshape", "transpose", "array_ufunc", "array_function", "array", "len", "abs", "pos", "round")
+                 "reshape", "transpose", "array_ufunc", "array_function", "array", "len", "abs", "pos", "round",
+                 "astype")
 
     def __getattr__(self, name: str) -> Any:  # a slot not filled yet
         raise OperatorError(f"DTensor's operators and autograd come with spmdsim.nn.ops, which is not loaded: "

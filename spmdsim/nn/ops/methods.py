@@ -32,7 +32,7 @@ from .masks import masked_fill
 from .norms import log_softmax, softmax
 from .elementwise import relu as _relu
 from .pointwise import pointwise
-from .ufuncs import clip as _clip, pow as _pow, power as _power, round as _round, where
+from .ufuncs import astype, clip as _clip, pow as _pow, power as _power, round as _round, where
 from .reduce import arg_reduce, prod as _prod, reduce, var as _var
 
 
@@ -381,4 +381,5 @@ def bind_dtensor() -> None:
         _METHODS, pointwise=pointwise, power=_power, matmul=_numpy_matmul, reduce=reduce, arg=arg_reduce,
         requires_grad_=requires_grad_, set_grad=set_grad, backward=backward, getitem=getitem, reshape=reshape,
         transpose=transpose, array_ufunc=_array_ufunc, array_function=_array_function, array=_array, len=_len,
-        abs=lambda x: pointwise("abs", x), pos=_positive, round=lambda x, ndigits=None: _round(x, ndigits or 0))
+        abs=lambda x: pointwise("abs", x), pos=_positive, round=lambda x, ndigits=None: _round(x, ndigits or 0),
+        astype=astype)
