@@ -324,6 +324,27 @@ def test_the_astype_method_is_recorded_for_autograd_as_ops_astype():
         assert da.tolist() == [3.0] * 4 and db.tolist() == (2 * g).tolist()
 
 
+def test_an_optimizer_given_a_cast_of_a_leaf_says_how_to_make_it_one():
+    """With x.astype recorded, p.astype('float32').requires_grad_() of a leaf p is a non-leaf (PyTorch's p.to(...) of
+    a leaf too): the optimizer's refusal said "computed by an op"; it says the cast and the no_grad way out."""
+    from spmdsim.nn.autograd import no_grad
+    from spmdsim.nn.optim import AdamW
+
+    def body():
+        from spmdsim import DTensor, Mesh
+
+        mesh = Mesh(Layout((2,), ("m0",)))
+        p = DTensor.from_global(mesh, np.ones(4), mesh.layout("m0")).requires_grad_()
+        with pytest.raises(OperatorError, match=r"not a leaf: a cast by x\.astype, which records it for the "
+                           r"gradient; cast inside spmdsim\.nn\.autograd\.no_grad\(\), then requires_grad_\(\)"):
+            AdamW([p.astype(np.float32).requires_grad_()])
+        with no_grad():
+            q = p.astype(np.float32)
+        return len(AdamW([q.requires_grad_()]).params)
+
+    assert spmdsim.simulate(2, body) == [1, 1]
+
+
 def test_a_mean_over_no_entries_is_numpys_nan_without_numpys_warning():
     """ops.mean over a dim of size 0 is NaN, as numpy's; its 0 / 0 printed numpy's "RuntimeWarning: invalid value
     encountered in divide" from inside spmdsim/nn/ops/reduce.py (numpy's own mean warns "Mean of empty slice")."""

@@ -122,7 +122,17 @@ def _what(value: Any, leaf: bool = False) -> str:
     """A parameter as every rank describes it alike (a DTensor's repr names this rank and its block); `leaf`:
     `value` may be a leaf (said so), not only a tensor refused for not being one."""
     if hasattr(value, "layout") and hasattr(value, "global_shape"):
-        kind = "a leaf" if leaf and isinstance(getattr(value, "_ag", None), Leaf) else \
-            "not a leaf: computed by an op" if value.requires_grad else "without requires_grad_()"
+        node = getattr(value, "_ag", None)
+        kind = "a leaf" if leaf and isinstance(node, Leaf) else _computed(node) if value.requires_grad else \
+            "without requires_grad_()"
         return f"a DTensor of global shape {tuple(value.global_shape)!r}, layout {value.layout}, {kind}"
     return describe(value)
+
+
+def _computed(node: Any) -> str:
+    """What a non-leaf parameter is: computed by an op, or a cast of a leaf (x.astype records the cast, as PyTorch's
+    p.to(dtype) does), with how to make its own leaf."""
+    if str(getattr(node, "name", "")).startswith("astype "):
+        return ("not a leaf: a cast by x.astype, which records it for the gradient; cast inside "
+                "spmdsim.nn.autograd.no_grad(), then requires_grad_() (PyTorch's p.detach().to(dtype))")
+    return "not a leaf: computed by an op"
