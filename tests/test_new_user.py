@@ -314,6 +314,10 @@ def test_a_split_refused_at_thousands_of_ranks_says_alike_reasons_once() -> None
     ("train_gpt", ["--tp", "3"], "the GPT cannot run on 8 ranks: --tp 3 must divide the world size 8"),
     ("train_gpt", ["--trace-out", "t.json"], "--trace-out writes a pipeline's last step; give --pp (or "
      "--microbatches) with it"),
+    ("train_gpt", ["--seq", "250000"], "seq 250000 is longer than the text holds: its 200,000 tokens give "
+     "sequences of at most 199,998 (each with its next-token targets); expected --seq 199998 or less"),
+    ("train_moe_gpt", ["--seq", "199999"], "seq 199999 is longer than the text holds: its 200,000 tokens give "
+     "sequences of at most 199,998 (each with its next-token targets); expected --seq 199998 or less"),
     ("train_moe_gpt", ["--top-k", "9"], "--top-k 9 must be 1 or 2 (experts per token)"),
     ("train_moe_gpt", ["--seq", "0"], "--seq 0 must be an integer >= 1"),
     ("train_moe_gpt", ["--dropout", "1"], "--dropout 1 must be a finite number in [0, 1)"),

@@ -148,10 +148,15 @@ def show_sample(prompt: bytes, sample: np.ndarray) -> None:
 
 def text_problem(text_ids: Any, cfg: GPTConfig) -> Optional[str]:
     """Why the GPT `cfg` cannot train on `text_ids` (one line, alike on every rank: they share the text), or
-    None: an id outside the vocabulary, found before the first step rather than at the step that draws it."""
+    None: an id outside the vocabulary, or a sequence longer than the text holds (with its next-token targets: the
+    text's length less 2), found before the first step rather than at the step that draws it."""
     ids = np.asarray(text_ids)
     if ids.ndim != 1 or ids.dtype.kind not in "iu" or not ids.size:
         return None  # `batch` names these
+    if ids.size < cfg.seq + 2:  # (the value as typed: a flag's "--seq 199998", not "199,998")
+        most = max(ids.size - 2, 0)
+        return (f"seq {cfg.seq} is longer than the text holds: its {ids.size:,} tokens give sequences of at most "
+                f"{most:,} (each with its next-token targets); expected --seq {most} or less")
     low, high = int(ids.min()), int(ids.max())
     if low < 0 or high >= cfg.vocab:
         need = f"; expected vocab {high + 1} or more (--vocab)" if low >= 0 else ""
