@@ -6,6 +6,11 @@ measured on the graph and the optimizers, and move as each feature promises.
 """
 from __future__ import annotations
 
+import os
+import pathlib
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -16,6 +21,8 @@ from spmdsim.models.gpt import GPTConfig, encode, load_text
 from spmdsim.models.gpt.memory import korthikanti_bytes, per_layer_units
 from spmdsim.models.gpt.train import TOLERANCE, train
 from spmdsim.nn.optim import SGD, AdamW, DistributedAdamW
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 CFG = GPTConfig(layers=2, d_model=32, heads=4, seq=16, batch=8, dropout=0.2)
 TEXT = encode(load_text(20_000))
@@ -803,3 +810,43 @@ def test_a_step_that_cannot_fit_is_refused_before_any_block_is_made(monkeypatch)
         spmdsim.simulate(2, lambda: train(big, spmdsim.world(), 1, 2, 1, text))
     monkeypatch.setenv("SPMDSIM_MEMORY", "64K")  # a dry run writes no block: never refused
     assert len(spmdsim.simulate(2, lambda: train(CFG, spmdsim.world(), 1, 2, 1, TEXT)[1], dry_run=True)) == 2
+
+
+def test_a_step_whose_check_cannot_fit_is_refused_naming_the_check(monkeypatch):
+    """`train_gpt.py --ranks 4 --vocab 20000000` passed the memory check (each rank's share of the model, 4.77 GiB,
+    fitted) and was killed by the kernel without a line: the check's one numpy process holds the whole model's
+    parameters, gradients and moments beside the ranks' (19.1 GiB). The check's bytes now count too, shared by the
+    node's ranks, and the refusal names --no-check."""
+    from spmdsim.models.gpt.memory import check_need
+    from spmdsim.models.gpt.step_looks import step_memory_problem
+
+    wide = GPTConfig(layers=2, d_model=1024, heads=4, seq=8, batch=2)  # 25.3 M weights: 4 x 8 bytes each
+    assert check_need(wide) == 4 * 8 * (2 * 12 * 1024 ** 2 + 128 * 1024)
+    monkeypatch.setenv("SPMDSIM_MEMORY", "1GiB")
+    said = spmdsim.simulate(2, lambda: [step_memory_problem(wide, spmdsim.world(), 2, 1, check=check)
+                                        for check in (False, True)])
+    assert said[0] == said[1]
+    assert said[0][0] is None
+    assert said[0][1] == (
+        "the GPT's training step and its check need at least 1.13 GiB per rank: the step 772 MiB at the step's end, "
+        "and the check's one numpy process 772 MiB (the whole model's parameters, gradients and optimizer states) "
+        "over the 2 ranks on this node, 386 MiB each; but a rank may use 1 GiB (SPMDSIM_MEMORY=1GiB); leave out the "
+        "check (--no-check), or use a smaller model or more ranks; SPMDSIM_MEMORY=SIZE|off changes the limit")
+
+
+def test_the_train_page_quotes_the_checks_refusal_as_printed():
+    """docs/howto/train.md's command whose check cannot fit beside its ranks prints the figures the page says."""
+    command = ("SPMDSIM_MEMORY=5GiB python examples/train_gpt.py --ranks 4 --vocab 20000000 --layers 1 --d-model 32 "
+               "--seq 16 --steps 2 --sample 0")
+    page = " ".join((ROOT / "docs/howto/train.md").read_text().split())
+    assert f"`{command}`, whose ranks need 4.77 GiB each" in page and "the check's 19.1 GiB" in page
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPMDSIM_")} | {"SPMDSIM_MEMORY": "5GiB"}
+    out = subprocess.run([sys.executable, *command.split()[2:]], cwd=ROOT, env=env, text=True, capture_output=True,
+                         timeout=120)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert " ".join(out.stderr.split()) == (
+        "spmdsim: error: the GPT's training step and its check need at least 9.54 GiB per rank: the step 4.77 GiB "
+        "at the step's end, and the check's one numpy process 19.1 GiB (the whole model's parameters, gradients and "
+        "optimizer states) over the 4 ranks on this node, 4.77 GiB each; but a rank may use 5 GiB "
+        "(SPMDSIM_MEMORY=5GiB); leave out the check (--no-check), or use a smaller model or more ranks; "
+        "SPMDSIM_MEMORY=SIZE|off changes the limit")

@@ -20,7 +20,7 @@ from ..axes import CONTEXT, DATA
 
 __all__ = ["RECOMPUTE", "ZERO", "recompute_problem", "zero_problem", "shard_group_problem", "reshard_problem",
            "memory_line", "sharded_problem", "MemoryReport", "BLOCK_KINDS", "MASKS",
-           "korthikanti_bytes", "per_layer_units", "StepNeed", "step_need"]
+           "korthikanti_bytes", "per_layer_units", "StepNeed", "step_need", "check_need"]
 
 #: Activation recomputation: none, the attention core (selective), each whole block (full).
 RECOMPUTE = ("none", "selective", "full")
@@ -278,6 +278,19 @@ def step_need(cfg: Any, dp: int, tp: int, *, ep: int = 1, pp: int = 1, microbatc
     if forward >= end:
         return StepNeed(forward, "in the forward", kept_then[1], kept_then[0], params, block, (b, h, s, s), width)
     return StepNeed(end, "at the step's end", 0, 0, end, block, (b, h, s, s), width)
+
+
+def check_need(cfg: Any, precision: Any = "fp64") -> int:
+    """The bytes the check's one numpy process holds at least (spmdsim.models.gpt.checker: the reference step of the
+    whole model, unsplit and unpadded): every weight matrix and the token embedding (and an untied head) at the
+    parameters' width, their gradients and AdamW's two moments (and a master copy) at theirs; no activation, no
+    table of the ranks' blocks. Shape-only (`step_need`'s count at one rank)."""
+    policy = policy_of(precision)
+    weights = (sum(x[0] for x in _per_layer(cfg, 1, 1, 1, 1, 1, 1, "full", True))
+               + (1 if cfg.tied else 2) * cfg.vocab * cfg.d_model)
+    widths = (policy.dtype("param").itemsize + policy.dtype("grad").itemsize + 2 * policy.dtype("optimizer").itemsize
+              + (policy.dtype("master").itemsize if policy.master else 0))
+    return weights * widths
 
 
 def _per_layer(cfg: Any, b: int, ep: int, tp: int, width: int, mask: int, shared: int, recompute: str,

@@ -19,12 +19,13 @@ from ...runtime.budget import agreed_budget
 from ...runtime.engines import engine_of, memory as stop
 from ...runtime.sim import dry_run_active
 from ..moe.ledger import EXCHANGE_WORDS, ExpertBytes
-from .memory import step_need
+from .memory import check_need, step_need
+from ...base.validate import counted
 
 
 def step_memory_problem(cfg: GPTConfig, comm: Any, dp: int, tp: int, *, ep: int = 1, pp: int = 1,
                         microbatches: int = 1, recompute: str = "none", sp: bool = False, kept: str = "graph",
-                        zero: int = 0, precision: Any = "fp64") -> Optional[str]:
+                        zero: int = 0, precision: Any = "fp64", check: bool = False) -> Optional[str]:
     """Why one rank of this training step cannot fit the memory a rank may use, or None; collective (every rank
     of `comm` alike: the same answer on each, before anything is allocated).
 
@@ -34,21 +35,35 @@ def step_memory_problem(cfg: GPTConfig, comm: Any, dp: int, tp: int, *, ep: int 
     spmdsim.runtime.engines.memory) fires: what this machine, or its cgroup, has left (spmdsim.runtime.budget's agreed
     figure per rank) less the share of the memory the stop keeps free (`LOW_FRACTION` of the total, at least
     `LOW_FLOOR`); SPMDSIM_MEMORY (bytes per rank) sets it instead, and SPMDSIM_MEMORY=off, a dry run (no block is
-    written) or a machine that does not say skips the check."""
+    written) or a machine that does not say skips the check. With `check` (each step compared with one numpy
+    process) the reference's whole model (`check_need`) is counted too, shared by the node's ranks: on simulated
+    ranks one process holds it beside all of theirs, and under MPI rank 0 computes it and each rank receives its
+    gradients and updated parameters."""
 
     budget = agreed_budget(comm)
     if budget is None:
         return None
     limit, source = budget.bytes, budget.source
     got = stop.readings() if not os.environ.get(ENV_VAR, "").strip() else None
+    node = engine_of(comm).node_size(comm)
     if got is not None:  # the stop's reserve, shared by the ranks on this node
         reserve = max(stop.LOW_FLOOR, int(stop.LOW_FRACTION * got[2]))
-        limit = max(0, limit - reserve // engine_of(comm).node_size(comm))
+        limit = max(0, limit - reserve // node)
         source += f", less {format_size(reserve)} kept free for the memory stop"
         if comm.Get_size() > 1:  # nodes may differ: the least, on every rank alike
             limit = door.all_reduce_object(comm, limit, "min")
     need = step_need(cfg, dp, tp, ep=ep, pp=pp, microbatches=microbatches, recompute=recompute, sp=sp, kept=kept,
                      zero=zero, precision=precision)
+    share = check_need(cfg, precision) // max(1, node) if check else 0  # alike on every rank of a node
+    if comm.Get_size() > 1 and check:  # nodes of other sizes: the largest share, on every rank alike
+        share = door.all_reduce_object(comm, share, "max")
+    if need.nbytes <= limit and need.nbytes + share > limit:
+        return (f"the GPT's training step and its check need at least {format_size(need.nbytes + share)} per rank: "
+                f"the step {format_size(need.nbytes)} {need.moment}, and the check's one numpy process "
+                f"{format_size(check_need(cfg, precision))} (the whole model's parameters, gradients and optimizer "
+                f"states) over the {counted(node, 'rank')} on this node, {format_size(share)} each; but a rank may "
+                f"use {format_size(limit)} ({source}); leave out the check (--no-check), or use a smaller model or "
+                f"more ranks; {ENV_VAR}=SIZE|off changes the limit")
     if need.nbytes <= limit:
         return None
     if need.attention:

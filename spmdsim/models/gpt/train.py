@@ -296,7 +296,7 @@ def refuse_run(cfg: GPTConfig, comm: Any, check: bool, precision: Any, saving: t
             raise SpmdsimError(problem)
     if save is not None:  # rank 0 locks the directory for the run; the ranks agree (a collective)
         take_save_lock(save, comm)
-    problem = step_memory_problem(cfg, comm, **memory_args)
+    problem = step_memory_problem(cfg, comm, check=check and not dry_run_active(), **memory_args)
     if problem:  # every rank alike (a collective decided it), before any block is made
         raise SpmdsimError(problem)
     if check and get_precision(precision).activation != "float64" and not dry_run_active():
