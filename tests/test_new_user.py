@@ -316,6 +316,10 @@ def test_a_split_refused_at_thousands_of_ranks_says_alike_reasons_once() -> None
      "--microbatches) with it"),
     ("train_gpt", ["--seq", "250000"], "seq 250000 is longer than the text holds: its 200,000 tokens give "
      "sequences of at most 199,998 (each with its next-token targets); expected --seq 199998 or less"),
+    ("train_gpt", ["--replay"], "--replay captures step 0 and replays it for the later steps: "
+     "--steps 1 has none; give --steps 2 or more"),
+    ("train_moe_gpt", ["--replay", "--dry-run"], "--replay captures step 0 and replays it for the "
+     "later steps: a dry run has no values; leave out --replay or --dry-run"),
     ("train_moe_gpt", ["--seq", "199999"], "seq 199999 is longer than the text holds: its 200,000 tokens give "
      "sequences of at most 199,998 (each with its next-token targets); expected --seq 199998 or less"),
     ("train_moe_gpt", ["--top-k", "9"], "--top-k 9 must be 1 or 2 (experts per token)"),

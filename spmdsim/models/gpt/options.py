@@ -2,21 +2,20 @@
 argparse only).
 
 ``model_arguments(parser)`` adds ``--vocab``, ``--pad-vocab-to``, ``--layers``, ``--d-model``, ``--heads``,
-``--seq``, ``--batch``, ``--dropout``, ``--lr`` and ``--seed``; ``model_config(args, **more)`` is the GPTConfig
-they say (``more``: the example's own fields, such as ``clip`` or ``moe``); ``padding_line(cfg, tp)``
-says how the vocabulary is padded and cut over tp (None without padding); ``check_lines(results, cfg,
-precision)`` the check's verdict and its largest differences against the precision's tolerances;
-``sizes_problem(args)`` why a mesh or pipeline size given on the command line cannot be, ``moe_problem(args)`` why
-the experts' flags (examples/train_moe_gpt.py's) cannot be, ``routing_problem(args)`` why its ``--routing`` cannot
-be, ``printing_problem(args)`` why a training example's ``--every``, ``--sample``, ``--temperature`` or ``--lr``
-cannot be (spmdsim.models.nets.train.run_main asks it);
-``checkpoint_arguments(parser)`` adds ``--save``, ``--save-every`` and ``--resume`` (spmdsim.models.gpt.checkpoint);
-``context_arguments(parser)`` adds ``--cp``, ``--cp-method`` and ``--cp-split``, and ``context_of(args)`` is the
-Context they say (spmdsim.models.gpt.context; None without ``--cp``), ``context_line(args)`` the header's line on it;
-``unused_flags_problem(args)`` why one of their flags (or ``--schedule``), typed, would do nothing in the run
-asked for; ``other_example_flags(parser, moe)`` notes the other GPT example's own flags on its parser;
-``step_header(check)`` and ``step_row(result, check)`` are the table of the steps a run reports, ``saved_line(args,
-ranks)`` the line on the checkpoint ``--save`` wrote.
+``--seq``, ``--batch``, ``--dropout``, ``--lr`` and ``--seed``; ``model_config(args, **more)`` is the GPTConfig they
+say (``more``: the example's own fields, such as ``clip`` or ``moe``); ``padding_line(cfg, tp)`` says how the
+vocabulary is padded and cut over tp (None without padding); ``check_lines(results, cfg, precision)`` the check's
+verdict and its largest differences against the precision's tolerances; ``sizes_problem(args)`` why a mesh or
+pipeline size given on the command line cannot be, ``moe_problem(args)`` why the experts' flags
+(examples/train_moe_gpt.py's) cannot be, ``routing_problem(args)`` why its ``--routing`` cannot be,
+``printing_problem(args)`` why a training example's ``--every``, ``--sample``, ``--temperature`` or ``--lr`` cannot
+be (spmdsim.models.nets.train.run_main asks it); ``checkpoint_arguments(parser)`` adds ``--save``, ``--save-every``
+and ``--resume`` (spmdsim.models.gpt.checkpoint); ``context_arguments(parser)`` adds ``--cp``, ``--cp-method`` and
+``--cp-split``, and ``context_of(args)`` is the Context they say (spmdsim.models.gpt.context; None without ``--cp``),
+``context_line(args)`` the header's line on it; ``unused_flags_problem(args)`` why one of their flags (or
+``--schedule``, ``--replay``), typed, would do nothing in the run asked for; ``other_example_flags(parser, moe)``
+notes the other GPT example's own flags on its parser; ``step_header(check)`` and ``step_row(result, check)`` are the
+table of the steps a run reports, ``saved_line(args, ranks)`` the line on the checkpoint ``--save`` wrote.
 
 ``model_arguments`` adds Llama's architecture too (GPTConfig's options; docs/howto/train-gpt.md, "Llama's options"):
 ``--ffn``, ``--kv-heads``, ``--norm``, ``--mlp``, ``--untied``, ``--rope`` and ``--no-bias``, spelled as
@@ -154,19 +153,20 @@ def context_line(args: Any) -> Optional[str]:
 
 
 def unused_flags_problem(args: Any) -> Optional[str]:
-    """Why a flag of `context_arguments` or `checkpoint_arguments` that the command line typed would do nothing
-    in the run it asks for, or None (pure: every rank alike, before any collective): ``--cp-method`` or
-    ``--cp-split`` without ``--cp`` 2 or more, ``--save-every 0`` without ``--save`` (another N without it is
-    spmdsim.models.gpt.checkpoint.checkpoint_problem's), ``--schedule gpipe`` or ``1f1b`` (where `args` has
-    the pipeline's flags) without ``--pp`` or ``--microbatches`` 2 or more: one stage's one microbatch, which
-    `--schedule 1f1b` ran unpipelined and `gpipe` as a pipeline of one cell. A flag left at its default is never
-    refused."""
+    """Why a flag of `context_arguments` or `checkpoint_arguments` typed would do nothing in the run asked for, or
+    None (pure: alike on every rank, before any collective): ``--cp-method`` or ``--cp-split`` without ``--cp`` 2+,
+    ``--save-every 0`` without ``--save`` (another N: checkpoint_problem's), ``--schedule gpipe`` or ``1f1b``
+    without ``--pp`` or ``--microbatches`` 2+ (1f1b ran unpipelined, gpipe a pipeline of one cell), ``--replay``
+    with ``--steps 1`` or ``--dry-run`` (nothing replayed). A flag left at its default is never refused."""
     if args.cp == 1:
         for flag in given_flags(args, "--cp-method", "--cp-split"):  # read only by a split sequence
             value = getattr(args, flag[2:].replace("-", "_"))
             return f"{flag} {value} is for a sequence split over context-parallel ranks: give --cp 2 or more with it"
     if args.save is None and args.save_every == 0 and given_flags(args, "--save-every"):
         return "--save-every 0 (a checkpoint after the last step only) is --save's: give --save DIR with it"
+    if getattr(args, "replay", False) and (getattr(args, "dry_run", False) or args.steps == 1):  # nothing replayed
+        return "--replay captures step 0 and replays it for the later steps: " + ("a dry run has no values; leave "
+                "out --replay or --dry-run" if args.dry_run else "--steps 1 has none; give --steps 2 or more")
     schedule = getattr(args, "schedule", "interleaved")  # interleaved without --pp: its chunks' own refusal
     if schedule != "interleaved" and args.pp == 1 and (args.microbatches or 1) == 1 and given_flags(args, "--schedule"):
         return (f"--schedule {schedule} orders a pipeline's microbatches: give --pp 2 or more (or --microbatches 2 or "
