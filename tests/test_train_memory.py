@@ -696,10 +696,11 @@ def test_step_need_counts_what_a_rank_surely_holds_from_the_shapes():
     assert need.words() == "4 sequences x 1 head x 1,000 x 1,000 at 8 bytes"
     weights = 8 * (4 * 12 * 128 * 128 + 128 * 128) // 4  # the layers' matrices and the embedding, over tp
     other = sbh * (4 * 8 + 2 * 8) + sbh * 12 * 8 // 4  # whole: 4 values, 2 factors; over tp: 12 values
-    assert need == replace(need, nbytes=weights + 4 * other + 4 * elements * 24, moment="in the forward",
-                           attention=4 * elements * 24, activations=4 * other, states=weights)
+    logits = 4 * 1000 * 128 // 4 * 8  # the head's (local batch, seq, vocab / tp) at the forward's end
+    assert need == replace(need, nbytes=weights + 4 * other + logits + 4 * elements * 24, moment="in the forward",
+                           attention=4 * elements * 24, activations=4 * other + logits, states=weights)
     megatron = step_need(cfg, 2, 4, sp=True, kept="megatron")  # masks a byte, the whole terms over tp with sp
-    assert megatron.activations == 4 * (sbh * (4 * 8 + 2) // 4 + sbh * 12 * 8 // 4)
+    assert megatron.activations == 4 * (sbh * (4 * 8 + 2) // 4 + sbh * 12 * 8 // 4) + logits
     assert megatron.attention == 4 * elements * 17
     selective = step_need(cfg, 2, 4, recompute="selective")  # the last softmax's 2 blocks beside 3 kept sets
     assert (selective.attention, selective.activations) == (2 * need.block, 3 * other)
@@ -791,7 +792,7 @@ def test_a_step_that_cannot_fit_is_refused_before_any_block_is_made(monkeypatch)
     assert str(got.value).splitlines()[0] == (  # the graph's kept set: each layer's 3 blocks of (8, 2, s, s)
         "the GPT's training step needs at least 6.99 TiB per rank in the forward at seq 100,000 (the attention's "
         "scores 6.98 TiB, one layer's 1.16 TiB: 8 sequences x 2 heads x 100,000 x 100,000 at 8 bytes; other "
-        "activations kept for backward 4.58 GiB; parameters 112 KiB) but a rank may use 1 GiB "
+        "activations kept for backward 4.96 GiB; parameters 112 KiB) but a rank may use 1 GiB "
         "(SPMDSIM_MEMORY=1GiB); use a smaller seq or batch (--seq, --batch), more ranks, or a dry run "
         "(--dry-run, or `spmdsim estimate gpt`: the step's peak per rank); SPMDSIM_MEMORY=SIZE|off changes the "
         "limit")
@@ -836,17 +837,17 @@ def test_a_step_whose_check_cannot_fit_is_refused_naming_the_check(monkeypatch):
 
 def test_the_train_page_quotes_the_checks_refusal_as_printed():
     """docs/howto/train.md's command whose check cannot fit beside its ranks prints the figures the page says."""
-    command = ("SPMDSIM_MEMORY=5GiB python examples/train_gpt.py --ranks 4 --vocab 20000000 --layers 1 --d-model 32 "
+    command = ("SPMDSIM_MEMORY=7GiB python examples/train_gpt.py --ranks 4 --vocab 20000000 --layers 1 --d-model 32 "
                "--seq 16 --steps 2 --sample 0")
     page = " ".join((ROOT / "docs/howto/train.md").read_text().split())
-    assert f"`{command}`, whose ranks need 4.77 GiB each" in page and "the check's 19.1 GiB" in page
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPMDSIM_")} | {"SPMDSIM_MEMORY": "5GiB"}
+    assert f"`{command}`, whose ranks need 5.96 GiB each" in page and "the check's 19.1 GiB" in page
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPMDSIM_")} | {"SPMDSIM_MEMORY": "7GiB"}
     out = subprocess.run([sys.executable, *command.split()[2:]], cwd=ROOT, env=env, text=True, capture_output=True,
                          timeout=120)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert " ".join(out.stderr.split()) == (
-        "spmdsim: error: the GPT's training step and its check need at least 9.54 GiB per rank: the step 4.77 GiB "
-        "at the step's end, and the check's one numpy process 19.1 GiB (the whole model's parameters, gradients and "
-        "optimizer states) over the 4 ranks on this node, 4.77 GiB each; but a rank may use 5 GiB "
-        "(SPMDSIM_MEMORY=5GiB); leave out the check (--no-check), or use a smaller model or more ranks; "
+        "spmdsim: error: the GPT's training step and its check need at least 10.7 GiB per rank: the step 5.96 GiB "
+        "in the forward, and the check's one numpy process 19.1 GiB (the whole model's parameters, gradients and "
+        "optimizer states) over the 4 ranks on this node, 4.77 GiB each; but a rank may use 7 GiB "
+        "(SPMDSIM_MEMORY=7GiB); leave out the check (--no-check), or use a smaller model or more ranks; "
         "SPMDSIM_MEMORY=SIZE|off changes the limit")

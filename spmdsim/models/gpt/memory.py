@@ -239,10 +239,10 @@ def step_need(cfg: Any, dp: int, tp: int, *, ep: int = 1, pp: int = 1, microbatc
     - at the step's end: the weights, their gradients at the gradients' width, and AdamW's two moments (and
       under a mixed precision the master copy) at theirs; with ZeRO-1 the gradients, moments and master copy
       counted as slices over dp x ep.
-    Replicated vectors (biases, layer norms), buffers, the positions, the head's logits, what the optimizer
-    allocates and the pipeline's other microbatches in flight are left out, and a stage is counted with
-    layers // pp layers: a lower bound of the dry run's peak (spmdsim.tools.estimate.ledger.stage_memory: `spmdsim
-    estimate`), so a run refused by it cannot fit."""
+    At the forward's end (one stage) the head's logits too. Replicated vectors (biases, layer norms), buffers, the
+    positions, what the optimizer allocates and the pipeline's other microbatches in flight are left out, and a
+    stage is counted with layers // pp layers: a lower bound of the dry run's peak
+    (spmdsim.tools.estimate.ledger.stage_memory: `spmdsim estimate`), so a run refused by it cannot fit."""
     policy = policy_of(precision)
     width = policy.dtype("activation").itemsize
     mask = width if kept == "graph" else 1  # the graph keeps dropout's factors, Megatron a byte each
@@ -267,7 +267,9 @@ def step_need(cfg: Any, dp: int, tp: int, *, ep: int = 1, pp: int = 1, microbatc
     params = weights * policy.dtype("param").itemsize
     # In the forward: at its end every layer's kept set; at the last layer's softmax the layers' before and,
     # for a moment, its scores and probabilities.
-    ends, softmax = (other, core), (other - last[1], core - last[2] + (0 if flash else 2 * block))
+    # at its end the head's logits too (batch, seq, vocab / tp; a pipeline's stage may not hold the head)
+    logits = b * s * cfg.padded_vocab // tp * width if pp == 1 else 0
+    ends, softmax = (other + logits, core), (other - last[1], core - last[2] + (0 if flash else 2 * block))
     kept_then = max(ends, softmax, key=sum)
     forward = params + sum(kept_then)
     shards = dp * ep if zero else 1
