@@ -320,6 +320,12 @@ def test_a_split_refused_at_thousands_of_ranks_says_alike_reasons_once() -> None
      "--steps 1 has none; give --steps 2 or more"),
     ("train_moe_gpt", ["--replay", "--dry-run"], "--replay captures step 0 and replays it for the "
      "later steps: a dry run has no values; leave out --replay or --dry-run"),
+    ("train_gpt", ["--vocab", "99999999999999999999"], "--vocab 99,999,999,999,999,999,999 is too large; expected "
+     "at most 16,777,216 (2**24, far past any model's size)"),
+    ("train_gpt", ["--batch", "20000000"], "--batch 20,000,000 is too large; expected at most 16,777,216 (2**24, far "
+     "past any model's size)"),
+    ("train_moe_gpt", ["--experts", "100000000"], "--experts 100,000,000 is too large; expected at most 16,777,216 "
+     "(2**24, far past any model's size)"),
     ("train_moe_gpt", ["--seq", "199999"], "seq 199999 is longer than the text holds: its 200,000 tokens give "
      "sequences of at most 199,998 (each with its next-token targets); expected --seq 199998 or less"),
     ("train_moe_gpt", ["--top-k", "9"], "--top-k 9 must be 1 or 2 (experts per token)"),

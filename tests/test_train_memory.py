@@ -814,10 +814,10 @@ def test_a_step_that_cannot_fit_is_refused_before_any_block_is_made(monkeypatch)
 
 
 def test_a_step_whose_check_cannot_fit_is_refused_naming_the_check(monkeypatch):
-    """`train_gpt.py --ranks 4 --vocab 20000000` passed the memory check (each rank's share of the model, 4.77 GiB,
-    fitted) and was killed by the kernel without a line: the check's one numpy process holds the whole model's
-    parameters, gradients and moments beside the ranks' (19.1 GiB). The check's bytes now count too, shared by the
-    node's ranks, and the refusal names --no-check."""
+    """A step whose ranks' shares fitted passed the memory check and could be killed by the kernel without a line
+    (`train_gpt.py --ranks 4 --vocab 20000000`, before the logits were counted and --vocab bounded): the check's
+    one numpy process holds the whole model's parameters, gradients and moments beside the ranks' (19.1 GiB). The
+    check's bytes now count too, shared by the node's ranks, and the refusal names --no-check."""
     from spmdsim.models.gpt.memory import check_need
     from spmdsim.models.gpt.step_looks import step_memory_problem
 
@@ -837,17 +837,17 @@ def test_a_step_whose_check_cannot_fit_is_refused_naming_the_check(monkeypatch):
 
 def test_the_train_page_quotes_the_checks_refusal_as_printed():
     """docs/howto/train.md's command whose check cannot fit beside its ranks prints the figures the page says."""
-    command = ("SPMDSIM_MEMORY=7GiB python examples/train_gpt.py --ranks 4 --vocab 20000000 --layers 1 --d-model 32 "
+    command = ("SPMDSIM_MEMORY=6GiB python examples/train_gpt.py --ranks 4 --vocab 16000000 --layers 1 --d-model 32 "
                "--seq 16 --steps 2 --sample 0")
     page = " ".join((ROOT / "docs/howto/train.md").read_text().split())
-    assert f"`{command}`, whose ranks need 5.96 GiB each" in page and "the check's 19.1 GiB" in page
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPMDSIM_")} | {"SPMDSIM_MEMORY": "7GiB"}
+    assert f"`{command}`, whose ranks need 4.77 GiB each" in page and "the check's 15.3 GiB" in page
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPMDSIM_")} | {"SPMDSIM_MEMORY": "6GiB"}
     out = subprocess.run([sys.executable, *command.split()[2:]], cwd=ROOT, env=env, text=True, capture_output=True,
                          timeout=120)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert " ".join(out.stderr.split()) == (
-        "spmdsim: error: the GPT's training step and its check need at least 10.7 GiB per rank: the step 5.96 GiB "
-        "in the forward, and the check's one numpy process 19.1 GiB (the whole model's parameters, gradients and "
-        "optimizer states) over the 4 ranks on this node, 4.77 GiB each; but a rank may use 7 GiB "
-        "(SPMDSIM_MEMORY=7GiB); leave out the check (--no-check), or use a smaller model or more ranks; "
+        "spmdsim: error: the GPT's training step and its check need at least 8.58 GiB per rank: the step 4.77 GiB "
+        "in the forward, and the check's one numpy process 15.3 GiB (the whole model's parameters, gradients and "
+        "optimizer states) over the 4 ranks on this node, 3.81 GiB each; but a rank may use 6 GiB "
+        "(SPMDSIM_MEMORY=6GiB); leave out the check (--no-check), or use a smaller model or more ranks; "
         "SPMDSIM_MEMORY=SIZE|off changes the limit")

@@ -37,6 +37,8 @@ LLAMA_FLAGS = "--ffn N --kv-heads N --norm rms --mlp swiglu --untied --rope --no
 #: Unbounded, a dry run past it would stop at a seeded tensor's line that names no flag, and the pure commands
 #: would print numbers of thirty digits.
 MAX_SIZE = 1 << 24
+#: The GPT's size flags (as argparse's names) that `architecture_problem` bounds by MAX_SIZE where a command has them.
+SIZED = ("vocab", "pad_vocab_to", "d_model", "heads", "seq", "batch", "experts")
 
 
 def size_problem(flag: str, value: Optional[int]) -> Optional[str]:
@@ -67,14 +69,15 @@ def architecture_arguments(parser: Any, width: str = "--d-model") -> None:
 
 def architecture_problem(args: Any, heads: Optional[int] = None, said: str = "--heads") -> Optional[str]:
     """Why the flags of `architecture_arguments` cannot be (one line naming the flag), or None: --ffn and
-    --kv-heads at least 1 and at most MAX_SIZE, --kv-heads dividing the heads (`heads`, said as `said`; default
-    args.heads, --heads).
+    --kv-heads at least 1 and at most MAX_SIZE, the GPT's sizes that `args` has (the training examples' --vocab,
+    --pad-vocab-to, --d-model, --heads, --seq, --batch, --experts) at most MAX_SIZE, before any is multiplied (a
+    step's memory), --kv-heads dividing the heads (`heads`, said as `said`; default args.heads, --heads).
     Pure: alike on every rank."""
-    for name in ("ffn", "kv_heads"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
+    for name in ("ffn", "kv_heads", *SIZED):
+        value = getattr(args, name, None)
+        if name in ("ffn", "kv_heads") and value is not None and value < 1:
             return f"--{name.replace('_', '-')} {value} must be >= 1"
-        problem = size_problem(f"--{name.replace('_', '-')}", value)
+        problem = size_problem(f"--{name.replace('_', '-')}", value) if isinstance(value, int) else None
         if problem:
             return problem
     heads = args.heads if heads is None else heads
