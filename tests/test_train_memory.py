@@ -851,3 +851,21 @@ def test_the_train_page_quotes_the_checks_refusal_as_printed():
         "optimizer states) over the 4 ranks on this node, 3.81 GiB each; but a rank may use 6 GiB "
         "(SPMDSIM_MEMORY=6GiB); leave out the check (--no-check), or use a smaller model or more ranks; "
         "SPMDSIM_MEMORY=SIZE|off changes the limit")
+
+
+def test_step_need_counts_a_context_parallel_ranks_share_of_the_sequence():
+    """`train_gpt.py --ranks 8 --cp 8 --seq 8192 --d-model 32 --heads 1 --layers 1 --batch 1` was refused under
+    SPMDSIM_MEMORY=1GiB ("needs at least 1.54 GiB per rank"): the count took each rank's attention over the whole
+    sequence, where the ring's rank 0 held 18.7 MB at its peak. With cp a rank counts its seq / cp tokens and no
+    kept scores (the ring keeps none; allgather's and alltoall's are no fewer), still below a real step's peak."""
+    from dataclasses import replace
+
+    from spmdsim.models.gpt.memory import step_need
+
+    cfg = GPTConfig(layers=1, d_model=32, heads=1, seq=2048, batch=1)
+    need = step_need(cfg, 1, 1, cp=4)
+    assert need == step_need(replace(cfg, seq=512, attention="flash"), 1, 1)
+    assert step_need(cfg, 1, 1).nbytes > 16 * need.nbytes
+    peaks = spmdsim.simulate(4, lambda: train(cfg, spmdsim.world(), 1, 1, 1, TEXT, memory=True, check=False,
+                                              cp=4)[1][-1].memory.peak)
+    assert need.nbytes <= min(peaks)

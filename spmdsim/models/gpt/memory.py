@@ -13,7 +13,7 @@ only where `step_need` asks a precision its dtypes' widths.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 from ...base.precision import precision as policy_of
 from ..axes import CONTEXT, DATA
@@ -218,7 +218,7 @@ class StepNeed:
 
 def step_need(cfg: Any, dp: int, tp: int, *, ep: int = 1, pp: int = 1, microbatches: int = 1,
               recompute: str = "none", sp: bool = False, kept: str = "graph", zero: int = 0,
-              precision: Any = "fp64") -> StepNeed:
+              precision: Any = "fp64", cp: int = 1) -> StepNeed:
     """The bytes one rank of a (pp, dp, ep, tp) mesh holds at least at its training step's peak: a shape-only
     count, no array made, a few dozen operations (the pre-check before a run: spmdsim.models.gpt.train's
     `step_memory_problem`). `precision`: a policy or its name (spmdsim.base.precision); every width is the policy's
@@ -241,8 +241,11 @@ def step_need(cfg: Any, dp: int, tp: int, *, ep: int = 1, pp: int = 1, microbatc
       counted as slices over dp x ep.
     At the forward's end (one stage) the head's logits too. Replicated vectors (biases, layer norms), buffers, the
     positions, what the optimizer allocates and the pipeline's other microbatches in flight are left out, and a
-    stage is counted with layers // pp layers: a lower bound of the dry run's peak
+    stage is counted with layers // pp layers; with `cp` a rank's share of the sequence, no scores kept: a lower
+    bound of the dry run's peak
     (spmdsim.tools.estimate.ledger.stage_memory: `spmdsim estimate`), so a run refused by it cannot fit."""
+    if cp > 1:  # a rank's seq / cp tokens; the ring keeps no scores (as flash), the others' at least no fewer
+        cfg = replace(cfg, seq=max(1, cfg.seq // cp), attention="flash")
     policy = policy_of(precision)
     width = policy.dtype("activation").itemsize
     mask = width if kept == "graph" else 1  # the graph keeps dropout's factors, Megatron a byte each

@@ -105,7 +105,7 @@ def refuse_pipelined(cfg: GPTConfig, comm: Any, pp: int, dp: int, tp: int, steps
                       dict(dp=dp, tp=tp, sp=sp, layouts=layouts, precision=precision, zero=zero, ep=ep, pipeline=shape,
                            cp=cp),
                       dict(dp=dp, tp=tp, ep=ep, pp=pp, microbatches=microbatches, recompute=recompute, sp=sp, kept=kept,
-                           zero=zero, precision=precision))
+                           zero=zero, precision=precision, cp=cp))
 
 
 def stage_problem(args: Any, cfg: GPTConfig, dp: int, tp: int, layers: Optional[Sequence[int]],

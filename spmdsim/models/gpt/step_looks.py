@@ -25,7 +25,7 @@ from ...base.validate import counted
 
 def step_memory_problem(cfg: GPTConfig, comm: Any, dp: int, tp: int, *, ep: int = 1, pp: int = 1,
                         microbatches: int = 1, recompute: str = "none", sp: bool = False, kept: str = "graph",
-                        zero: int = 0, precision: Any = "fp64", check: bool = False) -> Optional[str]:
+                        zero: int = 0, precision: Any = "fp64", check: bool = False, cp: int = 1) -> Optional[str]:
     """Why one rank of this training step cannot fit the memory a rank may use, or None; collective (every rank
     of `comm` alike: the same answer on each, before anything is allocated).
 
@@ -53,7 +53,7 @@ def step_memory_problem(cfg: GPTConfig, comm: Any, dp: int, tp: int, *, ep: int 
         if comm.Get_size() > 1:  # nodes may differ: the least, on every rank alike
             limit = door.all_reduce_object(comm, limit, "min")
     need = step_need(cfg, dp, tp, ep=ep, pp=pp, microbatches=microbatches, recompute=recompute, sp=sp, kept=kept,
-                     zero=zero, precision=precision)
+                     zero=zero, precision=precision, cp=cp)
     share = check_need(cfg, precision) // max(1, node) if check else 0  # alike on every rank of a node
     if comm.Get_size() > 1 and check:  # nodes of other sizes: the largest share, on every rank alike
         share = door.all_reduce_object(comm, share, "max")

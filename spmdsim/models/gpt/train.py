@@ -277,7 +277,7 @@ def _refuse(cfg: GPTConfig, comm: Any, dp: int, tp: int, steps: int, text_ids: n
     return refuse_run(cfg, comm, check, precision, (steps, save, save_every, resume),
                       dict(dp=dp, tp=tp, sp=sp, layouts=layouts, precision=precision, zero=zero, ep=ep, cp=cp, fs=fs),
                       dict(dp=dp, tp=tp, ep=ep, recompute=recompute, sp=sp, kept=kept, zero=zero % 3,
-                           precision=precision))
+                           precision=precision, cp=cp))
 
 
 def refuse_run(cfg: GPTConfig, comm: Any, check: bool, precision: Any, saving: tuple, meta_args: dict,
