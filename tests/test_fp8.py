@@ -207,7 +207,8 @@ def test_the_examples_refuse_fp8s_options_before_their_header(example, options, 
 
     assert policy_problem("fp8", replay) == said
     assert policy_problem("bf16-mixed", True) is None and policy_problem("bf16") is not None
-    done = run_example(example, "--ranks", "2", "--steps", "1", "--layers", "2", "--d-model", "16", "--seq", "8",
+    # (--steps 2: a replay of one step replays nothing, refused on its own before the policy is asked)
+    done = run_example(example, "--ranks", "2", "--steps", "2", "--layers", "2", "--d-model", "16", "--seq", "8",
                        "--batch", "4", "--precision", "fp8", *options)
     assert done.returncode == 2
     assert done.stdout == ""  # before the banner too: run_main's checks of the command line
