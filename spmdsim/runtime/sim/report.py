@@ -158,12 +158,9 @@ def whereabouts(world: Any, rank: int) -> str:
     what = world.waiting.get(rank)
     if what is not None:
         return f"rank {rank} is elsewhere, in {what.text()}"
-    if rank in world.failed:
-        return f"rank {rank} failed"
-    if rank in world.exits:
-        return f"rank {rank} exited ({world.exits[rank]})"
-    if rank in world.finished:
-        return f"rank {rank} finished"
+    ended = _ended(world, rank)
+    if ended:
+        return f"rank {rank} {ended}"
     call = world.polling().get(rank)
     if call:
         return f"rank {rank} polls ({call}) in vain"
@@ -171,16 +168,24 @@ def whereabouts(world: Any, rank: int) -> str:
     return f"rank {rank} is computing" + (f" (at {line})" if line else "")
 
 
+def _ended(world: Any, rank: int) -> str:
+    """How `rank` ended: 'failed', 'exited (sys.exit(3))', 'finished'; '' while it runs."""
+    if rank in world.failed:
+        return "failed"
+    if rank in world.exits:
+        return f"exited ({world.exits[rank]})"
+    return "finished" if rank in world.finished else ""
+
+
 def places(world: Any, ranks: list, most: int = 8) -> str:
     """'; rank 1 is elsewhere, in barrier on the world; ranks 2-7 finished': where each of `ranks` is
     (whereabouts), those that finished, failed or exited alike said together as the report says ranks, the first
     `most` places, then how many ranks more."""
-    alike: dict = {}  # what ranks alike did ("finished", "exited (sys.exit(3))"), or a rank's own place: its ranks
+    alike: dict = {}  # how ranks alike ended ("finished", "exited (sys.exit(3))"), or a rank's own place: its ranks
     for rank in ranks:
-        place = whereabouts(world, rank)
-        state = place[len(f"rank {rank} "):]
-        alike.setdefault(state if state.startswith(("finished", "failed", "exited")) else place, []).append(rank)
-    said = [f"{ranks_text(group)} {key}" if not key.startswith("rank ") else key for key, group in alike.items()]
+        ended = "" if rank in world.waiting else _ended(world, rank)
+        alike.setdefault((True, ended) if ended else (False, whereabouts(world, rank)), []).append(rank)
+    said = [f"{ranks_text(group)} {text}" if done else text for (done, text), group in alike.items()]
     left = sum(len(group) for group in list(alike.values())[most:])
     return "".join(f"; {part}" for part in said[:most]) + (f"; and {left} more" if left else "")
 
