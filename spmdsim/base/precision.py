@@ -42,8 +42,8 @@ from .._lazy import numpy_on_first_use
 
 np = numpy_on_first_use(globals())  # a program without numpy does not load it
 
-__all__ = ["Precision", "PRESETS", "precision", "precision_problem", "bfloat16", "is_low", "wide", "sent_itemsize",
-           "rounded", "product", "product_dtype", "unit_roundoff", "named_dtype", "NEEDS_ML_DTYPES"]
+__all__ = ["Precision", "PRESETS", "precision", "precision_problem", "bfloat16", "is_low", "is_float", "wide",
+           "sent_itemsize", "rounded", "product", "product_dtype", "unit_roundoff", "named_dtype", "NEEDS_ML_DTYPES"]
 
 from .fp8 import CURRENT, DELAYED, NEEDS_ML_DTYPES, Recipe, fp8_dtype
 from .tables import put
@@ -85,6 +85,11 @@ def is_low(dtype: Any) -> bool:
     return getattr(dtype, "kind", None) == "V" and dtype.name == "bfloat16"
 
 
+def is_float(dtype: Any) -> bool:
+    """Whether `dtype` is a float: numpy's (kind "f") or ml_dtypes' bfloat16 (kind "V"), not FP8's storage types."""
+    return dtype.kind == "f" or is_low(dtype)
+
+
 def wide(a: Any) -> Any:
     """`a` as float32 when it is bfloat16 (exact), else `a` itself: what a kernel computes on."""
     if getattr(a, "dtype", None) is not None and is_low(a.dtype):
@@ -107,7 +112,7 @@ def sent_itemsize(dtype: Any, sums: bool) -> int:
 def rounded(a: Any, dtype: Any) -> Any:
     """`a` rounded to `dtype` (round to nearest even) when it is a float of another dtype; else `a`."""
     dtype = np.dtype(dtype)
-    if a.dtype == dtype or a.dtype.kind not in "fV" or not (dtype.kind == "f" or is_low(dtype)):
+    if a.dtype == dtype or a.dtype.kind not in "fV" or not is_float(dtype):
         return a
     return a.astype(dtype)
 

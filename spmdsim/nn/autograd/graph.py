@@ -18,7 +18,7 @@ from operator import attrgetter, is_not
 from typing import Any, Callable, Optional, Sequence
 
 from ...errors import OperatorError
-from ...base.precision import is_low
+from ...base.precision import is_float, is_low
 from ...layouts.layout import TensorLayout
 from ...layouts.notation import move_name
 from ...base.tables import put
@@ -263,7 +263,7 @@ def requires_grad_(tensor: Any, flag: bool = True, spelled: str = "") -> Any:
                                 "(a tensor you built) can stop requiring grad; use no_grad() instead")
         tensor._ag = None
         return tensor
-    if tensor.dtype.kind != "f" and not is_low(tensor.dtype):
+    if not is_float(tensor.dtype):
         raise OperatorError(
             f"requires_grad_() on a DTensor of dtype {tensor.dtype.name!r}: only floating tensors "
             "have gradients (integer ids and labels never need one)")
@@ -291,7 +291,7 @@ def set_grad(tensor: Any, value: Any) -> None:
     if tuple(shape) != tuple(tensor.global_shape) or value.mesh is not tensor.mesh or value.layout != whole:
         raise OperatorError(f".grad = a DTensor of global shape {tuple(shape)!r} laid out {value.layout}: expected "
                             f"{where} laid out {whole} on the parameter's mesh")
-    if value.dtype.kind != "f" and not is_low(value.dtype):
+    if not is_float(value.dtype):
         raise OperatorError(f".grad = a DTensor of dtype {value.dtype.name!r}: a gradient is floating")
     leaf.grad = value
 

@@ -6,7 +6,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import DTypeError, OperatorError
-from ...base.precision import is_low
+from ...base.precision import is_float
 from ...runtime import debug, debug_calls
 from ...base.validate import describe
 from ...layouts.layout import default_axis_names
@@ -99,7 +99,7 @@ def raise_if_not_dtensors(op: str, names: tuple[str, ...], *operands: Any) -> No
 
 def require_float(op: str, local: np.ndarray) -> None:
     """Refuse a non-floating `local` for `op` (GELU, softmax) as PyTorch does, instead of truncating."""
-    if local.dtype.kind != "f" and not is_low(local.dtype):
+    if not is_float(local.dtype):
         raise OperatorError(f"{op} of a DTensor of dtype {local.dtype.name!r}: {op} needs a floating dtype "
                             "(float16, float32 or float64); convert first, e.g. x.astype('float64')")
 

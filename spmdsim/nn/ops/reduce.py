@@ -23,7 +23,7 @@ from ..autograd.rules.reduce import record_prod, record_reduce
 from ...programs.infer.pointwise import infer_reduce, reduce_dims
 from ...base.buffers import as_array, broadcast_zero, contiguous
 from ...base.flops import sweep
-from ...base.precision import is_low
+from ...base.precision import is_float, is_low
 from ._common import DRY_ZEROS_BYTES, make_dtensor
 from ._operands import raise_if_not_dtensors
 from ...runtime.dtensor_methods import _reduce_args
@@ -128,7 +128,7 @@ def _reduce(kind: str, x: Any, axes: tuple, keepdims: bool) -> Any:
             block = block / np.asarray(count, block.dtype) if block.dtype.kind == "f" else block / count
         if x.local.dtype == _HALF:  # (numpy's: the float32 mean rounded once to float16; a pending sum's parts too)
             block = block.astype(_HALF)
-    if plan.steps and (kind == "max" or kind == "min") and _floating(block.dtype):
+    if plan.steps and (kind == "max" or kind == "min") and is_float(block.dtype):
         block = _nan_kept(block, kind, lambda both: execute(x.mesh, both, plan.steps, shape, kind, owned=True))
     elif plan.steps:  # collectives take at least one dim: a 0-d result travels as one element
         local_shape = block.shape
@@ -290,11 +290,6 @@ def argmin(x: Any, dim: Any = None, keepdims: bool = False, **aliases: Any) -> A
     return arg_reduce("argmin", x, dim, keepdims)
 
 
-def _floating(dtype: np.dtype) -> bool:
-    """Whether `dtype` is a float that holds a NaN and infinities: numpy's, or ml_dtypes' bfloat16 (numpy kind 'V')."""
-    return dtype.kind == "f" or is_low(dtype)
-
-
 def _losing(kind: str, dtype: np.dtype) -> Any:
     """The value every entry of `dtype` beats or ties for `kind` (argmax: -inf or the least integer)."""
     if dtype.kind == "f" or dtype.kind == "V":  # (ml_dtypes' bfloat16 and FP8 are numpy kind 'V')
@@ -343,7 +338,7 @@ def arg_reduce(kind: str, x: Any, dim: Any, keepdims: bool) -> Any:
     if axes:
         values = np.asanyarray(value)
         group, reduction = pending(x.mesh.layout, 1, axes), "max" if kind == "argmax" else "min"
-        if _floating(values.dtype):  # NaN wins (numpy's rule): the group's extreme is NaN where a rank holds one
+        if is_float(values.dtype):  # NaN wins (numpy's rule): the group's extreme is NaN where a rank holds one
             top = _nan_kept(values, reduction, lambda both: resolve(x.mesh, both, group, f"{kind}.value",
                                                                    reduction=reduction, owned=True), np.float64)
             mine = (values == top) | np.isnan(values)  # (a NaN here made the top NaN)

@@ -14,7 +14,7 @@ from ...base.buffers import CAPTURE, broadcast_zero
 from ...runtime.engines import local as _engine_local
 from ...errors import OperatorError
 from ...base.flops import any_open, sweep
-from ...base.precision import is_low, rounded, wide
+from ...base.precision import is_float, is_low, rounded, wide
 from . import _common
 from .pointwise import pointwise as _pointwise
 from ._common import _PLAIN_DTYPES, dry_zeros, keep_mask, make_dtensor, prepared_result
@@ -186,7 +186,7 @@ def _dropped(x: Any, p: float, seed: Any, mask_dims: Any, kept: bool) -> tuple:
     kernel, mask and count, without its node (`kept`: whether x takes a gradient, so that the node would keep
     the factors: a dry run makes them only then)."""
     local = x.local
-    if local.dtype.kind != "f" and not is_low(local.dtype):
+    if not is_float(local.dtype):
         raise OperatorError(f"dropout of a DTensor of dtype {local.dtype.name!r}: dropout needs a floating dtype "
                             "(float16, float32 or float64); convert first, e.g. x.astype('float64')")
     low = is_low(local.dtype)
